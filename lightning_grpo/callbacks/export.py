@@ -1,0 +1,25 @@
+"""HFExport: saves the trained policy and tokenizer in Hugging Face format when ``fit`` ends."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import lightning as L
+
+
+class HFExport(L.Callback):
+    """Writes ``save_pretrained`` output so ``AutoModelForCausalLM.from_pretrained(dirpath)`` loads it.
+
+    Args:
+        dirpath: where to write; default ``<log_dir>/hf_model``.
+    """
+
+    def __init__(self, dirpath: str | None = None) -> None:
+        self.dirpath = dirpath
+        self.path: Path | None = None
+
+    def on_fit_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        self.path = Path(self.dirpath or Path(trainer.log_dir or trainer.default_root_dir) / "hf_model")
+        if trainer.is_global_zero:
+            pl_module.save_pretrained(str(self.path))
+        trainer.strategy.barrier("hf_export")

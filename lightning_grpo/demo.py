@@ -1,0 +1,146 @@
+"""The embedded default: a tiny model, a character tokenizer and a synthetic verifiable task, built in code.
+
+Nothing is downloaded. ``models.resolve_pretrained("lightning-grpo/tiny-qwen2")`` writes the model with
+``save_pretrained`` once into a cache directory and returns that path, so the tiny model then loads through
+exactly the ``from_pretrained`` path a user's ``Qwen/Qwen2.5-0.5B-Instruct`` takes. The dataset likewise is
+written as JSONL files and read by ``PromptDataModule`` like any user file.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import shutil
+import string
+import tempfile
+from collections.abc import Callable
+from pathlib import Path
+
+from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+from transformers import PreTrainedTokenizerFast, Qwen2Config, Qwen2ForCausalLM
+
+SPECIAL_TOKENS = ["<pad>", "<eos>", "<unk>", "<|system|>", "<|user|>", "<|assistant|>"]
+CHAT_TEMPLATE = (
+    "{% for m in messages %}<|{{ m['role'] }}|>{{ m['content'] }}<eos>{% endfor %}"
+    "{% if add_generation_prompt %}<|assistant|>{% endif %}"
+)
+
+
+def cache_home() -> Path:
+    return Path(os.environ.get("LIGHTNING_GRPO_HOME", Path.home() / ".cache" / "lightning_grpo"))
+
+
+def build_tokenizer() -> PreTrainedTokenizerFast:
+    """Character-level tokenizer over printable ASCII, with a chat template and pad/eos tokens."""
+    vocab = {tok: i for i, tok in enumerate(SPECIAL_TOKENS + list(string.printable[:95]))}
+    tok = Tokenizer(models.WordLevel(vocab=vocab, unk_token="<unk>"))
+    tok.pre_tokenizer = pre_tokenizers.Split("", behavior="isolated")
+    tok.decoder = decoders.Fuse()
+    tokenizer = PreTrainedTokenizerFast(
+        tokenizer_object=tok, pad_token="<pad>", eos_token="<eos>", unk_token="<unk>", padding_side="left"
+    )
+    tokenizer.add_special_tokens({"additional_special_tokens": SPECIAL_TOKENS[3:]})
+    tokenizer.chat_template = CHAT_TEMPLATE
+    return tokenizer
+
+
+def build_tiny_qwen2(tokenizer: PreTrainedTokenizerFast, seed: int = 0, **overrides: int) -> Qwen2ForCausalLM:
+    """A 2-layer Qwen2 (~0.1M parameters) with random weights."""
+    import torch
+
+    torch.manual_seed(seed)
+    config = Qwen2Config(
+        vocab_size=len(tokenizer),
+        hidden_size=overrides.get("hidden_size", 64),
+        intermediate_size=overrides.get("intermediate_size", 256),
+        num_hidden_layers=overrides.get("num_hidden_layers", 2),
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=256,
+        tie_word_embeddings=True,
+        pad_token_id=tokenizer.pad_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+        bos_token_id=None,
+    )
+    model = Qwen2ForCausalLM(config)
+    model.generation_config.pad_token_id = tokenizer.pad_token_id
+    model.generation_config.eos_token_id = tokenizer.eos_token_id
+    return model
+
+
+def max_rows(seed: int = 0) -> list[dict[str, str]]:
+    """Every triple of digits as ``{"prompt": "max(3,8,1)=", "answer": "8"}``, shuffled."""
+    rows = [
+        {"prompt": f"max({a},{b},{c})=", "answer": str(max(a, b, c))}
+        for a in range(10)
+        for b in range(10)
+        for c in range(10)
+    ]
+    random.Random(seed).shuffle(rows)
+    return rows
+
+
+def pretrain_format(model: Qwen2ForCausalLM, tokenizer: PreTrainedTokenizerFast, steps: int = 150) -> None:
+    """Teach the answer *format* only: a task prompt, then one random digit, then EOS.
+
+    The answers are random, so the model answers at chance and has learnt nothing of the task: a stand-in
+    for a pretrained base model that knows how to reply but not the skill GRPO will teach.
+    """
+    import torch
+
+    gen = torch.Generator().manual_seed(0)
+    prompts = [r["prompt"] for r in max_rows()]
+    prompt_len = len(tokenizer(prompts[0])["input_ids"])
+    optimizer = torch.optim.AdamW(model.parameters(), lr=3e-3)
+    model.train()
+    for _ in range(steps):
+        digits = torch.randint(0, 10, (len(prompts),), generator=gen).tolist()
+        texts = [p + str(d) for p, d in zip(prompts, digits)]
+        ids = torch.tensor([tokenizer(t)["input_ids"] + [tokenizer.eos_token_id] for t in texts])
+        labels = ids.clone()
+        labels[:, :prompt_len] = -100  # loss on the answer and EOS only
+        loss = model(input_ids=ids, labels=labels).loss
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+    model.eval()
+
+
+def write_tiny_qwen2(path: Path) -> None:
+    """Random weights plus format-only pretraining (see ``pretrain_format``), saved with save_pretrained."""
+    tokenizer = build_tokenizer()
+    model = build_tiny_qwen2(tokenizer)
+    pretrain_format(model, tokenizer)
+    model.save_pretrained(path)
+    tokenizer.save_pretrained(path)
+
+
+def write_tiny_max(path: Path) -> None:
+    """Train/validation JSONL of the largest-digit task; the 200 validation triples never appear in training."""
+    rows = max_rows()
+    path.mkdir(parents=True, exist_ok=True)
+    for split, part in (("train", rows[200:]), ("validation", rows[:200])):
+        with open(path / f"{split}.jsonl", "w") as f:
+            f.writelines(json.dumps(r) + "\n" for r in part)
+
+
+EMBEDDED: dict[str, Callable[[Path], None]] = {
+    "lightning-grpo/tiny-qwen2": write_tiny_qwen2,
+    "lightning-grpo/tiny-max": write_tiny_max,
+}
+
+
+def materialize(name: str) -> Path:
+    """Write an embedded model or dataset once (atomically: ranks may race) and return its directory."""
+    target = cache_home() / name
+    if not target.exists():
+        target.parent.mkdir(parents=True, exist_ok=True)
+        scratch = Path(tempfile.mkdtemp(dir=target.parent))
+        EMBEDDED[name](scratch / "out")
+        try:
+            (scratch / "out").rename(target)
+        except OSError:  # another rank finished first
+            pass
+        shutil.rmtree(scratch, ignore_errors=True)
+    return target

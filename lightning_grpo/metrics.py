@@ -1,0 +1,48 @@
+"""Rollout + rewards + advantages -> the per-step numbers users compare across tools (TRL's names).
+
+Pure functions over tensors already gathered from every rank; the module logs what they return.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from lightning_grpo.advantages import nanstd
+
+
+def reward_metrics(per_function: Tensor, weights: Tensor, names: list[str], group_size: int) -> dict[str, float]:
+    """``reward``, ``reward_std``, ``rewards/<fn>/mean|std`` and ``frac_reward_zero_std`` of [N, F] scores."""
+    total = (per_function * weights).nansum(dim=1)  # [N]
+    total = torch.where(per_function.isnan().all(dim=1), torch.nan, total)
+    group_std = nanstd(total.view(-1, group_size), dim=1).nan_to_num(0.0)  # [N/G]
+    out = {
+        "reward": total.nanmean().item(),
+        "reward_std": nanstd(total).nan_to_num(0.0).item(),
+        "frac_reward_zero_std": torch.isclose(group_std, torch.zeros_like(group_std)).float().mean().item(),
+    }
+    for i, name in enumerate(names):
+        column = per_function[:, i]
+        out[f"rewards/{name}/mean"] = column.nanmean().nan_to_num(0.0).item()
+        out[f"rewards/{name}/std"] = nanstd(column).nan_to_num(0.0).item()
+    return out
+
+
+def completion_metrics(completion_mask: Tensor, is_truncated: Tensor) -> dict[str, float]:
+    """Length statistics of [N, T] completion masks; terminated = ended with EOS."""
+    lengths = completion_mask.sum(dim=1).float()  # [N]
+    terminated = lengths[~is_truncated]
+    return {
+        "completions/mean_length": lengths.mean().item(),
+        "completions/min_length": lengths.min().item(),
+        "completions/max_length": lengths.max().item(),
+        "completions/clipped_ratio": is_truncated.float().mean().item(),
+        "completions/mean_terminated_length": terminated.mean().item() if terminated.numel() else 0.0,
+    }
+
+
+def accuracy(per_function: Tensor, names: list[str], accuracy_reward: str) -> float:
+    """Fraction of scored completions the correctness function gave its full mark (>= 1.0)."""
+    column = per_function[:, names.index(accuracy_reward)]
+    scored = column[~column.isnan()]
+    return (scored >= 1.0).float().mean().item() if scored.numel() else 0.0

@@ -1,0 +1,40 @@
+"""Names or objects -> a policy model and its tokenizer, checked for what GRPO needs."""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedTokenizerBase
+
+from lightning_grpo import demo
+
+DTYPES = {"auto": "auto", "float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+def resolve_pretrained(name: str) -> str:
+    """A Hugging Face name or local path; embedded names (``lightning-grpo/...``) are written locally first."""
+    return str(demo.materialize(name)) if name in demo.EMBEDDED else name
+
+
+def load_policy(model: str | nn.Module, dtype: str = "float32") -> nn.Module:
+    """``AutoModelForCausalLM.from_pretrained`` for a name or path; a built model is used as is."""
+    if isinstance(model, nn.Module):
+        return model
+    if dtype not in DTYPES:
+        raise ValueError(f"dtype must be one of {sorted(DTYPES)}, got {dtype!r}")
+    return AutoModelForCausalLM.from_pretrained(resolve_pretrained(model), dtype=DTYPES[dtype])
+
+
+def load_tokenizer(tokenizer: str | PreTrainedTokenizerBase) -> PreTrainedTokenizerBase:
+    """Left-padding tokenizer with a pad token (EOS stands in for a missing one, as in TRL)."""
+    if isinstance(tokenizer, str):
+        tokenizer = AutoTokenizer.from_pretrained(resolve_pretrained(tokenizer))
+    if tokenizer.eos_token_id is None:
+        raise ValueError(
+            f"tokenizer {tokenizer.name_or_path!r} has no eos_token: completions could never end. "
+            "Set tokenizer.eos_token before training"
+        )
+    if tokenizer.pad_token_id is None:
+        tokenizer.pad_token = tokenizer.eos_token
+    tokenizer.padding_side = "left"
+    return tokenizer

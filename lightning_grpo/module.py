@@ -1,0 +1,313 @@
+"""GRPOModule: the LightningModule that wires rollout -> rewards -> advantages -> log-probs -> loss.
+
+Manual optimisation: one ``training_step`` samples a generation batch, then takes ``num_iterations``
+optimiser steps on it, each accumulating gradients over micro-batches of ``micro_batch_size`` completions.
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+import time
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import lightning as L
+import torch
+from lightning.pytorch.cli import OptimizerCallable
+from torch import Tensor, nn
+from transformers import PreTrainedTokenizerBase, get_scheduler
+
+from lightning_grpo.advantages import compute_advantages
+from lightning_grpo.logprobs import completion_logps
+from lightning_grpo.loss import LossNormalizer, LossOutput, grpo_loss, loss_mask
+from lightning_grpo.metrics import accuracy, completion_metrics, reward_metrics
+from lightning_grpo.models import load_policy, load_tokenizer
+from lightning_grpo.rewards.scoring import check_reward_weights, reward_name, score_rollout
+from lightning_grpo.rollout import SamplingConfig, generate_rollout
+from lightning_grpo.settings import check_settings
+from lightning_grpo.types import PromptBatch, RewardScores, Rollout
+
+
+class GRPOModule(L.LightningModule):
+    """Fine-tune a causal LM with GRPO and its variants (DAPO, Dr. GRPO, GSPO, BNPO).
+
+    A step on one rank takes B prompts from the data module, samples ``num_generations`` (G) completions for
+    each, scores them with ``reward_funcs``, and updates the policy. With the default ``num_iterations=1`` the
+    importance ratio is exactly 1, so the logged ``loss`` stays near 0 while its gradient does not: watch
+    ``reward``, not ``loss``.
+
+    Args:
+        model: Hugging Face model name or local path (``AutoModelForCausalLM``), or a built model.
+        reward_funcs: callables ``fn(prompts, completions, completion_ids, **columns) -> list[float | None]``,
+            or their import paths in YAML (``trl.rewards.accuracy_reward``).
+        reward_weights: one weight per reward function; the reward is their weighted sum (default all 1.0).
+        tokenizer: name, path or tokenizer; defaults to ``model``'s.
+        dtype: weights dtype when loading by name: float32, bfloat16, float16 or auto.
+        num_generations: completions per prompt (G), >= 2.
+        max_prompt_length: prompts longer than this keep their last tokens; ``None`` keeps all.
+        max_completion_length: most tokens sampled per completion.
+        temperature: sampling temperature; log-probs use the same temperature.
+        top_p: nucleus sampling mass.
+        top_k: top-k sampling; 0 disables it.
+        min_p: min-p sampling; ``None`` disables it.
+        repetition_penalty: 1.0 disables it.
+        loss_type: aggregation of per-token losses: dapo (TRL's default), grpo, bnpo, dr_grpo.
+        scale_rewards: advantage normalisation: group (std of the group), batch, none (Dr. GRPO).
+        beta: KL penalty weight; > 0 loads a frozen reference copy of the initial policy.
+        epsilon: lower clip of the ratio, 1 - epsilon.
+        epsilon_high: upper clip, 1 + epsilon_high; defaults to epsilon (DAPO recommends 0.28).
+        delta: optional cap on the unclipped ratio (two-sided clipping); > 1 + epsilon_high.
+        importance_sampling_level: token (GRPO) or sequence (GSPO).
+        num_iterations: optimiser steps per generation batch (mu); > 1 stores the sampling log-probs.
+        mask_truncated_completions: drop completions without EOS from the loss (DAPO).
+        micro_batch_size: completions per forward/backward pass; gradients accumulate over the step.
+            ``None`` takes all ``B * G`` at once. Any value gives the same update.
+        logprob_chunk_size: token positions per LM-head chunk when computing log-probs (memory bound).
+        learning_rate: AdamW learning rate (TRL's default 1e-6 suits pretrained models; tiny ones want 1e-3).
+        weight_decay: AdamW weight decay.
+        warmup_ratio: fraction of optimiser steps with linear warm-up.
+        lr_scheduler_type: cosine (default), linear, constant or constant_with_warmup.
+        optimizer: optional optimiser factory ``params -> Optimizer`` replacing AdamW (``class_path`` in YAML).
+        max_grad_norm: clip the gradient norm; ``None`` disables clipping.
+        accuracy_reward: name of the reward function that scores correctness; its full marks (>= 1.0) give
+            ``accuracy`` in validation.
+        gradient_checkpointing: recompute activations in the backward pass (off while generating).
+        seed: base of the per-rank, per-step sampling seed.
+    """
+
+    def __init__(
+        self,
+        model: str | nn.Module = "lightning-grpo/tiny-qwen2",
+        reward_funcs: Sequence[Callable] | None = None,
+        reward_weights: list[float] | None = None,
+        tokenizer: str | PreTrainedTokenizerBase | None = None,
+        dtype: str = "float32",
+        num_generations: int = 8,
+        max_prompt_length: int | None = 512,
+        max_completion_length: int = 256,
+        temperature: float = 1.0,
+        top_p: float = 1.0,
+        top_k: int = 0,
+        min_p: float | None = None,
+        repetition_penalty: float = 1.0,
+        loss_type: str = "dapo",
+        scale_rewards: str = "group",
+        beta: float = 0.0,
+        epsilon: float = 0.2,
+        epsilon_high: float | None = None,
+        delta: float | None = None,
+        importance_sampling_level: str = "token",
+        num_iterations: int = 1,
+        mask_truncated_completions: bool = False,
+        micro_batch_size: int | None = None,
+        logprob_chunk_size: int = 1024,
+        learning_rate: float = 1e-6,
+        weight_decay: float = 0.0,
+        warmup_ratio: float = 0.0,
+        lr_scheduler_type: str = "cosine",
+        optimizer: OptimizerCallable | None = None,
+        max_grad_norm: float | None = 1.0,
+        accuracy_reward: str | None = None,
+        gradient_checkpointing: bool = False,
+        seed: int = 0,
+    ) -> None:
+        super().__init__()
+        settings = {k: v for k, v in locals().items() if k not in ("self", "__class__")}
+        check_settings(settings)
+        self.reward_funcs = list(reward_funcs or [])
+        self.reward_weights = check_reward_weights(self.reward_funcs, reward_weights)
+        names = [reward_name(f) for f in self.reward_funcs]
+        if accuracy_reward is not None and accuracy_reward not in names:
+            raise ValueError(f"accuracy_reward must name one of the reward functions {names}, got {accuracy_reward!r}")
+        self.save_hyperparameters(ignore=["reward_funcs", "optimizer", "model", "tokenizer"])
+        self.hparams["model_name"] = model if isinstance(model, str) else type(model).__name__
+        self.automatic_optimization = False
+        self.optimizer_factory = optimizer
+        self.sampling = SamplingConfig(temperature, top_p, top_k, min_p, repetition_penalty, max_completion_length)
+        self.tokenizer = load_tokenizer(tokenizer if tokenizer is not None else model)
+        self.policy = load_policy(model, dtype).train()  # from_pretrained returns eval mode
+        if gradient_checkpointing:
+            self.policy.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        # Not a registered submodule: stays out of the optimiser and of checkpoints, rebuilt on resume.
+        self.__dict__["reference"] = self._frozen_copy(self.policy) if beta > 0 else None
+        self.num_tokens_seen = 0
+
+    @staticmethod
+    def _frozen_copy(model: nn.Module) -> nn.Module:
+        ref = copy.deepcopy(model).eval()
+        ref.requires_grad_(False)
+        return ref
+
+    # ---- training -----------------------------------------------------------------------------------------
+
+    def training_step(self, batch: PromptBatch, batch_idx: int) -> dict[str, Any]:
+        start = time.perf_counter()
+        hp = self.hparams
+        rollout = self.sample(batch.prompts, hp.num_generations, seed=self._sampling_seed())
+        scores = score_rollout(self.reward_funcs, self.reward_weights, rollout, batch.columns)
+        all_scores = self._gather_rows(scores.per_function)  # [W*N, F]
+        advantages = self._local_advantages(all_scores, scores.weights)  # [N]
+        mask = loss_mask(rollout.completion_mask, rollout.is_truncated, hp.mask_truncated_completions)
+        normalizer = self._normalizer(mask)
+        old_logps = self._logps(self.policy, rollout) if hp.num_iterations > 1 else None
+        ref_logps = self._logps(self.reference, rollout) if hp.beta > 0 else None
+        for _ in range(hp.num_iterations):
+            loss = self._optimizer_step(rollout, advantages, mask, normalizer, old_logps, ref_logps)
+        self.num_tokens_seen += int(self._sum_over_ranks(rollout.attention_mask.sum()))
+        metrics = {
+            "loss": loss.loss.item(),
+            **reward_metrics(all_scores, scores.weights, scores.names, rollout.group_size),
+            **loss.metrics(),
+            **completion_metrics(rollout.completion_mask, rollout.is_truncated),
+            "prompts/truncated": float(rollout.num_truncated_prompts),
+            "num_tokens": float(self.num_tokens_seen),
+            "lr": self.optimizers().param_groups[0]["lr"],
+            "step_time": time.perf_counter() - start,
+        }
+        self._log_metrics("train", metrics)
+        return {"loss": loss.loss, "rollout": rollout, "scores": scores, "advantages": advantages, "metrics": metrics}
+
+    def sample(self, prompts: list, num_generations: int, seed: int | None = None, greedy: bool = False) -> Rollout:
+        """Completions for ``prompts``; a seed makes sampling reproducible and distinct per rank and step."""
+        hp = self.hparams
+        devices = [self.device] if self.device.type == "cuda" else []
+        with torch.random.fork_rng(devices=devices, enabled=seed is not None):
+            if seed is not None:
+                torch.manual_seed(seed)
+            return generate_rollout(
+                self.policy, self.tokenizer, prompts, num_generations, self.sampling,
+                max_prompt_length=hp.max_prompt_length, greedy=greedy,
+            )
+
+    def _sampling_seed(self) -> int:
+        return (self.hparams.seed * 1_000_003 + self.global_rank * 7_919 + self.global_step) % 2**63
+
+    def _local_advantages(self, all_scores: Tensor, weights: Tensor) -> Tensor:
+        """Advantages computed over every rank's rewards (a batch std is global), sliced to this rank's rows."""
+        scores = RewardScores(all_scores, [], weights)
+        advantages = compute_advantages(scores.total, self.hparams.num_generations, self.hparams.scale_rewards)
+        n = all_scores.shape[0] // self.trainer.world_size
+        return advantages.advantages[self.global_rank * n : (self.global_rank + 1) * n]
+
+    def _normalizer(self, mask: Tensor) -> LossNormalizer:
+        tokens = mask.sum()
+        return LossNormalizer(
+            num_sequences=mask.shape[0],
+            num_tokens=tokens.item(),
+            global_num_tokens=float(self._sum_over_ranks(tokens)),
+            world_size=self.trainer.world_size,
+            max_completion_length=self.hparams.max_completion_length,
+        )
+
+    def _micro_batches(self, n: int) -> list[slice]:
+        size = self.hparams.micro_batch_size or n
+        return [slice(i, min(i + size, n)) for i in range(0, n, size)]
+
+    def _logps(self, model: nn.Module, rollout: Rollout) -> Tensor:
+        """[N, T] log-probs without gradient, micro-batched like the training pass."""
+        if next(model.parameters()).device != self.device:
+            model.to(self.device)
+        with torch.no_grad():
+            return torch.cat([
+                completion_logps(
+                    model, rollout.input_ids[rows], rollout.attention_mask[rows], rollout.completion_ids.shape[1],
+                    self.hparams.temperature, self.hparams.logprob_chunk_size,
+                ).logps
+                for rows in self._micro_batches(len(rollout))
+            ])
+
+    def _optimizer_step(
+        self,
+        rollout: Rollout,
+        advantages: Tensor,
+        mask: Tensor,
+        normalizer: LossNormalizer,
+        old_logps: Tensor | None,
+        ref_logps: Tensor | None,
+    ) -> LossOutput:
+        """One optimiser step over the generation batch, gradients accumulated across micro-batches."""
+        hp = self.hparams
+        optimizer = self.optimizers()
+        optimizer.zero_grad()
+        total: LossOutput | None = None
+        for rows in self._micro_batches(len(rollout)):
+            token = completion_logps(
+                self.policy, rollout.input_ids[rows], rollout.attention_mask[rows], rollout.completion_ids.shape[1],
+                hp.temperature, hp.logprob_chunk_size,
+            )
+            out = grpo_loss(
+                token.logps, None if old_logps is None else old_logps[rows], advantages[rows], mask[rows],
+                ref_logps=None if ref_logps is None else ref_logps[rows], beta=hp.beta, loss_type=hp.loss_type,
+                epsilon=hp.epsilon, epsilon_high=hp.epsilon_high, delta=hp.delta,
+                importance_sampling_level=hp.importance_sampling_level, normalizer=normalizer,
+            )
+            self.manual_backward(out.loss)
+            out = LossOutput(out.loss.detach(), out.token_sums, out.num_tokens)
+            out.token_sums["entropy"] = (token.entropy * mask[rows]).sum()
+            total = out if total is None else total + out
+        if hp.max_grad_norm is not None:
+            self.clip_gradients(optimizer, gradient_clip_val=hp.max_grad_norm, gradient_clip_algorithm="norm")
+        optimizer.step()
+        self.lr_schedulers().step()
+        return total
+
+    # ---- validation ---------------------------------------------------------------------------------------
+
+    def validation_step(self, batch: PromptBatch, batch_idx: int) -> None:
+        """Greedy completion per held-out prompt: mean reward, per-function means and accuracy."""
+        rollout = self.sample(batch.prompts, num_generations=1, greedy=True)
+        scores = score_rollout(self.reward_funcs, self.reward_weights, rollout, batch.columns)
+        metrics = {"reward": scores.total.nanmean().nan_to_num(0.0).item()}
+        for i, name in enumerate(scores.names):
+            metrics[f"rewards/{name}/mean"] = scores.per_function[:, i].nanmean().nan_to_num(0.0).item()
+        if self.hparams.accuracy_reward:
+            metrics["accuracy"] = accuracy(scores.per_function, scores.names, self.hparams.accuracy_reward)
+        metrics["completions/mean_length"] = rollout.completion_mask.sum(1).float().mean().item()
+        self.log_dict({f"val/{k}": v for k, v in metrics.items()}, batch_size=len(batch), sync_dist=True)
+
+    # ---- plumbing -----------------------------------------------------------------------------------------
+
+    def _log_metrics(self, stage: str, metrics: dict[str, float]) -> None:
+        shown = {"reward", "reward_std", "kl"}
+        for name, value in metrics.items():
+            self.log(f"{stage}/{name}", value, prog_bar=name in shown, on_step=True, on_epoch=False, batch_size=1)
+
+    def _gather_rows(self, t: Tensor) -> Tensor:
+        """[N, ...] on each rank -> [W*N, ...] in rank order."""
+        if self.trainer.world_size == 1:
+            return t
+        return self.all_gather(t).reshape(-1, *t.shape[1:])
+
+    def _sum_over_ranks(self, t: Tensor) -> Tensor:
+        if self.trainer.world_size == 1:
+            return t
+        return self.trainer.strategy.reduce(t.float(), reduce_op="sum")
+
+    def configure_optimizers(self) -> dict[str, Any]:
+        hp = self.hparams
+        params = [p for p in self.policy.parameters() if p.requires_grad]
+        if self.optimizer_factory is not None:
+            optimizer = self.optimizer_factory(params)
+        else:
+            optimizer = torch.optim.AdamW(params, lr=hp.learning_rate, weight_decay=hp.weight_decay)
+        steps = self.trainer.estimated_stepping_batches
+        if self.trainer.max_steps == -1:  # counted in batches; each batch takes num_iterations optimiser steps
+            steps *= hp.num_iterations
+        steps = max(int(steps), 1)
+        scheduler = get_scheduler(
+            hp.lr_scheduler_type, optimizer, num_warmup_steps=math.ceil(hp.warmup_ratio * steps),
+            num_training_steps=steps,
+        )
+        return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}
+
+    def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        checkpoint["grpo_num_tokens_seen"] = self.num_tokens_seen
+
+    def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        self.num_tokens_seen = checkpoint.get("grpo_num_tokens_seen", 0)
+
+    def save_pretrained(self, path: str) -> None:
+        """The policy and tokenizer in Hugging Face format: ``AutoModelForCausalLM.from_pretrained(path)``."""
+        self.policy.save_pretrained(path)
+        self.tokenizer.save_pretrained(path)

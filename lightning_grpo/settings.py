@@ -1,0 +1,61 @@
+"""Checks of GRPOModule settings, run before any model is loaded. Lists every problem at once."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from lightning_grpo.advantages import SCALE_REWARDS
+from lightning_grpo.loss import IMPORTANCE_SAMPLING_LEVELS, REDUCTIONS
+from lightning_grpo.models import DTYPES
+
+LR_SCHEDULERS = ("cosine", "linear", "constant", "constant_with_warmup")
+
+
+def _is_in(name: str, value: Any, allowed: tuple | list) -> str | None:
+    return None if value in allowed else f"{name} must be one of {sorted(allowed)}, got {value!r}"
+
+
+def _at_least(name: str, value: Any, low: float, optional: bool = False) -> str | None:
+    if value is None and optional:
+        return None
+    return None if value is not None and value >= low else f"{name} must be >= {low}, got {value!r}"
+
+
+def settings_problems(s: dict[str, Any]) -> list[str]:
+    """Every invalid setting in ``s`` (GRPOModule's constructor arguments), as messages."""
+    epsilon_high = s["epsilon"] if s["epsilon_high"] is None else s["epsilon_high"]
+    checks = [
+        _at_least("num_generations", s["num_generations"], 2),
+        _at_least("max_completion_length", s["max_completion_length"], 1),
+        _at_least("max_prompt_length", s["max_prompt_length"], 1, optional=True),
+        _at_least("num_iterations", s["num_iterations"], 1),
+        _at_least("micro_batch_size", s["micro_batch_size"], 1, optional=True),
+        _at_least("logprob_chunk_size", s["logprob_chunk_size"], 1),
+        _at_least("beta", s["beta"], 0.0),
+        _at_least("top_k", s["top_k"], 0),
+        _at_least("repetition_penalty", s["repetition_penalty"], 1e-6),
+        _is_in("loss_type", s["loss_type"], list(REDUCTIONS)),
+        _is_in("scale_rewards", s["scale_rewards"], SCALE_REWARDS),
+        _is_in("importance_sampling_level", s["importance_sampling_level"], IMPORTANCE_SAMPLING_LEVELS),
+        _is_in("lr_scheduler_type", s["lr_scheduler_type"], LR_SCHEDULERS),
+        _is_in("dtype", s["dtype"], list(DTYPES)),
+        None if s["temperature"] > 0 else f"temperature must be > 0, got {s['temperature']!r}",
+        None if 0 < s["top_p"] <= 1 else f"top_p must be in (0, 1], got {s['top_p']!r}",
+        None if 0 < s["epsilon"] < 1 else f"epsilon must be in (0, 1), got {s['epsilon']!r}",
+        None if epsilon_high >= 0 else f"epsilon_high must be >= 0, got {epsilon_high!r}",
+        None if s["learning_rate"] > 0 else f"learning_rate must be > 0, got {s['learning_rate']!r}",
+        None if 0 <= s["warmup_ratio"] < 1 else f"warmup_ratio must be in [0, 1), got {s['warmup_ratio']!r}",
+        None
+        if s["delta"] is None or s["delta"] > 1 + epsilon_high
+        else f"delta must be None or > 1 + epsilon_high = {1 + epsilon_high}, got {s['delta']!r}",
+        None
+        if s["max_grad_norm"] is None or s["max_grad_norm"] > 0
+        else f"max_grad_norm must be None or > 0, got {s['max_grad_norm']!r}",
+    ]
+    return [c for c in checks if c]
+
+
+def check_settings(s: dict[str, Any]) -> None:
+    problems = settings_problems(s)
+    if problems:
+        raise ValueError("invalid GRPOModule settings:\n  - " + "\n  - ".join(problems))

@@ -1,0 +1,37 @@
+"""Shared fixtures: a tiny Qwen2 saved with save_pretrained and loaded back, as a hub model would be."""
+
+from __future__ import annotations
+
+import os
+import tempfile
+
+# Embedded models and datasets are written here, not into the user's cache.
+os.environ.setdefault("LIGHTNING_GRPO_HOME", tempfile.mkdtemp(prefix="lightning_grpo_test_"))
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+import pytest  # noqa: E402
+import torch  # noqa: E402
+
+from lightning_grpo.demo import build_tiny_qwen2, build_tokenizer  # noqa: E402
+
+torch.set_num_threads(2)
+
+
+@pytest.fixture(scope="session")
+def tiny_model_dir(tmp_path_factory) -> str:
+    path = tmp_path_factory.mktemp("tiny-qwen2")
+    tokenizer = build_tokenizer()
+    build_tiny_qwen2(tokenizer).save_pretrained(path)
+    tokenizer.save_pretrained(path)
+    return str(path)
+
+
+@pytest.fixture(scope="session")
+def arith_jsonl(tmp_path_factory) -> str:
+    """16 addition prompts as plain text with an ``answer`` column."""
+    import json
+
+    path = tmp_path_factory.mktemp("data") / "train.jsonl"
+    rows = [{"prompt": f"{a}+{b}=", "answer": str(a + b)} for a in range(4) for b in range(4)]
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return str(path)

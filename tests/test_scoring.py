@@ -1,0 +1,68 @@
+import math
+
+import pytest
+import torch
+
+from lightning_grpo.rewards.scoring import check_reward_weights, score_rollout
+from lightning_grpo.types import Rollout
+
+
+def make_rollout(completions, group_size=2):
+    n = len(completions)
+    return Rollout(
+        prompt_ids=torch.zeros(n, 1, dtype=torch.long), prompt_mask=torch.ones(n, 1, dtype=torch.long),
+        completion_ids=torch.ones(n, 2, dtype=torch.long), completion_mask=torch.ones(n, 2, dtype=torch.long),
+        is_truncated=torch.zeros(n, dtype=torch.bool), prompts=["p"] * n, completions=completions,
+        group_size=group_size,
+    )
+
+
+def length_reward(completions, **kwargs):
+    return [float(len(c)) for c in completions]
+
+
+def test_columns_are_repeated_per_completion_and_weighted():
+    seen = {}
+
+    def answer_reward(completions, answer, completion_ids, **kwargs):
+        seen["answer"], seen["ids"] = answer, completion_ids
+        return [1.0 if c == a else None for c, a in zip(completions, answer)]
+
+    scores = score_rollout([answer_reward, length_reward], [2.0, 0.5], make_rollout(["a", "b", "c", "c"]),
+                           {"answer": ["a", "c"]})
+    assert seen["answer"] == ["a", "a", "c", "c"]
+    assert seen["ids"] == [[1, 1]] * 4
+    assert scores.names == ["answer_reward", "length_reward"]
+    assert math.isnan(scores.per_function[1, 0].item())
+    assert scores.total.tolist() == [2.5, 0.5, 2.5, 2.5]
+
+
+def test_all_none_row_has_nan_total():
+    scores = score_rollout([lambda completions, **k: [None, 1.0]], [1.0], make_rollout(["a", "b"]), {})
+    assert math.isnan(scores.total[0].item()) and scores.total[1].item() == 1.0
+
+
+def test_raising_function_is_named():
+    def broken_reward(completions, **kwargs):
+        raise KeyError("solution")
+
+    with pytest.raises(RuntimeError, match="reward function 'broken_reward' raised KeyError"):
+        score_rollout([broken_reward], [1.0], make_rollout(["a", "b"]), {})
+
+
+def test_wrong_count_and_non_numbers_are_named():
+    with pytest.raises(ValueError, match="'short' returned 1 values for 2 completions"):
+        def short(completions, **kwargs):
+            return [1.0]
+        score_rollout([short], [1.0], make_rollout(["a", "b"]), {})
+    with pytest.raises(TypeError, match=r"'texty' returned 'good' \(str\) for completion 1"):
+        def texty(completions, **kwargs):
+            return [1.0, "good"]
+        score_rollout([texty], [1.0], make_rollout(["a", "b"]), {})
+
+
+def test_weights_must_match_functions():
+    with pytest.raises(ValueError, match="reward_weights has 1 values for 2 reward functions"):
+        check_reward_weights([length_reward, length_reward], [1.0])
+    with pytest.raises(ValueError, match="reward_funcs is empty"):
+        check_reward_weights([], None)

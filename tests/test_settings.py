@@ -1,0 +1,64 @@
+"""Bad settings fail in GRPOModule's constructor, before any model is loaded, naming setting, value and choices."""
+
+import pytest
+
+from lightning_grpo import GRPOModule
+from lightning_grpo.rewards import exact_match_reward
+
+NOT_A_MODEL = "/nonexistent/model/never/loaded"  # loading it would fail: the checks must come first
+
+
+@pytest.mark.parametrize(
+    "setting,value,message",
+    [
+        ("num_generations", 1, "num_generations must be >= 2, got 1"),
+        ("max_completion_length", 0, "max_completion_length must be >= 1, got 0"),
+        ("loss_type", "ppo", "loss_type must be one of ['bnpo', 'dapo', 'dr_grpo', 'grpo'], got 'ppo'"),
+        ("scale_rewards", "std", "scale_rewards must be one of ['batch', 'group', 'none'], got 'std'"),
+        ("importance_sampling_level", "seq", "importance_sampling_level must be one of"),
+        ("temperature", 0.0, "temperature must be > 0, got 0.0"),
+        ("top_p", 1.5, "top_p must be in (0, 1], got 1.5"),
+        ("delta", 1.1, "delta must be None or > 1 + epsilon_high"),
+        ("micro_batch_size", 0, "micro_batch_size must be >= 1, got 0"),
+        ("lr_scheduler_type", "step", "lr_scheduler_type must be one of"),
+        ("dtype", "fp8", "dtype must be one of"),
+    ],
+)
+def test_bad_setting_is_named(setting, value, message):
+    with pytest.raises(ValueError) as err:
+        GRPOModule(model=NOT_A_MODEL, reward_funcs=[exact_match_reward], **{setting: value})
+    assert message in str(err.value)
+
+
+def test_every_problem_is_listed_at_once():
+    with pytest.raises(ValueError) as err:
+        GRPOModule(model=NOT_A_MODEL, reward_funcs=[exact_match_reward], num_generations=1, loss_type="x", beta=-1)
+    text = str(err.value)
+    assert "num_generations" in text and "loss_type" in text and "beta" in text
+
+
+def test_reward_settings_are_checked():
+    with pytest.raises(ValueError, match="reward_funcs is empty"):
+        GRPOModule(model=NOT_A_MODEL)
+    with pytest.raises(ValueError, match="accuracy_reward must name one of the reward functions"):
+        GRPOModule(model=NOT_A_MODEL, reward_funcs=[exact_match_reward], accuracy_reward="accuracy")
+
+
+def test_tokenizer_without_eos_is_refused(tiny_model_dir):
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(tiny_model_dir)
+    tok.eos_token = None
+    tok.pad_token = None
+    with pytest.raises(ValueError, match="has no eos_token"):
+        GRPOModule(model=tiny_model_dir, tokenizer=tok, reward_funcs=[exact_match_reward])
+
+
+def test_missing_pad_falls_back_to_eos(tiny_model_dir):
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(tiny_model_dir)
+    tok.pad_token = None
+    module = GRPOModule(model=tiny_model_dir, tokenizer=tok, reward_funcs=[exact_match_reward])
+    assert module.tokenizer.pad_token_id == module.tokenizer.eos_token_id
+    assert module.tokenizer.padding_side == "left"
