@@ -17,6 +17,13 @@ TRAINER_DEFAULTS = {"log_every_n_steps": 1, "num_sanity_val_steps": -1}
 
 
 class GRPOCLI(LightningCLI):
+    def instantiate_classes(self) -> None:
+        """Bad settings end the program with their message, before any model is loaded or step taken."""
+        try:
+            super().instantiate_classes()
+        except (ValueError, TypeError, FileNotFoundError) as err:
+            self.parser.error(str(err))
+
     def add_arguments_to_parser(self, parser: LightningArgumentParser) -> None:
         parser.add_lightning_class_args(RunSummary, "summary")
         parser.add_lightning_class_args(HFExport, "export")

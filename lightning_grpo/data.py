@@ -31,7 +31,9 @@ def load_any(source: str, split: str, name: str | None = None) -> Dataset:
     if path.is_dir():
         files = sorted(p for p in path.glob(f"{split}.*") if p.suffix in FILE_FORMATS)
         if not files:
-            raise FileNotFoundError(f"dataset directory {source!r} has no {split}.(json|jsonl|csv|parquet) file")
+            raise FileNotFoundError(
+                f"dataset directory {source!r} has no {split}.(json|jsonl|csv|parquet) file"
+            )
         return load_dataset(FILE_FORMATS[files[0].suffix], data_files=str(files[0]), split="train")
     if path.suffix in FILE_FORMATS:
         if not path.exists():
@@ -46,7 +48,11 @@ def load_any(source: str, split: str, name: str | None = None) -> Dataset:
 
 def with_system_prompt(prompt: Any, system_prompt: str | None) -> Any:
     """Prepend a system message to a chat prompt; plain text prompts are left as they are."""
-    if system_prompt is None or not isinstance(prompt, list) or (prompt and prompt[0].get("role") == "system"):
+    if (
+        system_prompt is None
+        or not isinstance(prompt, list)
+        or (prompt and prompt[0].get("role") == "system")
+    ):
         return prompt
     return [{"role": "system", "content": system_prompt}, *prompt]
 
@@ -67,7 +73,7 @@ class PromptDataModule(L.LightningDataModule):
         val_size: when ``val_split`` is absent from the dataset, hold out this many training rows instead.
         max_val_prompts: use at most this many validation prompts.
         num_workers: DataLoader workers.
-        seed: shuffling seed for the held-out split.
+        split_seed: shuffling seed for the held-out split.
     """
 
     def __init__(
@@ -82,7 +88,7 @@ class PromptDataModule(L.LightningDataModule):
         val_size: int = 0,
         max_val_prompts: int | None = None,
         num_workers: int = 0,
-        seed: int = 0,
+        split_seed: int = 0,
     ) -> None:
         super().__init__()
         if batch_size < 1:
@@ -102,7 +108,7 @@ class PromptDataModule(L.LightningDataModule):
                 val = self._checked(load_any(hp.dataset, hp.val_split, hp.config_name), hp.val_split)
             except (FileNotFoundError, ValueError, KeyError):
                 if hp.val_size:
-                    parts = train.train_test_split(test_size=hp.val_size, seed=hp.seed)
+                    parts = train.train_test_split(test_size=hp.val_size, seed=hp.split_seed)
                     train, val = parts["train"], parts["test"]
         if val is not None and hp.max_val_prompts:
             val = val.select(range(min(hp.max_val_prompts, len(val))))
@@ -139,6 +145,8 @@ class PromptDataModule(L.LightningDataModule):
         if self.val_data is None:
             return []
         return DataLoader(
-            self.val_data, batch_size=self.hparams.batch_size * 4, collate_fn=self.collate,
+            self.val_data,
+            batch_size=self.hparams.batch_size * 4,
+            collate_fn=self.collate,
             num_workers=self.hparams.num_workers,
         )

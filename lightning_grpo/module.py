@@ -119,12 +119,16 @@ class GRPOModule(L.LightningModule):
         self.reward_weights = check_reward_weights(self.reward_funcs, reward_weights)
         names = [reward_name(f) for f in self.reward_funcs]
         if accuracy_reward is not None and accuracy_reward not in names:
-            raise ValueError(f"accuracy_reward must name one of the reward functions {names}, got {accuracy_reward!r}")
+            raise ValueError(
+                f"accuracy_reward must name one of the reward functions {names}, got {accuracy_reward!r}"
+            )
         self.save_hyperparameters(ignore=["reward_funcs", "optimizer", "model", "tokenizer"])
         self.hparams["model_name"] = model if isinstance(model, str) else type(model).__name__
         self.automatic_optimization = False
         self.optimizer_factory = optimizer
-        self.sampling = SamplingConfig(temperature, top_p, top_k, min_p, repetition_penalty, max_completion_length)
+        self.sampling = SamplingConfig(
+            temperature, top_p, top_k, min_p, repetition_penalty, max_completion_length
+        )
         self.tokenizer = load_tokenizer(tokenizer if tokenizer is not None else model)
         self.policy = load_policy(model, dtype).train()  # from_pretrained returns eval mode
         if gradient_checkpointing:
@@ -166,9 +170,18 @@ class GRPOModule(L.LightningModule):
             "step_time": time.perf_counter() - start,
         }
         self._log_metrics("train", metrics)
-        return {"loss": loss.loss, "rollout": rollout, "scores": scores, "advantages": advantages, "metrics": metrics}
+        return {
+            "loss": loss.loss,
+            "rollout": rollout,
+            "scores": scores,
+            "advantages": advantages,
+            "normalizer": normalizer,
+            "metrics": metrics,
+        }
 
-    def sample(self, prompts: list, num_generations: int, seed: int | None = None, greedy: bool = False) -> Rollout:
+    def sample(
+        self, prompts: list, num_generations: int, seed: int | None = None, greedy: bool = False
+    ) -> Rollout:
         """Completions for ``prompts``; a seed makes sampling reproducible and distinct per rank and step."""
         hp = self.hparams
         devices = [self.device] if self.device.type == "cuda" else []
@@ -176,8 +189,13 @@ class GRPOModule(L.LightningModule):
             if seed is not None:
                 torch.manual_seed(seed)
             return generate_rollout(
-                self.policy, self.tokenizer, prompts, num_generations, self.sampling,
-                max_prompt_length=hp.max_prompt_length, greedy=greedy,
+                self.policy,
+                self.tokenizer,
+                prompts,
+                num_generations,
+                self.sampling,
+                max_prompt_length=hp.max_prompt_length,
+                greedy=greedy,
             )
 
     def _sampling_seed(self) -> int:
@@ -186,7 +204,9 @@ class GRPOModule(L.LightningModule):
     def _local_advantages(self, all_scores: Tensor, weights: Tensor) -> Tensor:
         """Advantages computed over every rank's rewards (a batch std is global), sliced to this rank's rows."""
         scores = RewardScores(all_scores, [], weights)
-        advantages = compute_advantages(scores.total, self.hparams.num_generations, self.hparams.scale_rewards)
+        advantages = compute_advantages(
+            scores.total, self.hparams.num_generations, self.hparams.scale_rewards
+        )
         n = all_scores.shape[0] // self.trainer.world_size
         return advantages.advantages[self.global_rank * n : (self.global_rank + 1) * n]
 
@@ -209,13 +229,19 @@ class GRPOModule(L.LightningModule):
         if next(model.parameters()).device != self.device:
             model.to(self.device)
         with torch.no_grad():
-            return torch.cat([
-                completion_logps(
-                    model, rollout.input_ids[rows], rollout.attention_mask[rows], rollout.completion_ids.shape[1],
-                    self.hparams.temperature, self.hparams.logprob_chunk_size,
-                ).logps
-                for rows in self._micro_batches(len(rollout))
-            ])
+            return torch.cat(
+                [
+                    completion_logps(
+                        model,
+                        rollout.input_ids[rows],
+                        rollout.attention_mask[rows],
+                        rollout.completion_ids.shape[1],
+                        self.hparams.temperature,
+                        self.hparams.logprob_chunk_size,
+                    ).logps
+                    for rows in self._micro_batches(len(rollout))
+                ]
+            )
 
     def _optimizer_step(
         self,
@@ -233,14 +259,26 @@ class GRPOModule(L.LightningModule):
         total: LossOutput | None = None
         for rows in self._micro_batches(len(rollout)):
             token = completion_logps(
-                self.policy, rollout.input_ids[rows], rollout.attention_mask[rows], rollout.completion_ids.shape[1],
-                hp.temperature, hp.logprob_chunk_size,
+                self.policy,
+                rollout.input_ids[rows],
+                rollout.attention_mask[rows],
+                rollout.completion_ids.shape[1],
+                hp.temperature,
+                hp.logprob_chunk_size,
             )
             out = grpo_loss(
-                token.logps, None if old_logps is None else old_logps[rows], advantages[rows], mask[rows],
-                ref_logps=None if ref_logps is None else ref_logps[rows], beta=hp.beta, loss_type=hp.loss_type,
-                epsilon=hp.epsilon, epsilon_high=hp.epsilon_high, delta=hp.delta,
-                importance_sampling_level=hp.importance_sampling_level, normalizer=normalizer,
+                token.logps,
+                None if old_logps is None else old_logps[rows],
+                advantages[rows],
+                mask[rows],
+                ref_logps=None if ref_logps is None else ref_logps[rows],
+                beta=hp.beta,
+                loss_type=hp.loss_type,
+                epsilon=hp.epsilon,
+                epsilon_high=hp.epsilon_high,
+                delta=hp.delta,
+                importance_sampling_level=hp.importance_sampling_level,
+                normalizer=normalizer,
             )
             self.manual_backward(out.loss)
             out = LossOutput(out.loss.detach(), out.token_sums, out.num_tokens)
@@ -271,7 +309,9 @@ class GRPOModule(L.LightningModule):
     def _log_metrics(self, stage: str, metrics: dict[str, float]) -> None:
         shown = {"reward", "reward_std", "kl"}
         for name, value in metrics.items():
-            self.log(f"{stage}/{name}", value, prog_bar=name in shown, on_step=True, on_epoch=False, batch_size=1)
+            self.log(
+                f"{stage}/{name}", value, prog_bar=name in shown, on_step=True, on_epoch=False, batch_size=1
+            )
 
     def _gather_rows(self, t: Tensor) -> Tensor:
         """[N, ...] on each rank -> [W*N, ...] in rank order."""
@@ -292,11 +332,15 @@ class GRPOModule(L.LightningModule):
         else:
             optimizer = torch.optim.AdamW(params, lr=hp.learning_rate, weight_decay=hp.weight_decay)
         steps = self.trainer.estimated_stepping_batches
-        if self.trainer.max_steps == -1:  # counted in batches; each batch takes num_iterations optimiser steps
+        if (
+            self.trainer.max_steps == -1
+        ):  # counted in batches; each batch takes num_iterations optimiser steps
             steps *= hp.num_iterations
         steps = max(int(steps), 1)
         scheduler = get_scheduler(
-            hp.lr_scheduler_type, optimizer, num_warmup_steps=math.ceil(hp.warmup_ratio * steps),
+            hp.lr_scheduler_type,
+            optimizer,
+            num_warmup_steps=math.ceil(hp.warmup_ratio * steps),
             num_training_steps=steps,
         )
         return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}

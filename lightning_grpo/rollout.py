@@ -27,9 +27,16 @@ class SamplingConfig:
     max_completion_length: int = 256
 
     def generation_config(self, tokenizer: PreTrainedTokenizerBase, greedy: bool = False) -> GenerationConfig:
-        sampling = {} if greedy else {
-            "temperature": self.temperature, "top_p": self.top_p, "top_k": self.top_k, "min_p": self.min_p,
-        }
+        sampling = (
+            {}
+            if greedy
+            else {
+                "temperature": self.temperature,
+                "top_p": self.top_p,
+                "top_k": self.top_k,
+                "min_p": self.min_p,
+            }
+        )
         return GenerationConfig(
             do_sample=not greedy,
             max_new_tokens=self.max_completion_length,
@@ -53,7 +60,9 @@ def render_prompts(tokenizer: PreTrainedTokenizerBase, prompts: list[Prompt]) ->
             "tokenizer with a chat template"
         )
     return [
-        tokenizer.apply_chat_template(p, tokenize=False, add_generation_prompt=True) if is_conversational(p) else p
+        tokenizer.apply_chat_template(p, tokenize=False, add_generation_prompt=True)
+        if is_conversational(p)
+        else p
         for p in prompts
     ]
 
@@ -91,7 +100,11 @@ def mask_after_eos(completion_ids: Tensor, eos_token_ids: list[int]) -> tuple[Te
 def generation_mode(model: nn.Module) -> Iterator[None]:
     """Eval mode, no grad, gradient checkpointing off (it disables the KV cache), restored afterwards."""
     was_training = model.training
-    name = "is_activation_checkpointing" if hasattr(model, "is_activation_checkpointing") else "is_gradient_checkpointing"
+    name = (
+        "is_activation_checkpointing"
+        if hasattr(model, "is_activation_checkpointing")
+        else "is_gradient_checkpointing"
+    )
     checkpointing = getattr(model, name, False)
     if checkpointing:
         model.gradient_checkpointing_disable()
@@ -137,7 +150,10 @@ def generate_rollout(
     config.eos_token_id = eos_ids
     with generation_mode(model):
         output = model.generate(
-            input_ids=prompt_ids, attention_mask=prompt_mask, generation_config=config, synced_gpus=synced_gpus
+            input_ids=prompt_ids,
+            attention_mask=prompt_mask,
+            generation_config=config,
+            synced_gpus=synced_gpus,
         )
     completion_ids = output[:, prompt_ids.shape[1] :]  # [N, T]
     completion_mask, is_truncated = mask_after_eos(completion_ids, eos_ids)
@@ -146,7 +162,9 @@ def generate_rollout(
     completion_ids = completion_ids.masked_fill(completion_mask == 0, tokenizer.pad_token_id)
     texts = tokenizer.batch_decode(completion_ids, skip_special_tokens=True)
     repeated = [p for p in prompts for _ in range(num_generations)]
-    completions = [[{"role": "assistant", "content": t}] for t in texts] if is_conversational(prompts[0]) else texts
+    completions = (
+        [[{"role": "assistant", "content": t}] for t in texts] if is_conversational(prompts[0]) else texts
+    )
     return Rollout(
         prompt_ids=prompt_ids,
         prompt_mask=prompt_mask,

@@ -24,7 +24,9 @@ def test_batch_scaling_uses_the_whole_batch_std():
     rewards = torch.tensor([1.0, 0.0, 5.0, 3.0])
     std = torch.std(rewards).item()  # unbiased over all 4
     adv = group_advantages(rewards, group_size=2, scale_rewards="batch")
-    assert adv.tolist() == pytest.approx([0.5 / (std + 1e-4), -0.5 / (std + 1e-4), 1 / (std + 1e-4), -1 / (std + 1e-4)])
+    assert adv.tolist() == pytest.approx(
+        [0.5 / (std + 1e-4), -0.5 / (std + 1e-4), 1 / (std + 1e-4), -1 / (std + 1e-4)]
+    )
 
 
 def test_nan_rewards_are_skipped_and_get_zero_advantage():
@@ -39,7 +41,9 @@ def test_not_whole_groups_is_an_error():
 
 
 def test_unknown_scale_rewards_lists_choices():
-    with pytest.raises(ValueError, match=r"scale_rewards must be one of \['group', 'batch', 'none'\], got 'std'"):
+    with pytest.raises(
+        ValueError, match=r"scale_rewards must be one of \['group', 'batch', 'none'\], got 'std'"
+    ):
         group_advantages(torch.zeros(4), group_size=2, scale_rewards="std")
 
 

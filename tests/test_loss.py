@@ -11,7 +11,9 @@ from lightning_grpo.loss import REDUCTIONS, LossNormalizer, grpo_loss, loss_mask
 
 
 def one_token(logp: float, old: float, adv: float, **kw):
-    return grpo_loss(torch.tensor([[logp]]), torch.tensor([[old]]), torch.tensor([adv]), torch.ones(1, 1), **kw)
+    return grpo_loss(
+        torch.tensor([[logp]]), torch.tensor([[old]]), torch.tensor([adv]), torch.ones(1, 1), **kw
+    )
 
 
 def test_ratio_one_gives_minus_advantage():
@@ -51,8 +53,14 @@ def test_delta_caps_the_unclipped_side():
 
 def test_k3_kl_is_added_with_beta():
     # ref - logp = 1: kl = e^1 - 1 - 1 = 0.718; ratio 1, advantage 0 -> loss = beta * kl
-    out = grpo_loss(torch.tensor([[0.0]]), None, torch.tensor([0.0]), torch.ones(1, 1),
-                    ref_logps=torch.tensor([[1.0]]), beta=0.5)
+    out = grpo_loss(
+        torch.tensor([[0.0]]),
+        None,
+        torch.tensor([0.0]),
+        torch.ones(1, 1),
+        ref_logps=torch.tensor([[1.0]]),
+        beta=0.5,
+    )
     assert out.loss.item() == pytest.approx(0.5 * (math.e - 2))
     assert out.metrics()["kl"] == pytest.approx(math.e - 2)
 
@@ -79,7 +87,9 @@ def test_reductions_hand_worked():
 
 
 def test_dapo_divides_by_global_tokens_per_rank():
-    norm = LossNormalizer(num_sequences=1, num_tokens=2, global_num_tokens=8, world_size=2, max_completion_length=2)
+    norm = LossNormalizer(
+        num_sequences=1, num_tokens=2, global_num_tokens=8, world_size=2, max_completion_length=2
+    )
     out = grpo_loss(torch.zeros(1, 2), None, torch.tensor([1.0]), torch.ones(1, 2), normalizer=norm)
     assert out.loss.item() == pytest.approx(-2 / (8 / 2))
 
@@ -91,8 +101,10 @@ def test_micro_batches_add_up_to_the_full_batch():
     for loss_type in REDUCTIONS:
         full = grpo_loss(logp, old, adv, mask, loss_type=loss_type, max_completion_length=5)
         norm = LossNormalizer.from_mask(mask, 5)
-        parts = [grpo_loss(logp[s], old[s], adv[s], mask[s], loss_type=loss_type, normalizer=norm)
-                 for s in (slice(0, 1), slice(1, 4), slice(4, 6))]
+        parts = [
+            grpo_loss(logp[s], old[s], adv[s], mask[s], loss_type=loss_type, normalizer=norm)
+            for s in (slice(0, 1), slice(1, 4), slice(4, 6))
+        ]
         assert sum(p.loss for p in parts).item() == pytest.approx(full.loss.item(), abs=1e-6), loss_type
 
 
@@ -107,7 +119,9 @@ def test_truncated_completions_are_masked():
 
 
 def test_bad_settings_name_the_choices():
-    with pytest.raises(ValueError, match=r"loss_type must be one of \['bnpo', 'dapo', 'dr_grpo', 'grpo'\], got 'ppo'"):
+    with pytest.raises(
+        ValueError, match=r"loss_type must be one of \['bnpo', 'dapo', 'dr_grpo', 'grpo'\], got 'ppo'"
+    ):
         one_token(0.0, 0.0, 1.0, loss_type="ppo")
     with pytest.raises(ValueError, match="importance_sampling_level"):
         one_token(0.0, 0.0, 1.0, importance_sampling_level="batch")
@@ -117,24 +131,39 @@ def test_bad_settings_name_the_choices():
 
 # ---- equality with TRL's GRPOTrainer._compute_loss ------------------------------------------------------
 
+
 def trl_loss(logps, old, ref, adv, mask, loss_type, beta, epsilon, epsilon_high, delta, level, max_len):
     """Run TRL 1.16's own _compute_loss with our tensors as its inputs (one process, no accumulation)."""
     from trl import GRPOTrainer
 
     fake = SimpleNamespace(
-        top_entropy_quantile=1.0, off_policy_mask_threshold=None, importance_sampling_level=level, beta=beta,
-        loss_type=loss_type, epsilon_low=epsilon, epsilon_high=epsilon_high, use_vllm=False,
-        model=SimpleNamespace(training=True), current_gradient_accumulation_steps=1,
-        max_completion_length=max_len, _entropy_bonus_enabled=False, aux_loss_enabled=False,
+        top_entropy_quantile=1.0,
+        off_policy_mask_threshold=None,
+        importance_sampling_level=level,
+        beta=beta,
+        loss_type=loss_type,
+        epsilon_low=epsilon,
+        epsilon_high=epsilon_high,
+        use_vllm=False,
+        model=SimpleNamespace(training=True),
+        current_gradient_accumulation_steps=1,
+        max_completion_length=max_len,
+        _entropy_bonus_enabled=False,
+        aux_loss_enabled=False,
         args=SimpleNamespace(use_bias_correction_kl=False, delta=delta, steps_per_generation=1),
         accelerator=SimpleNamespace(num_processes=1, reduce=lambda t, reduction: t, gather=lambda t: t),
         _metrics={"train": defaultdict(list)},
         _get_per_token_logps_and_entropies=lambda *a, **k: (logps, torch.zeros_like(logps), None),
     )
     inputs = {
-        "prompt_ids": torch.zeros(len(adv), 1, dtype=torch.long), "prompt_mask": torch.ones(len(adv), 1),
-        "completion_ids": torch.zeros_like(mask), "completion_mask": mask, "advantages": adv,
-        "old_per_token_logps": old, "ref_per_token_logps": ref, "num_items_in_batch": mask.sum(),
+        "prompt_ids": torch.zeros(len(adv), 1, dtype=torch.long),
+        "prompt_mask": torch.ones(len(adv), 1),
+        "completion_ids": torch.zeros_like(mask),
+        "completion_mask": mask,
+        "advantages": adv,
+        "old_per_token_logps": old,
+        "ref_per_token_logps": ref,
+        "num_items_in_batch": mask.sum(),
     }
     return GRPOTrainer._compute_loss(fake, None, inputs)
 
@@ -149,8 +178,22 @@ def test_equals_trl_compute_loss(loss_type, level, beta, delta):
     ref = logps + torch.randn(6, 5) * 0.3
     adv, mask = torch.randn(6), (torch.rand(6, 5) > 0.3).long()
     mask[:, 0] = 1
-    kw = dict(loss_type=loss_type, beta=beta, epsilon=0.2, epsilon_high=0.28, delta=delta, level=level, max_len=5)
+    kw = dict(
+        loss_type=loss_type, beta=beta, epsilon=0.2, epsilon_high=0.28, delta=delta, level=level, max_len=5
+    )
     expected = trl_loss(logps, old, ref, adv, mask, **kw)
-    ours = grpo_loss(logps, old, adv, mask, ref_logps=ref, beta=beta, loss_type=loss_type, epsilon=0.2,
-                     epsilon_high=0.28, delta=delta, importance_sampling_level=level, max_completion_length=5)
+    ours = grpo_loss(
+        logps,
+        old,
+        adv,
+        mask,
+        ref_logps=ref,
+        beta=beta,
+        loss_type=loss_type,
+        epsilon=0.2,
+        epsilon_high=0.28,
+        delta=delta,
+        importance_sampling_level=level,
+        max_completion_length=5,
+    )
     assert ours.loss.item() == pytest.approx(expected.item(), rel=1e-5, abs=1e-6)

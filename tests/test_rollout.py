@@ -45,15 +45,30 @@ def test_logps_match_the_samplers_scores(tiny_model_dir):
     tok = AutoTokenizer.from_pretrained(tiny_model_dir)
     ids, mask, _ = tokenize_prompts(tok, ["3+4=", "12+345=", "9="], None)
     torch.manual_seed(0)
-    out = model.generate(input_ids=ids, attention_mask=mask, do_sample=True, max_new_tokens=5, top_k=0,
-                         output_scores=True, return_dict_in_generate=True, pad_token_id=0, eos_token_id=1,
-                         temperature=0.7)
-    completion = out.sequences[:, ids.shape[1]:]
+    out = model.generate(
+        input_ids=ids,
+        attention_mask=mask,
+        do_sample=True,
+        max_new_tokens=5,
+        top_k=0,
+        output_scores=True,
+        return_dict_in_generate=True,
+        pad_token_id=0,
+        eos_token_id=1,
+        temperature=0.7,
+    )
+    completion = out.sequences[:, ids.shape[1] :]
     expected = torch.stack(out.scores, 1).log_softmax(-1).gather(-1, completion.unsqueeze(-1)).squeeze(-1)
     cmask, _ = mask_after_eos(completion, [1])
     for chunk in (1, 4, 1024):
-        got = completion_logps(model, torch.cat([ids, completion], 1), torch.cat([mask, cmask], 1),
-                               completion.shape[1], temperature=0.7, chunk_size=chunk).logps
+        got = completion_logps(
+            model,
+            torch.cat([ids, completion], 1),
+            torch.cat([mask, cmask], 1),
+            completion.shape[1],
+            temperature=0.7,
+            chunk_size=chunk,
+        ).logps
         assert ((got - expected).abs() * cmask).max() < 1e-4
 
 

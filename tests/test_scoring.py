@@ -10,9 +10,13 @@ from lightning_grpo.types import Rollout
 def make_rollout(completions, group_size=2):
     n = len(completions)
     return Rollout(
-        prompt_ids=torch.zeros(n, 1, dtype=torch.long), prompt_mask=torch.ones(n, 1, dtype=torch.long),
-        completion_ids=torch.ones(n, 2, dtype=torch.long), completion_mask=torch.ones(n, 2, dtype=torch.long),
-        is_truncated=torch.zeros(n, dtype=torch.bool), prompts=["p"] * n, completions=completions,
+        prompt_ids=torch.zeros(n, 1, dtype=torch.long),
+        prompt_mask=torch.ones(n, 1, dtype=torch.long),
+        completion_ids=torch.ones(n, 2, dtype=torch.long),
+        completion_mask=torch.ones(n, 2, dtype=torch.long),
+        is_truncated=torch.zeros(n, dtype=torch.bool),
+        prompts=["p"] * n,
+        completions=completions,
         group_size=group_size,
     )
 
@@ -28,8 +32,9 @@ def test_columns_are_repeated_per_completion_and_weighted():
         seen["answer"], seen["ids"] = answer, completion_ids
         return [1.0 if c == a else None for c, a in zip(completions, answer)]
 
-    scores = score_rollout([answer_reward, length_reward], [2.0, 0.5], make_rollout(["a", "b", "c", "c"]),
-                           {"answer": ["a", "c"]})
+    scores = score_rollout(
+        [answer_reward, length_reward], [2.0, 0.5], make_rollout(["a", "b", "c", "c"]), {"answer": ["a", "c"]}
+    )
     assert seen["answer"] == ["a", "a", "c", "c"]
     assert seen["ids"] == [[1, 1]] * 4
     assert scores.names == ["answer_reward", "length_reward"]
@@ -52,12 +57,16 @@ def test_raising_function_is_named():
 
 def test_wrong_count_and_non_numbers_are_named():
     with pytest.raises(ValueError, match="'short' returned 1 values for 2 completions"):
+
         def short(completions, **kwargs):
             return [1.0]
+
         score_rollout([short], [1.0], make_rollout(["a", "b"]), {})
     with pytest.raises(TypeError, match=r"'texty' returned 'good' \(str\) for completion 1"):
+
         def texty(completions, **kwargs):
             return [1.0, "good"]
+
         score_rollout([texty], [1.0], make_rollout(["a", "b"]), {})
 
 

@@ -45,7 +45,10 @@ class RunSummary(L.Callback):
             self.after = self._read(trainer)
 
     def summary(self, trainer: L.Trainer) -> dict[str, Any]:
-        out: dict[str, Any] = {"steps": trainer.global_step, "wall_time_s": round(time.time() - self.started, 1)}
+        out: dict[str, Any] = {
+            "steps": trainer.global_step,
+            "wall_time_s": round(time.time() - self.started, 1),
+        }
         for key in TRACKED:
             name = key.split("/", 1)[1]
             out[f"{name}_before"] = self.before.get(key)

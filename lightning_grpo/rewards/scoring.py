@@ -42,7 +42,9 @@ def check_reward_weights(reward_funcs: Sequence[RewardFunc], weights: Sequence[f
 
 def _check_values(name: str, values: Any, n: int) -> list[float]:
     if values is None or isinstance(values, str | bytes) or not hasattr(values, "__len__"):
-        raise TypeError(f"reward function {name!r} returned {values!r}: it must return a list of {n} floats or None")
+        raise TypeError(
+            f"reward function {name!r} returned {values!r}: it must return a list of {n} floats or None"
+        )
     if len(values) != n:
         raise ValueError(
             f"reward function {name!r} returned {len(values)} values for {n} completions: "
@@ -65,16 +67,23 @@ def _check_values(name: str, values: Any, n: int) -> list[float]:
 def call_reward(fn: RewardFunc, rollout: Rollout, columns: dict[str, list[Any]]) -> list[float]:
     """One function over all N completions, its output checked."""
     name = reward_name(fn)
-    completion_ids = [ids[mask.bool()].tolist() for ids, mask in zip(rollout.completion_ids, rollout.completion_mask)]
+    completion_ids = [
+        ids[mask.bool()].tolist() for ids, mask in zip(rollout.completion_ids, rollout.completion_mask)
+    ]
     try:
-        values = fn(prompts=rollout.prompts, completions=rollout.completions, completion_ids=completion_ids, **columns)
+        values = fn(
+            prompts=rollout.prompts, completions=rollout.completions, completion_ids=completion_ids, **columns
+        )
     except Exception as err:
         raise RuntimeError(f"reward function {name!r} raised {type(err).__name__}: {err}") from err
     return _check_values(name, values, len(rollout))
 
 
 def score_rollout(
-    reward_funcs: Sequence[RewardFunc], weights: Sequence[float], rollout: Rollout, columns: dict[str, list[Any]]
+    reward_funcs: Sequence[RewardFunc],
+    weights: Sequence[float],
+    rollout: Rollout,
+    columns: dict[str, list[Any]],
 ) -> RewardScores:
     """Score N completions; ``columns`` hold B values each and are repeated G times to line up."""
     repeated = {k: [v for v in values for _ in range(rollout.group_size)] for k, values in columns.items()}

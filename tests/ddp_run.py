@@ -1,0 +1,69 @@
+"""A 2-process CPU (gloo) GRPO run; each rank writes what it saw to OUT_DIR/rank<k>.json.
+
+Run by tests/test_ddp.py as a subprocess: Lightning's DDP launcher starts rank 1 by re-running this script.
+"""
+
+import json
+import sys
+
+import lightning as L
+import torch
+
+from lightning_grpo import GRPOModule, PromptDataModule
+
+
+def length_reward(completions, **kwargs):
+    return [len(c) / 8 for c in completions]
+
+
+class Probe(L.Callback):
+    """Records each rank's completions and the loss normaliser's global token count."""
+
+    def __init__(self):
+        self.seen = []
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
+        rollout = outputs["rollout"]
+        self.seen.append(
+            {
+                "completions": rollout.completions,
+                "local_tokens": int(rollout.completion_mask.sum()),
+                "global_tokens": outputs["normalizer"].global_num_tokens,
+                "reward": outputs["metrics"]["reward"],
+            }
+        )
+
+
+def main(model_dir: str, data_path: str, out_dir: str, scale_rewards: str) -> None:
+    torch.set_num_threads(1)
+    L.seed_everything(0)
+    module = GRPOModule(
+        model=model_dir,
+        reward_funcs=[length_reward],
+        num_generations=4,
+        max_completion_length=6,
+        learning_rate=1e-2,
+        scale_rewards=scale_rewards,
+        micro_batch_size=5,
+    )
+    probe = Probe()
+    trainer = L.Trainer(
+        max_steps=2,
+        accelerator="cpu",
+        devices=2,
+        strategy="ddp",
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        limit_val_batches=0,
+        callbacks=[probe],
+    )
+    trainer.fit(module, PromptDataModule(data_path, batch_size=2, val_split=None))
+    flat = torch.cat([p.detach().flatten() for p in module.policy.parameters()])
+    with open(f"{out_dir}/rank{trainer.global_rank}.json", "w") as f:
+        json.dump({"param_sum": flat.sum().item(), "param_head": flat[:64].tolist(), "seen": probe.seen}, f)
+
+
+if __name__ == "__main__":
+    main(*sys.argv[1:])

@@ -1,0 +1,190 @@
+"""Real Trainer.fit runs of GRPOModule on a tiny Qwen2 loaded with from_pretrained."""
+
+from __future__ import annotations
+
+import csv
+import json
+
+import lightning as L
+import pytest
+import torch
+from lightning.pytorch.loggers import CSVLogger
+from transformers import AutoModelForCausalLM
+
+from lightning_grpo import GRPOModule, PromptDataModule
+from lightning_grpo.callbacks import HFExport, RunSummary
+from lightning_grpo.rewards import exact_match_reward
+
+TRL_METRICS = [
+    "reward",
+    "reward_std",
+    "rewards/exact_match_reward/mean",
+    "rewards/exact_match_reward/std",
+    "rewards/length_reward/mean",
+    "frac_reward_zero_std",
+    "kl",
+    "entropy",
+    "clip_ratio/low_mean",
+    "clip_ratio/high_mean",
+    "clip_ratio/region_mean",
+    "completions/mean_length",
+    "completions/clipped_ratio",
+    "completions/mean_terminated_length",
+    "num_tokens",
+    "step_time",
+    "loss",
+]
+
+
+def length_reward(completions, **kwargs):
+    """Varies across completions, so groups have a spread and the policy gets a gradient."""
+    return [len(c) / 8 for c in completions]
+
+
+def make_module(model_dir, **kw):
+    settings = dict(
+        reward_funcs=[exact_match_reward, length_reward],
+        num_generations=4,
+        max_completion_length=8,
+        learning_rate=1e-2,
+        accuracy_reward="exact_match_reward",
+    )
+    return GRPOModule(model=model_dir, **{**settings, **kw})
+
+
+def fit(module, data, tmp_path, max_steps=2, **trainer_kw):
+    trainer = L.Trainer(
+        max_steps=max_steps,
+        accelerator="cpu",
+        logger=CSVLogger(tmp_path),
+        log_every_n_steps=1,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        default_root_dir=tmp_path,
+        **{"enable_checkpointing": False, "limit_val_batches": 0, **trainer_kw},
+    )
+    L.seed_everything(0)
+    trainer.fit(module, data)
+    return trainer
+
+
+def logged(trainer) -> dict[str, list[float]]:
+    with open(f"{trainer.logger.log_dir}/metrics.csv") as f:
+        rows = list(csv.DictReader(f))
+    return {k: [float(r[k]) for r in rows if r.get(k)] for k in rows[0]}
+
+
+def test_fit_updates_the_policy_and_logs_every_metric(tiny_model_dir, arith_jsonl, tmp_path):
+    module = make_module(tiny_model_dir, beta=0.1)
+    before = {k: v.clone() for k, v in module.policy.state_dict().items()}
+    trainer = fit(module, PromptDataModule(arith_jsonl, batch_size=4, val_split=None), tmp_path, max_steps=3)
+    assert trainer.global_step == 3
+    changed = [k for k, v in module.policy.state_dict().items() if not torch.equal(v, before[k])]
+    assert len(changed) > len(before) // 2
+    metrics = logged(trainer)
+    for name in TRL_METRICS:
+        assert len(metrics.get(f"train/{name}", [])) == 3, name
+    assert metrics["train/kl"][-1] > 0  # the policy moved away from the frozen reference
+    assert metrics["train/num_tokens"][0] < metrics["train/num_tokens"][-1]
+
+
+@pytest.mark.parametrize("loss_type", ["grpo", "bnpo", "dr_grpo", "dapo"])
+def test_micro_batches_give_the_same_update(tiny_model_dir, arith_jsonl, tmp_path, loss_type):
+    params = []
+    for micro in (None, 3):  # 16 completions in one pass, or in passes of 3, 3, 3, 3, 3, 1
+        module = make_module(
+            tiny_model_dir,
+            loss_type=loss_type,
+            micro_batch_size=micro,
+            max_grad_norm=None,
+            optimizer=lambda p: torch.optim.SGD(p, lr=1.0),
+        )  # update = gradient, unnormalised
+        fit(module, PromptDataModule(arith_jsonl, batch_size=4, val_split=None), tmp_path, max_steps=1)
+        params.append(torch.cat([p.detach().flatten() for p in module.policy.parameters()]))
+    assert torch.allclose(params[0], params[1], atol=1e-6)
+
+
+def test_num_iterations_reuses_a_generation_batch(tiny_model_dir, arith_jsonl, tmp_path):
+    module = make_module(tiny_model_dir, num_iterations=3, epsilon=0.01)
+    trainer = fit(module, PromptDataModule(arith_jsonl, batch_size=4, val_split=None), tmp_path, max_steps=6)
+    assert trainer.global_step == 6 and trainer.fit_loop.total_batch_idx + 1 == 2  # 2 batches x 3 steps
+    # later iterations see a policy that moved: ratios leave [0.99, 1.01] and get clipped
+    assert max(logged(trainer)["train/clip_ratio/region_mean"]) > 0
+
+
+def test_reference_stays_frozen_and_out_of_checkpoints(tiny_model_dir, arith_jsonl, tmp_path):
+    module = make_module(tiny_model_dir, beta=0.05)
+    ref_before = {k: v.clone() for k, v in module.reference.state_dict().items()}
+    trainer = fit(
+        module,
+        PromptDataModule(arith_jsonl, batch_size=4, val_split=None),
+        tmp_path,
+        enable_checkpointing=True,
+    )
+    assert all(torch.equal(v, ref_before[k]) for k, v in module.reference.state_dict().items())
+    ckpt = torch.load(trainer.checkpoint_callback.best_model_path, weights_only=False)
+    assert ckpt["state_dict"] and not any("reference" in k for k in ckpt["state_dict"])
+    assert all(k.startswith("policy.") for k in ckpt["state_dict"])
+    optimized = {id(p) for g in trainer.optimizers[0].param_groups for p in g["params"]}
+    assert not any(id(p) in optimized for p in module.reference.parameters())
+
+
+def test_validation_export_summary_and_resume(tiny_model_dir, arith_jsonl, tmp_path):
+    data = PromptDataModule(arith_jsonl, batch_size=4, val_size=4)
+    module = make_module(tiny_model_dir)
+    summary, export = RunSummary(), HFExport()
+    trainer = fit(
+        module,
+        data,
+        tmp_path,
+        max_steps=4,
+        enable_checkpointing=True,
+        limit_val_batches=None,
+        num_sanity_val_steps=-1,
+        val_check_interval=2,
+        check_val_every_n_epoch=None,
+        callbacks=[summary, export],
+    )
+    metrics = logged(trainer)
+    assert len(metrics["val/accuracy"]) == 2 and "val/rewards/length_reward/mean" in metrics
+    saved = json.loads(summary.path.read_text())
+    assert (
+        saved["steps"] == 4 and saved["accuracy_before"] is not None and saved["accuracy_after"] is not None
+    )
+
+    exported = AutoModelForCausalLM.from_pretrained(export.path)
+    for (name, a), b in zip(exported.state_dict().items(), module.policy.state_dict().values()):
+        assert torch.equal(a, b), name
+
+    resumed = make_module(tiny_model_dir)
+    trainer2 = L.Trainer(
+        max_steps=6,
+        accelerator="cpu",
+        logger=False,
+        enable_progress_bar=False,
+        limit_val_batches=0,
+        default_root_dir=tmp_path,
+    )
+    trainer2.fit(resumed, data, ckpt_path=trainer.checkpoint_callback.best_model_path)
+    assert trainer2.global_step == 6
+    assert resumed.num_tokens_seen > module.num_tokens_seen
+
+
+def test_trl_reward_functions_work_unchanged(tiny_model_dir, tmp_path):
+    from trl.rewards import accuracy_reward, think_format_reward
+
+    path = tmp_path / "chat.jsonl"
+    rows = [
+        {"prompt": [{"role": "user", "content": f"{a}+{a}?"}], "solution": f"${2 * a}$"} for a in range(4)
+    ]
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    module = GRPOModule(
+        model=tiny_model_dir,
+        reward_funcs=[think_format_reward, accuracy_reward],
+        num_generations=2,
+        max_completion_length=6,
+    )
+    trainer = fit(module, PromptDataModule(str(path), batch_size=2, val_split=None), tmp_path)
+    metrics = logged(trainer)
+    assert len(metrics["train/rewards/think_format_reward/mean"]) == 2
+    assert len(metrics["train/rewards/accuracy_reward/mean"]) == 2
