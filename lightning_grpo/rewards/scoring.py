@@ -2,13 +2,20 @@
 
 The ecosystem's convention (TRL, open-r1): ``fn(prompts, completions, completion_ids, **columns)`` returns
 one ``float`` or ``None`` per completion, where ``None`` means "not applicable to this sample".
+
+Plain functions run one after another on the calling thread. Functions that wait on something (an API, a
+sandbox, a worker process) run concurrently: ``async def`` ones are gathered on one event loop, and sync ones
+marked ``is_slow = True`` (``@slow_reward``) each get a thread. Results keep the order of ``reward_funcs``.
 """
 
 from __future__ import annotations
 
+import asyncio
+import inspect
 import math
 import numbers
 from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import torch
@@ -42,9 +49,7 @@ def check_reward_weights(reward_funcs: Sequence[RewardFunc], weights: Sequence[f
 
 def _check_values(name: str, values: Any, n: int) -> list[float]:
     if values is None or isinstance(values, str | bytes) or not hasattr(values, "__len__"):
-        raise TypeError(
-            f"reward function {name!r} returned {values!r}: it must return a list of {n} floats or None"
-        )
+        raise TypeError(f"reward function {name!r} returned {values!r}: it must return a list of {n} floats or None")
     if len(values) != n:
         raise ValueError(
             f"reward function {name!r} returned {len(values)} values for {n} completions: "
@@ -64,19 +69,86 @@ def _check_values(name: str, values: Any, n: int) -> list[float]:
     return out
 
 
+def slow_reward(fn: RewardFunc) -> RewardFunc:
+    """Mark a sync reward function as slow, so scoring runs it on its own thread alongside the others.
+
+    >>> @slow_reward
+    ... def api_judge_reward(completions, **kwargs):
+    ...     return [1.0 for _ in completions]
+    >>> api_judge_reward.is_slow
+    True
+    """
+    fn.is_slow = True
+    return fn
+
+
+def is_async_reward(fn: RewardFunc) -> bool:
+    """``async def`` functions, and objects whose ``__call__`` is ``async def``."""
+    return inspect.iscoroutinefunction(fn) or inspect.iscoroutinefunction(type(fn).__call__)
+
+
+def reward_kwargs(rollout: Rollout, columns: dict[str, list[Any]]) -> dict[str, Any]:
+    """The keyword arguments every reward function receives: N of each."""
+    clash = sorted({"prompts", "completions", "completion_ids"} & columns.keys())
+    if clash:
+        raise ValueError(f"dataset columns {clash} clash with the arguments reward functions receive: rename them")
+    completion_ids = [ids[mask.bool()].tolist() for ids, mask in zip(rollout.completion_ids, rollout.completion_mask)]
+    return {"prompts": rollout.prompts, "completions": rollout.completions, "completion_ids": completion_ids, **columns}
+
+
+def _failed(fn: RewardFunc, err: Exception) -> RuntimeError:
+    return RuntimeError(f"reward function {reward_name(fn)!r} raised {type(err).__name__}: {err}")
+
+
+def _call(fn: RewardFunc, kwargs: dict[str, Any], n: int) -> list[float]:
+    try:
+        values = fn(**kwargs)
+    except Exception as err:
+        raise _failed(fn, err) from err
+    return _check_values(reward_name(fn), values, n)
+
+
+async def _call_async(fn: RewardFunc, kwargs: dict[str, Any], n: int) -> list[float]:
+    try:
+        values = await fn(**kwargs)
+    except Exception as err:
+        raise _failed(fn, err) from err
+    return _check_values(reward_name(fn), values, n)
+
+
+def _gather(fns: list[RewardFunc], kwargs: dict[str, Any], n: int) -> list[list[float]]:
+    """Run async reward functions concurrently on a fresh event loop (run on a worker thread: that thread has
+    no loop yet, so this works whether or not the caller's thread is already running one)."""
+
+    async def gather() -> list[list[float]]:
+        return await asyncio.gather(*(_call_async(fn, kwargs, n) for fn in fns))
+
+    return asyncio.run(gather())
+
+
 def call_reward(fn: RewardFunc, rollout: Rollout, columns: dict[str, list[Any]]) -> list[float]:
     """One function over all N completions, its output checked."""
-    name = reward_name(fn)
-    completion_ids = [
-        ids[mask.bool()].tolist() for ids, mask in zip(rollout.completion_ids, rollout.completion_mask)
-    ]
-    try:
-        values = fn(
-            prompts=rollout.prompts, completions=rollout.completions, completion_ids=completion_ids, **columns
-        )
-    except Exception as err:
-        raise RuntimeError(f"reward function {name!r} raised {type(err).__name__}: {err}") from err
-    return _check_values(name, values, len(rollout))
+    return call_rewards([fn], reward_kwargs(rollout, columns), len(rollout))[0]
+
+
+def call_rewards(reward_funcs: Sequence[RewardFunc], kwargs: dict[str, Any], n: int) -> list[list[float]]:
+    """[F][N] checked values: async and slow functions run concurrently while the plain ones run here."""
+    async_ids = [i for i, fn in enumerate(reward_funcs) if is_async_reward(fn)]
+    slow_ids = [i for i, fn in enumerate(reward_funcs) if i not in async_ids and getattr(fn, "is_slow", False)]
+    if not async_ids and not slow_ids:
+        return [_call(fn, kwargs, n) for fn in reward_funcs]
+    table: list[list[float] | None] = [None] * len(reward_funcs)
+    with ThreadPoolExecutor(max_workers=len(slow_ids) + 1, thread_name_prefix="reward") as pool:
+        slow = {i: pool.submit(_call, reward_funcs[i], kwargs, n) for i in slow_ids}
+        gathered = pool.submit(_gather, [reward_funcs[i] for i in async_ids], kwargs, n) if async_ids else None
+        for i, fn in enumerate(reward_funcs):
+            if i not in slow and i not in async_ids:
+                table[i] = _call(fn, kwargs, n)
+        for i, future in slow.items():
+            table[i] = future.result()
+        for i, values in zip(async_ids, gathered.result() if gathered else []):
+            table[i] = values
+    return table
 
 
 def score_rollout(
@@ -87,7 +159,7 @@ def score_rollout(
 ) -> RewardScores:
     """Score N completions; ``columns`` hold B values each and are repeated G times to line up."""
     repeated = {k: [v for v in values for _ in range(rollout.group_size)] for k, values in columns.items()}
-    table = [call_reward(fn, rollout, repeated) for fn in reward_funcs]  # [F][N]
+    table = call_rewards(reward_funcs, reward_kwargs(rollout, repeated), len(rollout))  # [F][N]
     device = rollout.completion_ids.device
     return RewardScores(
         per_function=torch.tensor(table, dtype=torch.float32, device=device).T.reshape(len(rollout), -1),
