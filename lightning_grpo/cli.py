@@ -1,15 +1,27 @@
 """``lightning-grpo fit --config config.yaml``: LightningCLI over GRPOModule and PromptDataModule.
 
-Every constructor argument is a config key with its docstring as ``--help``. A run summary and a Hugging
-Face export are always on (``summary:`` and ``export:`` sections); other callbacks go under
-``trainer.callbacks``.
+``lightning-grpo report RUN_DIR``: training curves as PNG and HTML.
+
+Every constructor argument is a config key with its docstring as ``--help``. Always on, each with its own
+config section: the run summary (``summary:``), the Hugging Face export (``export:``), the reward monitor
+(``reward_monitor:``), the mode-collapse and KL alerts (``collapse_alert:``, ``kl_alert:``, action ``warn``)
+and the sample logger (``samples:``). Other callbacks go under ``trainer.callbacks``.
 """
 
 from __future__ import annotations
 
+import sys
+
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
 
-from lightning_grpo.callbacks import HFExport, RunSummary
+from lightning_grpo.callbacks import (
+    CompletionSampleLogger,
+    HFExport,
+    KLAlert,
+    ModeCollapseAlert,
+    RewardMonitor,
+    RunSummary,
+)
 from lightning_grpo.data import PromptDataModule
 from lightning_grpo.module import GRPOModule
 
@@ -27,9 +39,26 @@ class GRPOCLI(LightningCLI):
     def add_arguments_to_parser(self, parser: LightningArgumentParser) -> None:
         parser.add_lightning_class_args(RunSummary, "summary")
         parser.add_lightning_class_args(HFExport, "export")
+        parser.add_lightning_class_args(RewardMonitor, "reward_monitor")
+        parser.add_lightning_class_args(ModeCollapseAlert, "collapse_alert")
+        parser.add_lightning_class_args(KLAlert, "kl_alert")
+        parser.add_lightning_class_args(CompletionSampleLogger, "samples")
 
 
-def main(args: list[str] | None = None) -> GRPOCLI:
+def report_main(args: list[str]) -> None:
+    """``lightning-grpo report RUN_DIR``: training curves as PNG and HTML from a run's logs."""
+    from lightning_grpo.report import write_report
+
+    if len(args) != 1 or args[0].startswith("-"):
+        raise SystemExit("usage: lightning-grpo report RUN_DIR   (a lightning_logs/version_N directory)")
+    report = write_report(args[0])
+    print(f"wrote {report.png} and {report.html}")
+
+
+def main(args: list[str] | None = None) -> GRPOCLI | None:
+    args = sys.argv[1:] if args is None else args
+    if args[:1] == ["report"]:
+        return report_main(args[1:])
     return GRPOCLI(
         GRPOModule,
         PromptDataModule,

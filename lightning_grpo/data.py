@@ -31,9 +31,7 @@ def load_any(source: str, split: str, name: str | None = None) -> Dataset:
     if path.is_dir():
         files = sorted(p for p in path.glob(f"{split}.*") if p.suffix in FILE_FORMATS)
         if not files:
-            raise FileNotFoundError(
-                f"dataset directory {source!r} has no {split}.(json|jsonl|csv|parquet) file"
-            )
+            raise FileNotFoundError(f"dataset directory {source!r} has no {split}.(json|jsonl|csv|parquet) file")
         return load_dataset(FILE_FORMATS[files[0].suffix], data_files=str(files[0]), split="train")
     if path.suffix in FILE_FORMATS:
         if not path.exists():
@@ -48,11 +46,7 @@ def load_any(source: str, split: str, name: str | None = None) -> Dataset:
 
 def with_system_prompt(prompt: Any, system_prompt: str | None) -> Any:
     """Prepend a system message to a chat prompt; plain text prompts are left as they are."""
-    if (
-        system_prompt is None
-        or not isinstance(prompt, list)
-        or (prompt and prompt[0].get("role") == "system")
-    ):
+    if system_prompt is None or not isinstance(prompt, list) or (prompt and prompt[0].get("role") == "system"):
         return prompt
     return [{"role": "system", "content": system_prompt}, *prompt]
 

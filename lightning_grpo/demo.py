@@ -12,7 +12,6 @@ import json
 import os
 import random
 import shutil
-import string
 import tempfile
 from collections.abc import Callable
 from pathlib import Path
@@ -32,11 +31,15 @@ def cache_home() -> Path:
 
 
 def build_tokenizer() -> PreTrainedTokenizerFast:
-    """Character-level tokenizer over printable ASCII, with a chat template and pad/eos tokens."""
-    vocab = {tok: i for i, tok in enumerate(SPECIAL_TOKENS + list(string.printable[:95]))}
-    tok = Tokenizer(models.WordLevel(vocab=vocab, unk_token="<unk>"))
-    tok.pre_tokenizer = pre_tokenizers.Split("", behavior="isolated")
-    tok.decoder = decoders.Fuse()
+    """Byte-level BPE with no merges (one token per byte), a chat template and pad/eos tokens.
+
+    Byte-level like Qwen's own tokenizer, so it encodes identically whichever class ``AutoTokenizer`` picks
+    for a Qwen2 checkpoint (transformers 5 loads it as ``Qwen2Tokenizer``), spaces and unicode included.
+    """
+    vocab = {tok: i for i, tok in enumerate(SPECIAL_TOKENS + sorted(pre_tokenizers.ByteLevel.alphabet()))}
+    tok = Tokenizer(models.BPE(vocab=vocab, merges=[]))
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
     tokenizer = PreTrainedTokenizerFast(
         tokenizer_object=tok, pad_token="<pad>", eos_token="<eos>", unk_token="<unk>", padding_side="left"
     )
@@ -46,10 +49,9 @@ def build_tokenizer() -> PreTrainedTokenizerFast:
 
 
 def build_tiny_qwen2(tokenizer: PreTrainedTokenizerFast, seed: int = 0, **overrides: int) -> Qwen2ForCausalLM:
-    """A 2-layer Qwen2 (~0.1M parameters) with random weights."""
+    """A 2-layer Qwen2 (0.14M parameters) with random weights."""
     import torch
 
-    torch.manual_seed(seed)
     config = Qwen2Config(
         vocab_size=len(tokenizer),
         hidden_size=overrides.get("hidden_size", 64),
@@ -63,7 +65,9 @@ def build_tiny_qwen2(tokenizer: PreTrainedTokenizerFast, seed: int = 0, **overri
         eos_token_id=tokenizer.eos_token_id,
         bos_token_id=None,
     )
-    model = Qwen2ForCausalLM(config)
+    with torch.random.fork_rng(devices=[]):  # the caller's RNG stream (data order, sampling) stays untouched
+        torch.manual_seed(seed)
+        model = Qwen2ForCausalLM(config)
     model.generation_config.pad_token_id = tokenizer.pad_token_id
     model.generation_config.eos_token_id = tokenizer.eos_token_id
     return model

@@ -11,9 +11,7 @@ from torch import Tensor
 from lightning_grpo.advantages import nanstd
 
 
-def reward_metrics(
-    per_function: Tensor, weights: Tensor, names: list[str], group_size: int
-) -> dict[str, float]:
+def reward_metrics(per_function: Tensor, weights: Tensor, names: list[str], group_size: int) -> dict[str, float]:
     """``reward``, ``reward_std``, ``rewards/<fn>/mean|std`` and ``frac_reward_zero_std`` of [N, F] scores."""
     total = (per_function * weights).nansum(dim=1)  # [N]
     total = torch.where(per_function.isnan().all(dim=1), torch.nan, total)

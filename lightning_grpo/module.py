@@ -119,16 +119,12 @@ class GRPOModule(L.LightningModule):
         self.reward_weights = check_reward_weights(self.reward_funcs, reward_weights)
         names = [reward_name(f) for f in self.reward_funcs]
         if accuracy_reward is not None and accuracy_reward not in names:
-            raise ValueError(
-                f"accuracy_reward must name one of the reward functions {names}, got {accuracy_reward!r}"
-            )
+            raise ValueError(f"accuracy_reward must name one of the reward functions {names}, got {accuracy_reward!r}")
         self.save_hyperparameters(ignore=["reward_funcs", "optimizer", "model", "tokenizer"])
         self.hparams["model_name"] = model if isinstance(model, str) else type(model).__name__
         self.automatic_optimization = False
         self.optimizer_factory = optimizer
-        self.sampling = SamplingConfig(
-            temperature, top_p, top_k, min_p, repetition_penalty, max_completion_length
-        )
+        self.sampling = SamplingConfig(temperature, top_p, top_k, min_p, repetition_penalty, max_completion_length)
         self.tokenizer = load_tokenizer(tokenizer if tokenizer is not None else model)
         self.policy = load_policy(model, dtype).train()  # from_pretrained returns eval mode
         if gradient_checkpointing:
@@ -179,9 +175,7 @@ class GRPOModule(L.LightningModule):
             "metrics": metrics,
         }
 
-    def sample(
-        self, prompts: list, num_generations: int, seed: int | None = None, greedy: bool = False
-    ) -> Rollout:
+    def sample(self, prompts: list, num_generations: int, seed: int | None = None, greedy: bool = False) -> Rollout:
         """Completions for ``prompts``; a seed makes sampling reproducible and distinct per rank and step."""
         hp = self.hparams
         devices = [self.device] if self.device.type == "cuda" else []
@@ -204,9 +198,7 @@ class GRPOModule(L.LightningModule):
     def _local_advantages(self, all_scores: Tensor, weights: Tensor) -> Tensor:
         """Advantages computed over every rank's rewards (a batch std is global), sliced to this rank's rows."""
         scores = RewardScores(all_scores, [], weights)
-        advantages = compute_advantages(
-            scores.total, self.hparams.num_generations, self.hparams.scale_rewards
-        )
+        advantages = compute_advantages(scores.total, self.hparams.num_generations, self.hparams.scale_rewards)
         n = all_scores.shape[0] // self.trainer.world_size
         return advantages.advantages[self.global_rank * n : (self.global_rank + 1) * n]
 
@@ -309,9 +301,7 @@ class GRPOModule(L.LightningModule):
     def _log_metrics(self, stage: str, metrics: dict[str, float]) -> None:
         shown = {"reward", "reward_std", "kl"}
         for name, value in metrics.items():
-            self.log(
-                f"{stage}/{name}", value, prog_bar=name in shown, on_step=True, on_epoch=False, batch_size=1
-            )
+            self.log(f"{stage}/{name}", value, prog_bar=name in shown, on_step=True, on_epoch=False, batch_size=1)
 
     def _gather_rows(self, t: Tensor) -> Tensor:
         """[N, ...] on each rank -> [W*N, ...] in rank order."""
@@ -332,9 +322,7 @@ class GRPOModule(L.LightningModule):
         else:
             optimizer = torch.optim.AdamW(params, lr=hp.learning_rate, weight_decay=hp.weight_decay)
         steps = self.trainer.estimated_stepping_batches
-        if (
-            self.trainer.max_steps == -1
-        ):  # counted in batches; each batch takes num_iterations optimiser steps
+        if self.trainer.max_steps == -1:  # counted in batches; each batch takes num_iterations optimiser steps
             steps *= hp.num_iterations
         steps = max(int(steps), 1)
         scheduler = get_scheduler(

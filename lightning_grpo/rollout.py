@@ -60,9 +60,7 @@ def render_prompts(tokenizer: PreTrainedTokenizerBase, prompts: list[Prompt]) ->
             "tokenizer with a chat template"
         )
     return [
-        tokenizer.apply_chat_template(p, tokenize=False, add_generation_prompt=True)
-        if is_conversational(p)
-        else p
+        tokenizer.apply_chat_template(p, tokenize=False, add_generation_prompt=True) if is_conversational(p) else p
         for p in prompts
     ]
 
@@ -101,9 +99,7 @@ def generation_mode(model: nn.Module) -> Iterator[None]:
     """Eval mode, no grad, gradient checkpointing off (it disables the KV cache), restored afterwards."""
     was_training = model.training
     name = (
-        "is_activation_checkpointing"
-        if hasattr(model, "is_activation_checkpointing")
-        else "is_gradient_checkpointing"
+        "is_activation_checkpointing" if hasattr(model, "is_activation_checkpointing") else "is_gradient_checkpointing"
     )
     checkpointing = getattr(model, name, False)
     if checkpointing:
@@ -162,9 +158,7 @@ def generate_rollout(
     completion_ids = completion_ids.masked_fill(completion_mask == 0, tokenizer.pad_token_id)
     texts = tokenizer.batch_decode(completion_ids, skip_special_tokens=True)
     repeated = [p for p in prompts for _ in range(num_generations)]
-    completions = (
-        [[{"role": "assistant", "content": t}] for t in texts] if is_conversational(prompts[0]) else texts
-    )
+    completions = [[{"role": "assistant", "content": t}] for t in texts] if is_conversational(prompts[0]) else texts
     return Rollout(
         prompt_ids=prompt_ids,
         prompt_mask=prompt_mask,

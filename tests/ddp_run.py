@@ -10,6 +10,7 @@ import lightning as L
 import torch
 
 from lightning_grpo import GRPOModule, PromptDataModule
+from lightning_grpo.callbacks.alerts import Alert, Signal
 
 
 def length_reward(completions, **kwargs):
@@ -34,6 +35,13 @@ class Probe(L.Callback):
         )
 
 
+class RankZeroAlert(Alert):
+    """A signal only rank 0 sees: the stop decision must still reach rank 1."""
+
+    def signals(self, trainer, outputs):
+        return [Signal("rank0_only", 1.0, 0.0, ">", "nothing")] if trainer.global_rank == 0 else []
+
+
 def main(model_dir: str, data_path: str, out_dir: str, scale_rewards: str) -> None:
     torch.set_num_threads(1)
     L.seed_everything(0)
@@ -46,9 +54,9 @@ def main(model_dir: str, data_path: str, out_dir: str, scale_rewards: str) -> No
         scale_rewards=scale_rewards,
         micro_batch_size=5,
     )
-    probe = Probe()
+    probe, alert = Probe(), RankZeroAlert(patience=2, action="stop")
     trainer = L.Trainer(
-        max_steps=2,
+        max_steps=6,
         accelerator="cpu",
         devices=2,
         strategy="ddp",
@@ -57,12 +65,13 @@ def main(model_dir: str, data_path: str, out_dir: str, scale_rewards: str) -> No
         enable_progress_bar=False,
         enable_model_summary=False,
         limit_val_batches=0,
-        callbacks=[probe],
+        callbacks=[probe, alert],
     )
     trainer.fit(module, PromptDataModule(data_path, batch_size=2, val_split=None))
     flat = torch.cat([p.detach().flatten() for p in module.policy.parameters()])
     with open(f"{out_dir}/rank{trainer.global_rank}.json", "w") as f:
-        json.dump({"param_sum": flat.sum().item(), "param_head": flat[:64].tolist(), "seen": probe.seen}, f)
+        json.dump({"global_step": trainer.global_step, "alert_firings": len(alert.firings),
+                   "param_sum": flat.sum().item(), "param_head": flat[:64].tolist(), "seen": probe.seen}, f)
 
 
 if __name__ == "__main__":

@@ -1,4 +1,4 @@
-"""Two real processes on gloo: weights stay in sync, ranks sample differently, metrics are global."""
+"""Two real processes on gloo: weights stay in sync, ranks sample differently, metrics and alerts are global."""
 
 import json
 import subprocess
@@ -21,6 +21,9 @@ def test_two_process_ddp_run(tiny_model_dir, arith_jsonl, tmp_path):
     assert proc.returncode == 0, proc.stderr[-3000:]
     ranks = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in (0, 1)]
     assert ranks[0]["param_head"] == ranks[1]["param_head"]  # gradients were all-reduced
+    # the alert fired on rank 0 only, and both ranks stopped at the same step
+    assert [r["alert_firings"] for r in ranks] == [1, 0]
+    assert ranks[0]["global_step"] == ranks[1]["global_step"] == 2
     for step in range(2):
         a, b = ranks[0]["seen"][step], ranks[1]["seen"][step]
         assert a["completions"] != b["completions"]  # own prompts and own sampling seed per rank

@@ -22,7 +22,7 @@ def test_default_run_learns_the_task(tmp_path):
         timeout=900,
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
-    assert "GRPO run: 2000 steps" in proc.stdout
+    assert "GRPO run: 1000 steps" in proc.stdout
     summary = json.loads(
         next(tmp_path.glob("runs/tiny_cpu/lightning_logs/version_*/summary.json")).read_text()
     )

@@ -82,3 +82,13 @@ def test_chunked_logps_gradient_equals_full(tiny_model_dir):
         completion_logps(model, ids, attn, 4, chunk_size=chunk).logps.sum().backward()
         grads.append(model.model.embed_tokens.weight.grad.clone())
     assert torch.allclose(grads[0], grads[1], atol=1e-6)
+
+
+def test_saved_tokenizer_round_trips_through_auto_tokenizer(tiny_model_dir):
+    """transformers 5 loads a Qwen2 checkpoint's tokenizer as Qwen2Tokenizer: ids must not change."""
+    from lightning_grpo.demo import build_tokenizer
+
+    text = "max(3, 8, 1)= é <think>ok</think>"
+    loaded = load_tokenizer(tiny_model_dir)
+    assert loaded(text)["input_ids"] == build_tokenizer()(text)["input_ids"]
+    assert loaded.decode(loaded(text)["input_ids"]) == text

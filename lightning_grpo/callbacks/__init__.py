@@ -1,6 +1,20 @@
 """Callbacks that observe a GRPO run: they log, warn, or stop the trainer; they never change the math."""
 
+from lightning_grpo.callbacks.alerts import Alert, GRPOAlertError
+from lightning_grpo.callbacks.collapse import ModeCollapseAlert
+from lightning_grpo.callbacks.divergence import KLAlert
 from lightning_grpo.callbacks.export import HFExport
+from lightning_grpo.callbacks.monitor import RewardMonitor
+from lightning_grpo.callbacks.samples import CompletionSampleLogger
 from lightning_grpo.callbacks.summary import RunSummary
 
-__all__ = ["HFExport", "RunSummary"]
+__all__ = [
+    "Alert",
+    "CompletionSampleLogger",
+    "GRPOAlertError",
+    "HFExport",
+    "KLAlert",
+    "ModeCollapseAlert",
+    "RewardMonitor",
+    "RunSummary",
+]

@@ -6,6 +6,8 @@ from pathlib import Path
 
 import lightning as L
 
+from lightning_grpo.callbacks.rundir import run_dir
+
 
 class HFExport(L.Callback):
     """Writes ``save_pretrained`` output so ``AutoModelForCausalLM.from_pretrained(dirpath)`` loads it.
@@ -19,7 +21,7 @@ class HFExport(L.Callback):
         self.path: Path | None = None
 
     def on_fit_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        self.path = Path(self.dirpath or Path(trainer.log_dir or trainer.default_root_dir) / "hf_model")
+        self.path = Path(self.dirpath) if self.dirpath else run_dir(trainer) / "hf_model"
         if trainer.is_global_zero:
             pl_module.save_pretrained(str(self.path))
         trainer.strategy.barrier("hf_export")

@@ -14,6 +14,8 @@ from typing import Any
 import lightning as L
 from lightning.pytorch.utilities import rank_zero_only
 
+from lightning_grpo.callbacks.rundir import run_dir
+
 TRACKED = ("val/accuracy", "val/reward")
 
 
@@ -58,7 +60,7 @@ class RunSummary(L.Callback):
     @rank_zero_only
     def on_fit_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         summary = self.summary(trainer)
-        self.path = Path(trainer.log_dir or trainer.default_root_dir) / self.filename
+        self.path = run_dir(trainer) / self.filename
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self.path.write_text(json.dumps(summary, indent=2) + "\n")
         print(format_summary(summary) + f"\nsummary written to {self.path}")

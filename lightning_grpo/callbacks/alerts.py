@@ -1,0 +1,115 @@
+"""Alert: the shared mechanics of the run monitors (patience, action, cross-rank decision, state, records).
+
+A subclass only says which signals are active at a step; this class counts consecutive active steps, fires
+once a signal has lasted ``patience`` steps, then warns, stops the Trainer or raises, the same on every rank.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass
+from typing import Any
+
+import lightning as L
+from lightning.pytorch.utilities import rank_zero_warn
+
+from lightning_grpo.callbacks.rundir import run_dir
+
+ACTIONS = ("warn", "stop", "raise")
+
+
+class GRPOAlertError(RuntimeError):
+    """Raised by an alert whose action is ``raise``."""
+
+
+@dataclass
+class Signal:
+    name: str  # e.g. "reward_std"
+    value: float
+    threshold: float
+    relation: str  # "<" or ">": how value compares with threshold while the signal is active
+    advice: str  # what to try
+
+
+@dataclass
+class Firing:
+    step: int
+    alert: str
+    signal: str
+    value: float
+    threshold: float
+    message: str
+
+
+class Alert(L.Callback):
+    """Base of ModeCollapseAlert and KLAlert.
+
+    Args:
+        patience: consecutive training steps a signal must stay active before the alert fires.
+        action: ``warn`` (a warning, training goes on), ``stop`` (``trainer.should_stop``, checkpoints kept)
+            or ``raise`` (``GRPOAlertError``).
+    """
+
+    def __init__(self, patience: int = 10, action: str = "warn") -> None:
+        if action not in ACTIONS:
+            raise ValueError(f"action must be one of {list(ACTIONS)}, got {action!r}")
+        if patience < 1:
+            raise ValueError(f"patience must be >= 1, got {patience}")
+        self.patience = patience
+        self.action = action
+        self.counts: dict[str, int] = {}
+        self.firings: list[Firing] = []
+
+    def signals(self, trainer: L.Trainer, outputs: dict[str, Any]) -> list[Signal]:
+        """The signals active at this step; subclasses implement it."""
+        raise NotImplementedError
+
+    def on_train_batch_end(
+        self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: Any, batch: Any, batch_idx: int
+    ) -> None:
+        active = {s.name: s for s in self.signals(trainer, outputs)}
+        self.counts = {name: self.counts.get(name, 0) + 1 for name in active}  # inactive signals reset to 0
+        due = [s for s in active.values() if self.counts[s.name] == self.patience]
+        for signal in due:
+            self._record(trainer, signal)
+        for name in active:
+            pl_module.log(f"train/alerts/{name}", float(self.counts[name] >= self.patience), on_step=True, batch_size=1)
+        # Every rank takes part in the reduction each step, so ranks act together.
+        if trainer.strategy.reduce_boolean_decision(bool(due), all=False):
+            self._act(trainer)
+
+    def _record(self, trainer: L.Trainer, s: Signal) -> None:
+        message = (
+            f"{type(self).__name__} at step {trainer.global_step}: {s.name} = {s.value:.4g} {s.relation} "
+            f"{s.threshold:.4g} for {self.patience} consecutive steps. Try: {s.advice}"
+        )
+        firing = Firing(trainer.global_step, type(self).__name__, s.name, s.value, s.threshold, message)
+        self.firings.append(firing)
+        if trainer.is_global_zero:
+            path = run_dir(trainer) / "alerts.jsonl"
+            path.parent.mkdir(parents=True, exist_ok=True)
+            with open(path, "a") as f:
+                f.write(json.dumps(asdict(firing)) + "\n")
+        rank_zero_warn(message)
+
+    def _act(self, trainer: L.Trainer) -> None:
+        latest = self.firings[-1].message if self.firings else f"{type(self).__name__} fired on another rank"
+        if self.action == "raise":
+            raise GRPOAlertError(latest)
+        if self.action == "stop":
+            trainer.should_stop = True
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"counts": dict(self.counts), "firings": [asdict(f) for f in self.firings]}
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        self.counts = dict(state_dict.get("counts", {}))
+        self.firings = [Firing(**f) for f in state_dict.get("firings", [])]
+
+
+def below(name: str, value: float | None, threshold: float, advice: str) -> list[Signal]:
+    return [Signal(name, value, threshold, "<", advice)] if value is not None and value < threshold else []
+
+
+def above(name: str, value: float | None, threshold: float, advice: str) -> list[Signal]:
+    return [Signal(name, value, threshold, ">", advice)] if value is not None and value > threshold else []

@@ -1,0 +1,69 @@
+"""KLAlert: the policy runs away from the reference or from the policy that sampled.
+
+Signals: ``kl`` over ``max_kl`` (practitioners' rule: past ~0.5 the run is diverging); ``kl`` growing more
+than ``max_kl_growth`` times within ``window`` steps (from a KL of at least ``min_kl``); clipped-token fraction
+``clip_ratio/region_mean`` over ``max_clip_ratio`` (the update leaves the trust region too often).
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from typing import Any
+
+import lightning as L
+
+from lightning_grpo.callbacks.alerts import Alert, Signal, above
+
+KL_ADVICE = "a lower learning_rate, a higher beta, or fewer num_iterations per generation batch"
+CLIP_ADVICE = "a lower learning_rate or fewer num_iterations; a larger epsilon only hides the problem"
+
+
+class KLAlert(Alert):
+    """Warns, stops or raises when KL or the clipped fraction says the policy is diverging.
+
+    Args:
+        max_kl: KL to the reference above this is a divergence signal (needs beta > 0 to be measured).
+        max_kl_growth: KL now over this multiple of KL ``window`` steps ago is a signal.
+        min_kl: growth is only judged from a past KL of at least this (ratios of tiny numbers mean nothing).
+        max_clip_ratio: fraction of tokens outside the clip range above this is a signal.
+        window: steps over which growth is measured.
+        patience: consecutive steps a signal must last before the alert fires.
+        action: warn, stop or raise.
+    """
+
+    def __init__(
+        self,
+        max_kl: float = 0.5,
+        max_kl_growth: float = 4.0,
+        min_kl: float = 0.05,
+        max_clip_ratio: float = 0.2,
+        window: int = 10,
+        patience: int = 3,
+        action: str = "warn",
+    ) -> None:
+        super().__init__(patience=patience, action=action)
+        if window < 1:
+            raise ValueError(f"window must be >= 1, got {window}")
+        self.max_kl, self.max_kl_growth, self.min_kl = max_kl, max_kl_growth, min_kl
+        self.max_clip_ratio, self.window = max_clip_ratio, window
+        self.history: deque[float] = deque(maxlen=window + 1)
+
+    def signals(self, trainer: L.Trainer, outputs: dict[str, Any]) -> list[Signal]:
+        m = outputs["metrics"]
+        found = above("clip_ratio/region_mean", m.get("clip_ratio/region_mean"), self.max_clip_ratio, CLIP_ADVICE)
+        kl = m.get("kl")
+        if kl is None:
+            return found
+        self.history.append(kl)
+        found += above("kl", kl, self.max_kl, KL_ADVICE)
+        past = self.history[0]
+        if len(self.history) > self.window and past >= self.min_kl:  # ratios of near-zero KL mean nothing
+            found += above("kl_growth", kl / past, self.max_kl_growth, KL_ADVICE)
+        return found
+
+    def state_dict(self) -> dict[str, Any]:
+        return {**super().state_dict(), "history": list(self.history)}
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        super().load_state_dict(state_dict)
+        self.history = deque(state_dict.get("history", []), maxlen=self.window + 1)

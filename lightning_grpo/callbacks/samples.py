@@ -1,0 +1,90 @@
+"""CompletionSampleLogger: what the model actually writes, with its rewards, every N steps.
+
+Rows (step, prompt, completion, reward per function, total, advantage) go to ``samples.jsonl`` in the run
+directory, and as a table to the loggers that show one: TensorBoard (text), W&B (``log_table``) and CSV
+(``samples.csv`` beside ``metrics.csv``).
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+from pathlib import Path
+from typing import Any
+
+import lightning as L
+from lightning.pytorch.loggers import CSVLogger, TensorBoardLogger
+
+from lightning_grpo.callbacks.rundir import run_dir
+from lightning_grpo.rewards.correctness import completion_text
+
+
+def prompt_text(prompt: Any) -> str:
+    return prompt if isinstance(prompt, str) else "\n".join(f"{m['role']}: {m['content']}" for m in prompt)
+
+
+class CompletionSampleLogger(L.Callback):
+    """Writes sample completions with their rewards.
+
+    Args:
+        every_n_steps: log on steps that are multiples of this (and the first step).
+        max_rows: completions written each time (the first groups of the batch, whole groups first).
+    """
+
+    def __init__(self, every_n_steps: int = 50, max_rows: int = 8) -> None:
+        if every_n_steps < 1 or max_rows < 1:
+            raise ValueError(f"every_n_steps and max_rows must be >= 1, got {every_n_steps} and {max_rows}")
+        self.every_n_steps, self.max_rows = every_n_steps, max_rows
+
+    def rows(self, step: int, outputs: dict[str, Any]) -> list[dict[str, Any]]:
+        rollout, scores, advantages = outputs["rollout"], outputs["scores"], outputs["advantages"]
+        out = []
+        for i in range(min(self.max_rows, len(rollout))):
+            row = {
+                "step": step,
+                "prompt": prompt_text(rollout.prompts[i]),
+                "completion": completion_text(rollout.completions[i]),
+            }
+            row |= {name: _num(scores.per_function[i, j].item()) for j, name in enumerate(scores.names)}
+            row |= {"reward": _num(scores.total[i].item()), "advantage": round(advantages[i].item(), 4)}
+            out.append(row)
+        return out
+
+    def on_train_batch_end(
+        self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: Any, batch: Any, batch_idx: int
+    ) -> None:
+        step = trainer.global_step
+        if not trainer.is_global_zero or (step % self.every_n_steps and step != 1):
+            return
+        rows = self.rows(step, outputs)
+        directory = run_dir(trainer)
+        directory.mkdir(parents=True, exist_ok=True)
+        with open(directory / "samples.jsonl", "a") as f:
+            f.writelines(json.dumps(r) + "\n" for r in rows)
+        for logger in trainer.loggers:
+            self._to_logger(logger, step, rows)
+
+    @staticmethod
+    def _to_logger(logger: Any, step: int, rows: list[dict[str, Any]]) -> None:
+        if isinstance(logger, TensorBoardLogger):
+            header = "| " + " | ".join(rows[0]) + " |\n|" + "---|" * len(rows[0]) + "\n"
+            body = "".join(
+                "| " + " | ".join(str(v).replace("|", "\\|").replace("\n", " ") for v in r.values()) + " |\n"
+                for r in rows
+            )
+            logger.experiment.add_text("samples", header + body, global_step=step)
+        elif isinstance(logger, CSVLogger):
+            path = Path(logger.log_dir) / "samples.csv"
+            new = not path.exists()
+            path.parent.mkdir(parents=True, exist_ok=True)
+            with open(path, "a", newline="") as f:
+                writer = csv.DictWriter(f, fieldnames=list(rows[0]))
+                if new:
+                    writer.writeheader()
+                writer.writerows(rows)
+        elif type(logger).__name__ == "WandbLogger":
+            logger.log_table(key="samples", columns=list(rows[0]), data=[list(r.values()) for r in rows], step=step)
+
+
+def _num(x: float) -> float | None:
+    return None if x != x else round(x, 4)  # NaN (not applicable) -> null in JSON

@@ -1,0 +1,114 @@
+"""A run directory's logs -> ``report.png`` and a self-contained ``report.html``.
+
+Reads the run's own logs (TensorBoard event files, or ``metrics.csv`` from a CSVLogger) and ``alerts.jsonl``
+written by the alert callbacks; knows nothing about models. ``lightning-grpo report RUN_DIR`` calls it.
+"""
+
+from __future__ import annotations
+
+import base64
+import csv
+import html
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+PANELS = [  # (title, y label, series prefixes or names)
+    ("Reward", "reward", ["train/reward", "train/rewards/", "val/reward"]),
+    ("Reward std", "std", ["train/reward_std"]),
+    ("KL to reference", "kl", ["train/kl"]),
+    ("Token entropy", "nats", ["train/entropy"]),
+    ("Completion length", "tokens", ["train/completions/mean_length"]),
+]
+
+
+@dataclass
+class Report:
+    png: Path
+    html: Path
+    series: dict[str, list[tuple[int, float]]]  # metric -> [(step, value)]
+    alerts: list[dict]
+
+
+def read_series(run_dir: Path) -> dict[str, list[tuple[int, float]]]:
+    """Every scalar the run logged, from ``metrics.csv`` or TensorBoard event files."""
+    csv_path = run_dir / "metrics.csv"
+    series: dict[str, list[tuple[int, float]]] = {}
+    if csv_path.exists():
+        with open(csv_path) as f:
+            for row in csv.DictReader(f):
+                for key, value in row.items():
+                    if key != "step" and value not in ("", None):
+                        series.setdefault(key, []).append((int(float(row["step"])), float(value)))
+        return series
+    events = sorted(run_dir.glob("events.out.tfevents.*"))
+    if not events:
+        raise FileNotFoundError(f"{run_dir} holds neither metrics.csv nor TensorBoard event files")
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    for path in events:
+        acc = EventAccumulator(str(path), size_guidance={"scalars": 0})
+        acc.Reload()
+        for tag in acc.Tags()["scalars"]:
+            series.setdefault(tag, []).extend((e.step, e.value) for e in acc.Scalars(tag))
+    return series
+
+
+def _matching(series: dict, patterns: list[str]) -> list[str]:
+    names = [
+        n
+        for n in sorted(series)
+        for p in patterns
+        if n == p or (p.endswith("/") and n.startswith(p) and n.endswith("/mean"))
+    ]
+    return list(dict.fromkeys(names))
+
+
+def plot(series: dict[str, list[tuple[int, float]]], alerts: list[dict], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(len(PANELS), 1, figsize=(9, 2.6 * len(PANELS)), sharex=True)
+    for ax, (title, ylabel, patterns) in zip(axes, PANELS):
+        names = _matching(series, patterns)
+        for name in names:
+            steps, values = zip(*sorted(series[name]))
+            ax.plot(steps, values, label=name, marker="o" if name.startswith("val/") else None, markersize=4)
+        for alert in alerts:
+            ax.axvline(alert["step"], color="red", alpha=0.4, linestyle="--")
+        ax.set_title(title if names else f"{title} (not logged)")
+        ax.set_ylabel(ylabel)
+        ax.grid(alpha=0.3)
+        if names:
+            ax.legend(fontsize=7, loc="best")
+    axes[-1].set_xlabel("optimizer step" + ("   (red dashes: alerts)" if alerts else ""))
+    fig.tight_layout()
+    fig.savefig(path, dpi=90)
+    plt.close(fig)
+
+
+def write_html(report_png: Path, series: dict, alerts: list[dict], path: Path) -> None:
+    image = base64.b64encode(report_png.read_bytes()).decode()
+    last = "".join(f"<tr><td>{html.escape(k)}</td><td>{v[-1][1]:.4g}</td></tr>" for k, v in sorted(series.items()))
+    fired = "".join(f"<li>{html.escape(a['message'])}</li>" for a in alerts) or "<li>none</li>"
+    path.write_text(
+        "<!doctype html><html><head><meta charset='utf-8'><title>GRPO run report</title></head><body>"
+        f"<h1>GRPO run report</h1><img src='data:image/png;base64,{image}' alt='training curves'>"
+        f"<h2>Alerts</h2><ul>{fired}</ul><h2>Last values</h2><table>{last}</table></body></html>\n"
+    )
+
+
+def write_report(run_dir: str | Path) -> Report:
+    """Write ``report.png`` and ``report.html`` into ``run_dir`` from its logs."""
+    run_dir = Path(run_dir)
+    if not run_dir.is_dir():
+        raise FileNotFoundError(f"run directory {str(run_dir)!r} does not exist")
+    series = read_series(run_dir)
+    alerts_path = run_dir / "alerts.jsonl"
+    alerts = [json.loads(line) for line in alerts_path.read_text().splitlines()] if alerts_path.exists() else []
+    png, page = run_dir / "report.png", run_dir / "report.html"
+    plot(series, alerts, png)
+    write_html(png, series, alerts, page)
+    return Report(png, page, series, alerts)

@@ -1,0 +1,49 @@
+"""Shared helpers for the tests that run a real Trainer.fit on the tiny model."""
+
+from __future__ import annotations
+
+import csv
+
+import lightning as L
+from lightning.pytorch.loggers import CSVLogger
+
+from lightning_grpo import GRPOModule
+from lightning_grpo.rewards import exact_match_reward
+
+
+def length_reward(completions, **kwargs):
+    """Varies across completions, so groups have a spread and the policy gets a gradient."""
+    return [len(c) / 8 for c in completions]
+
+
+def make_module(model_dir, **kw):
+    settings = dict(
+        reward_funcs=[exact_match_reward, length_reward],
+        num_generations=4,
+        max_completion_length=8,
+        learning_rate=1e-2,
+        accuracy_reward="exact_match_reward",
+    )
+    return GRPOModule(model=model_dir, **{**settings, **kw})
+
+
+def fit(module, data, tmp_path, max_steps=2, **trainer_kw):
+    trainer = L.Trainer(
+        max_steps=max_steps,
+        accelerator="cpu",
+        logger=CSVLogger(tmp_path),
+        log_every_n_steps=1,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        default_root_dir=tmp_path,
+        **{"enable_checkpointing": False, "limit_val_batches": 0, **trainer_kw},
+    )
+    L.seed_everything(0)
+    trainer.fit(module, data)
+    return trainer
+
+
+def logged(trainer) -> dict[str, list[float]]:
+    with open(f"{trainer.logger.log_dir}/metrics.csv") as f:
+        rows = list(csv.DictReader(f))
+    return {k: [float(r[k]) for r in rows if r.get(k)] for k in rows[0]}

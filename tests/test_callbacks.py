@@ -1,0 +1,145 @@
+"""Each monitor driven by a real run on the tiny model: alerts fire on degenerate runs, act, and persist."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+from helpers import fit, logged, make_module
+
+from lightning_grpo import PromptDataModule
+from lightning_grpo.callbacks import (
+    CompletionSampleLogger,
+    GRPOAlertError,
+    KLAlert,
+    ModeCollapseAlert,
+    RewardMonitor,
+)
+from lightning_grpo.cli import main
+
+
+def constant_reward(completions, **kwargs):
+    """A reward that cannot tell completions apart: every group has zero std, GRPO learns nothing."""
+    return [0.5] * len(completions)
+
+
+def data(path):
+    return PromptDataModule(path, batch_size=4, val_split=None)
+
+
+def test_collapse_is_caught_within_patience_and_stops(tiny_model_dir, arith_jsonl, tmp_path):
+    alert = ModeCollapseAlert(warmup_steps=2, patience=3, action="stop")
+    module = make_module(tiny_model_dir, reward_funcs=[constant_reward], accuracy_reward=None)
+    trainer = fit(module, data(arith_jsonl), tmp_path, max_steps=50, callbacks=[alert])
+    assert trainer.global_step == 2 + 3  # warm-up steps, then patience steps of zero reward std
+    signals = {f.signal for f in alert.firings}
+    assert {"reward_std", "frac_reward_zero_std"} <= signals
+    written = [
+        json.loads(line)
+        for line in (tmp_path / "lightning_logs/version_0/alerts.jsonl").read_text().split("\n")
+        if line
+    ]
+    assert written[0]["signal"] in signals and "Try: more num_generations" in written[0]["message"]
+    assert logged(trainer)["train/alerts/reward_std"][-1] == 1.0
+
+
+def test_near_zero_temperature_collapses_completions(tiny_model_dir, arith_jsonl, tmp_path):
+    alert = ModeCollapseAlert(warmup_steps=1, patience=2, action="raise")
+    module = make_module(tiny_model_dir, temperature=1e-4)
+    with pytest.raises(GRPOAlertError, match=r"distinct_completions = 0 < 0.05 for 2 consecutive steps"):
+        fit(module, data(arith_jsonl), tmp_path, max_steps=20, callbacks=[alert])
+
+
+def test_solved_groups_are_not_collapse(tiny_model_dir, arith_jsonl, tmp_path):
+    alert = ModeCollapseAlert(warmup_steps=1, patience=2, action="raise", reward_ceiling=0.5)
+    module = make_module(tiny_model_dir, reward_funcs=[constant_reward], accuracy_reward=None)
+    trainer = fit(module, data(arith_jsonl), tmp_path, max_steps=5, callbacks=[alert])
+    assert trainer.global_step == 5 and not alert.firings  # every completion at the ceiling: solved
+
+
+def test_kl_alert_on_a_runaway_policy(tiny_model_dir, arith_jsonl, tmp_path):
+    alert = KLAlert(max_kl=1e-3, patience=2, action="stop")
+    module = make_module(tiny_model_dir, beta=0.01, learning_rate=0.3)
+    trainer = fit(module, data(arith_jsonl), tmp_path, max_steps=30, callbacks=[alert])
+    assert trainer.global_step < 30 and alert.firings[0].signal == "kl"
+    assert "a higher beta" in alert.firings[0].message
+
+
+def test_alert_state_round_trips_through_a_checkpoint(tiny_model_dir, arith_jsonl, tmp_path):
+    alert = ModeCollapseAlert(warmup_steps=2, patience=3, action="stop")
+    module = make_module(tiny_model_dir, reward_funcs=[constant_reward], accuracy_reward=None)
+    trainer = fit(module, data(arith_jsonl), tmp_path, max_steps=50, callbacks=[alert], enable_checkpointing=True)
+    ckpt = torch.load(trainer.checkpoint_callback.best_model_path, weights_only=False)
+    restored = ModeCollapseAlert(warmup_steps=2, patience=3, action="stop")
+    restored.load_state_dict(next(v for k, v in ckpt["callbacks"].items() if k.startswith("ModeCollapseAlert")))
+    assert restored.counts == alert.counts and restored.early == alert.early
+    assert [f.message for f in restored.firings] == [f.message for f in alert.firings]
+
+
+def test_bad_alert_settings_are_named():
+    with pytest.raises(ValueError, match=r"action must be one of \['warn', 'stop', 'raise'\], got 'panic'"):
+        ModeCollapseAlert(action="panic")
+    with pytest.raises(ValueError, match="patience must be >= 1, got 0"):
+        KLAlert(patience=0)
+
+
+def test_reward_monitor_and_sample_logger(tiny_model_dir, arith_jsonl, tmp_path):
+    samples = CompletionSampleLogger(every_n_steps=1, max_rows=4)
+    module = make_module(tiny_model_dir)
+    trainer = fit(module, data(arith_jsonl), tmp_path, max_steps=3, callbacks=[RewardMonitor(window=2), samples])
+    metrics = logged(trainer)
+    for name in [
+        "reward_window/mean",
+        "reward_window/std",
+        "rewards_window/length_reward/mean",
+        "groups/best",
+        "groups/worst",
+        "groups/spread",
+        "accuracy",
+    ]:
+        assert len(metrics[f"train/{name}"]) == 3, name
+    assert all(b >= w for b, w in zip(metrics["train/groups/best"], metrics["train/groups/worst"]))
+    rows = [json.loads(line) for line in (tmp_path / "lightning_logs/version_0/samples.jsonl").read_text().splitlines()]
+    assert len(rows) == 12 and {"prompt", "completion", "exact_match_reward", "length_reward", "advantage"} <= set(
+        rows[0]
+    )
+    assert (tmp_path / "lightning_logs/version_0/samples.csv").read_text().count("\n") == 13
+    assert {"train/reward", "train/reward_std"} <= set(trainer.progress_bar_metrics)  # live progress bar
+
+
+def test_cli_run_then_report(tmp_path, capsys):
+    root = tmp_path / "run"
+    main(
+        [
+            "fit",
+            "--config",
+            "templates/tiny_cpu.yaml",
+            "--trainer.max_steps",
+            "30",
+            "--trainer.val_check_interval",
+            "15",
+            "--trainer.default_root_dir",
+            str(root),
+            "--data.max_val_prompts",
+            "16",
+            "--samples.every_n_steps",
+            "10",
+        ]
+    )
+    run_dir = next(root.glob("lightning_logs/version_*"))
+    assert (run_dir / "samples.jsonl").exists()
+    main(["report", str(run_dir)])
+    assert "report.png" in capsys.readouterr().out
+    import matplotlib.image
+
+    image = matplotlib.image.imread(run_dir / "report.png")
+    assert image.shape[0] > 500 and image.shape[1] > 500
+    page = (run_dir / "report.html").read_text()
+    assert "data:image/png;base64," in page and "train/reward" in page
+
+    from lightning_grpo.report import write_report
+
+    report = write_report(run_dir)
+    assert len(report.series["train/reward"]) == 3  # log_every_n_steps: 10 in the template
+    assert len(report.series["val/accuracy"]) >= 2
