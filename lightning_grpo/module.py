@@ -23,6 +23,7 @@ from lightning_grpo.logprobs import completion_logps
 from lightning_grpo.loss import LossNormalizer, LossOutput, grpo_loss, loss_mask
 from lightning_grpo.metrics import accuracy, completion_metrics, reward_metrics
 from lightning_grpo.models import load_policy, load_tokenizer
+from lightning_grpo.rewards.combine import preset
 from lightning_grpo.rewards.scoring import check_reward_weights, reward_name, score_rollout
 from lightning_grpo.rollout import SamplingConfig, generate_rollout
 from lightning_grpo.settings import check_settings
@@ -42,6 +43,8 @@ class GRPOModule(L.LightningModule):
         reward_funcs: callables ``fn(prompts, completions, completion_ids, **columns) -> list[float | None]``,
             or their import paths in YAML (``trl.rewards.accuracy_reward``).
         reward_weights: one weight per reward function; the reward is their weighted sum (default all 1.0).
+        reward_preset: a named set of weighted reward functions added to ``reward_funcs``: math_reasoning,
+            code_generation, summarization or qa (``lightning_grpo.rewards.PRESETS``).
         tokenizer: name, path or tokenizer; defaults to ``model``'s.
         dtype: weights dtype when loading by name: float32, bfloat16, float16 or auto.
         num_generations: completions per prompt (G), >= 2.
@@ -81,6 +84,7 @@ class GRPOModule(L.LightningModule):
         model: str | nn.Module = "lightning-grpo/tiny-qwen2",
         reward_funcs: Sequence[Callable] | None = None,
         reward_weights: list[float] | None = None,
+        reward_preset: str | None = None,
         tokenizer: str | PreTrainedTokenizerBase | None = None,
         dtype: str = "float32",
         num_generations: int = 8,
@@ -116,7 +120,12 @@ class GRPOModule(L.LightningModule):
         settings = {k: v for k, v in locals().items() if k not in ("self", "__class__")}
         check_settings(settings)
         self.reward_funcs = list(reward_funcs or [])
-        self.reward_weights = check_reward_weights(self.reward_funcs, reward_weights)
+        self.reward_weights = check_reward_weights(self.reward_funcs, reward_weights) if self.reward_funcs else []
+        if reward_preset is not None:
+            preset_funcs, preset_weights = preset(reward_preset)
+            self.reward_funcs += preset_funcs
+            self.reward_weights += preset_weights
+        check_reward_weights(self.reward_funcs, self.reward_weights)
         names = [reward_name(f) for f in self.reward_funcs]
         if accuracy_reward is not None and accuracy_reward not in names:
             raise ValueError(f"accuracy_reward must name one of the reward functions {names}, got {accuracy_reward!r}")

@@ -5,10 +5,12 @@ from __future__ import annotations
 import csv
 
 import lightning as L
+import torch
 from lightning.pytorch.loggers import CSVLogger
 
 from lightning_grpo import GRPOModule
 from lightning_grpo.rewards import exact_match_reward
+from lightning_grpo.types import Rollout
 
 
 def length_reward(completions, **kwargs):
@@ -47,3 +49,18 @@ def logged(trainer) -> dict[str, list[float]]:
     with open(f"{trainer.logger.log_dir}/metrics.csv") as f:
         rows = list(csv.DictReader(f))
     return {k: [float(r[k]) for r in rows if r.get(k)] for k in rows[0]}
+
+
+def make_rollout(completions, group_size=2):
+    """A rollout of the given completions with placeholder ids, for scoring tests."""
+    n = len(completions)
+    return Rollout(
+        prompt_ids=torch.zeros(n, 1, dtype=torch.long),
+        prompt_mask=torch.ones(n, 1, dtype=torch.long),
+        completion_ids=torch.ones(n, 2, dtype=torch.long),
+        completion_mask=torch.ones(n, 2, dtype=torch.long),
+        is_truncated=torch.zeros(n, dtype=torch.bool),
+        prompts=["p"] * n,
+        completions=completions,
+        group_size=group_size,
+    )

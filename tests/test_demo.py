@@ -23,8 +23,10 @@ def test_default_run_learns_the_task(tmp_path):
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "GRPO run: 1000 steps" in proc.stdout
-    summary = json.loads(
-        next(tmp_path.glob("runs/tiny_cpu/lightning_logs/version_*/summary.json")).read_text()
-    )
+    run_dir = next(tmp_path.glob("runs/tiny_cpu/lightning_logs/version_*"))
+    summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["accuracy_after"] - summary["accuracy_before"] >= 0.40, summary
     assert summary["wall_time_s"] < 300, summary
+    # A healthy run: the default-on collapse and KL alerts stay quiet (they write alerts.jsonl when they fire)
+    assert not (run_dir / "alerts.jsonl").exists(), (run_dir / "alerts.jsonl").read_text()
+    assert (run_dir / "samples.jsonl").exists() and (run_dir / "hf_model" / "config.json").exists()

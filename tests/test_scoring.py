@@ -1,24 +1,9 @@
 import math
 
 import pytest
-import torch
+from helpers import make_rollout
 
 from lightning_grpo.rewards.scoring import check_reward_weights, score_rollout
-from lightning_grpo.types import Rollout
-
-
-def make_rollout(completions, group_size=2):
-    n = len(completions)
-    return Rollout(
-        prompt_ids=torch.zeros(n, 1, dtype=torch.long),
-        prompt_mask=torch.ones(n, 1, dtype=torch.long),
-        completion_ids=torch.ones(n, 2, dtype=torch.long),
-        completion_mask=torch.ones(n, 2, dtype=torch.long),
-        is_truncated=torch.zeros(n, dtype=torch.bool),
-        prompts=["p"] * n,
-        completions=completions,
-        group_size=group_size,
-    )
 
 
 def length_reward(completions, **kwargs):
