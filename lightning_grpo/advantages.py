@@ -62,6 +62,10 @@ def compute_advantages(rewards: Tensor, group_size: int, scale_rewards: str = "g
             f"rewards has shape {tuple(rewards.shape)}: expected [N] with N divisible into whole groups of "
             f"num_generations={group_size}"
         )
+    dtype = rewards.dtype
+    # float64: in float32 the mean of G equal rewards can miss by an ulp, and dividing by (std + 1e-4) turns
+    # that into a same-sign advantage for the whole group (0.0024 for five rewards of 3.8).
+    rewards = rewards.double()
     grouped = rewards.view(-1, group_size)  # [N/G, G]
     group_mean = grouped.nanmean(dim=1, keepdim=True)  # [N/G, 1]
     group_std = nanstd(grouped, dim=1)  # [N/G]
@@ -73,7 +77,7 @@ def compute_advantages(rewards: Tensor, group_size: int, scale_rewards: str = "g
     if scale_rewards != "none":
         advantages = advantages / (std + STD_EPS)
     return Advantages(
-        advantages=torch.nan_to_num(advantages, nan=0.0),
-        std=torch.nan_to_num(std, nan=0.0),
-        group_std=torch.nan_to_num(group_std, nan=0.0),
+        advantages=torch.nan_to_num(advantages, nan=0.0).to(dtype),
+        std=torch.nan_to_num(std, nan=0.0).to(dtype),
+        group_std=torch.nan_to_num(group_std, nan=0.0).to(dtype),
     )

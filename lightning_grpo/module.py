@@ -10,11 +10,13 @@ import copy
 import math
 import time
 from collections.abc import Callable, Sequence
+from pathlib import Path
 from typing import Any
 
 import lightning as L
 import torch
 from lightning.pytorch.cli import OptimizerCallable
+from lightning.pytorch.utilities import rank_zero_warn
 from torch import Tensor, nn
 from transformers import PreTrainedTokenizerBase, get_scheduler
 
@@ -76,6 +78,11 @@ class GRPOModule(L.LightningModule):
         accuracy_reward: name of the reward function that scores correctness; its full marks (>= 1.0) give
             ``accuracy`` in validation.
         gradient_checkpointing: recompute activations in the backward pass (off while generating).
+        on_reward_error: a reward function that raises: ``raise`` (naming the function and the sample),
+            ``skip`` (failing rows count as not applicable) or ``zero`` (they score 0); counted in
+            ``train/reward_errors/<fn>``.
+        max_bad_steps: a step whose rewards, advantages or gradients are not finite is skipped (counted in
+            ``train/skipped_steps``); this many in a row stop training with an error and a checkpoint.
         seed: base of the per-rank, per-step sampling seed.
     """
 
@@ -114,6 +121,8 @@ class GRPOModule(L.LightningModule):
         max_grad_norm: float | None = 1.0,
         accuracy_reward: str | None = None,
         gradient_checkpointing: bool = False,
+        on_reward_error: str = "raise",
+        max_bad_steps: int = 3,
         seed: int = 0,
     ) -> None:
         super().__init__()
@@ -141,6 +150,8 @@ class GRPOModule(L.LightningModule):
         # Not a registered submodule: stays out of the optimiser and of checkpoints, rebuilt on resume.
         self.__dict__["reference"] = self._frozen_copy(self.policy) if beta > 0 else None
         self.num_tokens_seen = 0
+        self.skipped_steps = 0
+        self.bad_steps_in_a_row = 0
 
     @staticmethod
     def _frozen_copy(model: nn.Module) -> nn.Module:
@@ -154,15 +165,20 @@ class GRPOModule(L.LightningModule):
         start = time.perf_counter()
         hp = self.hparams
         rollout = self.sample(batch.prompts, hp.num_generations, seed=self._sampling_seed())
-        scores = score_rollout(self.reward_funcs, self.reward_weights, rollout, batch.columns)
-        all_scores = self._gather_rows(scores.per_function)  # [W*N, F]
+        scores = score_rollout(self.reward_funcs, self.reward_weights, rollout, batch.columns, hp.on_reward_error)
+        all_scores = self._gather_rows(scores.per_function)  # [W*N, F] identical on every rank
         advantages = self._local_advantages(all_scores, scores.weights)  # [N]
+        if all_scores.isinf().any() or not advantages.isfinite().all():  # NaN rewards are "not applicable"
+            return self._skip_step("rewards or advantages are infinite or NaN")
         mask = loss_mask(rollout.completion_mask, rollout.is_truncated, hp.mask_truncated_completions)
         normalizer = self._normalizer(mask)
         old_logps = self._logps(self.policy, rollout) if hp.num_iterations > 1 else None
         ref_logps = self._logps(self.reference, rollout) if hp.beta > 0 else None
         for _ in range(hp.num_iterations):
             loss = self._optimizer_step(rollout, advantages, mask, normalizer, old_logps, ref_logps)
+            if loss is None:
+                return self._skip_step("gradients are infinite or NaN")
+        self.bad_steps_in_a_row = 0
         self.num_tokens_seen += int(self._sum_over_ranks(rollout.attention_mask.sum()))
         metrics = {
             "loss": loss.loss.item(),
@@ -172,6 +188,8 @@ class GRPOModule(L.LightningModule):
             "prompts/truncated": float(rollout.num_truncated_prompts),
             "num_tokens": float(self.num_tokens_seen),
             "lr": self.optimizers().param_groups[0]["lr"],
+            "skipped_steps": float(self.skipped_steps),
+            **{f"reward_errors/{name}": float(count) for name, count in scores.errors.items()},
             "step_time": time.perf_counter() - start,
         }
         self._log_metrics("train", metrics)
@@ -252,8 +270,9 @@ class GRPOModule(L.LightningModule):
         normalizer: LossNormalizer,
         old_logps: Tensor | None,
         ref_logps: Tensor | None,
-    ) -> LossOutput:
-        """One optimiser step over the generation batch, gradients accumulated across micro-batches."""
+    ) -> LossOutput | None:
+        """One optimiser step over the generation batch, gradients accumulated across micro-batches; ``None``
+        when the gradients are not finite and the step was not taken."""
         hp = self.hparams
         optimizer = self.optimizers()
         optimizer.zero_grad()
@@ -285,18 +304,43 @@ class GRPOModule(L.LightningModule):
             out = LossOutput(out.loss.detach(), out.token_sums, out.num_tokens)
             out.token_sums["entropy"] = (token.entropy * mask[rows]).sum()
             total = out if total is None else total + out
+        if not self._gradients_finite():  # all-reduced gradients: every rank decides the same
+            optimizer.zero_grad()
+            return None
         if hp.max_grad_norm is not None:
             self.clip_gradients(optimizer, gradient_clip_val=hp.max_grad_norm, gradient_clip_algorithm="norm")
         optimizer.step()
         self.lr_schedulers().step()
         return total
 
+    def _gradients_finite(self) -> bool:
+        norms = [p.grad.detach().abs().sum() for p in self.policy.parameters() if p.grad is not None]
+        return bool(torch.stack(norms).sum().isfinite()) if norms else True
+
+    def _skip_step(self, reason: str) -> None:
+        """Skip an optimiser step with a warning; ``max_bad_steps`` in a row stop training, a checkpoint kept."""
+        self.skipped_steps += 1
+        self.bad_steps_in_a_row += 1
+        self.log("train/skipped_steps", float(self.skipped_steps), on_step=True, batch_size=1)
+        if self.bad_steps_in_a_row < self.hparams.max_bad_steps:
+            rank_zero_warn(f"GRPO step skipped at global step {self.global_step}: {reason}")
+            return None
+        path = Path(self.trainer.log_dir or self.trainer.default_root_dir) / "checkpoints" / "numerical-abort.ckpt"
+        self.trainer.save_checkpoint(path)
+        raise FloatingPointError(
+            f"{self.bad_steps_in_a_row} GRPO steps in a row skipped ({reason}); training stopped at global step "
+            f"{self.global_step} with a checkpoint at {path}. Try a lower learning_rate, max_grad_norm, or "
+            "reward functions that return finite numbers"
+        )
+
     # ---- validation ---------------------------------------------------------------------------------------
 
     def validation_step(self, batch: PromptBatch, batch_idx: int) -> None:
         """Greedy completion per held-out prompt: mean reward, per-function means and accuracy."""
         rollout = self.sample(batch.prompts, num_generations=1, greedy=True)
-        scores = score_rollout(self.reward_funcs, self.reward_weights, rollout, batch.columns)
+        scores = score_rollout(
+            self.reward_funcs, self.reward_weights, rollout, batch.columns, self.hparams.on_reward_error
+        )
         metrics = {"reward": scores.total.nanmean().nan_to_num(0.0).item()}
         for i, name in enumerate(scores.names):
             metrics[f"rewards/{name}/mean"] = scores.per_function[:, i].nanmean().nan_to_num(0.0).item()
@@ -343,10 +387,12 @@ class GRPOModule(L.LightningModule):
         return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}
 
     def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
-        checkpoint["grpo_num_tokens_seen"] = self.num_tokens_seen
+        checkpoint["grpo_counters"] = {"num_tokens_seen": self.num_tokens_seen, "skipped_steps": self.skipped_steps}
 
     def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
-        self.num_tokens_seen = checkpoint.get("grpo_num_tokens_seen", 0)
+        counters = checkpoint.get("grpo_counters", {})
+        self.num_tokens_seen = counters.get("num_tokens_seen", 0)
+        self.skipped_steps = counters.get("skipped_steps", 0)
 
     def save_pretrained(self, path: str) -> None:
         """The policy and tokenizer in Hugging Face format: ``AutoModelForCausalLM.from_pretrained(path)``."""

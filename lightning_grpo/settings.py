@@ -7,6 +7,7 @@ from typing import Any
 from lightning_grpo.advantages import SCALE_REWARDS
 from lightning_grpo.loss import IMPORTANCE_SAMPLING_LEVELS, REDUCTIONS
 from lightning_grpo.models import DTYPES
+from lightning_grpo.rewards.scoring import ON_ERROR
 
 LR_SCHEDULERS = ("cosine", "linear", "constant", "constant_with_warmup")
 
@@ -33,6 +34,8 @@ def settings_problems(s: dict[str, Any]) -> list[str]:
         _at_least("logprob_chunk_size", s["logprob_chunk_size"], 1),
         _at_least("beta", s["beta"], 0.0),
         _at_least("top_k", s["top_k"], 0),
+        _at_least("max_bad_steps", s["max_bad_steps"], 1),
+        _is_in("on_reward_error", s["on_reward_error"], list(ON_ERROR)),
         _at_least("repetition_penalty", s["repetition_penalty"], 1e-6),
         _is_in("loss_type", s["loss_type"], list(REDUCTIONS)),
         _is_in("scale_rewards", s["scale_rewards"], SCALE_REWARDS),

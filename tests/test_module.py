@@ -12,6 +12,7 @@ from transformers import AutoModelForCausalLM
 
 from lightning_grpo import GRPOModule, PromptDataModule
 from lightning_grpo.callbacks import HFExport, RunSummary
+from lightning_grpo.rewards import exact_match_reward
 
 TRL_METRICS = [
     "reward",
@@ -108,9 +109,7 @@ def test_validation_export_summary_and_resume(tiny_model_dir, arith_jsonl, tmp_p
     metrics = logged(trainer)
     assert len(metrics["val/accuracy"]) == 2 and "val/rewards/length_reward/mean" in metrics
     saved = json.loads(summary.path.read_text())
-    assert (
-        saved["steps"] == 4 and saved["accuracy_before"] is not None and saved["accuracy_after"] is not None
-    )
+    assert saved["steps"] == 4 and saved["accuracy_before"] is not None and saved["accuracy_after"] is not None
 
     exported = AutoModelForCausalLM.from_pretrained(export.path)
     for (name, a), b in zip(exported.state_dict().items(), module.policy.state_dict().values()):
@@ -134,9 +133,7 @@ def test_trl_reward_functions_work_unchanged(tiny_model_dir, tmp_path):
     from trl.rewards import accuracy_reward, think_format_reward
 
     path = tmp_path / "chat.jsonl"
-    rows = [
-        {"prompt": [{"role": "user", "content": f"{a}+{a}?"}], "solution": f"${2 * a}$"} for a in range(4)
-    ]
+    rows = [{"prompt": [{"role": "user", "content": f"{a}+{a}?"}], "solution": f"${2 * a}$"} for a in range(4)]
     path.write_text("".join(json.dumps(r) + "\n" for r in rows))
     module = GRPOModule(
         model=tiny_model_dir,
@@ -148,3 +145,30 @@ def test_trl_reward_functions_work_unchanged(tiny_model_dir, tmp_path):
     metrics = logged(trainer)
     assert len(metrics["train/rewards/think_format_reward/mean"]) == 2
     assert len(metrics["train/rewards/accuracy_reward/mean"]) == 2
+
+
+def test_reward_errors_can_be_skipped_and_counted(tiny_model_dir, arith_jsonl, tmp_path):
+    def flaky_reward(completions, **kwargs):
+        if any(len(c) > 4 for c in completions):
+            raise ValueError("too long to grade")
+        return [0.0] * len(completions)
+
+    module = make_module(
+        tiny_model_dir, reward_funcs=[exact_match_reward, flaky_reward], accuracy_reward=None, on_reward_error="skip"
+    )
+    trainer = fit(module, PromptDataModule(arith_jsonl, batch_size=4, val_split=None), tmp_path)
+    assert trainer.global_step == 2
+    assert max(logged(trainer)["train/reward_errors/flaky_reward"]) > 0
+
+
+def test_non_finite_steps_are_skipped_then_abort_with_a_checkpoint(tiny_model_dir, arith_jsonl, tmp_path):
+    def infinite_reward(completions, **kwargs):
+        return [float("inf")] * len(completions)
+
+    module = make_module(tiny_model_dir, reward_funcs=[infinite_reward], accuracy_reward=None, max_bad_steps=3)
+    before = [p.detach().clone() for p in module.policy.parameters()]
+    with pytest.raises(FloatingPointError, match="3 GRPO steps in a row skipped .* checkpoint at"):
+        fit(module, PromptDataModule(arith_jsonl, batch_size=4, val_split=None), tmp_path, max_steps=10)
+    assert all(torch.equal(a, b) for a, b in zip(before, module.policy.parameters()))  # no step was taken
+    assert module.skipped_steps == 3
+    assert list(tmp_path.rglob("numerical-abort.ckpt"))

@@ -60,3 +60,31 @@ def test_weights_must_match_functions():
         check_reward_weights([length_reward, length_reward], [1.0])
     with pytest.raises(ValueError, match="reward_funcs is empty"):
         check_reward_weights([], None)
+
+
+def picky_reward(completions, **kwargs):
+    """Fails on the completion "b" only."""
+    if "b" in completions:
+        raise ZeroDivisionError("division by zero")
+    return [1.0] * len(completions)
+
+
+def test_raise_names_the_offending_sample():
+    with pytest.raises(
+        RuntimeError, match=r"'picky_reward' raised ZeroDivisionError on sample 1 \(prompt 'p', completion 'b'\)"
+    ):
+        score_rollout([picky_reward], [1.0], make_rollout(["a", "b"]), {})
+
+
+@pytest.mark.parametrize("policy,expected", [("skip", math.nan), ("zero", 0.0)])
+def test_skip_and_zero_keep_training_and_count(policy, expected):
+    scores = score_rollout([picky_reward], [1.0], make_rollout(["a", "b", "c", "b"]), {}, on_error=policy)
+    values = scores.per_function[:, 0].tolist()
+    assert values[0] == values[2] == 1.0
+    assert all(math.isnan(v) if math.isnan(expected) else v == expected for v in (values[1], values[3]))
+    assert scores.errors == {"picky_reward": 2}
+
+
+def test_unknown_error_policy_is_named():
+    with pytest.raises(ValueError, match=r"on_reward_error must be one of \['raise', 'skip', 'zero'\], got 'ignore'"):
+        score_rollout([picky_reward], [1.0], make_rollout(["a", "b"]), {}, on_error="ignore")

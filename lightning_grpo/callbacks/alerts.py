@@ -67,6 +67,9 @@ class Alert(L.Callback):
     def on_train_batch_end(
         self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: Any, batch: Any, batch_idx: int
     ) -> None:
+        if not outputs:  # a skipped step (non-finite numbers) tells nothing; ranks skip together
+            trainer.strategy.reduce_boolean_decision(False, all=False)
+            return
         active = {s.name: s for s in self.signals(trainer, outputs)}
         self.counts = {name: self.counts.get(name, 0) + 1 for name in active}  # inactive signals reset to 0
         due = [s for s in active.values() if self.counts[s.name] == self.patience]

@@ -40,6 +40,8 @@ class RewardMonitor(L.Callback):
     def on_train_batch_end(
         self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: Any, batch: Any, batch_idx: int
     ) -> None:
+        if not outputs:  # a skipped step
+            return
         m, scores, group = outputs["metrics"], outputs["scores"], outputs["rollout"].group_size
         logged = {"reward_window/mean": self._running("reward", m["reward"])}
         self.squares.update(torch.tensor(m["reward"] ** 2))

@@ -54,7 +54,7 @@ class CompletionSampleLogger(L.Callback):
         self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: Any, batch: Any, batch_idx: int
     ) -> None:
         step = trainer.global_step
-        if not trainer.is_global_zero or (step % self.every_n_steps and step != 1):
+        if not outputs or not trainer.is_global_zero or (step % self.every_n_steps and step != 1):
             return
         rows = self.rows(step, outputs)
         directory = run_dir(trainer)

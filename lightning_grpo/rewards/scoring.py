@@ -16,6 +16,7 @@ import math
 import numbers
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -96,54 +97,96 @@ def reward_kwargs(rollout: Rollout, columns: dict[str, list[Any]]) -> dict[str, 
     return {"prompts": rollout.prompts, "completions": rollout.completions, "completion_ids": completion_ids, **columns}
 
 
-def _failed(fn: RewardFunc, err: Exception) -> RuntimeError:
-    return RuntimeError(f"reward function {reward_name(fn)!r} raised {type(err).__name__}: {err}")
+ON_ERROR = ("raise", "skip", "zero")
 
 
-def _call(fn: RewardFunc, kwargs: dict[str, Any], n: int) -> list[float]:
+@dataclass
+class Policy:
+    """What a failing reward call does, and the failures counted per function under ``skip`` / ``zero``."""
+
+    on_error: str = "raise"
+    errors: dict[str, int] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if self.on_error not in ON_ERROR:
+            raise ValueError(f"on_reward_error must be one of {list(ON_ERROR)}, got {self.on_error!r}")
+
+
+def _sample_text(kwargs: dict[str, Any], i: int) -> str:
+    from lightning_grpo.rewards.text import completion_text
+
+    prompt, completion = kwargs["prompts"][i], completion_text(kwargs["completions"][i])
+    return f"prompt {str(prompt)[:120]!r}, completion {completion[:200]!r}"
+
+
+def _recover(fn: RewardFunc, kwargs: dict[str, Any], n: int, err: Exception, policy: Policy) -> list[float]:
+    """After a failure on the whole batch, score row by row: find the offending samples, then raise naming
+    the first (``raise``), or give failing rows ``None`` (``skip``) or 0.0 (``zero``)."""
+    call = (lambda kw: asyncio.run(fn(**kw))) if is_async_reward(fn) else (lambda kw: fn(**kw))
+    values, failed = [], []
+    for i in range(n):
+        try:
+            row = call({k: v[i : i + 1] for k, v in kwargs.items()})
+        except Exception as row_err:  # noqa: BLE001 - any failure of user code is this row's failure
+            failed.append((i, row_err))
+            values.append(math.nan if policy.on_error == "skip" else 0.0)
+            continue
+        values += _check_values(reward_name(fn), row, 1)
+    if policy.on_error == "raise" or not failed:  # not failed: only the whole batch fails (e.g. a batch-size bug)
+        i, row_err = failed[0] if failed else (None, err)
+        where = f" on sample {i} ({_sample_text(kwargs, i)})" if i is not None else ""
+        raise RuntimeError(f"reward function {reward_name(fn)!r} raised {type(row_err).__name__}{where}: {row_err}"
+                           ) from err
+    policy.errors[reward_name(fn)] = policy.errors.get(reward_name(fn), 0) + len(failed)
+    return values
+
+
+def _call(fn: RewardFunc, kwargs: dict[str, Any], n: int, policy: Policy) -> list[float]:
     try:
         values = fn(**kwargs)
     except Exception as err:
-        raise _failed(fn, err) from err
+        return _recover(fn, kwargs, n, err, policy)
     return _check_values(reward_name(fn), values, n)
 
 
-async def _call_async(fn: RewardFunc, kwargs: dict[str, Any], n: int) -> list[float]:
+async def _call_async(fn: RewardFunc, kwargs: dict[str, Any], n: int, policy: Policy) -> list[float]:
     try:
         values = await fn(**kwargs)
     except Exception as err:
-        raise _failed(fn, err) from err
+        return await asyncio.to_thread(_recover, fn, kwargs, n, err, policy)  # a thread may start its own loop
     return _check_values(reward_name(fn), values, n)
 
 
-def _gather(fns: list[RewardFunc], kwargs: dict[str, Any], n: int) -> list[list[float]]:
+def _gather(fns: list[RewardFunc], kwargs: dict[str, Any], n: int, policy: Policy) -> list[list[float]]:
     """Run async reward functions concurrently on a fresh event loop (run on a worker thread: that thread has
     no loop yet, so this works whether or not the caller's thread is already running one)."""
 
     async def gather() -> list[list[float]]:
-        return await asyncio.gather(*(_call_async(fn, kwargs, n) for fn in fns))
+        return await asyncio.gather(*(_call_async(fn, kwargs, n, policy) for fn in fns))
 
     return asyncio.run(gather())
 
 
 def call_reward(fn: RewardFunc, rollout: Rollout, columns: dict[str, list[Any]]) -> list[float]:
     """One function over all N completions, its output checked."""
-    return call_rewards([fn], reward_kwargs(rollout, columns), len(rollout))[0]
+    return call_rewards([fn], reward_kwargs(rollout, columns), len(rollout), Policy())[0]
 
 
-def call_rewards(reward_funcs: Sequence[RewardFunc], kwargs: dict[str, Any], n: int) -> list[list[float]]:
+def call_rewards(
+    reward_funcs: Sequence[RewardFunc], kwargs: dict[str, Any], n: int, policy: Policy
+) -> list[list[float]]:
     """[F][N] checked values: async and slow functions run concurrently while the plain ones run here."""
     async_ids = [i for i, fn in enumerate(reward_funcs) if is_async_reward(fn)]
     slow_ids = [i for i, fn in enumerate(reward_funcs) if i not in async_ids and getattr(fn, "is_slow", False)]
     if not async_ids and not slow_ids:
-        return [_call(fn, kwargs, n) for fn in reward_funcs]
+        return [_call(fn, kwargs, n, policy) for fn in reward_funcs]
     table: list[list[float] | None] = [None] * len(reward_funcs)
     with ThreadPoolExecutor(max_workers=len(slow_ids) + 1, thread_name_prefix="reward") as pool:
-        slow = {i: pool.submit(_call, reward_funcs[i], kwargs, n) for i in slow_ids}
-        gathered = pool.submit(_gather, [reward_funcs[i] for i in async_ids], kwargs, n) if async_ids else None
+        slow = {i: pool.submit(_call, reward_funcs[i], kwargs, n, policy) for i in slow_ids}
+        gathered = pool.submit(_gather, [reward_funcs[i] for i in async_ids], kwargs, n, policy) if async_ids else None
         for i, fn in enumerate(reward_funcs):
             if i not in slow and i not in async_ids:
-                table[i] = _call(fn, kwargs, n)
+                table[i] = _call(fn, kwargs, n, policy)
         for i, future in slow.items():
             table[i] = future.result()
         for i, values in zip(async_ids, gathered.result() if gathered else []):
@@ -156,13 +199,22 @@ def score_rollout(
     weights: Sequence[float],
     rollout: Rollout,
     columns: dict[str, list[Any]],
+    on_error: str = "raise",
 ) -> RewardScores:
-    """Score N completions; ``columns`` hold B values each and are repeated G times to line up."""
+    """Score N completions; ``columns`` hold B values each and are repeated G times to line up.
+
+    Args:
+        on_error: a reward function that raises: ``raise`` (naming the function and the offending sample),
+            ``skip`` (its failing rows count as "not applicable") or ``zero`` (they score 0.0); both of the
+            latter are counted in ``RewardScores.errors``.
+    """
+    policy = Policy(on_error)
     repeated = {k: [v for v in values for _ in range(rollout.group_size)] for k, values in columns.items()}
-    table = call_rewards(reward_funcs, reward_kwargs(rollout, repeated), len(rollout))  # [F][N]
+    table = call_rewards(reward_funcs, reward_kwargs(rollout, repeated), len(rollout), policy)  # [F][N]
     device = rollout.completion_ids.device
     return RewardScores(
         per_function=torch.tensor(table, dtype=torch.float32, device=device).T.reshape(len(rollout), -1),
         names=[reward_name(fn) for fn in reward_funcs],
         weights=torch.tensor(list(weights), dtype=torch.float32, device=device),
+        errors=policy.errors,
     )
