@@ -172,3 +172,27 @@ def test_non_finite_steps_are_skipped_then_abort_with_a_checkpoint(tiny_model_di
     assert all(torch.equal(a, b) for a, b in zip(before, module.policy.parameters()))  # no step was taken
     assert module.skipped_steps == 3
     assert list(tmp_path.rglob("numerical-abort.ckpt"))
+
+
+def test_export_refuses_to_overwrite_before_training(tiny_model_dir, arith_jsonl, tmp_path):
+    target = tmp_path / "model"
+    target.mkdir()
+    (target / "config.json").write_text("{}")
+    module = make_module(tiny_model_dir)
+    before = [p.detach().clone() for p in module.policy.parameters()]
+    with pytest.raises(FileExistsError, match="export.dirpath .* already holds files: .* export.overwrite: true"):
+        fit(
+            module,
+            PromptDataModule(arith_jsonl, batch_size=4, val_split=None),
+            tmp_path,
+            callbacks=[HFExport(dirpath=str(target))],
+        )
+    assert all(torch.equal(a, b) for a, b in zip(before, module.policy.parameters()))
+    assert (target / "config.json").read_text() == "{}"
+    fit(
+        module,
+        PromptDataModule(arith_jsonl, batch_size=4, val_split=None),
+        tmp_path,
+        callbacks=[HFExport(dirpath=str(target), overwrite=True)],
+    )
+    assert AutoModelForCausalLM.from_pretrained(target) is not None
