@@ -55,16 +55,18 @@ def report_main(args: list[str]) -> None:
     print(f"wrote {report.png} and {report.html}")
 
 
-def main(args: list[str] | None = None) -> GRPOCLI | None:
-    args = sys.argv[1:] if args is None else args
-    if args[:1] == ["report"]:
-        return report_main(args[1:])
-    return GRPOCLI(
+def main(args: list[str] | None = None) -> None:
+    """The console script. Returns None: ``sys.exit(main())`` must exit 0 after a successful run."""
+    argv = sys.argv[1:] if args is None else args
+    if argv[:1] == ["report"]:
+        report_main(argv[1:])
+        return
+    GRPOCLI(
         GRPOModule,
         PromptDataModule,
         trainer_defaults=TRAINER_DEFAULTS,
         save_config_kwargs={"overwrite": True},
-        args=args,
+        args=args,  # None: LightningCLI reads sys.argv itself
     )
 
 

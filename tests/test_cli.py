@@ -69,3 +69,31 @@ def test_bad_value_fails_before_training(tmp_path, capsys):  # exit 2 with the m
     assert "loss_type must be one of ['bnpo', 'dapo', 'dr_grpo', 'grpo'], got 'ppo'" in err
     assert "num_generations must be >= 2, got 1" in err
     assert not list(tmp_path.glob("lightning_logs/*/checkpoints/*"))
+
+
+def test_console_script_exits_zero(tmp_path):
+    """`sys.exit(main())` in the console script: a successful run must exit with status 0."""
+    import shutil
+    import subprocess
+
+    proc = subprocess.run(
+        [
+            shutil.which("lightning-grpo"),
+            "fit",
+            "--config",
+            str(ROOT / "templates" / "tiny_cpu.yaml"),
+            "--trainer.max_steps",
+            "2",
+            "--trainer.limit_val_batches",
+            "0",
+            "--trainer.num_sanity_val_steps",
+            "0",
+            "--trainer.default_root_dir",
+            str(tmp_path),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "not recommended to provide both args and command line arguments" not in proc.stderr
