@@ -38,3 +38,14 @@ def load_tokenizer(tokenizer: str | PreTrainedTokenizerBase) -> PreTrainedTokeni
         tokenizer.pad_token = tokenizer.eos_token
     tokenizer.padding_side = "left"
     return tokenizer
+
+
+def with_lora(model: nn.Module, peft_config: dict) -> nn.Module:
+    """The model wrapped with a LoRA adapter from ``peft.LoraConfig(**peft_config)``; base weights frozen."""
+    from peft import LoraConfig, get_peft_model
+
+    try:
+        config = LoraConfig(task_type="CAUSAL_LM", **peft_config)
+    except TypeError as err:
+        raise ValueError(f"peft_config {peft_config!r} is not valid for peft.LoraConfig: {err}") from err
+    return get_peft_model(model, config)

@@ -24,7 +24,7 @@ from lightning_grpo.advantages import compute_advantages
 from lightning_grpo.logprobs import completion_logps
 from lightning_grpo.loss import LossNormalizer, LossOutput, grpo_loss, loss_mask
 from lightning_grpo.metrics import accuracy, completion_metrics, reward_metrics
-from lightning_grpo.models import load_policy, load_tokenizer
+from lightning_grpo.models import load_policy, load_tokenizer, with_lora
 from lightning_grpo.rewards.combine import preset
 from lightning_grpo.rewards.scoring import check_reward_weights, reward_name, score_rollout
 from lightning_grpo.rollout import SamplingConfig, generate_rollout
@@ -78,6 +78,9 @@ class GRPOModule(L.LightningModule):
         accuracy_reward: name of the reward function that scores correctness; its full marks (>= 1.0) give
             ``accuracy`` in validation.
         gradient_checkpointing: recompute activations in the backward pass (off while generating).
+        peft_config: LoRA settings (``peft.LoraConfig`` arguments, e.g. ``{r: 16, lora_alpha: 32,
+            target_modules: all-linear}``): only the adapter trains; the reference for ``beta > 0`` is the
+            policy with its adapter disabled (no second model in memory); checkpoints hold only the adapter.
         on_reward_error: a reward function that raises: ``raise`` (naming the function and the sample),
             ``skip`` (failing rows count as not applicable) or ``zero`` (they score 0); counted in
             ``train/reward_errors/<fn>``.
@@ -121,6 +124,7 @@ class GRPOModule(L.LightningModule):
         max_grad_norm: float | None = 1.0,
         accuracy_reward: str | None = None,
         gradient_checkpointing: bool = False,
+        peft_config: dict[str, Any] | None = None,
         on_reward_error: str = "raise",
         max_bad_steps: int = 3,
         seed: int = 0,
@@ -147,8 +151,12 @@ class GRPOModule(L.LightningModule):
         self.policy = load_policy(model, dtype).train()  # from_pretrained returns eval mode
         if gradient_checkpointing:
             self.policy.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        if peft_config is not None:
+            self.policy = with_lora(self.policy, peft_config)
+            self.strict_loading = False  # checkpoints hold the adapter; base weights come from `model`
         # Not a registered submodule: stays out of the optimiser and of checkpoints, rebuilt on resume.
-        self.__dict__["reference"] = self._frozen_copy(self.policy) if beta > 0 else None
+        needs_copy = beta > 0 and peft_config is None
+        self.__dict__["reference"] = self._frozen_copy(self.policy) if needs_copy else None
         self.num_tokens_seen = 0
         self.skipped_steps = 0
         self.bad_steps_in_a_row = 0
@@ -173,7 +181,7 @@ class GRPOModule(L.LightningModule):
         mask = loss_mask(rollout.completion_mask, rollout.is_truncated, hp.mask_truncated_completions)
         normalizer = self._normalizer(mask)
         old_logps = self._logps(self.policy, rollout) if hp.num_iterations > 1 else None
-        ref_logps = self._logps(self.reference, rollout) if hp.beta > 0 else None
+        ref_logps = self._reference_logps(rollout) if hp.beta > 0 else None
         for _ in range(hp.num_iterations):
             loss = self._optimizer_step(rollout, advantages, mask, normalizer, old_logps, ref_logps)
             if loss is None:
@@ -261,6 +269,13 @@ class GRPOModule(L.LightningModule):
                     for rows in self._micro_batches(len(rollout))
                 ]
             )
+
+    def _reference_logps(self, rollout: Rollout) -> Tensor:
+        """[N, T] under the initial policy: the frozen copy, or the LoRA policy with its adapter off."""
+        if self.reference is not None:
+            return self._logps(self.reference, rollout)
+        with self.policy.disable_adapter():
+            return self._logps(self.policy, rollout)
 
     def _optimizer_step(
         self,
@@ -387,6 +402,9 @@ class GRPOModule(L.LightningModule):
         return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}
 
     def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        if self.hparams.peft_config is not None:  # only what trains: the base is reloaded from `model`
+            trainable = {f"policy.{n}" for n, p in self.policy.named_parameters() if p.requires_grad}
+            checkpoint["state_dict"] = {k: v for k, v in checkpoint["state_dict"].items() if k in trainable}
         checkpoint["grpo_counters"] = {"num_tokens_seen": self.num_tokens_seen, "skipped_steps": self.skipped_steps}
 
     def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
@@ -395,6 +413,12 @@ class GRPOModule(L.LightningModule):
         self.skipped_steps = counters.get("skipped_steps", 0)
 
     def save_pretrained(self, path: str) -> None:
-        """The policy and tokenizer in Hugging Face format: ``AutoModelForCausalLM.from_pretrained(path)``."""
-        self.policy.save_pretrained(path)
+        """The policy and tokenizer in Hugging Face format: ``AutoModelForCausalLM.from_pretrained(path)``.
+
+        A LoRA policy is saved merged (base + adapter in full weights), from a copy: training can go on.
+        """
+        policy = self.policy
+        if self.hparams.peft_config is not None:
+            policy = copy.deepcopy(policy).merge_and_unload()
+        policy.save_pretrained(path)
         self.tokenizer.save_pretrained(path)

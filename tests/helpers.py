@@ -29,7 +29,7 @@ def make_module(model_dir, **kw):
     return GRPOModule(model=model_dir, **{**settings, **kw})
 
 
-def fit(module, data, tmp_path, max_steps=2, **trainer_kw):
+def fit(module, data, tmp_path, max_steps=2, ckpt_path=None, **trainer_kw):
     trainer = L.Trainer(
         max_steps=max_steps,
         accelerator="cpu",
@@ -41,7 +41,7 @@ def fit(module, data, tmp_path, max_steps=2, **trainer_kw):
         **{"enable_checkpointing": False, "limit_val_batches": 0, **trainer_kw},
     )
     L.seed_everything(0)
-    trainer.fit(module, data)
+    trainer.fit(module, data, ckpt_path=ckpt_path)
     return trainer
 
 
