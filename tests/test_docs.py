@@ -1,0 +1,308 @@
+"""SKILL.md and README.md work as written; every template and example runs.
+
+A document's fenced blocks run in order in one temporary working directory, as a reader following the page
+would run them (a block may read what an earlier one wrote):
+- ``python``: exec'd in a fresh namespace, with ``max_steps=N`` cut to 2.
+- ``bash``: each command. ``lightning-grpo fit ...`` runs through ``lightning_grpo.cli.main``, made tiny (see
+  ``tiny_overrides``); under a launcher (torchrun, srun), or with ``--print_config``/``--help``, it is parsed
+  only. ``lightning-grpo report DIR`` runs on DIR, or on a run made by this test when DIR does not exist.
+  ``python templates/X.py`` and ``python examples/X.py`` run in-process with small step flags. Anything else
+  must be in ``SKIPPED``: an unknown command fails the test.
+- ``yaml``: a full config (first line ``# lightning-grpo fit --config NAME``) is written to NAME and parsed
+  with ``--print_config``; a fragment is parsed on top of templates/tiny_cpu.yaml.
+"""
+
+from __future__ import annotations
+
+import inspect
+import re
+import runpy
+import shlex
+import shutil
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+import lightning as L
+import pytest
+import yaml
+
+from lightning_grpo import GRPOModule, PromptDataModule
+from lightning_grpo.callbacks import (
+    CompletionSampleLogger,
+    HFExport,
+    KLAlert,
+    ModeCollapseAlert,
+    RewardMonitor,
+    RunSummary,
+)
+from lightning_grpo.cli import main
+
+ROOT = Path(__file__).resolve().parents[1]
+DOCS = [ROOT / "SKILL.md", ROOT / "README.md"]
+TINY_CONFIG = ROOT / "templates" / "tiny_cpu.yaml"
+SKIPPED = {  # command prefix -> why it is not run here
+    "pip install": "installs packages",
+    "python -m venv": "creates an environment",
+    ". .venv/bin/activate": "enters that environment",
+    "python -m pytest": "the test suite itself",
+}
+# Small flags for every script under templates/ and examples/ (a new script must be added here).
+SCRIPT_FLAGS = {
+    "basic_grpo_training.py": ["--max-steps", "2"],
+    "reward_functions_library.py": [],
+    "math_reasoning.py": ["--max-steps", "2"],
+    "custom_reward.py": ["--max-steps", "2"],
+    "multi_stage.py": ["--stage1-steps", "2", "--stage2-steps", "2"],
+}
+SCRIPTS = sorted((ROOT / "templates").glob("*.py")) + sorted((ROOT / "examples").glob("*.py"))
+TEMPLATE_CONFIGS = sorted((ROOT / "templates").glob("*.yaml"))
+CONFIG_SECTIONS = {  # prefix in the docs -> the class whose constructor takes those settings
+    "model": GRPOModule,
+    "data": PromptDataModule,
+    "trainer": L.Trainer,
+    "collapse_alert": ModeCollapseAlert,
+    "kl_alert": KLAlert,
+    "reward_monitor": RewardMonitor,
+    "samples": CompletionSampleLogger,
+    "summary": RunSummary,
+    "export": HFExport,
+}
+
+
+@dataclass
+class Block:
+    lang: str
+    body: str
+    line: int
+
+
+def fenced_blocks(doc: Path) -> list[Block]:
+    text = doc.read_text()
+    found = re.finditer(r"^```(\w*)[^\n]*\n(.*?)^```", text, re.MULTILINE | re.DOTALL)
+    return [Block(m.group(1), m.group(2), text[: m.start()].count("\n") + 1) for m in found]
+
+
+def commands(script: str) -> list[str]:
+    """Shell lines with continuations joined; comments and blank lines dropped."""
+    joined = re.sub(r"\\\n\s*", " ", script)
+    return [line.strip() for line in joined.splitlines() if line.strip() and not line.strip().startswith("#")]
+
+
+def is_readme_setup(command: str) -> bool:
+    """The README's first command (venv, install, the full 1000-step run): tests/test_demo.py runs it (slow)."""
+    return command.startswith("python -m venv") and "lightning-grpo fit --config templates/tiny_cpu.yaml" in command
+
+
+def resolve(path: str) -> Path:
+    """A path as a reader's shell would see it: the working directory first, then the repository."""
+    for candidate in (Path(path), ROOT / path):
+        if candidate.exists():
+            return candidate.resolve()
+    raise FileNotFoundError(f"{path!r} exists neither in the working directory nor in the repository")
+
+
+def config_of(args: list[str]) -> dict:
+    """The ``--config`` files of a command, merged section by section."""
+    merged: dict = {}
+    for i, arg in enumerate(args[:-1]):
+        if arg == "--config":
+            for key, value in (yaml.safe_load(resolve(args[i + 1]).read_text()) or {}).items():
+                merged[key] = {**merged.get(key, {}), **value} if isinstance(value, dict) else value
+    return merged
+
+
+def is_local(name: str | None) -> bool:
+    return name is None or name.startswith("lightning-grpo/") or Path(name).exists()
+
+
+def tiny_overrides(config: dict, root_dir: Path) -> list[str]:
+    """Flags that make a configured run take seconds on CPU, offline."""
+    trainer, model, data = config.get("trainer", {}), config.get("model", {}), config.get("data", {})
+    args = ["--trainer.max_steps", "2", "--trainer.default_root_dir", str(root_dir)]
+    args += ["--trainer.val_check_interval", "2", "--data.max_val_prompts", "16"]
+    args += ["--trainer.enable_progress_bar", "false"]
+    if not is_local(model.get("model")) or not is_local(data.get("dataset")):  # a hub model or dataset
+        args += ["--model.model", "lightning-grpo/tiny-qwen2", "--model.dtype", "float32"]
+        args += ["--model.max_completion_length", "3", "--model.micro_batch_size", "null"]
+        args += ["--data.dataset", "lightning-grpo/tiny-max", "--data.prompt_column", "prompt"]
+        args += ["--data.config_name", "null", "--data.system_prompt", "null", "--data.val_split", "validation"]
+    if trainer.get("accelerator", "cpu") != "cpu":
+        args += ["--trainer.accelerator", "cpu", "--trainer.devices", "1", "--trainer.num_nodes", "1"]
+        args += ["--trainer.strategy", "auto", "--trainer.precision", "32-true"]
+    return args
+
+
+def is_multiprocess_cpu(config: dict) -> bool:
+    trainer = config.get("trainer", {})
+    return trainer.get("accelerator") == "cpu" and int(trainer.get("devices", 1)) > 1
+
+
+def with_config_paths(args: list[str]) -> list[str]:
+    return [str(resolve(a)) if i and args[i - 1] == "--config" else a for i, a in enumerate(args)]
+
+
+def parse_only(args: list[str], capsys) -> None:
+    extra = [] if {"--help", "--print_config"} & set(args) else ["--print_config"]
+    capsys.readouterr()
+    with pytest.raises(SystemExit) as done:
+        main(["fit", *with_config_paths(args), *extra])
+    assert done.value.code == 0, capsys.readouterr().err[-2000:]
+    capsys.readouterr()
+
+
+def last_run(root_dir: Path) -> Path:
+    runs = sorted(root_dir.glob("lightning_logs/version_*"), key=lambda p: int(p.name.split("_")[1]))
+    assert runs, f"no run directory under {root_dir}"
+    return runs[-1]
+
+
+def fit_tiny(args: list[str], cwd: Path) -> Path:
+    """Run ``lightning-grpo fit ARGS`` made tiny; return the run directory."""
+    args = with_config_paths(args)
+    config = config_of(args)
+    default = config.get("trainer", {}).get("default_root_dir") or "runs/docs"
+    root_dir = cwd / default
+    full = ["fit", *args, *tiny_overrides(config, root_dir)]
+    if is_multiprocess_cpu(config):  # DDP re-runs the command for the other ranks: not pytest's
+        proc = subprocess.run(
+            [shutil.which("lightning-grpo"), *full], cwd=cwd, capture_output=True, text=True, timeout=600
+        )
+        assert proc.returncode == 0, proc.stderr[-3000:]
+    else:
+        main(full)
+    run = last_run(root_dir)
+    assert (run / "summary.json").exists() and (run / "hf_model" / "config.json").exists()
+    return run
+
+
+def run_script(path: Path, args: list[str], monkeypatch) -> None:
+    monkeypatch.setattr(sys, "argv", [str(path), *args, *SCRIPT_FLAGS[path.name]])
+    runpy.run_path(str(path), run_name="__main__")
+
+
+def run_command(command: str, cwd: Path, request, monkeypatch, capsys) -> None:
+    words = shlex.split(command)
+    if words[0] in ("torchrun", "srun"):  # multi-node launch: the command it launches must parse
+        start = words.index("fit")
+        parse_only(words[start + 1 :], capsys)
+    elif words[:2] == ["lightning-grpo", "fit"]:
+        if {"--help", "--print_config"} & set(words):
+            parse_only(words[2:], capsys)
+        else:
+            fit_tiny(words[2:], cwd)
+    elif words[:2] == ["lightning-grpo", "report"]:
+        run_dir = Path(words[2]) if Path(words[2]).exists() else request.getfixturevalue("made_run")
+        main(["report", str(run_dir)])
+        assert (run_dir / "report.html").exists()
+    elif words[0] == "python" and words[1].startswith(("templates/", "examples/")):
+        run_script(ROOT / words[1], words[2:], monkeypatch)
+    else:
+        pytest.fail(f"unknown command {command!r}: make test_docs.py run it, or add it to SKIPPED")
+
+
+def run_shell_block(block: Block, cwd: Path, request, monkeypatch, capsys) -> None:
+    for line in commands(block.body):
+        if is_readme_setup(line):
+            continue
+        for command in (part.strip() for part in line.split("&&")):
+            if not any(command.startswith(prefix) for prefix in SKIPPED):
+                run_command(command, cwd, request, monkeypatch, capsys)
+
+
+def run_yaml_block(block: Block, cwd: Path, capsys) -> None:
+    first = block.body.splitlines()[0]
+    header = re.match(r"# lightning-grpo fit --config (\S+)", first)
+    if header:  # a full config, saved where its command expects it
+        path = cwd / header.group(1)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(block.body)
+        args = ["--config", str(path)]
+    else:
+        fragment = cwd / f"fragment_{block.line}.yaml"
+        fragment.write_text(block.body)
+        args = ["--config", str(TINY_CONFIG), "--config", str(fragment)]
+    capsys.readouterr()  # drop what earlier blocks printed
+    with pytest.raises(SystemExit) as done:
+        main(["fit", *args, "--print_config"])
+    out, err = capsys.readouterr()
+    assert done.value.code == 0, err[-2000:]
+    printed = yaml.safe_load(out)
+    assert printed["model"]["reward_funcs"] and printed["data"]["dataset"]
+
+
+def run_python_block(block: Block, doc: Path) -> None:
+    source = re.sub(r"max_steps=\d+", "max_steps=2", block.body)
+    exec(compile(source, f"{doc.name}:{block.line}", "exec"), {"__name__": f"{doc.stem}_block_{block.line}"})
+
+
+@pytest.fixture(scope="session")
+def made_run(tmp_path_factory) -> Path:
+    """A tiny run of templates/tiny_cpu.yaml, for commands that read a run the reader made earlier."""
+    cwd = tmp_path_factory.mktemp("made_run")
+    return fit_tiny(["--config", str(TINY_CONFIG)], cwd)
+
+
+@pytest.mark.parametrize("doc", DOCS, ids=lambda p: p.name)
+def test_code_blocks_run(doc, tmp_path, request, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    for block in fenced_blocks(doc):
+        where = f"{doc.name}, block at line {block.line}"
+        try:
+            if block.lang == "python":
+                run_python_block(block, doc)
+            elif block.lang in ("bash", "sh", "console"):
+                run_shell_block(block, tmp_path, request, monkeypatch, capsys)
+            elif block.lang == "yaml":
+                run_yaml_block(block, tmp_path, capsys)
+            else:
+                assert block.lang in ("", "text"), f"no runner for ```{block.lang} blocks: add one to test_docs.py"
+        except (Exception, SystemExit, pytest.fail.Exception) as err:  # name the block that failed
+            raise AssertionError(f"{where} failed: {type(err).__name__}: {err}") from err
+
+
+@pytest.mark.parametrize("script", SCRIPTS, ids=lambda p: f"{p.parent.name}/{p.name}")
+def test_script_runs(script, tmp_path, monkeypatch):
+    assert script.name in SCRIPT_FLAGS, f"add small flags for {script.name} to SCRIPT_FLAGS"
+    monkeypatch.chdir(tmp_path)
+    run_script(script, [], monkeypatch)
+
+
+def test_reward_catalogue_scores_chat_and_text_alike():
+    catalogue = runpy.run_path(str(ROOT / "examples" / "reward_functions_library.py"))
+    rows = catalogue["score_table"](catalogue["REWARDS"], catalogue["COMPLETIONS"], catalogue["COLUMNS"])
+    assert len(rows) == len(catalogue["REWARDS"]) and all(same for _, _, same in rows)
+
+
+@pytest.mark.parametrize(
+    "config",
+    [
+        pytest.param(p, marks=pytest.mark.slow) if is_multiprocess_cpu(config_of(["--config", str(p)])) else p
+        for p in TEMPLATE_CONFIGS
+    ],
+    ids=lambda p: p.name,
+)
+def test_template_config_runs(config, tmp_path):
+    """Every template, with its hub model and data swapped for the embedded ones, on CPU for 2 steps."""
+    run = fit_tiny(["--config", str(config)], tmp_path)
+    assert yaml.safe_load((run / "config.yaml").read_text())["trainer"]["max_steps"] == 2
+
+
+def test_skill_front_matter():
+    text = (ROOT / "SKILL.md").read_text()
+    match = re.match(r"---\n(.*?)\n---\n", text, re.DOTALL)
+    assert match, "SKILL.md starts with YAML front matter between --- lines"
+    meta = yaml.safe_load(match.group(1))
+    assert meta["name"] == "lightning-grpo" and "Use it when" in meta["description"]
+
+
+def test_skill_names_real_settings_and_files():
+    """Every `section.setting` the page names is a constructor argument; every file it names exists."""
+    text = (ROOT / "SKILL.md").read_text()
+    sections = "|".join(CONFIG_SECTIONS)
+    named = set(re.findall(rf"`({sections})\.(\w+)", text)) - {("samples", "jsonl"), ("summary", "json")}  # files
+    for section, name in named:
+        assert name in inspect.signature(CONFIG_SECTIONS[section].__init__).parameters, f"{section}.{name}"
+    for path in set(re.findall(r"(?:templates|examples|tests)/\w+\.(?:py|yaml)", text)):
+        assert (ROOT / path).exists(), path
