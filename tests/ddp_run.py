@@ -65,6 +65,7 @@ def main(model_dir: str, data_path: str, out_dir: str, scale_rewards: str) -> No
         enable_progress_bar=False,
         enable_model_summary=False,
         limit_val_batches=0,
+        default_root_dir=out_dir,  # run files (alerts.jsonl) go to the test folder, not the cwd
         callbacks=[probe, alert],
     )
     trainer.fit(module, PromptDataModule(data_path, batch_size=2, val_split=None))

@@ -16,7 +16,7 @@ from lightning_grpo.rewards.correctness import fuzzy_match_reward, normalized_ma
 from lightning_grpo.rewards.format import python_syntax_reward, soft_think_format_reward
 from lightning_grpo.rewards.length import length_bounds_reward
 from lightning_grpo.rewards.math_equivalence import math_verify_reward
-from lightning_grpo.rewards.scoring import RewardFunc, call_rewards, is_async_reward, reward_name
+from lightning_grpo.rewards.scoring import Policy, RewardFunc, call_rewards, is_async_reward, reward_name
 from lightning_grpo.rewards.style import reasoning_steps_reward, repetition_penalty
 
 RewardPairs = list[tuple[RewardFunc, float]]
@@ -92,7 +92,7 @@ class Combined:
         self.is_slow = any(is_async_reward(fn) or getattr(fn, "is_slow", False) for fn in self.funcs)
 
     def __call__(self, completions: list[Any], **kwargs: Any) -> list[float | None]:
-        table = call_rewards(self.funcs, {"completions": completions, **kwargs}, len(completions))  # [F][N]
+        table = call_rewards(self.funcs, {"completions": completions, **kwargs}, len(completions), Policy())  # [F][N]
         totals: list[float | None] = []
         for row in zip(*table):
             present = [w * v for w, v in zip(self.weights, row) if not math.isnan(v)]
