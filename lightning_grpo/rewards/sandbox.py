@@ -72,7 +72,8 @@ class Sandbox:
 
     Args:
         timeout_seconds: wall-clock limit per program, start to kill.
-        cpu_seconds: CPU-time limit (RLIMIT_CPU); default ``ceil(timeout_seconds)``.
+        cpu_seconds: CPU-time limit (RLIMIT_CPU); default ``ceil(timeout_seconds) + 1``, a backstop one second
+            behind the wall-clock deadline so the two never race (CPU time never exceeds wall time).
         memory_mb: address-space limit (RLIMIT_AS). The interpreter itself needs ~30 MB.
         file_size_mb: largest file the program may write (RLIMIT_FSIZE).
         max_output_bytes: how much of the program's output is kept (the tail).
@@ -98,11 +99,11 @@ class Sandbox:
             if value < 0:
                 raise ValueError(f"{name} must be >= 0, got {value}")
         if cpu_seconds is not None and cpu_seconds < 1:
-            raise ValueError(f"cpu_seconds must be >= 1 or None (ceil of timeout_seconds), got {cpu_seconds}")
+            raise ValueError(f"cpu_seconds must be >= 1 or None (ceil of timeout_seconds + 1), got {cpu_seconds}")
         if max_workers is not None and max_workers < 1:
             raise ValueError(f"max_workers must be >= 1 or None (one per CPU), got {max_workers}")
         self.timeout_seconds = timeout_seconds
-        self.cpu_seconds = cpu_seconds or max(1, math.ceil(timeout_seconds))
+        self.cpu_seconds = cpu_seconds or math.ceil(timeout_seconds) + 1
         self.memory_mb = memory_mb
         self.file_size_mb = file_size_mb
         self.max_output_bytes = max_output_bytes
