@@ -9,12 +9,12 @@ import torch
 from torch import Tensor
 
 from lightning_grpo.advantages import nanstd
+from lightning_grpo.types import RewardScores
 
 
 def reward_metrics(per_function: Tensor, weights: Tensor, names: list[str], group_size: int) -> dict[str, float]:
     """``reward``, ``reward_std``, ``rewards/<fn>/mean|std`` and ``frac_reward_zero_std`` of [N, F] scores."""
-    total = (per_function * weights).nansum(dim=1)  # [N]
-    total = torch.where(per_function.isnan().all(dim=1), torch.nan, total)
+    total = RewardScores(per_function, names, weights).total  # [N]
     group_std = nanstd(total.view(-1, group_size), dim=1).nan_to_num(0.0)  # [N/G]
     out = {
         "reward": total.nanmean().item(),

@@ -12,6 +12,7 @@ Dimensions used across the package:
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from functools import cached_property
 from typing import Any
 
 import torch
@@ -45,11 +46,11 @@ class Rollout:
     group_size: int  # G
     num_truncated_prompts: int = 0  # of the B prompts, how many lost tokens to max_prompt_length
 
-    @property
+    @cached_property  # built once: every log-prob pass reads it per micro-batch; fields are never mutated
     def input_ids(self) -> Tensor:  # [N, P+T]
         return torch.cat([self.prompt_ids, self.completion_ids], dim=1)
 
-    @property
+    @cached_property
     def attention_mask(self) -> Tensor:  # [N, P+T]
         return torch.cat([self.prompt_mask, self.completion_mask], dim=1)
 
