@@ -4,8 +4,9 @@
 
 Every constructor argument is a config key with its docstring as ``--help``. Always on, each with its own
 config section: the run summary (``summary:``), the Hugging Face export (``export:``), the reward monitor
-(``reward_monitor:``), the mode-collapse and KL alerts (``collapse_alert:``, ``kl_alert:``, action ``warn``)
-and the sample logger (``samples:``). Other callbacks go under ``trainer.callbacks``.
+(``reward_monitor:``), the mode-collapse and KL alerts (``collapse_alert:``, ``kl_alert:``, action ``warn``),
+the sample logger (``samples:``) and the preemption checkpoint (``preemption:``: SIGTERM or Ctrl+C save
+``checkpoints/last.ckpt`` and exit). Other callbacks go under ``trainer.callbacks``.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from lightning_grpo.callbacks import (
     HFExport,
     KLAlert,
     ModeCollapseAlert,
+    PreemptionCheckpoint,
     RewardMonitor,
     RunSummary,
 )
@@ -43,6 +45,7 @@ class GRPOCLI(LightningCLI):
         parser.add_lightning_class_args(ModeCollapseAlert, "collapse_alert")
         parser.add_lightning_class_args(KLAlert, "kl_alert")
         parser.add_lightning_class_args(CompletionSampleLogger, "samples")
+        parser.add_lightning_class_args(PreemptionCheckpoint, "preemption")
 
 
 def report_main(args: list[str]) -> None:

@@ -6,15 +6,20 @@ test cases ...). The chat template is applied later, by the rollout stage, which
 
 from __future__ import annotations
 
+import warnings
 from pathlib import Path
 from typing import Any
 
 import lightning as L
 from datasets import Dataset, DatasetDict, load_dataset, load_from_disk
 from torch.utils.data import DataLoader
+from torchdata.stateful_dataloader import StatefulDataLoader
 
 from lightning_grpo import demo
 from lightning_grpo.types import PromptBatch
+
+# torchdata 0.11 calls a torch API that warns on every epoch; the warning is about torchdata, not the user's run.
+warnings.filterwarnings("ignore", message="'set_vital' is deprecated", category=UserWarning)
 
 FILE_FORMATS = {".json": "json", ".jsonl": "json", ".csv": "csv", ".parquet": "parquet"}
 
@@ -125,8 +130,10 @@ class PromptDataModule(L.LightningDataModule):
         columns = {k: [r[k] for r in rows] for k in rows[0] if k != column}
         return PromptBatch(prompts=prompts, columns=columns)
 
-    def train_dataloader(self) -> DataLoader:
-        return DataLoader(
+    def train_dataloader(self) -> StatefulDataLoader:
+        # Stateful: a checkpoint holds the position in the epoch and the shuffling generator, so a resumed
+        # run continues with the very next batch instead of restarting the epoch.
+        return StatefulDataLoader(
             self.train_data,
             batch_size=self.hparams.batch_size,
             shuffle=True,

@@ -142,8 +142,9 @@ class GRPOModule(L.LightningModule):
         names = [reward_name(f) for f in self.reward_funcs]
         if accuracy_reward is not None and accuracy_reward not in names:
             raise ValueError(f"accuracy_reward must name one of the reward functions {names}, got {accuracy_reward!r}")
-        self.save_hyperparameters(ignore=["reward_funcs", "optimizer", "model", "tokenizer"])
-        self.hparams["model_name"] = model if isinstance(model, str) else type(model).__name__
+        # Only config values: LightningCLI parses them back when resuming with --ckpt_path.
+        objects = [k for k in ("model", "tokenizer") if not isinstance(settings[k], str | None)]
+        self.save_hyperparameters(ignore=["reward_funcs", "optimizer", *objects])
         self.automatic_optimization = False
         self.optimizer_factory = optimizer
         self.sampling = SamplingConfig(temperature, top_p, top_k, min_p, repetition_penalty, max_completion_length)

@@ -1,32 +1,63 @@
-"""The README's main job, run as a user runs it: held-out accuracy must rise by 40+ points within 5 minutes."""
+"""The README's main job, run as a user runs it: held-out accuracy must rise by 40+ points within 5 minutes,
+and a SIGTERM half-way followed by a resume must end exactly where the uninterrupted run ends."""
 
 import json
 import shutil
+import signal
 import subprocess
+import time
 from pathlib import Path
 
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
+CONFIG = str(ROOT / "templates" / "tiny_cpu.yaml")
+
+
+def lightning_grpo(*args: str) -> list[str]:
+    exe = shutil.which("lightning-grpo")
+    assert exe, "the console script is installed with the package"
+    return [exe, "fit", "--config", CONFIG, *args]
+
+
+@pytest.fixture(scope="module")
+def default_run(tmp_path_factory) -> Path:
+    cwd = tmp_path_factory.mktemp("default")
+    proc = subprocess.run(lightning_grpo(), cwd=cwd, capture_output=True, text=True, timeout=900)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "GRPO run: 1000 steps" in proc.stdout
+    return next(cwd.glob("runs/tiny_cpu/lightning_logs/version_*"))
 
 
 @pytest.mark.slow
-def test_default_run_learns_the_task(tmp_path):
-    exe = shutil.which("lightning-grpo")
-    assert exe, "the console script is installed with the package"
-    proc = subprocess.run(
-        [exe, "fit", "--config", str(ROOT / "templates" / "tiny_cpu.yaml")],
-        cwd=tmp_path,
-        capture_output=True,
-        text=True,
-        timeout=900,
-    )
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    assert "GRPO run: 1000 steps" in proc.stdout
-    run_dir = next(tmp_path.glob("runs/tiny_cpu/lightning_logs/version_*"))
-    summary = json.loads((run_dir / "summary.json").read_text())
+def test_default_run_learns_the_task(default_run):
+    summary = json.loads((default_run / "summary.json").read_text())
     assert summary["accuracy_after"] - summary["accuracy_before"] >= 0.40, summary
     assert summary["wall_time_s"] < 300, summary
     # A healthy run: the default-on collapse and KL alerts stay quiet (they write alerts.jsonl when they fire)
-    assert not (run_dir / "alerts.jsonl").exists(), (run_dir / "alerts.jsonl").read_text()
-    assert (run_dir / "samples.jsonl").exists() and (run_dir / "hf_model" / "config.json").exists()
+    assert not (default_run / "alerts.jsonl").exists(), (default_run / "alerts.jsonl").read_text()
+    assert (default_run / "samples.jsonl").exists() and (default_run / "hf_model" / "config.json").exists()
+
+
+@pytest.mark.slow
+def test_sigterm_then_resume_ends_like_the_uninterrupted_run(default_run, tmp_path):
+    run = subprocess.Popen(lightning_grpo(), cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    first = tmp_path / "runs/tiny_cpu/lightning_logs/version_0"
+    deadline = time.time() + 600
+    while not list(first.glob("checkpoints/epoch=*-step=250.ckpt")):  # the first validation's checkpoint
+        assert run.poll() is None and time.time() < deadline, run.communicate()[1][-3000:]
+        time.sleep(0.2)
+    run.send_signal(signal.SIGTERM)  # mid-epoch: 50 steps per epoch, between two validations
+    _, err = run.communicate(timeout=300)
+    assert run.returncode == 128 + signal.SIGTERM, err[-3000:]
+    last = first / "checkpoints" / "last.ckpt"
+    assert last.exists(), err[-3000:]
+
+    resumed = subprocess.run(
+        lightning_grpo("--ckpt_path", str(last)), cwd=tmp_path, capture_output=True, text=True, timeout=900
+    )
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    expected = json.loads((default_run / "summary.json").read_text())
+    got = json.loads((tmp_path / "runs/tiny_cpu/lightning_logs/version_1/summary.json").read_text())
+    for key in ("steps", "accuracy_before", "accuracy_after", "reward_before", "reward_after"):
+        assert got[key] == pytest.approx(expected[key], abs=1e-6), key

@@ -5,6 +5,7 @@ from lightning_grpo.callbacks.collapse import ModeCollapseAlert
 from lightning_grpo.callbacks.divergence import KLAlert
 from lightning_grpo.callbacks.export import HFExport
 from lightning_grpo.callbacks.monitor import RewardMonitor
+from lightning_grpo.callbacks.preemption import PreemptionCheckpoint
 from lightning_grpo.callbacks.samples import CompletionSampleLogger
 from lightning_grpo.callbacks.summary import RunSummary
 
@@ -15,6 +16,7 @@ __all__ = [
     "HFExport",
     "KLAlert",
     "ModeCollapseAlert",
+    "PreemptionCheckpoint",
     "RewardMonitor",
     "RunSummary",
 ]

@@ -66,10 +66,11 @@ class RunSummary(L.Callback):
         print(format_summary(summary) + f"\nsummary written to {self.path}")
 
     def state_dict(self) -> dict[str, Any]:
-        return {"before": self.before}
+        return {"before": self.before, "after": self.after}
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         self.before = state_dict.get("before", {})
+        self.after = state_dict.get("after", {})
 
 
 def _pct(x: float | None) -> str:

@@ -1,0 +1,81 @@
+"""Exact resume: 2N steps in one go equal N steps, a SIGTERM, and N more steps from the checkpoint it saved."""
+
+import os
+import signal
+
+import lightning as L
+import pytest
+import torch
+
+from lightning_grpo.callbacks import PreemptionCheckpoint
+from lightning_grpo.data import PromptDataModule
+from tests.helpers import fit, logged, make_module
+
+N = 3
+
+
+class SendSignal(L.Callback):
+    """Sends ``signum`` to this process during step ``at`` (0-based), like a scheduler preempting the job."""
+
+    def __init__(self, at: int, signum: int = signal.SIGTERM) -> None:
+        self.at, self.signum = at, signum
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
+        if trainer.global_step == self.at + 1:
+            os.kill(os.getpid(), self.signum)
+
+
+class Prompts(L.Callback):
+    def __init__(self):
+        self.seen = []
+
+    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
+        self.seen.append(batch.prompts[0])
+
+
+def data(arith_jsonl):
+    return PromptDataModule(arith_jsonl, batch_size=4, val_split=None)  # 16 rows: 4 steps per epoch
+
+
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT])
+def test_signal_saves_a_checkpoint_and_resume_is_exact(tiny_model_dir, arith_jsonl, tmp_path, signum):
+    # 2N = 6 steps crosses an epoch boundary (4 steps per epoch) and the stop falls mid-epoch.
+    full, full_prompts = make_module(tiny_model_dir, beta=0.1), Prompts()
+    reference = fit(full, data(arith_jsonl), tmp_path / "full", max_steps=2 * N, callbacks=[full_prompts])
+
+    first, first_prompts = make_module(tiny_model_dir, beta=0.1), Prompts()
+    with pytest.raises(SystemExit) as stop:
+        fit(
+            first,
+            data(arith_jsonl),
+            tmp_path / "first",
+            max_steps=2 * N,
+            callbacks=[SendSignal(at=N - 1, signum=signum), PreemptionCheckpoint(), first_prompts],
+        )
+    assert stop.value.code == 128 + signum
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # handlers restored
+    ckpt = tmp_path / "first" / "lightning_logs" / "version_0" / "checkpoints" / "last.ckpt"
+    assert torch.load(ckpt, weights_only=False)["global_step"] == N
+
+    resumed, resumed_prompts = make_module(tiny_model_dir, beta=0.1), Prompts()
+    second = fit(
+        resumed, data(arith_jsonl), tmp_path / "second", max_steps=2 * N, ckpt_path=ckpt, callbacks=[resumed_prompts]
+    )
+
+    assert first_prompts.seen + resumed_prompts.seen == full_prompts.seen  # data order continues mid-epoch
+    for (name, a), (_, b) in zip(full.policy.named_parameters(), resumed.policy.named_parameters()):
+        torch.testing.assert_close(a, b, rtol=0, atol=1e-6, msg=name)
+    expected, got = logged(reference), logged(second)
+    for key in ("train/reward", "train/kl", "train/lr", "train/num_tokens"):
+        assert expected[key][N:] == pytest.approx(got[key], abs=1e-6), key
+
+
+def test_no_signal_no_checkpoint(tiny_model_dir, arith_jsonl, tmp_path):
+    fit(make_module(tiny_model_dir), data(arith_jsonl), tmp_path, max_steps=1, callbacks=[PreemptionCheckpoint()])
+    assert not list(tmp_path.rglob("last.ckpt"))
+    assert signal.getsignal(signal.SIGTERM) is not None
+
+
+def test_unknown_signal_is_refused():
+    with pytest.raises(ValueError, match=r"signals must be a subset of \['SIGINT', 'SIGTERM'\], got \['SIGKILL'\]"):
+        PreemptionCheckpoint(signals=["SIGKILL"])
