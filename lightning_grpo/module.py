@@ -84,6 +84,8 @@ class GRPOModule(L.LightningModule):
         on_reward_error: a reward function that raises: ``raise`` (naming the function and the sample),
             ``skip`` (failing rows count as not applicable) or ``zero`` (they score 0); counted in
             ``train/reward_errors/<fn>``.
+        reward_timeout: seconds one call of one reward function may take; an overdue call fails all its rows,
+            handled by ``on_reward_error``. A sync function is abandoned on a daemon thread, not killed.
         max_bad_steps: a step whose rewards, advantages or gradients are not finite is skipped (counted in
             ``train/skipped_steps``); this many in a row stop training with an error and a checkpoint.
         seed: base of the per-rank, per-step sampling seed.
@@ -126,6 +128,7 @@ class GRPOModule(L.LightningModule):
         gradient_checkpointing: bool = False,
         peft_config: dict[str, Any] | None = None,
         on_reward_error: str = "raise",
+        reward_timeout: float | None = None,
         max_bad_steps: int = 3,
         seed: int = 0,
     ) -> None:
@@ -174,7 +177,7 @@ class GRPOModule(L.LightningModule):
         start = time.perf_counter()
         hp = self.hparams
         rollout = self.sample(batch.prompts, hp.num_generations, seed=self._sampling_seed())
-        scores = score_rollout(self.reward_funcs, self.reward_weights, rollout, batch.columns, hp.on_reward_error)
+        scores = self._score(rollout, batch)
         all_scores = self._gather_rows(scores.per_function)  # [W*N, F] identical on every rank
         advantages = self._local_advantages(all_scores, scores.weights)  # [N]
         if all_scores.isinf().any() or not advantages.isfinite().all():  # NaN rewards are "not applicable"
@@ -227,6 +230,12 @@ class GRPOModule(L.LightningModule):
                 max_prompt_length=hp.max_prompt_length,
                 greedy=greedy,
             )
+
+    def _score(self, rollout: Rollout, batch: PromptBatch) -> RewardScores:
+        hp = self.hparams
+        return score_rollout(
+            self.reward_funcs, self.reward_weights, rollout, batch.columns, hp.on_reward_error, hp.reward_timeout
+        )
 
     def _sampling_seed(self) -> int:
         return (self.hparams.seed * 1_000_003 + self.global_rank * 7_919 + self.global_step) % 2**63
@@ -354,9 +363,7 @@ class GRPOModule(L.LightningModule):
     def validation_step(self, batch: PromptBatch, batch_idx: int) -> None:
         """Greedy completion per held-out prompt: mean reward, per-function means and accuracy."""
         rollout = self.sample(batch.prompts, num_generations=1, greedy=True)
-        scores = score_rollout(
-            self.reward_funcs, self.reward_weights, rollout, batch.columns, self.hparams.on_reward_error
-        )
+        scores = self._score(rollout, batch)
         metrics = {"reward": scores.total.nanmean().nan_to_num(0.0).item()}
         for i, name in enumerate(scores.names):
             metrics[f"rewards/{name}/mean"] = scores.per_function[:, i].nanmean().nan_to_num(0.0).item()

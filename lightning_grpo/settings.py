@@ -52,6 +52,9 @@ def settings_problems(s: dict[str, Any]) -> list[str]:
         if s["delta"] is None or s["delta"] > 1 + epsilon_high
         else f"delta must be None or > 1 + epsilon_high = {1 + epsilon_high}, got {s['delta']!r}",
         None
+        if s["reward_timeout"] is None or s["reward_timeout"] > 0
+        else f"reward_timeout must be None or > 0 seconds, got {s['reward_timeout']!r}",
+        None
         if s["max_grad_norm"] is None or s["max_grad_norm"] > 0
         else f"max_grad_norm must be None or > 0, got {s['max_grad_norm']!r}",
     ]

@@ -1,4 +1,6 @@
+import asyncio
 import math
+import time
 
 import pytest
 from helpers import make_rollout
@@ -88,3 +90,46 @@ def test_skip_and_zero_keep_training_and_count(policy, expected):
 def test_unknown_error_policy_is_named():
     with pytest.raises(ValueError, match=r"on_reward_error must be one of \['raise', 'skip', 'zero'\], got 'ignore'"):
         score_rollout([picky_reward], [1.0], make_rollout(["a", "b"]), {}, on_error="ignore")
+
+
+def hanging_reward(completions, **kwargs):
+    time.sleep(30)  # abandoned on a daemon thread: it cannot hold the test or the interpreter up
+    return [1.0] * len(completions)
+
+
+async def hanging_async_reward(completions, **kwargs):
+    await asyncio.sleep(30)
+    return [1.0] * len(completions)
+
+
+def self_timing_out_reward(completions, **kwargs):
+    raise TimeoutError("my own deadline")  # a failure of the function, not our timeout
+
+
+@pytest.mark.parametrize("fn", [hanging_reward, hanging_async_reward])
+def test_overdue_reward_call_raises_naming_the_function(fn):
+    start = time.perf_counter()
+    with pytest.raises(RuntimeError, match=rf"reward function '{fn.__name__}' took longer than reward_timeout=0.2s"):
+        score_rollout([fn, length_reward], [1.0, 1.0], make_rollout(["a", "b"]), {}, timeout=0.2)
+    assert time.perf_counter() - start < 5
+
+
+@pytest.mark.parametrize("policy,expected", [("skip", math.nan), ("zero", 0.0)])
+def test_overdue_reward_call_is_skipped_or_zero_and_counted(policy, expected):
+    scores = score_rollout(
+        [hanging_async_reward, length_reward], [1.0, 1.0], make_rollout(["a", "bb"]), {}, policy, timeout=0.2
+    )
+    assert scores.errors == {"hanging_async_reward": 2}
+    assert scores.per_function[:, 1].tolist() == [1.0, 2.0]  # the other function is unaffected
+    assert all(math.isnan(v) if math.isnan(expected) else v == expected for v in scores.per_function[:, 0].tolist())
+
+
+def test_fast_reward_within_timeout_and_own_timeouterror_is_not_ours():
+    assert score_rollout([length_reward], [1.0], make_rollout(["ab"]), {}, timeout=5).total.tolist() == [2.0]
+    with pytest.raises(RuntimeError, match="'self_timing_out_reward' raised TimeoutError on sample 0"):
+        score_rollout([self_timing_out_reward], [1.0], make_rollout(["a"]), {}, timeout=5)
+
+
+def test_bad_timeout_is_named():
+    with pytest.raises(ValueError, match=r"reward_timeout must be a positive number of seconds or None, got 0"):
+        score_rollout([length_reward], [1.0], make_rollout(["a"]), {}, timeout=0)

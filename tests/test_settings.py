@@ -22,6 +22,7 @@ NOT_A_MODEL = "/nonexistent/model/never/loaded"  # loading it would fail: the ch
         ("micro_batch_size", 0, "micro_batch_size must be >= 1, got 0"),
         ("lr_scheduler_type", "step", "lr_scheduler_type must be one of"),
         ("dtype", "fp8", "dtype must be one of"),
+        ("reward_timeout", 0, "reward_timeout must be None or > 0 seconds, got 0"),
     ],
 )
 def test_bad_setting_is_named(setting, value, message):

@@ -14,6 +14,7 @@ import asyncio
 import inspect
 import math
 import numbers
+import threading
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -102,14 +103,64 @@ ON_ERROR = ("raise", "skip", "zero")
 
 @dataclass
 class Policy:
-    """What a failing reward call does, and the failures counted per function under ``skip`` / ``zero``."""
+    """What a failing or overdue reward call does, and the failures counted per function under ``skip`` /
+    ``zero``. ``timeout``: seconds one call of one function may take (``None``: no limit)."""
 
     on_error: str = "raise"
+    timeout: float | None = None
     errors: dict[str, int] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         if self.on_error not in ON_ERROR:
             raise ValueError(f"on_reward_error must be one of {list(ON_ERROR)}, got {self.on_error!r}")
+        if self.timeout is not None and not self.timeout > 0:
+            raise ValueError(f"reward_timeout must be a positive number of seconds or None, got {self.timeout!r}")
+
+
+class RewardTimeoutError(RuntimeError):
+    """A reward call took longer than ``reward_timeout``."""
+
+
+def _run_with_timeout(fn: RewardFunc, kwargs: dict[str, Any], timeout: float | None) -> Any:
+    """``fn(**kwargs)``, given up after ``timeout`` seconds. Python cannot kill a thread, so an overdue call is
+    abandoned on a daemon thread (it cannot block exit), not stopped: code that may hang belongs in a sandbox."""
+    if timeout is None:
+        return fn(**kwargs)
+    box: dict[str, Any] = {}
+
+    def target() -> None:
+        try:
+            box["value"] = fn(**kwargs)
+        except BaseException as err:  # noqa: BLE001 - handed back to the caller's thread
+            box["error"] = err
+
+    worker = threading.Thread(target=target, name=f"reward-{reward_name(fn)}", daemon=True)
+    worker.start()
+    worker.join(timeout)
+    if worker.is_alive():
+        raise RewardTimeoutError(f"reward function {reward_name(fn)!r} took longer than reward_timeout={timeout}s")
+    if "error" in box:
+        raise box["error"]
+    return box["value"]
+
+
+async def _await_with_timeout(fn: RewardFunc, kwargs: dict[str, Any], timeout: float | None) -> Any:
+    """``await fn(**kwargs)``, cancelled after ``timeout`` seconds (a TimeoutError the function itself raises
+    stays a failure of the function, not a timeout)."""
+    task = asyncio.ensure_future(fn(**kwargs))
+    done, _ = await asyncio.wait({task}, timeout=timeout)
+    if not done:
+        task.cancel()
+        raise RewardTimeoutError(f"reward function {reward_name(fn)!r} took longer than reward_timeout={timeout}s")
+    return task.result()
+
+
+def _timed_out(fn: RewardFunc, n: int, err: RewardTimeoutError, policy: Policy) -> list[float]:
+    """Every row of an overdue call failed: raise (default), or all rows skipped or zero, counted."""
+    if policy.on_error == "raise":
+        raise err
+    policy.errors[reward_name(fn)] = policy.errors.get(reward_name(fn), 0) + n
+    return [math.nan if policy.on_error == "skip" else 0.0] * n
 
 
 def _sample_text(kwargs: dict[str, Any], i: int) -> str:
@@ -143,7 +194,9 @@ def _recover(fn: RewardFunc, kwargs: dict[str, Any], n: int, err: Exception, pol
 
 def _call(fn: RewardFunc, kwargs: dict[str, Any], n: int, policy: Policy) -> list[float]:
     try:
-        values = fn(**kwargs)
+        values = _run_with_timeout(fn, kwargs, policy.timeout)
+    except RewardTimeoutError as err:
+        return _timed_out(fn, n, err, policy)
     except Exception as err:
         return _recover(fn, kwargs, n, err, policy)
     return _check_values(reward_name(fn), values, n)
@@ -151,7 +204,9 @@ def _call(fn: RewardFunc, kwargs: dict[str, Any], n: int, policy: Policy) -> lis
 
 async def _call_async(fn: RewardFunc, kwargs: dict[str, Any], n: int, policy: Policy) -> list[float]:
     try:
-        values = await fn(**kwargs)
+        values = await _await_with_timeout(fn, kwargs, policy.timeout)
+    except RewardTimeoutError as err:
+        return _timed_out(fn, n, err, policy)
     except Exception as err:
         return await asyncio.to_thread(_recover, fn, kwargs, n, err, policy)  # a thread may start its own loop
     return _check_values(reward_name(fn), values, n)
@@ -200,6 +255,7 @@ def score_rollout(
     rollout: Rollout,
     columns: dict[str, list[Any]],
     on_error: str = "raise",
+    timeout: float | None = None,
 ) -> RewardScores:
     """Score N completions; ``columns`` hold B values each and are repeated G times to line up.
 
@@ -207,8 +263,10 @@ def score_rollout(
         on_error: a reward function that raises: ``raise`` (naming the function and the offending sample),
             ``skip`` (its failing rows count as "not applicable") or ``zero`` (they score 0.0); both of the
             latter are counted in ``RewardScores.errors``.
+        timeout: seconds one call of one reward function may take; an overdue call fails every row, handled
+            by ``on_error``. ``None``: no limit.
     """
-    policy = Policy(on_error)
+    policy = Policy(on_error, timeout)
     repeated = {k: [v for v in values for _ in range(rollout.group_size)] for k, values in columns.items()}
     table = call_rewards(reward_funcs, reward_kwargs(rollout, repeated), len(rollout), policy)  # [F][N]
     device = rollout.completion_ids.device
