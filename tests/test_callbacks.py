@@ -42,6 +42,8 @@ def test_collapse_is_caught_within_patience_and_stops(tiny_model_dir, arith_json
     ]
     assert written[0]["signal"] in signals and "Try: more num_generations" in written[0]["message"]
     assert logged(trainer)["train/alerts/reward_std"][-1] == 1.0
+    last = torch.load(tmp_path / "lightning_logs/version_0/checkpoints/last.ckpt", weights_only=False)
+    assert last["global_step"] == 2 + 3  # the stopped run's last steps are kept
 
 
 def test_near_zero_temperature_collapses_completions(tiny_model_dir, arith_jsonl, tmp_path):

@@ -13,7 +13,7 @@ from typing import Any
 import lightning as L
 from lightning.pytorch.utilities import rank_zero_warn
 
-from lightning_grpo.callbacks.rundir import run_dir
+from lightning_grpo.callbacks.rundir import run_dir, save_last_checkpoint
 
 ACTIONS = ("warn", "stop", "raise")
 
@@ -46,8 +46,8 @@ class Alert(L.Callback):
 
     Args:
         patience: consecutive training steps a signal must stay active before the alert fires.
-        action: ``warn`` (a warning, training goes on), ``stop`` (``trainer.should_stop``, checkpoints kept)
-            or ``raise`` (``GRPOAlertError``).
+        action: ``warn`` (a warning, training goes on), ``stop`` (``trainer.should_stop`` after saving
+            ``checkpoints/last.ckpt``) or ``raise`` (``GRPOAlertError``).
     """
 
     def __init__(self, patience: int = 10, action: str = "warn") -> None:
@@ -100,6 +100,8 @@ class Alert(L.Callback):
         if self.action == "raise":
             raise GRPOAlertError(latest)
         if self.action == "stop":
+            path = save_last_checkpoint(trainer)  # the run ends here: keep its last steps
+            rank_zero_warn(f"Training stopped; checkpoint at {path} (resume with --ckpt_path after a fix)")
             trainer.should_stop = True
 
     def state_dict(self) -> dict[str, Any]:

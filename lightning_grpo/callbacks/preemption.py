@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import signal
 import threading
-from pathlib import Path
 from types import FrameType
 from typing import Any
 
@@ -22,7 +21,7 @@ import lightning as L
 from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 
-from lightning_grpo.callbacks.rundir import run_dir
+from lightning_grpo.callbacks.rundir import save_last_checkpoint
 
 SIGNALS = {"SIGTERM": signal.SIGTERM, "SIGINT": signal.SIGINT}
 
@@ -65,9 +64,8 @@ class PreemptionCheckpoint(L.Callback):
         # Signals reach ranks at slightly different times: every rank votes each step, so all stop together.
         if not trainer.strategy.reduce_boolean_decision(self.received is not None, all=False):
             return
-        path = Path(self.dirpath) if self.dirpath else run_dir(trainer) / "checkpoints"
-        trainer.save_checkpoint(path / "last.ckpt")
-        rank_zero_info(f"Checkpoint saved at {path / 'last.ckpt'}; resume with --ckpt_path {path / 'last.ckpt'}")
+        path = save_last_checkpoint(trainer, self.dirpath)
+        rank_zero_info(f"Checkpoint saved at {path}; resume with --ckpt_path {path}")
         self._restore_handlers()
         signum = self.received or signal.SIGTERM  # a rank that got no signal itself follows the others
         raise SIGTERMException(128 + signum)
