@@ -76,4 +76,6 @@ def completion_logps(
         logps.append(lp)
         entropies.append(ent)
     shape = targets.shape
-    return TokenLogps(torch.cat(logps).view(shape), torch.cat(entropies).view(shape))
+    # Copies, not views of the flat results: FSDP2 hooks the outputs of a sharded forward, and a view's hook is
+    # silently lost if anything later modifies it in place.
+    return TokenLogps(torch.cat(logps).view(shape).clone(), torch.cat(entropies).view(shape).clone())

@@ -28,9 +28,9 @@ def reward_metrics(per_function: Tensor, weights: Tensor, names: list[str], grou
     return out
 
 
-def completion_metrics(completion_mask: Tensor, is_truncated: Tensor) -> dict[str, float]:
-    """Length statistics of [N, T] completion masks; terminated = ended with EOS."""
-    lengths = completion_mask.sum(dim=1).float()  # [N]
+def completion_metrics(lengths: Tensor, is_truncated: Tensor) -> dict[str, float]:
+    """Statistics of [N] completion lengths (tokens up to and including EOS); terminated = ended with EOS."""
+    lengths = lengths.float()
     terminated = lengths[~is_truncated]
     return {
         "completions/mean_length": lengths.mean().item(),

@@ -10,18 +10,21 @@ import copy
 import math
 import time
 from collections.abc import Callable, Sequence
+from functools import partial
 from pathlib import Path
 from typing import Any
 
 import lightning as L
 import torch
 from lightning.pytorch.cli import OptimizerCallable
+from lightning.pytorch.strategies import ModelParallelStrategy
 from lightning.pytorch.utilities import rank_zero_warn
 from torch import Tensor, nn
+from torch.distributed.tensor import DTensor
 from transformers import PreTrainedTokenizerBase, get_scheduler
 
 from lightning_grpo.advantages import compute_advantages
-from lightning_grpo.logprobs import completion_logps
+from lightning_grpo.logprobs import TokenLogps, completion_logps
 from lightning_grpo.loss import LossNormalizer, LossOutput, grpo_loss, loss_mask
 from lightning_grpo.metrics import accuracy, completion_metrics, reward_metrics
 from lightning_grpo.models import load_policy, load_tokenizer, with_lora
@@ -29,6 +32,7 @@ from lightning_grpo.rewards.combine import preset
 from lightning_grpo.rewards.scoring import check_reward_weights, reward_name, score_rollout
 from lightning_grpo.rollout import SamplingConfig, generate_rollout
 from lightning_grpo.settings import check_settings
+from lightning_grpo.sharding import LOGPS_METHOD, is_sharded, shard_causal_lm
 from lightning_grpo.types import PromptBatch, RewardScores, Rollout
 
 
@@ -192,11 +196,12 @@ class GRPOModule(L.LightningModule):
                 return self._skip_step("gradients are infinite or NaN")
         self.bad_steps_in_a_row = 0
         self.num_tokens_seen += int(self._sum_over_ranks(rollout.attention_mask.sum()))
+        loss = self._over_ranks(loss)
         metrics = {
             "loss": loss.loss.item(),
             **reward_metrics(all_scores, scores.weights, scores.names, rollout.group_size),
             **loss.metrics(),
-            **completion_metrics(rollout.completion_mask, rollout.is_truncated),
+            **completion_metrics(*self._gather_lengths(rollout)),
             "prompts/truncated": float(rollout.num_truncated_prompts),
             "num_tokens": float(self.num_tokens_seen),
             "lr": self.optimizers().param_groups[0]["lr"],
@@ -229,6 +234,7 @@ class GRPOModule(L.LightningModule):
                 self.sampling,
                 max_prompt_length=hp.max_prompt_length,
                 greedy=greedy,
+                synced_gpus=is_sharded(self.policy) and self.trainer.world_size > 1,
             )
 
     def _score(self, rollout: Rollout, batch: PromptBatch) -> RewardScores:
@@ -261,24 +267,20 @@ class GRPOModule(L.LightningModule):
         size = self.hparams.micro_batch_size or n
         return [slice(i, min(i + size, n)) for i in range(0, n, size)]
 
+    def _token_logps(self, model: nn.Module, rollout: Rollout, rows: slice) -> TokenLogps:
+        """Log-probs of ``rows``; a sharded model computes them in its registered FSDP forward method."""
+        hp = self.hparams
+        fn = getattr(model, LOGPS_METHOD) if is_sharded(model) else partial(completion_logps, model)
+        ids, mask, width = rollout.input_ids[rows], rollout.attention_mask[rows], rollout.completion_ids.shape[1]
+        return fn(ids, mask, width, hp.temperature, hp.logprob_chunk_size)
+
     def _logps(self, model: nn.Module, rollout: Rollout) -> Tensor:
         """[N, T] log-probs without gradient, micro-batched like the training pass."""
         if next(model.parameters()).device != self.device:
             model.to(self.device)
         with torch.no_grad():
-            return torch.cat(
-                [
-                    completion_logps(
-                        model,
-                        rollout.input_ids[rows],
-                        rollout.attention_mask[rows],
-                        rollout.completion_ids.shape[1],
-                        self.hparams.temperature,
-                        self.hparams.logprob_chunk_size,
-                    ).logps
-                    for rows in self._micro_batches(len(rollout))
-                ]
-            )
+            rows = self._micro_batches(len(rollout))
+            return torch.cat([self._token_logps(model, rollout, r).logps for r in rows])
 
     def _reference_logps(self, rollout: Rollout) -> Tensor:
         """[N, T] under the initial policy: the frozen copy, or the LoRA policy with its adapter off."""
@@ -303,14 +305,7 @@ class GRPOModule(L.LightningModule):
         optimizer.zero_grad()
         total: LossOutput | None = None
         for rows in self._micro_batches(len(rollout)):
-            token = completion_logps(
-                self.policy,
-                rollout.input_ids[rows],
-                rollout.attention_mask[rows],
-                rollout.completion_ids.shape[1],
-                hp.temperature,
-                hp.logprob_chunk_size,
-            )
+            token = self._token_logps(self.policy, rollout, rows)
             out = grpo_loss(
                 token.logps,
                 None if old_logps is None else old_logps[rows],
@@ -339,8 +334,11 @@ class GRPOModule(L.LightningModule):
         return total
 
     def _gradients_finite(self) -> bool:
-        norms = [p.grad.detach().abs().sum() for p in self.policy.parameters() if p.grad is not None]
-        return bool(torch.stack(norms).sum().isfinite()) if norms else True
+        grads = [p.grad.detach() for p in self.policy.parameters() if p.grad is not None]
+        if not grads:
+            return True
+        norm = torch.nn.utils.get_total_norm(grads)
+        return bool((norm.full_tensor() if isinstance(norm, DTensor) else norm).isfinite())  # sharded: all ranks
 
     def _skip_step(self, reason: str) -> None:
         """Skip an optimiser step with a warning; ``max_bad_steps`` in a row stop training, a checkpoint kept."""
@@ -385,10 +383,42 @@ class GRPOModule(L.LightningModule):
             return t
         return self.all_gather(t).reshape(-1, *t.shape[1:])
 
+    def _over_ranks(self, out: LossOutput) -> LossOutput:
+        """Loss metrics of the global batch, as TRL gathers them: token sums and counts added over ranks, and
+        the loss averaged (each rank's loss is scaled so that DDP's gradient average is the global gradient)."""
+        if self.trainer.world_size == 1:
+            return out
+        names = sorted(out.token_sums)
+        local = torch.stack([out.token_sums[k].float() for k in names] + [out.num_tokens.float(), out.loss.float()])
+        total = self._sum_over_ranks(local)  # [M + 2] one all-reduce
+        return LossOutput(total[-1] / self.trainer.world_size, dict(zip(names, total[:-2])), total[-2])
+
+    def _gather_lengths(self, rollout: Rollout) -> tuple[Tensor, Tensor]:
+        """[W*N] completion lengths and truncation flags of every rank."""
+        local = torch.stack([rollout.completion_mask.sum(1), rollout.is_truncated.long()], dim=1)  # [N, 2]
+        both = self._gather_rows(local)
+        return both[:, 0], both[:, 1].bool()
+
     def _sum_over_ranks(self, t: Tensor) -> Tensor:
         if self.trainer.world_size == 1:
             return t
         return self.trainer.strategy.reduce(t.float(), reduce_op="sum")
+
+    def configure_model(self) -> None:
+        """Under ``ModelParallelStrategy``: FSDP2-shard the policy and the reference over the data-parallel mesh."""
+        if not isinstance(self.trainer.strategy, ModelParallelStrategy):
+            return
+        mesh = self.device_mesh
+        if mesh["tensor_parallel"].size() != 1:
+            raise ValueError(
+                f"ModelParallelStrategy tensor_parallel_size must be 1 for GRPOModule (FSDP2 data parallelism only), "
+                f"got {mesh['tensor_parallel'].size()}: set data_parallel_size to the number of processes"
+            )
+        if self.hparams.peft_config is not None:
+            raise ValueError("peft_config (LoRA) with ModelParallelStrategy is not supported: use strategy ddp")
+        shard_causal_lm(self.policy, mesh["data_parallel"])
+        if self.reference is not None:
+            shard_causal_lm(self.reference, mesh["data_parallel"])
 
     def configure_optimizers(self) -> dict[str, Any]:
         hp = self.hparams

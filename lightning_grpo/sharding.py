@@ -1,0 +1,49 @@
+"""Hugging Face causal LM -> FSDP2-sharded (``fully_shard``) for Lightning's ``ModelParallelStrategy``.
+
+Knows the model's layer layout and FSDP2; nothing about GRPO. Each decoder layer is its own FSDP unit and the
+root unit holds the rest (embeddings, final norm, LM head, tied or not). Two things make GRPO work under it:
+
+- ``completion_logps`` calls the decoder and the LM head directly, not ``forward``, so it is registered as a
+  forward method of the root: FSDP gathers the root's parameters around it and reduces their gradients after.
+- Generation lengths differ per rank, but every forward all-gathers shards from every rank, so generation
+  runs with ``synced_gpus``: a rank that is done keeps stepping until all ranks are (no deadlock).
+"""
+
+from __future__ import annotations
+
+from types import MethodType
+
+from torch import nn
+from torch.distributed.device_mesh import DeviceMesh
+from torch.distributed.fsdp import FSDPModule, fully_shard, register_fsdp_forward_method
+
+from lightning_grpo.logprobs import completion_logps
+
+LOGPS_METHOD = "completion_logps"
+
+
+def decoder_layers(model: nn.Module) -> nn.ModuleList:
+    """The repeated transformer blocks (``model.model.layers`` for Llama, Qwen2, Mistral, Gemma ...)."""
+    layers = getattr(model.get_decoder(), "layers", None)
+    if not isinstance(layers, nn.ModuleList):
+        raise TypeError(
+            f"cannot shard {type(model).__name__}: its decoder has no `layers` ModuleList; FSDP2 sharding supports "
+            "Llama-style causal LMs (Llama, Qwen2, Mistral, Gemma, Phi-3 ...)"
+        )
+    return layers
+
+
+def shard_causal_lm(model: nn.Module, mesh: DeviceMesh) -> nn.Module:
+    """Shard ``model`` in place over ``mesh`` (1-D, data parallel) and return it."""
+    if isinstance(model, FSDPModule):
+        return model  # configure_model can run again (e.g. fit then validate)
+    for layer in decoder_layers(model):
+        fully_shard(layer, mesh=mesh)
+    fully_shard(model, mesh=mesh)
+    setattr(model, LOGPS_METHOD, MethodType(completion_logps, model))
+    register_fsdp_forward_method(model, LOGPS_METHOD)
+    return model
+
+
+def is_sharded(model: nn.Module) -> bool:
+    return isinstance(model, FSDPModule)

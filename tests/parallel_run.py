@@ -1,0 +1,116 @@
+"""One GRPO run as tests/test_parallel.py needs it; each rank writes what it saw to OUT/rank<k>.pt.
+
+``python parallel_run.py MODEL DATA OUT MODE`` with MODE:
+- ``ddp``: 2 processes, Lightning's DDP; each rank also saves its rollouts, to be replayed.
+- ``fsdp2``: 2 processes, ``ModelParallelStrategy(data_parallel_size=2)``: FSDP2 ``fully_shard``.
+- ``replay``: 1 process, batch 2x, whose generation returns the two DDP ranks' rollouts of that step,
+  concatenated in rank order: the same global batch as the DDP run, through a single process.
+Lightning's launcher starts rank 1 by re-running this script.
+"""
+
+import sys
+from pathlib import Path
+
+import lightning as L
+import torch
+from lightning.pytorch.strategies import ModelParallelStrategy
+from torch.distributed.tensor import DTensor
+
+from lightning_grpo import GRPOModule, PromptDataModule
+from lightning_grpo.types import Rollout
+
+STEPS, PROMPTS_PER_RANK = 3, 2
+
+
+def length_reward(completions, **kwargs):
+    return [len(c) / 8 for c in completions]
+
+
+def full(t: torch.Tensor) -> torch.Tensor:
+    return (t.full_tensor() if isinstance(t, DTensor) else t).detach().clone()
+
+
+class Recorder(L.Callback):
+    """Per step: the rollout, the logged metrics, and the gradients the optimiser is about to apply."""
+
+    def __init__(self):
+        self.steps = []
+        self.grads = []
+
+    def on_before_optimizer_step(self, trainer, pl_module, optimizer):
+        self.grads.append(torch.cat([full(p.grad).flatten() for p in pl_module.policy.parameters()]))
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
+        self.steps.append({"rollout": outputs["rollout"], "metrics": outputs["metrics"]})
+
+
+class Replay(GRPOModule):
+    """Generation replaced by the rollouts the 2 DDP ranks sampled at the same step (rank order)."""
+
+    def __init__(self, ddp_dir: str, **kw):
+        super().__init__(**kw)
+        self.recorded = [torch.load(Path(ddp_dir) / f"rank{r}.pt", weights_only=False)["steps"] for r in (0, 1)]
+
+    def sample(self, prompts, num_generations, seed=None, greedy=False) -> Rollout:
+        if greedy:
+            return super().sample(prompts, num_generations, seed, greedy)
+        parts = [steps[self.global_step]["rollout"] for steps in self.recorded]
+        width = max(p.completion_ids.shape[1] for p in parts)  # each rank trimmed its own padding columns
+        return Rollout(
+            prompt_ids=torch.cat([p.prompt_ids for p in parts]),
+            prompt_mask=torch.cat([p.prompt_mask for p in parts]),
+            completion_ids=torch.cat([pad(p.completion_ids, width, self.tokenizer.pad_token_id) for p in parts]),
+            completion_mask=torch.cat([pad(p.completion_mask, width, 0) for p in parts]),
+            is_truncated=torch.cat([p.is_truncated for p in parts]),
+            prompts=sum((p.prompts for p in parts), []),
+            completions=sum((p.completions for p in parts), []),
+            group_size=num_generations,
+        )
+
+
+def pad(t: torch.Tensor, width: int, value: int) -> torch.Tensor:
+    return torch.nn.functional.pad(t, (0, width - t.shape[1]), value=value)
+
+
+def main(model_dir: str, data_path: str, out_dir: str, mode: str) -> None:
+    torch.set_num_threads(1)
+    L.seed_everything(0)
+    settings = dict(
+        model=model_dir,
+        reward_funcs=[length_reward],
+        num_generations=4,
+        max_completion_length=6,
+        beta=0.1,
+        loss_type="dapo",  # normalised by the tokens of all ranks: the case that needs a global count
+        micro_batch_size=5,  # micro-batches split differently per rank and in one process: same update
+        max_grad_norm=None,  # compare raw gradients
+        optimizer=lambda params: torch.optim.SGD(params, lr=0.5),  # parameters move linearly with gradients
+    )
+    module = Replay(out_dir.replace("replay", "ddp"), **settings) if mode == "replay" else GRPOModule(**settings)
+    strategy = {"ddp": "ddp", "fsdp2": ModelParallelStrategy(data_parallel_size=2, tensor_parallel_size=1)}
+    recorder = Recorder()
+    trainer = L.Trainer(
+        max_steps=STEPS,
+        accelerator="cpu",
+        devices=1 if mode == "replay" else 2,
+        strategy=strategy.get(mode, "auto"),
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        limit_val_batches=0,
+        default_root_dir=out_dir,
+        callbacks=[recorder],
+    )
+    batch_size = PROMPTS_PER_RANK * (2 if mode == "replay" else 1)
+    trainer.fit(module, PromptDataModule(data_path, batch_size=batch_size, val_split=None))
+    params = torch.cat([full(p).flatten() for p in module.policy.parameters()])
+    Path(out_dir).mkdir(parents=True, exist_ok=True)
+    torch.save(
+        {"steps": recorder.steps, "grads": recorder.grads, "params": params, "global_step": trainer.global_step},
+        Path(out_dir) / f"rank{trainer.global_rank}.pt",
+    )
+
+
+if __name__ == "__main__":
+    main(*sys.argv[1:])

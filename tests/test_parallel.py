@@ -1,0 +1,58 @@
+"""Multi-process runs on CPU (gloo): DDP equals one process on the same global batch; FSDP2 equals DDP."""
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+SCRIPT = Path(__file__).with_name("parallel_run.py")
+
+
+def run(mode: str, model_dir: str, data: str, out: Path) -> list[dict]:
+    proc = subprocess.run(
+        [sys.executable, str(SCRIPT), model_dir, data, str(out / mode), mode],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    ranks = [0] if mode == "replay" else [0, 1]
+    return [torch.load(out / mode / f"rank{r}.pt", weights_only=False) for r in ranks]
+
+
+@pytest.fixture(scope="module")
+def ddp(tiny_model_dir, arith_jsonl, tmp_path_factory):
+    out = tmp_path_factory.mktemp("parallel")
+    return out, run("ddp", tiny_model_dir, arith_jsonl, out)
+
+
+@pytest.mark.slow
+def test_ddp_equals_one_process_on_the_same_global_batch(ddp, tiny_model_dir, arith_jsonl):
+    out, ranks = ddp
+    (single,) = run("replay", tiny_model_dir, arith_jsonl, out)
+    assert single["global_step"] == ranks[0]["global_step"] == 3
+    for step in range(3):
+        for key in ("loss", "reward", "reward_std", "kl", "entropy", "completions/mean_length"):
+            # metrics are of the global batch on every rank: equal to the single process's
+            assert ranks[0]["steps"][step]["metrics"][key] == pytest.approx(ranks[1]["steps"][step]["metrics"][key])
+            expected = ranks[0]["steps"][step]["metrics"][key]
+            assert single["steps"][step]["metrics"][key] == pytest.approx(expected, rel=1e-5, abs=1e-7), key
+        torch.testing.assert_close(single["grads"][step], ranks[0]["grads"][step], rtol=1e-4, atol=1e-6)
+        assert ranks[0]["grads"][step].abs().sum() > 0  # there was something to compare
+    torch.testing.assert_close(single["params"], ranks[0]["params"], rtol=1e-4, atol=1e-6)
+
+
+@pytest.mark.slow
+def test_fsdp2_matches_ddp(ddp, tiny_model_dir, arith_jsonl):
+    out, ddp_ranks = ddp
+    fsdp_ranks = run("fsdp2", tiny_model_dir, arith_jsonl, out)
+    torch.testing.assert_close(fsdp_ranks[0]["params"], fsdp_ranks[1]["params"])  # the gathered full weights
+    for rank in (0, 1):
+        for step in range(3):
+            a, b = ddp_ranks[rank]["steps"][step], fsdp_ranks[rank]["steps"][step]
+            assert a["rollout"].completions == b["rollout"].completions  # sharded generation samples the same
+            for key in ("loss", "reward", "kl", "entropy"):
+                assert b["metrics"][key] == pytest.approx(a["metrics"][key], abs=1e-5), (rank, step, key)
+    torch.testing.assert_close(fsdp_ranks[0]["params"], ddp_ranks[0]["params"], rtol=1e-4, atol=1e-5)
