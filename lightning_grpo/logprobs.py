@@ -1,10 +1,11 @@
 """Policy + token ids -> per-token log-probs and entropies of the completion tokens.
 
 Knows the model's decoder and output head; nothing about rewards or losses. The LM head runs on chunks of
-``chunk_size`` token positions, each under activation checkpointing when gradients are on, so the full
-fp32 ``[N, T, vocab]`` logits never exist at once: peak extra memory is ``chunk_size * vocab`` floats,
-recomputed in the backward pass instead of stored (for Qwen2.5's 151k vocabulary, 32 completions of 512
-tokens would be 9.9 GB of fp32 logits; a chunk of 1024 positions is 0.6 GB).
+token positions, so the fp32 ``[N, T, vocab]`` logits never exist at once (for Qwen2.5's 151,936-token
+vocabulary, 32 completions of 512 tokens would be 9.9 GB). For a plain linear head, ``LinearLogps`` computes a
+chunk's log-probs and entropy in one pass and keeps only the hidden states and one log-normaliser per token
+for the backward pass, which recomputes the chunk's logits once: no log-softmax, softmax or entropy tensors
+are stored or recomputed. Other heads (soft-capped logits, a bias) run under activation checkpointing.
 """
 
 from __future__ import annotations
@@ -22,6 +23,48 @@ class TokenLogps:
     entropy: Tensor  # [n, T] entropy of the temperature-scaled distribution, detached
 
 
+AUTO_CHUNK_LOGITS = 2**25  # logits per chunk when the chunk size is automatic: 128 MB in fp32
+
+
+def auto_chunk_size(vocab_size: int) -> int:
+    """Token positions per chunk: 220 at a 151,936 vocabulary, all of a small model's at once."""
+    return max(1, AUTO_CHUNK_LOGITS // vocab_size)
+
+
+def _at_least_fp32(t: Tensor) -> Tensor:
+    return t.float() if t.element_size() < 4 else t  # bf16/fp16 logits are upcast for the softmax
+
+
+class LinearLogps(torch.autograd.Function):
+    """log p(y) and entropy of ``softmax(h @ W.T / temperature)`` for a chunk of c positions.
+
+    Saves h, W, y and the log-normaliser (c floats); backward recomputes the [c, vocab] logits once and forms
+    d logp / d logits = (onehot(y) - softmax) / temperature in place. The entropy is returned detached.
+    """
+
+    @staticmethod
+    def forward(ctx, h: Tensor, weight: Tensor, y: Tensor, temperature: float) -> tuple[Tensor, Tensor]:
+        logits = _at_least_fp32(h @ weight.T).div_(temperature)  # [c, V]
+        lse = logits.logsumexp(-1)  # [c]
+        logp = logits.gather(-1, y.unsqueeze(-1)).squeeze(-1) - lse  # [c]
+        probs_times_logits = (logits - lse.unsqueeze(-1)).exp_().mul_(logits)  # [c, V]
+        entropy = lse - probs_times_logits.sum(-1)  # [c]
+        ctx.save_for_backward(h, weight, y, lse)
+        ctx.temperature = temperature
+        ctx.mark_non_differentiable(entropy)
+        return logp, entropy
+
+    @staticmethod
+    def backward(ctx, grad_logp: Tensor, grad_entropy: Tensor) -> tuple[Tensor | None, Tensor | None, None, None]:
+        h, weight, y, lse = ctx.saved_tensors
+        grad = _at_least_fp32(h @ weight.T).div_(ctx.temperature).sub_(lse.unsqueeze(-1)).exp_().neg_()  # -softmax
+        grad.scatter_add_(-1, y.unsqueeze(-1), torch.ones_like(grad_logp).unsqueeze(-1))  # onehot - softmax
+        grad = grad.mul_((grad_logp / ctx.temperature).unsqueeze(-1)).to(h.dtype)  # [c, V]
+        grad_h = grad @ weight if ctx.needs_input_grad[0] else None  # [c, H]
+        grad_weight = grad.T @ h if ctx.needs_input_grad[1] else None  # [V, H]
+        return grad_h, grad_weight, None, None
+
+
 def position_ids_from_mask(attention_mask: Tensor) -> Tensor:
     """[n, L] positions that skip left padding, as ``generate`` assigns them."""
     return (attention_mask.long().cumsum(-1) - 1).clamp(min=0)
@@ -33,7 +76,7 @@ def completion_logps(
     attention_mask: Tensor,
     completion_length: int,
     temperature: float = 1.0,
-    chunk_size: int = 1024,
+    chunk_size: int | None = None,
 ) -> TokenLogps:
     """Log-probs of the last ``completion_length`` tokens of each row.
 
@@ -43,7 +86,7 @@ def completion_logps(
         attention_mask: [n, P+T].
         completion_length: T.
         temperature: the sampling temperature; logits are divided by it, as when the tokens were sampled.
-        chunk_size: token positions per LM-head chunk.
+        chunk_size: token positions per LM-head chunk; ``None`` sizes chunks to ~32M logits (128 MB fp32).
     """
     hidden = model.get_decoder()(
         input_ids=input_ids,
@@ -55,8 +98,11 @@ def completion_logps(
     targets = input_ids[:, -completion_length:]  # [n, T]
     head = model.get_output_embeddings()
     softcap = getattr(getattr(model, "config", None), "final_logit_softcapping", None)
+    plain = type(head) is nn.Linear and head.bias is None and not softcap
 
     def head_logps(h: Tensor, y: Tensor) -> tuple[Tensor, Tensor]:
+        if plain:
+            return LinearLogps.apply(h, head.weight, y, temperature)
         logits = head(h).float()  # [c, vocab]
         if softcap:
             logits = torch.tanh(logits / softcap) * softcap
@@ -66,10 +112,11 @@ def completion_logps(
 
     flat_h = hidden.reshape(-1, hidden.shape[-1])  # [n*T, H]
     flat_y = targets.reshape(-1)  # [n*T]
+    chunk_size = chunk_size or auto_chunk_size(head.weight.shape[0])
     logps, entropies = [], []
     for start in range(0, flat_y.numel(), chunk_size):
         h, y = flat_h[start : start + chunk_size], flat_y[start : start + chunk_size]
-        if torch.is_grad_enabled() and h.requires_grad:
+        if torch.is_grad_enabled() and h.requires_grad and not plain:
             lp, ent = checkpoint(head_logps, h, y, use_reentrant=False)
         else:
             lp, ent = head_logps(h, y)

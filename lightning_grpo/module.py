@@ -72,7 +72,8 @@ class GRPOModule(L.LightningModule):
         mask_truncated_completions: drop completions without EOS from the loss (DAPO).
         micro_batch_size: completions per forward/backward pass; gradients accumulate over the step.
             ``None`` takes all ``B * G`` at once. Any value gives the same update.
-        logprob_chunk_size: token positions per LM-head chunk when computing log-probs (memory bound).
+        logprob_chunk_size: token positions per LM-head chunk when computing log-probs; ``None`` sizes chunks
+            to ~32M logits (128 MB in fp32): 220 positions at Qwen2.5's 151,936-token vocabulary.
         learning_rate: AdamW learning rate (TRL's default 1e-6 suits pretrained models; tiny ones want 1e-3).
         weight_decay: AdamW weight decay.
         warmup_ratio: fraction of optimiser steps with linear warm-up.
@@ -121,7 +122,7 @@ class GRPOModule(L.LightningModule):
         num_iterations: int = 1,
         mask_truncated_completions: bool = False,
         micro_batch_size: int | None = None,
-        logprob_chunk_size: int = 1024,
+        logprob_chunk_size: int | None = None,
         learning_rate: float = 1e-6,
         weight_decay: float = 0.0,
         warmup_ratio: float = 0.0,
@@ -426,7 +427,10 @@ class GRPOModule(L.LightningModule):
         if self.optimizer_factory is not None:
             optimizer = self.optimizer_factory(params)
         else:
-            optimizer = torch.optim.AdamW(params, lr=hp.learning_rate, weight_decay=hp.weight_decay)
+            # Fused: one kernel over all parameters (on CPU ~10x faster than the per-tensor loop); FSDP2's
+            # sharded DTensor parameters take the default implementation.
+            fused = not any(isinstance(p, DTensor) for p in params)
+            optimizer = torch.optim.AdamW(params, lr=hp.learning_rate, weight_decay=hp.weight_decay, fused=fused)
         steps = self.trainer.estimated_stepping_batches
         if self.trainer.max_steps == -1:  # counted in batches; each batch takes num_iterations optimiser steps
             steps *= hp.num_iterations

@@ -31,7 +31,7 @@ def settings_problems(s: dict[str, Any]) -> list[str]:
         _at_least("max_prompt_length", s["max_prompt_length"], 1, optional=True),
         _at_least("num_iterations", s["num_iterations"], 1),
         _at_least("micro_batch_size", s["micro_batch_size"], 1, optional=True),
-        _at_least("logprob_chunk_size", s["logprob_chunk_size"], 1),
+        _at_least("logprob_chunk_size", s["logprob_chunk_size"], 1, optional=True),
         _at_least("beta", s["beta"], 0.0),
         _at_least("top_k", s["top_k"], 0),
         _at_least("max_bad_steps", s["max_bad_steps"], 1),

@@ -1,7 +1,7 @@
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from lightning_grpo.logprobs import completion_logps
+from lightning_grpo.logprobs import LinearLogps, auto_chunk_size, completion_logps
 from lightning_grpo.models import load_tokenizer
 from lightning_grpo.rollout import SamplingConfig, generate_rollout, mask_after_eos, tokenize_prompts
 
@@ -77,11 +77,43 @@ def test_chunked_logps_gradient_equals_full(tiny_model_dir):
     ids = torch.randint(6, 100, (2, 7))
     attn = torch.ones_like(ids)
     grads = []
-    for chunk in (3, 1024):
+    for chunk in (3, 1024, None):
         model.zero_grad()
         completion_logps(model, ids, attn, 4, chunk_size=chunk).logps.sum().backward()
         grads.append(model.model.embed_tokens.weight.grad.clone())
-    assert torch.allclose(grads[0], grads[1], atol=1e-6)
+    # A head with a (zero) bias takes the generic path: log_softmax under activation checkpointing
+    model.lm_head.bias = torch.nn.Parameter(torch.zeros(model.lm_head.out_features))
+    model.zero_grad()
+    completion_logps(model, ids, attn, 4, chunk_size=3).logps.sum().backward()
+    grads.append(model.model.embed_tokens.weight.grad.clone())
+    for other in grads[1:]:
+        assert torch.allclose(grads[0], other, atol=1e-6)
+    assert grads[0].abs().sum() > 0
+
+
+def test_linear_logps_matches_autograd_through_log_softmax():
+    """The fused head's values and gradients (h and W) equal autograd through log_softmax, in float64."""
+    torch.manual_seed(0)
+    h = torch.randn(5, 8, dtype=torch.float64, requires_grad=True)
+    w = torch.randn(11, 8, dtype=torch.float64, requires_grad=True)
+    y = torch.randint(0, 11, (5,))
+    upstream = torch.randn(5, dtype=torch.float64)  # a weighted sum, not just .sum(): per-row gradients differ
+    logp, entropy = LinearLogps.apply(h, w, y, 0.7)
+    (logp * upstream).sum().backward()
+    got = (logp.detach(), entropy, h.grad.clone(), w.grad.clone())
+    h.grad, w.grad = None, None
+    full = (h @ w.T / 0.7).log_softmax(-1)  # [5, 11]
+    expected_logp = full.gather(-1, y.unsqueeze(-1)).squeeze(-1)
+    (expected_logp * upstream).sum().backward()
+    torch.testing.assert_close(got[0], expected_logp.detach())
+    torch.testing.assert_close(got[1], -(full.exp() * full).sum(-1).detach())
+    torch.testing.assert_close(got[2], h.grad)
+    torch.testing.assert_close(got[3], w.grad)
+    assert not entropy.requires_grad
+
+
+def test_auto_chunk_size():
+    assert auto_chunk_size(151_936) == 220 and auto_chunk_size(300) == 111_848
 
 
 def test_saved_tokenizer_round_trips_through_auto_tokenizer(tiny_model_dir):
