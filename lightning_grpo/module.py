@@ -374,9 +374,17 @@ class GRPOModule(L.LightningModule):
     # ---- plumbing -----------------------------------------------------------------------------------------
 
     def _log_metrics(self, stage: str, metrics: dict[str, float]) -> None:
+        """The progress-bar metrics every step; all of them on the steps the loggers write (``log_every_n_steps``).
+
+        Each ``self.log`` costs ~0.7 ms in Lightning: 20 metrics every step were a fifth of a tiny model's step.
+        Callbacks read every metric from ``training_step``'s output instead.
+        """
         shown = {"reward", "reward_std", "kl"}
+        connector = getattr(self.trainer, "_logger_connector", None)
+        written = getattr(connector, "should_update_logs", True)
         for name, value in metrics.items():
-            self.log(f"{stage}/{name}", value, prog_bar=name in shown, on_step=True, on_epoch=False, batch_size=1)
+            if written or name in shown:
+                self.log(f"{stage}/{name}", value, prog_bar=name in shown, on_step=True, on_epoch=False, batch_size=1)
 
     def _gather_rows(self, t: Tensor) -> Tensor:
         """[N, ...] on each rank -> [W*N, ...] in rank order."""
