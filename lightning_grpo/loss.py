@@ -12,6 +12,7 @@ Where we deviate from TRL, on purpose:
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -19,6 +20,7 @@ import torch
 from torch import Tensor
 
 IMPORTANCE_SAMPLING_LEVELS = ("token", "sequence")
+SAMPLING_CORRECTIONS = ("token_truncate", "token_mask", "sequence_truncate", "sequence_mask")
 
 
 @dataclass
@@ -98,6 +100,7 @@ def grpo_loss(
     importance_sampling_level: str = "token",
     normalizer: LossNormalizer | None = None,
     max_completion_length: int | None = None,
+    sampling_weights: Tensor | None = None,
 ) -> LossOutput:
     """Clipped-surrogate policy loss with optional k3 KL penalty.
 
@@ -116,6 +119,7 @@ def grpo_loss(
         importance_sampling_level: "token" (GRPO) or "sequence" (GSPO: the mean log-ratio of a completion).
         normalizer: counts of the whole generation batch; ``None`` treats ``mask`` as the whole batch.
         max_completion_length: the divisor of dr_grpo when ``normalizer`` is ``None``; defaults to T.
+        sampling_weights: [n, T] or [n, 1] ``sampling_correction`` weights on the policy term (not the KL).
     """
     if loss_type not in REDUCTIONS:
         raise ValueError(f"loss_type must be one of {sorted(REDUCTIONS)}, got {loss_type!r}")
@@ -139,6 +143,8 @@ def grpo_loss(
     capped = ratio if delta is None else ratio.clamp(max=delta)
     adv = advantages.unsqueeze(-1)  # [n, 1]
     per_token_loss = -torch.min(capped * adv, clipped * adv)  # [n, T] or [n, 1]
+    if sampling_weights is not None:
+        per_token_loss = per_token_loss * sampling_weights  # [n, T]
 
     sums: dict[str, Tensor] = {}
     if beta > 0:
@@ -155,6 +161,39 @@ def grpo_loss(
     sums["clip_ratio/high_mean"] = (high * mask).sum().detach()
     sums["clip_ratio/region_mean"] = (((low + high) > 0).to(mask.dtype) * mask).sum().detach()
     return LossOutput(loss, sums, mask.sum().detach())
+
+
+def sampling_correction(
+    old_logps: Tensor,
+    sampling_logps: Tensor,
+    mask: Tensor,
+    mode: str = "sequence_mask",
+    clip_min: float | None = None,
+    clip_max: float | None = 3.0,
+) -> Tensor:
+    """Importance weights for tokens sampled by another engine (vLLM) than the one trained, as TRL 1.16 does.
+
+    ``rho = exp(old_logps - sampling_logps)`` per token (``token_*``) or per completion (``sequence_*``,
+    the sum over its tokens); ``*_truncate`` clamps rho to ``[clip_min, clip_max]``, ``*_mask`` zeroes
+    weights outside it. The policy term of the per-token loss is multiplied by the result ([n, T] or [n, 1]).
+
+    >>> old, sampled, mask = torch.tensor([[-1.0, -1.0]]), torch.tensor([[-1.5, -2.0]]), torch.ones(1, 2)
+    >>> sampling_correction(old, sampled, mask, "token_truncate", clip_max=2.0)  # e^0.5 = 1.65, e^1 capped at 2
+    tensor([[1.6487, 2.0000]])
+    >>> sampling_correction(old, sampled, mask, "sequence_mask", clip_max=3.0)  # e^1.5 = 4.48 > 3: masked
+    tensor([[0.]])
+    """
+    if mode not in SAMPLING_CORRECTIONS:
+        raise ValueError(f"sampling_correction must be one of {list(SAMPLING_CORRECTIONS)}, got {mode!r}")
+    diff = ((old_logps - sampling_logps) * mask).nan_to_num(0.0)  # [n, T]
+    if mode.startswith("sequence"):
+        diff = diff.sum(-1, keepdim=True)  # [n, 1]
+    rho = diff.exp()
+    if mode.endswith("truncate"):
+        return rho.clamp(clip_min, clip_max)
+    low = -math.inf if clip_min is None else clip_min
+    high = math.inf if clip_max is None else clip_max
+    return rho.masked_fill((rho < low) | (rho > high), 0.0)
 
 
 def loss_mask(completion_mask: Tensor, is_truncated: Tensor, mask_truncated_completions: bool) -> Tensor:

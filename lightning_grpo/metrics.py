@@ -46,3 +46,17 @@ def accuracy(per_function: Tensor, names: list[str], accuracy_reward: str) -> fl
     column = per_function[:, names.index(accuracy_reward)]
     scored = column[~column.isnan()]
     return (scored >= 1.0).float().mean().item() if scored.numel() else 0.0
+
+
+def sampling_metrics(weights: Tensor | None, mask: Tensor) -> dict[str, float]:
+    """min / mean / max of the sampling-correction weights over the loss tokens (none without correction)."""
+    if weights is None:
+        return {}
+    active = weights.expand_as(mask)[mask.bool()]
+    if not active.numel():
+        return {}
+    return {
+        "sampling/importance_ratio/min": active.min().item(),
+        "sampling/importance_ratio/mean": active.mean().item(),
+        "sampling/importance_ratio/max": active.max().item(),
+    }

@@ -8,8 +8,10 @@ from __future__ import annotations
 
 import copy
 import math
+import os
 import time
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -17,23 +19,40 @@ from typing import Any
 import lightning as L
 import torch
 from lightning.pytorch.cli import OptimizerCallable
-from lightning.pytorch.strategies import ModelParallelStrategy
+from lightning.pytorch.strategies import FSDPStrategy, ModelParallelStrategy
 from lightning.pytorch.utilities import rank_zero_warn
 from torch import Tensor, nn
 from torch.distributed.tensor import DTensor
 from transformers import PreTrainedTokenizerBase, get_scheduler
 
 from lightning_grpo.advantages import compute_advantages
+from lightning_grpo.generation import Generator, HFGenerator, VLLMGenerator
 from lightning_grpo.logprobs import TokenLogps, completion_logps
-from lightning_grpo.loss import LossNormalizer, LossOutput, grpo_loss, loss_mask
-from lightning_grpo.metrics import accuracy, completion_metrics, reward_metrics
-from lightning_grpo.models import load_policy, load_tokenizer, with_lora
+from lightning_grpo.loss import LossNormalizer, LossOutput, grpo_loss, loss_mask, sampling_correction
+from lightning_grpo.metrics import accuracy, completion_metrics, reward_metrics, sampling_metrics
+from lightning_grpo.models import load_policy, load_tokenizer, resolve_pretrained, with_lora
 from lightning_grpo.rewards.combine import preset
 from lightning_grpo.rewards.scoring import check_reward_weights, reward_name, score_rollout
-from lightning_grpo.rollout import SamplingConfig, generate_rollout
+from lightning_grpo.rollout import SamplingConfig
 from lightning_grpo.settings import check_settings
 from lightning_grpo.sharding import LOGPS_METHOD, is_sharded, shard_causal_lm
 from lightning_grpo.types import PromptBatch, RewardScores, Rollout
+
+
+@dataclass
+class Targets:
+    """What every optimiser step on one generation batch is computed against (N rows each)."""
+
+    advantages: Tensor  # [N]
+    mask: Tensor  # [N, T] tokens in the loss
+    normalizer: LossNormalizer
+    old_logps: Tensor | None  # [N, T] the sampling policy's, when num_iterations > 1
+    ref_logps: Tensor | None  # [N, T] when beta > 0
+    sampling_weights: Tensor | None  # [N, T] or [N, 1] when another engine sampled (vLLM)
+
+
+def rows_of(t: Tensor | None, rows: slice) -> Tensor | None:
+    return None if t is None else t[rows]
 
 
 class GRPOModule(L.LightningModule):
@@ -93,6 +112,13 @@ class GRPOModule(L.LightningModule):
             handled by ``on_reward_error``. A sync function is abandoned on a daemon thread, not killed.
         max_bad_steps: a step whose rewards, advantages or gradients are not finite is skipped (counted in
             ``train/skipped_steps``); this many in a row stop training with an error and a checkpoint.
+        generation_backend: hf (``generate`` on the policy, default) or vllm (a colocated vLLM engine per rank:
+            CUDA and ``pip install vllm``; weights copied in after each training step).
+        vllm_gpu_memory_utilization: fraction of each GPU the vLLM engine may take.
+        sampling_correction: when another engine sampled (vllm), re-weight the loss by the policy/sampler
+            probability ratio: token_truncate, token_mask, sequence_truncate, sequence_mask (TRL's default) or
+            ``None`` (off). Logged as ``train/sampling/importance_ratio/*``.
+        sampling_correction_max: the ratio's upper bound (clamped for ``*_truncate``, zeroed for ``*_mask``).
         seed: base of the per-rank, per-step sampling seed.
     """
 
@@ -135,6 +161,10 @@ class GRPOModule(L.LightningModule):
         on_reward_error: str = "raise",
         reward_timeout: float | None = None,
         max_bad_steps: int = 3,
+        generation_backend: str = "hf",
+        vllm_gpu_memory_utilization: float = 0.3,
+        sampling_correction: str | None = "sequence_mask",
+        sampling_correction_max: float = 3.0,
         seed: int = 0,
     ) -> None:
         super().__init__()
@@ -166,9 +196,16 @@ class GRPOModule(L.LightningModule):
         # Not a registered submodule: stays out of the optimiser and of checkpoints, rebuilt on resume.
         needs_copy = beta > 0 and peft_config is None
         self.__dict__["reference"] = self._frozen_copy(self.policy) if needs_copy else None
+        self.generator: Generator = HFGenerator() if generation_backend == "hf" else self._vllm(model, seed)
         self.num_tokens_seen = 0
         self.skipped_steps = 0
         self.bad_steps_in_a_row = 0
+
+    def _vllm(self, model: str | nn.Module, seed: int) -> Generator:
+        if not isinstance(model, str) or self.hparams.peft_config is not None:
+            raise ValueError("generation_backend 'vllm' needs `model` as a name or path, and no peft_config")
+        rank = int(os.environ.get("RANK", 0))  # the launcher's rank: the engine is built before the trainer
+        return VLLMGenerator(resolve_pretrained(model), self.hparams.vllm_gpu_memory_utilization, None, seed + rank)
 
     @staticmethod
     def _frozen_copy(model: nn.Module) -> nn.Module:
@@ -187,14 +224,12 @@ class GRPOModule(L.LightningModule):
         advantages = self._local_advantages(all_scores, scores.weights)  # [N]
         if all_scores.isinf().any() or not advantages.isfinite().all():  # NaN rewards are "not applicable"
             return self._skip_step("rewards or advantages are infinite or NaN")
-        mask = loss_mask(rollout.completion_mask, rollout.is_truncated, hp.mask_truncated_completions)
-        normalizer = self._normalizer(mask)
-        old_logps = self._logps(self.policy, rollout) if hp.num_iterations > 1 else None
-        ref_logps = self._reference_logps(rollout) if hp.beta > 0 else None
+        targets = self._targets(rollout, advantages)
         for _ in range(hp.num_iterations):
-            loss = self._optimizer_step(rollout, advantages, mask, normalizer, old_logps, ref_logps)
+            loss = self._optimizer_step(rollout, targets)
             if loss is None:
                 return self._skip_step("gradients are infinite or NaN")
+        self.generator.sync_weights(self.policy)
         self.bad_steps_in_a_row = 0
         self.num_tokens_seen += int(self._sum_over_ranks(rollout.attention_mask.sum()))
         loss = self._over_ranks(loss)
@@ -203,6 +238,7 @@ class GRPOModule(L.LightningModule):
             **reward_metrics(all_scores, scores.weights, scores.names, rollout.group_size),
             **loss.metrics(),
             **completion_metrics(*self._gather_lengths(rollout)),
+            **sampling_metrics(targets.sampling_weights, targets.mask),
             "prompts/truncated": float(rollout.num_truncated_prompts),
             "num_tokens": float(self.num_tokens_seen),
             "lr": self.optimizers().param_groups[0]["lr"],
@@ -216,7 +252,7 @@ class GRPOModule(L.LightningModule):
             "rollout": rollout,
             "scores": scores,
             "advantages": advantages,
-            "normalizer": normalizer,
+            "normalizer": targets.normalizer,
             "metrics": metrics,
         }
 
@@ -227,7 +263,7 @@ class GRPOModule(L.LightningModule):
         with torch.random.fork_rng(devices=devices, enabled=seed is not None):
             if seed is not None:
                 torch.manual_seed(seed)
-            return generate_rollout(
+            return self.generator.generate(
                 self.policy,
                 self.tokenizer,
                 prompts,
@@ -235,8 +271,32 @@ class GRPOModule(L.LightningModule):
                 self.sampling,
                 max_prompt_length=hp.max_prompt_length,
                 greedy=greedy,
-                synced_gpus=is_sharded(self.policy) and self.trainer.world_size > 1,
+                synced_gpus=self._sharded() and self.trainer.world_size > 1,
             )
+
+    def _sharded(self) -> bool:
+        """Weights split over ranks (FSDP2, or Lightning's FSDP): every forward is a collective."""
+        return is_sharded(self.policy) or isinstance(self.trainer.strategy, FSDPStrategy)
+
+    def _targets(self, rollout: Rollout, advantages: Tensor) -> Targets:
+        """Everything the step's optimiser steps are computed against, each computed once."""
+        hp = self.hparams
+        mask = loss_mask(rollout.completion_mask, rollout.is_truncated, hp.mask_truncated_completions)
+        correct = rollout.sampling_logps is not None and hp.sampling_correction is not None
+        old_logps = self._logps(self.policy, rollout) if hp.num_iterations > 1 or correct else None
+        weights = None
+        if correct:
+            weights = sampling_correction(
+                old_logps, rollout.sampling_logps, mask, hp.sampling_correction, clip_max=hp.sampling_correction_max
+            )
+        return Targets(
+            advantages=advantages,
+            mask=mask,
+            normalizer=self._normalizer(mask),
+            old_logps=old_logps if hp.num_iterations > 1 else None,  # mu = 1: the ratio is exactly 1
+            ref_logps=self._reference_logps(rollout) if hp.beta > 0 else None,
+            sampling_weights=weights,
+        )
 
     def _score(self, rollout: Rollout, batch: PromptBatch) -> RewardScores:
         hp = self.hparams
@@ -290,15 +350,7 @@ class GRPOModule(L.LightningModule):
         with self.policy.disable_adapter():
             return self._logps(self.policy, rollout)
 
-    def _optimizer_step(
-        self,
-        rollout: Rollout,
-        advantages: Tensor,
-        mask: Tensor,
-        normalizer: LossNormalizer,
-        old_logps: Tensor | None,
-        ref_logps: Tensor | None,
-    ) -> LossOutput | None:
+    def _optimizer_step(self, rollout: Rollout, targets: Targets) -> LossOutput | None:
         """One optimiser step over the generation batch, gradients accumulated across micro-batches; ``None``
         when the gradients are not finite and the step was not taken."""
         hp = self.hparams
@@ -309,21 +361,22 @@ class GRPOModule(L.LightningModule):
             token = self._token_logps(self.policy, rollout, rows)
             out = grpo_loss(
                 token.logps,
-                None if old_logps is None else old_logps[rows],
-                advantages[rows],
-                mask[rows],
-                ref_logps=None if ref_logps is None else ref_logps[rows],
+                rows_of(targets.old_logps, rows),
+                targets.advantages[rows],
+                targets.mask[rows],
+                ref_logps=rows_of(targets.ref_logps, rows),
                 beta=hp.beta,
                 loss_type=hp.loss_type,
                 epsilon=hp.epsilon,
                 epsilon_high=hp.epsilon_high,
                 delta=hp.delta,
                 importance_sampling_level=hp.importance_sampling_level,
-                normalizer=normalizer,
+                normalizer=targets.normalizer,
+                sampling_weights=rows_of(targets.sampling_weights, rows),
             )
             self.manual_backward(out.loss)
             out = LossOutput(out.loss.detach(), out.token_sums, out.num_tokens)
-            out.token_sums["entropy"] = (token.entropy * mask[rows]).sum()
+            out.token_sums["entropy"] = (token.entropy * targets.mask[rows]).sum()
             total = out if total is None else total + out
         if not self._gradients_finite():  # all-reduced gradients: every rank decides the same
             optimizer.zero_grad()

@@ -5,7 +5,8 @@ from __future__ import annotations
 from typing import Any
 
 from lightning_grpo.advantages import SCALE_REWARDS
-from lightning_grpo.loss import IMPORTANCE_SAMPLING_LEVELS, REDUCTIONS
+from lightning_grpo.generation import GENERATION_BACKENDS, vllm_problems
+from lightning_grpo.loss import IMPORTANCE_SAMPLING_LEVELS, REDUCTIONS, SAMPLING_CORRECTIONS
 from lightning_grpo.models import DTYPES
 from lightning_grpo.rewards.scoring import ON_ERROR
 
@@ -13,13 +14,20 @@ LR_SCHEDULERS = ("cosine", "linear", "constant", "constant_with_warmup")
 
 
 def _is_in(name: str, value: Any, allowed: tuple | list) -> str | None:
-    return None if value in allowed else f"{name} must be one of {sorted(allowed)}, got {value!r}"
+    return None if value in allowed else f"{name} must be one of {sorted(allowed, key=str)}, got {value!r}"
 
 
 def _at_least(name: str, value: Any, low: float, optional: bool = False) -> str | None:
     if value is None and optional:
         return None
     return None if value is not None and value >= low else f"{name} must be >= {low}, got {value!r}"
+
+
+def _vllm_runs_here(backend: str) -> str | None:
+    problems = vllm_problems() if backend == "vllm" else []
+    if not problems:
+        return None
+    return f"generation_backend 'vllm' cannot run on this machine: {'; '.join(problems)}. Use generation_backend: hf"
 
 
 def settings_problems(s: dict[str, Any]) -> list[str]:
@@ -36,6 +44,9 @@ def settings_problems(s: dict[str, Any]) -> list[str]:
         _at_least("top_k", s["top_k"], 0),
         _at_least("max_bad_steps", s["max_bad_steps"], 1),
         _is_in("on_reward_error", s["on_reward_error"], list(ON_ERROR)),
+        _is_in("generation_backend", s["generation_backend"], list(GENERATION_BACKENDS)),
+        _is_in("sampling_correction", s["sampling_correction"], [*SAMPLING_CORRECTIONS, None]),
+        _vllm_runs_here(s["generation_backend"]),
         _at_least("repetition_penalty", s["repetition_penalty"], 1e-6),
         _is_in("loss_type", s["loss_type"], list(REDUCTIONS)),
         _is_in("scale_rewards", s["scale_rewards"], SCALE_REWARDS),

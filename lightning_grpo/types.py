@@ -45,6 +45,7 @@ class Rollout:
     completions: list[Any]  # [N] decoded text, or [{"role": "assistant", "content": text}] for chat prompts
     group_size: int  # G
     num_truncated_prompts: int = 0  # of the B prompts, how many lost tokens to max_prompt_length
+    sampling_logps: Tensor | None = None  # [N, T] the sampler's log-probs when it is not the policy (vLLM)
 
     @cached_property  # built once: every log-prob pass reads it per micro-batch; fields are never mutated
     def input_ids(self) -> Tensor:  # [N, P+T]
