@@ -35,7 +35,7 @@ from lightning_grpo.rewards.combine import preset
 from lightning_grpo.rewards.scoring import check_reward_weights, reward_name, score_rollout
 from lightning_grpo.rollout import SamplingConfig
 from lightning_grpo.settings import check_settings
-from lightning_grpo.sharding import LOGPS_METHOD, is_sharded, shard_causal_lm
+from lightning_grpo.sharding import LOGPS_METHOD, full_state_dict, is_sharded, shard_causal_lm
 from lightning_grpo.types import PromptBatch, RewardScores, Rollout
 
 
@@ -378,21 +378,35 @@ class GRPOModule(L.LightningModule):
             out = LossOutput(out.loss.detach(), out.token_sums, out.num_tokens)
             out.token_sums["entropy"] = (token.entropy * targets.mask[rows]).sum()
             total = out if total is None else total + out
-        if not self._gradients_finite():  # all-reduced gradients: every rank decides the same
+        # fp16 AMP: the GradScaler skips steps with overflowing gradients and lowers its scale by itself
+        if self._grad_scaler() is None and not self._gradients_finite():
             optimizer.zero_grad()
             return None
-        if hp.max_grad_norm is not None:
-            self.clip_gradients(optimizer, gradient_clip_val=hp.max_grad_norm, gradient_clip_algorithm="norm")
-        optimizer.step()
+        optimizer.step()  # clips in on_before_optimizer_step, after AMP unscaling
         self.lr_schedulers().step()
         return total
+
+    def on_before_optimizer_step(self, optimizer: torch.optim.Optimizer) -> None:
+        """Clip the global gradient norm: gradients are unscaled (fp16 AMP) and all-reduced or sharded here."""
+        max_norm = self.hparams.max_grad_norm
+        if max_norm is None:
+            return
+        if isinstance(self.trainer.strategy, FSDPStrategy):  # FSDP1: only the root module sees every shard
+            self.trainer.strategy.model.clip_grad_norm_(max_norm)
+        else:  # plain, DDP (identical gradients), FSDP2 (DTensor gradients: a global norm)
+            torch.nn.utils.clip_grad_norm_([p for p in self.policy.parameters() if p.grad is not None], max_norm)
+
+    def _grad_scaler(self) -> Any:
+        return getattr(self.trainer.precision_plugin, "scaler", None)
 
     def _gradients_finite(self) -> bool:
         grads = [p.grad.detach() for p in self.policy.parameters() if p.grad is not None]
         if not grads:
             return True
         norm = torch.nn.utils.get_total_norm(grads)
-        return bool((norm.full_tensor() if isinstance(norm, DTensor) else norm).isfinite())  # sharded: all ranks
+        finite = bool((norm.full_tensor() if isinstance(norm, DTensor) else norm).isfinite())
+        # FSDP1 shards are plain local tensors: ranks must agree, or one would step while another skips
+        return self.trainer.world_size == 1 or self.trainer.strategy.reduce_boolean_decision(finite, all=True)
 
     def _skip_step(self, reason: str) -> None:
         """Skip an optimiser step with a warning; ``max_bad_steps`` in a row stop training, a checkpoint kept."""
@@ -489,8 +503,8 @@ class GRPOModule(L.LightningModule):
             optimizer = self.optimizer_factory(params)
         else:
             # Fused: one kernel over all parameters (on CPU ~10x faster than the per-tensor loop); FSDP2's
-            # sharded DTensor parameters take the default implementation.
-            fused = not any(isinstance(p, DTensor) for p in params)
+            # sharded DTensor parameters, and fp16 AMP (it unscales before clipping), take the default one.
+            fused = not any(isinstance(p, DTensor) for p in params) and self._grad_scaler() is None
             optimizer = torch.optim.AdamW(params, lr=hp.learning_rate, weight_decay=hp.weight_decay, fused=fused)
         steps = self.trainer.estimated_stepping_batches
         if self.trainer.max_steps == -1:  # counted in batches; each batch takes num_iterations optimiser steps
@@ -518,10 +532,14 @@ class GRPOModule(L.LightningModule):
     def save_pretrained(self, path: str) -> None:
         """The policy and tokenizer in Hugging Face format: ``AutoModelForCausalLM.from_pretrained(path)``.
 
-        A LoRA policy is saved merged (base + adapter in full weights), from a copy: training can go on.
+        Every rank calls it; global rank 0 writes. A LoRA policy is saved merged (base + adapter in full
+        weights), from a copy: training can go on. An FSDP2-sharded policy is gathered first (a collective).
         """
-        policy = self.policy
-        if self.hparams.peft_config is not None:
+        policy, state = self.policy, None
+        if is_sharded(policy):
+            state = full_state_dict(policy)
+        elif self.hparams.peft_config is not None and self.global_rank == 0:
             policy = copy.deepcopy(policy).merge_and_unload()
-        policy.save_pretrained(path)
-        self.tokenizer.save_pretrained(path)
+        if self.global_rank == 0:
+            policy.save_pretrained(path, state_dict=state)
+            self.tokenizer.save_pretrained(path)

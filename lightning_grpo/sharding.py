@@ -13,7 +13,8 @@ from __future__ import annotations
 
 from types import MethodType
 
-from torch import nn
+from torch import Tensor, nn
+from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.fsdp import FSDPModule, fully_shard, register_fsdp_forward_method
 
@@ -47,3 +48,9 @@ def shard_causal_lm(model: nn.Module, mesh: DeviceMesh) -> nn.Module:
 
 def is_sharded(model: nn.Module) -> bool:
     return isinstance(model, FSDPModule)
+
+
+def full_state_dict(model: nn.Module) -> dict[str, Tensor]:
+    """The unsharded weights on CPU, on rank 0 (other ranks get an empty dict). Every rank must call it."""
+    options = StateDictOptions(full_state_dict=True, cpu_offload=True)
+    return get_model_state_dict(model, options=options)

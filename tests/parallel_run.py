@@ -3,6 +3,7 @@
 ``python parallel_run.py MODEL DATA OUT MODE`` with MODE:
 - ``ddp``: 2 processes, Lightning's DDP; each rank also saves its rollouts, to be replayed.
 - ``fsdp2``: 2 processes, ``ModelParallelStrategy(data_parallel_size=2)``: FSDP2 ``fully_shard``.
+- ``fsdp1``: 2 GPUs, Lightning's ``FSDPStrategy`` wrapping each decoder layer (FSDP1 refuses CPU).
 - ``replay``: 1 process, batch 2x, whose generation returns the two DDP ranks' rollouts of that step,
   concatenated in rank order: the same global batch as the DDP run, through a single process.
 Lightning's launcher starts rank 1 by re-running this script.
@@ -13,8 +14,9 @@ from pathlib import Path
 
 import lightning as L
 import torch
-from lightning.pytorch.strategies import ModelParallelStrategy
+from lightning.pytorch.strategies import FSDPStrategy, ModelParallelStrategy
 from torch.distributed.tensor import DTensor
+from transformers.models.qwen2.modeling_qwen2 import Qwen2DecoderLayer
 
 from lightning_grpo import GRPOModule, PromptDataModule
 from lightning_grpo.types import Rollout
@@ -38,7 +40,8 @@ class Recorder(L.Callback):
         self.grads = []
 
     def on_before_optimizer_step(self, trainer, pl_module, optimizer):
-        self.grads.append(torch.cat([full(p.grad).flatten() for p in pl_module.policy.parameters()]))
+        grads = [full(p.grad).flatten().cpu() for p in pl_module.policy.parameters() if p.grad is not None]
+        self.grads.append(torch.cat(grads))
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
         self.steps.append({"rollout": outputs["rollout"], "metrics": outputs["metrics"]})
@@ -87,11 +90,15 @@ def main(model_dir: str, data_path: str, out_dir: str, mode: str) -> None:
         optimizer=lambda params: torch.optim.SGD(params, lr=0.5),  # parameters move linearly with gradients
     )
     module = Replay(out_dir.replace("replay", "ddp"), **settings) if mode == "replay" else GRPOModule(**settings)
-    strategy = {"ddp": "ddp", "fsdp2": ModelParallelStrategy(data_parallel_size=2, tensor_parallel_size=1)}
+    strategy = {
+        "ddp": "ddp",
+        "fsdp2": ModelParallelStrategy(data_parallel_size=2, tensor_parallel_size=1),
+        "fsdp1": FSDPStrategy(auto_wrap_policy={Qwen2DecoderLayer}),
+    }
     recorder = Recorder()
     trainer = L.Trainer(
         max_steps=STEPS,
-        accelerator="cpu",
+        accelerator="gpu" if mode == "fsdp1" else "cpu",
         devices=1 if mode == "replay" else 2,
         strategy=strategy.get(mode, "auto"),
         logger=False,
@@ -104,7 +111,7 @@ def main(model_dir: str, data_path: str, out_dir: str, mode: str) -> None:
     )
     batch_size = PROMPTS_PER_RANK * (2 if mode == "replay" else 1)
     trainer.fit(module, PromptDataModule(data_path, batch_size=batch_size, val_split=None))
-    params = torch.cat([full(p).flatten() for p in module.policy.parameters()])
+    params = torch.cat([full(p).flatten().cpu() for p in module.policy.parameters()])
     Path(out_dir).mkdir(parents=True, exist_ok=True)
     torch.save(
         {"steps": recorder.steps, "grads": recorder.grads, "params": params, "global_step": trainer.global_step},

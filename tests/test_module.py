@@ -196,3 +196,30 @@ def test_export_refuses_to_overwrite_before_training(tiny_model_dir, arith_jsonl
         callbacks=[HFExport(dirpath=str(target), overwrite=True)],
     )
     assert AutoModelForCausalLM.from_pretrained(target) is not None
+
+
+def test_gradient_checkpointing_gives_the_same_update(tiny_model_dir, arith_jsonl, tmp_path):
+    """Activations recomputed in backward (off while generating, so sampling keeps its KV cache)."""
+    modules = []
+    for checkpointing in (False, True):
+        module = make_module(tiny_model_dir, gradient_checkpointing=checkpointing, beta=0.1)
+        fit(module, PromptDataModule(arith_jsonl, batch_size=4, val_split=None), tmp_path / str(checkpointing))
+        modules.append(module)
+    assert modules[1].policy.is_gradient_checkpointing and modules[1].policy.training
+    for a, b in zip(modules[0].policy.parameters(), modules[1].policy.parameters()):
+        torch.testing.assert_close(a, b)
+    assert not torch.equal(
+        modules[0].policy.model.embed_tokens.weight, make_module(tiny_model_dir).policy.model.embed_tokens.weight
+    )
+
+
+@pytest.mark.parametrize("precision", ["bf16-mixed", "bf16-true"])
+def test_bf16_precisions_train_on_cpu(tiny_model_dir, arith_jsonl, tmp_path, precision):
+    """bf16 autocast and bf16 weights train on CPU (log-probs and the softmax stay in fp32). fp16 AMP is GPU-only:
+    Lightning switches ``16-mixed`` to ``bf16-mixed`` on CPU with a warning saying so."""
+    module = make_module(tiny_model_dir, beta=0.1)
+    before = module.policy.model.embed_tokens.weight.detach().float().clone()
+    trainer = fit(module, PromptDataModule(arith_jsonl, batch_size=4, val_split=None), tmp_path, precision=precision)
+    metrics = logged(trainer)
+    assert all(torch.isfinite(torch.tensor(metrics["train/loss"])))
+    assert not torch.equal(module.policy.model.embed_tokens.weight.detach().float(), before)

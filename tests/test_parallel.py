@@ -56,3 +56,13 @@ def test_fsdp2_matches_ddp(ddp, tiny_model_dir, arith_jsonl):
             for key in ("loss", "reward", "kl", "entropy"):
                 assert b["metrics"][key] == pytest.approx(a["metrics"][key], abs=1e-5), (rank, step, key)
     torch.testing.assert_close(fsdp_ranks[0]["params"], ddp_ranks[0]["params"], rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.skipif(torch.cuda.device_count() < 2, reason="Lightning's fsdp strategy (FSDP1) needs 2 CUDA GPUs")
+def test_fsdp1_on_gpus_keeps_ranks_in_step(tiny_model_dir, arith_jsonl, tmp_path):
+    """Generation with every rank in step (synced_gpus) and identical gathered weights after 3 steps."""
+    ranks = run("fsdp1", tiny_model_dir, arith_jsonl, tmp_path)
+    assert ranks[0]["global_step"] == ranks[1]["global_step"] == 3
+    for step in range(3):
+        assert ranks[0]["steps"][step]["metrics"]["reward"] == ranks[1]["steps"][step]["metrics"]["reward"]
+    assert ranks[0]["params"].isfinite().all()

@@ -33,6 +33,5 @@ class HFExport(L.Callback):
 
     def on_fit_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         self.path = Path(self.dirpath) if self.dirpath else run_dir(trainer) / "hf_model"
-        if trainer.is_global_zero:
-            pl_module.save_pretrained(str(self.path))
+        pl_module.save_pretrained(str(self.path))  # every rank: a sharded policy is gathered; rank 0 writes
         trainer.strategy.barrier("hf_export")
