@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import importlib.util
+
 import torch
 from torch import nn
 from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedTokenizerBase
@@ -16,13 +18,37 @@ def resolve_pretrained(name: str) -> str:
     return str(demo.materialize(name)) if name in demo.EMBEDDED else name
 
 
-def load_policy(model: str | nn.Module, dtype: str = "float32") -> nn.Module:
-    """``AutoModelForCausalLM.from_pretrained`` for a name or path; a built model is used as is."""
+def qlora_problems() -> list[str]:
+    """Why 4-bit (QLoRA) loading cannot run here (empty when it can)."""
+    problems = []
+    if importlib.util.find_spec("bitsandbytes") is None:
+        problems.append("the bitsandbytes package is not installed (pip install bitsandbytes)")
+    if not torch.cuda.is_available():
+        problems.append("no CUDA GPU is visible (bitsandbytes 4-bit layers run on GPUs)")
+    return problems
+
+
+def load_policy(model: str | nn.Module, dtype: str = "float32", load_in_4bit: bool = False) -> nn.Module:
+    """``AutoModelForCausalLM.from_pretrained`` for a name or path; a built model is used as is.
+
+    ``load_in_4bit``: QLoRA's NF4 weights with ``dtype`` compute (bitsandbytes, CUDA), prepared for training
+    an adapter on top (the 4-bit base stays frozen).
+    """
     if isinstance(model, nn.Module):
         return model
     if dtype not in DTYPES:
         raise ValueError(f"dtype must be one of {sorted(DTYPES)}, got {dtype!r}")
-    return AutoModelForCausalLM.from_pretrained(resolve_pretrained(model), dtype=DTYPES[dtype])
+    if not load_in_4bit:
+        return AutoModelForCausalLM.from_pretrained(resolve_pretrained(model), dtype=DTYPES[dtype])
+    from peft import prepare_model_for_kbit_training
+    from transformers import BitsAndBytesConfig
+
+    compute = DTYPES[dtype] if dtype != "auto" else torch.bfloat16
+    quantization = BitsAndBytesConfig(
+        load_in_4bit=True, bnb_4bit_quant_type="nf4", bnb_4bit_use_double_quant=True, bnb_4bit_compute_dtype=compute
+    )
+    loaded = AutoModelForCausalLM.from_pretrained(resolve_pretrained(model), quantization_config=quantization)
+    return prepare_model_for_kbit_training(loaded, use_gradient_checkpointing=False)
 
 
 def load_tokenizer(tokenizer: str | PreTrainedTokenizerBase) -> PreTrainedTokenizerBase:

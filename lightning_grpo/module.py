@@ -105,6 +105,8 @@ class GRPOModule(L.LightningModule):
         peft_config: LoRA settings (``peft.LoraConfig`` arguments, e.g. ``{r: 16, lora_alpha: 32,
             target_modules: all-linear}``): only the adapter trains; the reference for ``beta > 0`` is the
             policy with its adapter disabled (no second model in memory); checkpoints hold only the adapter.
+        load_in_4bit: QLoRA: load the base model in 4-bit NF4 (bitsandbytes, CUDA) under a ``peft_config``
+            adapter; ``dtype`` is the compute dtype. Refused at config time where it cannot run.
         on_reward_error: a reward function that raises: ``raise`` (naming the function and the sample),
             ``skip`` (failing rows count as not applicable) or ``zero`` (they score 0); counted in
             ``train/reward_errors/<fn>``.
@@ -158,6 +160,7 @@ class GRPOModule(L.LightningModule):
         accuracy_reward: str | None = None,
         gradient_checkpointing: bool = False,
         peft_config: dict[str, Any] | None = None,
+        load_in_4bit: bool = False,
         on_reward_error: str = "raise",
         reward_timeout: float | None = None,
         max_bad_steps: int = 3,
@@ -187,7 +190,7 @@ class GRPOModule(L.LightningModule):
         self.optimizer_factory = optimizer
         self.sampling = SamplingConfig(temperature, top_p, top_k, min_p, repetition_penalty, max_completion_length)
         self.tokenizer = load_tokenizer(tokenizer if tokenizer is not None else model)
-        self.policy = load_policy(model, dtype).train()  # from_pretrained returns eval mode
+        self.policy = load_policy(model, dtype, load_in_4bit).train()  # from_pretrained returns eval mode
         if gradient_checkpointing:
             self.policy.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
         if peft_config is not None:

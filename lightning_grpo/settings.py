@@ -7,7 +7,7 @@ from typing import Any
 from lightning_grpo.advantages import SCALE_REWARDS
 from lightning_grpo.generation import GENERATION_BACKENDS, vllm_problems
 from lightning_grpo.loss import IMPORTANCE_SAMPLING_LEVELS, REDUCTIONS, SAMPLING_CORRECTIONS
-from lightning_grpo.models import DTYPES
+from lightning_grpo.models import DTYPES, qlora_problems
 from lightning_grpo.rewards.scoring import ON_ERROR
 
 LR_SCHEDULERS = ("cosine", "linear", "constant", "constant_with_warmup")
@@ -30,6 +30,13 @@ def _vllm_runs_here(backend: str) -> str | None:
     return f"generation_backend 'vllm' cannot run on this machine: {'; '.join(problems)}. Use generation_backend: hf"
 
 
+def _qlora_runs_here(load_in_4bit: bool, peft_config: dict | None) -> str | None:
+    if not load_in_4bit:
+        return None
+    problems = qlora_problems() + ([] if peft_config else ["4-bit weights cannot train: give a peft_config adapter"])
+    return f"load_in_4bit (QLoRA) cannot run: {'; '.join(problems)}" if problems else None
+
+
 def settings_problems(s: dict[str, Any]) -> list[str]:
     """Every invalid setting in ``s`` (GRPOModule's constructor arguments), as messages."""
     epsilon_high = s["epsilon"] if s["epsilon_high"] is None else s["epsilon_high"]
@@ -47,6 +54,7 @@ def settings_problems(s: dict[str, Any]) -> list[str]:
         _is_in("generation_backend", s["generation_backend"], list(GENERATION_BACKENDS)),
         _is_in("sampling_correction", s["sampling_correction"], [*SAMPLING_CORRECTIONS, None]),
         _vllm_runs_here(s["generation_backend"]),
+        _qlora_runs_here(s["load_in_4bit"], s["peft_config"]),
         _at_least("repetition_penalty", s["repetition_penalty"], 1e-6),
         _is_in("loss_type", s["loss_type"], list(REDUCTIONS)),
         _is_in("scale_rewards", s["scale_rewards"], SCALE_REWARDS),

@@ -1,6 +1,7 @@
 """Bad settings fail in GRPOModule's constructor, before any model is loaded, naming setting, value and choices."""
 
 import pytest
+import torch
 
 from lightning_grpo import GRPOModule
 from lightning_grpo.rewards import exact_match_reward
@@ -74,3 +75,12 @@ def test_reward_preset_adds_weighted_functions(tiny_model_dir):
     assert module.reward_weights[:2] == [1.0, 1.0] and len(module.reward_weights) == len(names)
     with pytest.raises(ValueError, match="preset must be one of"):
         GRPOModule(model=NOT_A_MODEL, reward_preset="poetry")
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the refusal on a machine without a GPU")
+def test_qlora_is_refused_at_config_time_where_it_cannot_run():
+    with pytest.raises(ValueError) as err:
+        GRPOModule(model=NOT_A_MODEL, reward_funcs=[exact_match_reward], load_in_4bit=True)
+    message = str(err.value)
+    assert "load_in_4bit (QLoRA) cannot run" in message and "no CUDA GPU is visible" in message
+    assert "4-bit weights cannot train: give a peft_config adapter" in message
