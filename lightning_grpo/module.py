@@ -485,8 +485,8 @@ class GRPOModule(L.LightningModule):
 
     def configure_model(self) -> None:
         """Under ``ModelParallelStrategy``: FSDP2-shard the policy and the reference over the data-parallel mesh."""
-        if not isinstance(self.trainer.strategy, ModelParallelStrategy):
-            return
+        if self._trainer is None or not isinstance(self.trainer.strategy, ModelParallelStrategy):
+            return  # load_from_checkpoint calls it without a trainer: nothing to shard
         mesh = self.device_mesh
         if mesh["tensor_parallel"].size() != 1:
             raise ValueError(
