@@ -21,10 +21,9 @@ from transformers import PreTrainedTokenizerBase
 from lightning_grpo.rollout import (
     Prompt,
     SamplingConfig,
+    build_rollout,
     eos_token_ids,
     generate_rollout,
-    is_conversational,
-    mask_after_eos,
     tokenize_prompts,
 )
 from lightning_grpo.types import Rollout
@@ -119,23 +118,17 @@ class VLLMGenerator:
             sampling_logps[i, : len(c.token_ids)] = torch.tensor(
                 [lp[t].logprob for t, lp in zip(c.token_ids, c.logprobs)]
             )
-        completion_mask, is_truncated = mask_after_eos(completion_ids, eos_token_ids(tokenizer, policy))
-        texts = tokenizer.batch_decode(completion_ids.masked_fill(completion_mask == 0, tokenizer.pad_token_id),
-                                       skip_special_tokens=True)
         group = 1 if greedy else num_generations
-        repeated = [p for p in prompts for _ in range(group)]
-        completions = [[{"role": "assistant", "content": t}] for t in texts] if is_conversational(prompts[0]) else texts
-        return Rollout(
-            prompt_ids=prompt_ids.repeat_interleave(group, 0).to(device),
-            prompt_mask=prompt_mask.repeat_interleave(group, 0).to(device),
-            completion_ids=completion_ids.to(device),
-            completion_mask=completion_mask.to(device),
-            is_truncated=is_truncated.to(device),
-            prompts=repeated,
-            completions=completions,
-            group_size=group,
-            num_truncated_prompts=num_truncated,
-            sampling_logps=sampling_logps.to(device),
+        return build_rollout(
+            tokenizer,
+            prompts,
+            prompt_ids.repeat_interleave(group, 0).to(device),
+            prompt_mask.repeat_interleave(group, 0).to(device),
+            completion_ids.to(device),
+            eos_token_ids(tokenizer, policy),
+            group,
+            num_truncated,
+            sampling_logps.to(device),
         )
 
     def sync_weights(self, policy: nn.Module) -> None:

@@ -152,12 +152,30 @@ def generate_rollout(
             synced_gpus=synced_gpus,
         )
     completion_ids = output[:, prompt_ids.shape[1] :]  # [N, T]
+    return build_rollout(
+        tokenizer, prompts, prompt_ids, prompt_mask, completion_ids, eos_ids, num_generations, num_truncated
+    )
+
+
+def build_rollout(
+    tokenizer: PreTrainedTokenizerBase,
+    prompts: list[Prompt],
+    prompt_ids: Tensor,
+    prompt_mask: Tensor,
+    completion_ids: Tensor,
+    eos_ids: list[int],
+    group_size: int,
+    num_truncated_prompts: int = 0,
+    sampling_logps: Tensor | None = None,
+) -> Rollout:
+    """A Rollout from sampled ids ([N, P] prompts repeated G times, [N, T] completions): masks after the first
+    EOS, padding columns trimmed, texts decoded (as chat messages for chat prompts)."""
     completion_mask, is_truncated = mask_after_eos(completion_ids, eos_ids)
     width = max(int(completion_mask.sum(dim=1).max()), 1)  # trim columns that are padding in every row
     completion_ids, completion_mask = completion_ids[:, :width], completion_mask[:, :width]
     completion_ids = completion_ids.masked_fill(completion_mask == 0, tokenizer.pad_token_id)
     texts = tokenizer.batch_decode(completion_ids, skip_special_tokens=True)
-    repeated = [p for p in prompts for _ in range(num_generations)]
+    repeated = [p for p in prompts for _ in range(group_size)]
     completions = [[{"role": "assistant", "content": t}] for t in texts] if is_conversational(prompts[0]) else texts
     return Rollout(
         prompt_ids=prompt_ids,
@@ -167,6 +185,7 @@ def generate_rollout(
         is_truncated=is_truncated,
         prompts=repeated,
         completions=completions,
-        group_size=num_generations,
-        num_truncated_prompts=num_truncated,
+        group_size=group_size,
+        num_truncated_prompts=num_truncated_prompts,
+        sampling_logps=None if sampling_logps is None else sampling_logps[:, :width],
     )
