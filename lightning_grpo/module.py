@@ -497,7 +497,7 @@ class GRPOModule(L.LightningModule):
             raise ValueError("peft_config (LoRA) with ModelParallelStrategy is not supported: use strategy ddp")
         shard_causal_lm(self.policy, mesh["data_parallel"])
         if self.reference is not None:
-            shard_causal_lm(self.reference, mesh["data_parallel"])
+            shard_causal_lm(self.reference, mesh["data_parallel"], frozen=True)
 
     def configure_optimizers(self) -> dict[str, Any]:
         hp = self.hparams

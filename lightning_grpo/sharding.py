@@ -34,13 +34,19 @@ def decoder_layers(model: nn.Module) -> nn.ModuleList:
     return layers
 
 
-def shard_causal_lm(model: nn.Module, mesh: DeviceMesh) -> nn.Module:
-    """Shard ``model`` in place over ``mesh`` (1-D, data parallel) and return it."""
+def shard_causal_lm(model: nn.Module, mesh: DeviceMesh, frozen: bool = False) -> nn.Module:
+    """Shard ``model`` in place over ``mesh`` (1-D, data parallel) and return it.
+
+    ``frozen``: a model that never runs backward (the reference). FSDP2 keeps the root's gathered weights
+    (embeddings, LM head) until the backward that never comes; resharding after each forward frees them.
+    """
     if isinstance(model, FSDPModule):
         return model  # configure_model can run again (e.g. fit then validate)
     for layer in decoder_layers(model):
         fully_shard(layer, mesh=mesh)
     fully_shard(model, mesh=mesh)
+    if frozen:
+        model.set_reshard_after_forward(True)
     setattr(model, LOGPS_METHOD, MethodType(completion_logps, model))
     register_fsdp_forward_method(model, LOGPS_METHOD)
     return model

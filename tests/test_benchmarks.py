@@ -35,3 +35,33 @@ def test_tiny_comparison_reports_both_sides(tmp_path):
         assert median[side]["peak_rss_mb"] > 0
     for metric in ("steps_per_s", "tokens_per_s", "peak_rss_mb"):
         assert comparison["ratios"][metric] == pytest.approx(median["ours"][metric] / median["trl"][metric])
+
+
+MEMORY_SCRIPT = SCRIPT.with_name("memory.py")
+
+
+@pytest.mark.slow  # ~45 s: 5 runs of the tiny architecture (2 of them 2-process), one optimiser step each
+def test_memory_quick_reports_every_run_and_ratios_of_its_figures(tmp_path):
+    report_path = tmp_path / "memory.json"
+    command = [sys.executable, str(MEMORY_SCRIPT), "--quick", "--json", str(report_path)]
+    proc = subprocess.run(command, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
+
+    report = json.loads(report_path.read_text())
+    assert report["idle"]["error"] is None and report["idle"]["ranks"][0]["ru_maxrss_mb"] > 0
+    assert set(report["runs"]) == {"single", "ddp", "fsdp2", "lora"}
+    for name, run in report["runs"].items():
+        assert run["error"] is None, (name, run["error"])
+        assert [r["rank"] for r in run["ranks"]] == ([0, 1] if name in ("ddp", "fsdp2") else [0])
+        for rank in run["ranks"]:
+            assert rank["world_size"] == len(run["ranks"]) and rank["steps"] == 1
+            assert rank["ru_maxrss_mb"] > 0 and rank["rss_at_train_start_mb"] > 0
+        assert run["figures"]["peak_rss_mb"] > 0
+    single, lora = report["runs"]["single"]["ranks"][0], report["runs"]["lora"]["ranks"][0]
+    assert single["reference_copy"] and not lora["reference_copy"]  # LoRA's reference is the adapter-off policy
+    assert 0 < lora["trainable"] < single["trainable"] == single["params"]
+    for name, ratio in report["ratios"].items():
+        numerator, denominator = (report["runs"][run]["figures"] for run in ratio["of"])
+        for figure in ("peak_rss_mb", "above_idle_mb", "expected_mb"):
+            assert ratio[figure] == pytest.approx(numerator[figure] / denominator[figure]), (name, figure)
+    assert report["ratios"]["FSDP2 / DDP"]["expected_mb"] == pytest.approx(0.5)  # each rank holds half

@@ -1,0 +1,323 @@
+"""What both sides of the benchmark share: models and tasks on disk, reward functions, step records, FLOPs.
+
+Imports torch and psutil (transformers and tokenizers inside functions), never lightning or trl: a worker
+for one side must not carry the other side's imports (about half a gigabyte each) in its peak memory.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import resource
+import shutil
+import tempfile
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import psutil
+import torch
+from torch import nn
+
+QWEN25_VOCAB = 151936  # Qwen2.5's vocabulary size: the LM head that dominates memory at scale
+SYNTHETIC_PROMPT_CHARS = 32  # the 100m task's prompts: 32 single-byte tokens each
+
+
+# ---- reward functions (the ecosystem's signature: TRL and lightning-grpo call them the same way) ----------
+
+
+def exact_answer_reward(completions: list[str], answer: list[str], **kwargs: Any) -> list[float]:
+    """1.0 where the stripped completion equals the stripped answer.
+
+    The same scores as ``lightning_grpo.rewards.exact_match_reward`` on the tiny task (3-byte completions hold
+    no ``<answer>`` tag), written here so the TRL worker need not import lightning.
+    """
+    return [float(c.strip() == str(a).strip()) for c, a in zip(completions, answer)]
+
+
+def char_length_reward(completions: list[str], **kwargs: Any) -> list[float]:
+    """Characters per completion / 100: varies across a group, so advantages (and the update) are not zero."""
+    return [len(c) / 100 for c in completions]
+
+
+REWARDS: dict[str, Callable[..., list[float]]] = {
+    "exact_answer_reward": exact_answer_reward,
+    "char_length_reward": char_length_reward,
+}
+
+
+# ---- models and tasks on disk (both sides load them by path, as a user's hub model) ----------------------
+
+
+@dataclass
+class Task:
+    model_dir: str
+    data_dir: str  # holds train.jsonl (and validation.jsonl for the tiny task)
+    reward: str  # a key of REWARDS
+
+
+def tiny_task() -> Task:
+    """The embedded demo model and the largest-digit task, materialised under ``LIGHTNING_GRPO_HOME``."""
+    from lightning_grpo.demo import materialize  # parent process only: the workers just read the files
+
+    return Task(
+        str(materialize("lightning-grpo/tiny-qwen2")),
+        str(materialize("lightning-grpo/tiny-max")),
+        "exact_answer_reward",
+    )
+
+
+def qwen_vocab_tokenizer():
+    """Byte-level BPE without merges (like the demo's) padded with filler tokens ``w0, w1, ...`` to Qwen2.5's
+    151936 ids, so every id a randomly initialised model samples decodes. Byte-level, so ``AutoTokenizer``
+    loading it as ``Qwen2Tokenizer`` (transformers 5 does) encodes it unchanged."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    tokens = ["<pad>", "<eos>", "<unk>", *sorted(pre_tokenizers.ByteLevel.alphabet())]
+    tokens += [f"w{i}" for i in range(QWEN25_VOCAB - len(tokens))]
+    tok = Tokenizer(models.BPE(vocab={t: i for i, t in enumerate(tokens)}, merges=[]))
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    return PreTrainedTokenizerFast(
+        tokenizer_object=tok, pad_token="<pad>", eos_token="<eos>", unk_token="<unk>", padding_side="left"
+    )
+
+
+def qwen_100m(tokenizer, seed: int = 0) -> nn.Module:
+    """Qwen2 with Qwen2.5's vocabulary, 4 layers of width 512, tied embeddings: 90M parameters, 78M of them
+    the embedding / LM head (151936 x 512)."""
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    config = Qwen2Config(
+        vocab_size=QWEN25_VOCAB,
+        hidden_size=512,
+        intermediate_size=1536,
+        num_hidden_layers=4,
+        num_attention_heads=8,
+        num_key_value_heads=2,
+        max_position_embeddings=1024,
+        tie_word_embeddings=True,
+        pad_token_id=tokenizer.pad_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+        bos_token_id=None,
+    )
+    with torch.random.fork_rng(devices=[]):  # the caller's RNG stream stays untouched
+        torch.manual_seed(seed)
+        model = Qwen2ForCausalLM(config)
+    model.generation_config.pad_token_id = tokenizer.pad_token_id
+    model.generation_config.eos_token_id = tokenizer.eos_token_id
+    return model
+
+
+def synthetic_rows(n: int = 256, seed: int = 0) -> list[dict[str, str]]:
+    """Prompts of random lowercase letters and digits, all the same length in tokens."""
+    rng = random.Random(seed)
+    alphabet = "abcdefghijklmnopqrstuvwxyz0123456789"
+    return [{"prompt": "".join(rng.choices(alphabet, k=SYNTHETIC_PROMPT_CHARS))} for _ in range(n)]
+
+
+def write_100m(path: Path) -> None:
+    tokenizer = qwen_vocab_tokenizer()
+    qwen_100m(tokenizer).save_pretrained(path / "model")
+    tokenizer.save_pretrained(path / "model")
+    (path / "data").mkdir()
+    (path / "data" / "train.jsonl").write_text("".join(json.dumps(r) + "\n" for r in synthetic_rows()))
+
+
+def qwen_100m_task(home: Path) -> Task:
+    """The ~100M model and its prompts, written once under ``home`` (atomically: a rename)."""
+    target = home / "benchmarks" / "qwen2-vocab151936-90m"
+    if not target.exists():
+        target.parent.mkdir(parents=True, exist_ok=True)
+        scratch = Path(tempfile.mkdtemp(dir=target.parent))
+        (scratch / "out").mkdir()
+        write_100m(scratch / "out")
+        (scratch / "out").rename(target)
+        shutil.rmtree(scratch, ignore_errors=True)
+    return Task(str(target / "model"), str(target / "data"), "char_length_reward")
+
+
+def read_rows(data_dir: str, split: str) -> list[dict[str, Any]]:
+    with open(Path(data_dir) / f"{split}.jsonl") as f:
+        return [json.loads(line) for line in f]
+
+
+# ---- what a run records -----------------------------------------------------------------------------------
+
+
+@dataclass
+class StepLog:
+    """Timestamps and per-optimiser-step counts, filled by each side's callback."""
+
+    stamps: list[float] = field(default_factory=list)  # train start, then the end of every optimiser step
+    completion_tokens: list[int] = field(default_factory=list)  # sampled tokens up to and including EOS
+    prompt_tokens: list[int] = field(default_factory=list)  # real (unpadded) prompt tokens of the N rows
+    rewards: list[float] = field(default_factory=list)  # mean reward of the step's N completions
+
+    def start(self) -> None:
+        self.stamps.append(time.perf_counter())
+
+    def step(self, completion_tokens: int, prompt_tokens: int, reward: float) -> None:
+        self.stamps.append(time.perf_counter())
+        self.completion_tokens.append(completion_tokens)
+        self.prompt_tokens.append(prompt_tokens)
+        self.rewards.append(reward)
+
+
+@dataclass
+class RunSpec:
+    """Everything one measured run needs; serialised to JSON for the worker process."""
+
+    side: str  # "ours" (lightning-grpo) or "trl"
+    model: str  # "tiny" or "100m", a label
+    task: Task
+    num_generations: int  # G
+    prompts_per_step: int  # B: B * G completions per optimiser step
+    max_completion_length: int
+    max_prompt_length: int  # lightning-grpo only: TRL 1.16 has no such setting (prompts here are shorter)
+    learning_rate: float
+    beta: float
+    loss_type: str
+    lr_scheduler_type: str
+    warmup_ratio: float  # of the learning rate schedule
+    warmup_steps: int  # optimiser steps run before the timed ones
+    timed_steps: int
+    seed: int
+    eval_accuracy: bool  # greedy held-out accuracy after training (the tiny task's validation split)
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> RunSpec:
+        return cls(**{**d, "task": Task(**d["task"])})
+
+
+@dataclass
+class RunResult:
+    """Raw measurements of one run; rates are derived from them (the first ``warmup`` steps excluded)."""
+
+    side: str
+    model: str
+    beta: float
+    seed: int
+    warmup: int
+    log: StepLog
+    peak_rss_mb: float  # ru_maxrss of the worker process at the end of training
+    rss_before_fit_mb: float  # after imports and model loading, before the first step
+    setup_s: float  # building the trainer and loading the model(s)
+    matmul_params: int
+    accuracy: float | None = None
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> RunResult:
+        return cls(**{**d, "log": StepLog(**d["log"])})
+
+    @property
+    def timed_s(self) -> float:
+        return self.log.stamps[-1] - self.log.stamps[self.warmup]
+
+    @property
+    def timed_steps(self) -> int:
+        return len(self.log.stamps) - 1 - self.warmup
+
+    @property
+    def steps_per_s(self) -> float:
+        return self.timed_steps / self.timed_s
+
+    @property
+    def tokens_per_s(self) -> float:
+        """Sampled completion tokens (up to and including EOS) per second over the timed steps."""
+        return sum(self.log.completion_tokens[self.warmup :]) / self.timed_s
+
+    def floor_s(self, gflops: float) -> float:
+        """FLOP-floor seconds of this run's average timed step at ``gflops`` GFLOP/s."""
+        prompt = sum(self.log.prompt_tokens[self.warmup :]) / self.timed_steps
+        completion = sum(self.log.completion_tokens[self.warmup :]) / self.timed_steps
+        return step_flops(self.matmul_params, prompt, completion, self.beta) / (gflops * 1e9)
+
+    def summary(self, gflops: float) -> dict[str, float]:
+        floor = self.floor_s(gflops)
+        return {
+            "steps_per_s": self.steps_per_s,
+            "tokens_per_s": self.tokens_per_s,
+            "peak_rss_mb": self.peak_rss_mb,
+            "floor_s_per_step": floor,
+            "floor_fraction": floor * self.steps_per_s,
+        }
+
+
+def run_result(
+    spec: RunSpec, log: StepLog, model: nn.Module, tokenizer: Any, setup_s: float, rss_before: float
+) -> RunResult:
+    """A finished run's result: peak memory read first (training only), then the optional greedy accuracy."""
+    peak = peak_rss_mb()
+    accuracy = None
+    if spec.eval_accuracy:
+        rows = read_rows(spec.task.data_dir, "validation")
+        accuracy = greedy_accuracy(model, tokenizer, rows, spec.max_completion_length)
+    return RunResult(
+        side=spec.side,
+        model=spec.model,
+        beta=spec.beta,
+        seed=spec.seed,
+        warmup=spec.warmup_steps,
+        log=log,
+        peak_rss_mb=peak,
+        rss_before_fit_mb=rss_before,
+        setup_s=setup_s,
+        matmul_params=matmul_params(model),
+        accuracy=accuracy,
+    )
+
+
+def rss_mb() -> float:
+    return psutil.Process().memory_info().rss / 2**20
+
+
+def peak_rss_mb() -> float:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # Linux reports kilobytes
+
+
+def matmul_params(model: nn.Module) -> int:
+    """Weights that cost 2 FLOPs per token in a forward pass: every ``nn.Linear``, the LM head included (a
+    tied head is the embedding matrix, whose lookup itself costs nothing)."""
+    return sum(m.weight.numel() for m in model.modules() if isinstance(m, nn.Linear))
+
+
+def step_flops(params: int, prompt_tokens: float, completion_tokens: float, beta: float) -> float:
+    """FLOP floor of one GRPO step (one generation batch, one optimiser step, num_iterations = 1).
+
+    2 FLOPs per matmul parameter per token for a forward pass and 6 for forward + backward:
+        generation   2 * params * (prompt + completion tokens)   prefill, then one decode step per sampled token
+        training     6 * params * (prompt + completion tokens)   policy forward + backward
+        reference    2 * params * (prompt + completion tokens)   a no-grad pass, only when beta > 0
+    Real tokens only: padding, rows that keep decoding after their EOS and attention scores (~2 * layers *
+    context * hidden per token, a few percent here) are left out, so this is a floor, not an estimate.
+    """
+    passes = 2 + 6 + (2 if beta > 0 else 0)
+    return passes * params * (prompt_tokens + completion_tokens)
+
+
+def matmul_gflops(n: int = 2048, reps: int = 5) -> float:
+    """This machine's fp32 matmul rate with torch's current thread count: the best of ``reps`` n x n products."""
+    a, b = torch.randn(n, n), torch.randn(n, n)
+    a @ b  # warm-up: thread pool, allocator
+    best = float("inf")
+    for _ in range(reps):
+        start = time.perf_counter()
+        a @ b
+        best = min(best, time.perf_counter() - start)
+    return 2 * n**3 / best / 1e9
+
+
+def greedy_accuracy(model: nn.Module, tokenizer, rows: list[dict[str, Any]], max_new_tokens: int) -> float:
+    """Fraction of ``rows`` whose greedy completion scores 1 under ``exact_answer_reward``; the same code
+    judges both sides' trained models."""
+    tokenizer.padding_side = "left"
+    inputs = tokenizer([r["prompt"] for r in rows], return_tensors="pt", padding=True)
+    model.eval()
+    with torch.no_grad():
+        output = model.generate(**inputs, do_sample=False, max_new_tokens=max_new_tokens)
+    texts = tokenizer.batch_decode(output[:, inputs["input_ids"].shape[1] :], skip_special_tokens=True)
+    return sum(exact_answer_reward(texts, [r["answer"] for r in rows])) / len(rows)

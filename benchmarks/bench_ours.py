@@ -1,0 +1,84 @@
+"""One lightning-grpo run: ``GRPOModule`` under a real ``lightning.Trainer.fit``, timed by a callback.
+
+Imported only by the worker process of an "ours" run, so trl is never imported next to it.
+"""
+
+from __future__ import annotations
+
+import tempfile
+import time
+from typing import Any
+
+import lightning as L
+from bench_assets import REWARDS, RunResult, RunSpec, StepLog, rss_mb, run_result
+
+from lightning_grpo import GRPOModule, PromptDataModule
+
+
+class StepClock(L.Callback):
+    """Stamps the end of every optimiser step with what the step generated, read from ``training_step``'s
+    output (the rollout's masks count tokens up to and including EOS)."""
+
+    def __init__(self, steps: StepLog) -> None:
+        self.steps = steps
+
+    def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        self.steps.start()
+
+    def on_train_batch_end(
+        self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: Any, batch: Any, batch_idx: int
+    ) -> None:
+        if outputs is None:  # a skipped step took no optimiser step: its time goes to the next one
+            return
+        rollout = outputs["rollout"]
+        self.steps.step(
+            int(rollout.completion_mask.sum()), int(rollout.prompt_mask.sum()), float(outputs["metrics"]["reward"])
+        )
+
+
+def build(spec: RunSpec) -> tuple[GRPOModule, PromptDataModule]:
+    module = GRPOModule(
+        model=spec.task.model_dir,
+        reward_funcs=[REWARDS[spec.task.reward]],
+        num_generations=spec.num_generations,
+        max_prompt_length=spec.max_prompt_length,
+        max_completion_length=spec.max_completion_length,
+        temperature=1.0,
+        loss_type=spec.loss_type,
+        beta=spec.beta,
+        learning_rate=spec.learning_rate,
+        warmup_ratio=spec.warmup_ratio,
+        lr_scheduler_type=spec.lr_scheduler_type,
+        seed=spec.seed,
+    )
+    data = PromptDataModule(dataset=spec.task.data_dir, batch_size=spec.prompts_per_step, val_split=None)
+    return module, data
+
+
+def trainer(spec: RunSpec, clock: StepClock, root: str) -> L.Trainer:
+    """Lightning with everything but the loop switched off: no logger, checkpoints, progress bar or validation."""
+    return L.Trainer(
+        max_steps=spec.warmup_steps + spec.timed_steps,
+        accelerator="cpu",
+        devices=1,
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        num_sanity_val_steps=0,
+        limit_val_batches=0,
+        callbacks=[clock],
+        default_root_dir=root,
+    )
+
+
+def run(spec: RunSpec) -> RunResult:
+    start = time.perf_counter()
+    L.seed_everything(spec.seed, verbose=False)
+    module, data = build(spec)
+    log = StepLog()
+    with tempfile.TemporaryDirectory() as root:
+        fit = trainer(spec, StepClock(log), root)
+        setup_s, rss_before = time.perf_counter() - start, rss_mb()
+        fit.fit(module, data)
+    return run_result(spec, log, module.policy, module.tokenizer, setup_s, rss_before)

@@ -1,0 +1,422 @@
+"""lightning-grpo's GRPOModule against TRL's GRPOTrainer: the same model, data and settings, one invocation.
+
+    python benchmarks/trl_vs_lightning_grpo.py                    # tiny model, beta 0 and 0.1, 3 repeats x 20 steps
+    python benchmarks/trl_vs_lightning_grpo.py --model both --json results.json
+    python benchmarks/trl_vs_lightning_grpo.py --logprob-memory   # chunked log-probs vs full logits, 151936 vocab
+    python benchmarks/trl_vs_lightning_grpo.py --parity           # learning curves on the tiny task, 3 seeds
+
+Every measured run is a fresh subprocess (this file with ``--worker``): peak RSS is per run and neither side
+carries the other's imports. Ours and TRL's runs alternate, the first side swapping every repeat. A run takes
+``--warmup`` untimed optimiser steps, then ``--steps`` timed ones; the table shows medians over ``--repeats``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shlex
+import statistics
+import subprocess
+import sys
+import tempfile
+from dataclasses import asdict, dataclass, field
+from importlib.metadata import version
+from pathlib import Path
+from typing import Any
+
+import torch
+import yaml
+from bench_assets import RunResult, RunSpec, Task, matmul_gflops, qwen_100m_task, tiny_task
+
+REPO = Path(__file__).resolve().parents[1]
+SIDES = ("ours", "trl")
+
+
+@dataclass
+class Settings:
+    """The hyperparameters both sides share."""
+
+    num_generations: int  # G
+    prompts_per_step: int  # B
+    max_completion_length: int
+    learning_rate: float
+    loss_type: str = "dapo"
+    lr_scheduler_type: str = "cosine"
+    warmup_ratio: float = 0.0
+    max_prompt_length: int = 512  # lightning-grpo only; TRL 1.16 never truncates, and no prompt here is longer
+
+
+# tiny: templates/tiny_cpu.yaml's batch; 100m: 4 prompts x 8 completions = 32 completions of 32 tokens.
+MODEL_DEFAULTS = {
+    "tiny": Settings(num_generations=8, prompts_per_step=16, max_completion_length=3, learning_rate=1e-3),
+    "100m": Settings(num_generations=8, prompts_per_step=4, max_completion_length=32, learning_rate=1e-6),
+}
+
+
+def template_settings(path: Path = REPO / "templates" / "tiny_cpu.yaml") -> tuple[Settings, float]:
+    """The parity run's settings and beta, read from the shipped tiny template so the two cannot drift."""
+    config = yaml.safe_load(path.read_text())
+    model = config["model"]
+    settings = Settings(
+        num_generations=model["num_generations"],
+        prompts_per_step=config["data"]["batch_size"],
+        max_completion_length=model["max_completion_length"],
+        learning_rate=model["learning_rate"],
+        loss_type=model["loss_type"],
+        lr_scheduler_type=model["lr_scheduler_type"],
+        warmup_ratio=model["warmup_ratio"],
+    )
+    return settings, model["beta"]
+
+
+# ---- workers ----------------------------------------------------------------------------------------------
+
+
+@dataclass
+class Runner:
+    """Runs measurements in fresh processes of this file; a failed one raises with the tail of its output."""
+
+    threads: int | None
+
+    def __call__(self, kind: str, spec: dict[str, Any]) -> dict[str, Any]:
+        env = dict(os.environ)
+        command = [sys.executable, __file__]
+        if self.threads:
+            env["OMP_NUM_THREADS"] = str(self.threads)
+            command += ["--threads", str(self.threads)]
+        with tempfile.TemporaryDirectory() as scratch:
+            out = Path(scratch) / "result.json"
+            payload = {"kind": kind, "out": str(out), "spec": spec}
+            proc = subprocess.run([*command, "--worker", json.dumps(payload)], capture_output=True, text=True, env=env)
+            if proc.returncode != 0:
+                tail = "\n".join((proc.stdout + proc.stderr).splitlines()[-40:])
+                raise RuntimeError(f"{kind} worker {spec} failed with exit code {proc.returncode}:\n{tail}")
+            return json.loads(out.read_text())
+
+
+def worker(payload: str) -> None:
+    """One measurement in this process; the result goes to the payload's ``out`` file as JSON."""
+    job = json.loads(payload)
+    if job["kind"] == "logprob":
+        from bench_logprobs import LogprobSpec, run
+
+        result = run(LogprobSpec(**job["spec"]))
+    elif job["spec"]["side"] == "ours":
+        from bench_ours import run
+
+        result = run(RunSpec.from_dict(job["spec"]))
+    else:
+        from bench_trl import run
+
+        result = run(RunSpec.from_dict(job["spec"]))
+    Path(job["out"]).write_text(json.dumps(asdict(result)))
+
+
+# ---- speed ------------------------------------------------------------------------------------------------
+
+
+@dataclass
+class Comparison:
+    """Both sides' runs of one model at one beta."""
+
+    model: str
+    beta: float
+    settings: Settings
+    runs: dict[str, list[RunResult]] = field(default_factory=lambda: {side: [] for side in SIDES})
+
+    def medians(self, gflops: float) -> dict[str, dict[str, float]]:
+        """side -> metric -> median over repeats."""
+        out = {}
+        for side, runs in self.runs.items():
+            summaries = [r.summary(gflops) for r in runs]
+            out[side] = {k: statistics.median(s[k] for s in summaries) for k in summaries[0]}
+        return out
+
+    def ratios(self, gflops: float) -> dict[str, float]:
+        """ours / TRL of the medians: above 1 is faster for rates, below 1 is leaner for memory."""
+        m = self.medians(gflops)
+        return {k: m["ours"][k] / m["trl"][k] for k in ("steps_per_s", "tokens_per_s", "peak_rss_mb")}
+
+    def to_json(self, gflops: float) -> dict[str, Any]:
+        runs = {side: [{**asdict(r), "summary": r.summary(gflops)} for r in rs] for side, rs in self.runs.items()}
+        return {
+            "model": self.model,
+            "beta": self.beta,
+            "settings": asdict(self.settings),
+            "runs": runs,
+            "median": self.medians(gflops),
+            "ratios": self.ratios(gflops),
+        }
+
+
+def task_for(model: str) -> Task:
+    from lightning_grpo.demo import cache_home
+
+    return tiny_task() if model == "tiny" else qwen_100m_task(cache_home())
+
+
+def speed_settings(args: argparse.Namespace, model: str) -> Settings:
+    """The model's defaults with any setting given on the command line."""
+    given = {
+        "num_generations": args.num_generations,
+        "prompts_per_step": args.prompts_per_step,
+        "max_completion_length": args.max_completion_length,
+        "learning_rate": args.learning_rate,
+        "loss_type": args.loss_type,
+        "max_prompt_length": args.max_prompt_length,
+    }
+    return Settings(**{**asdict(MODEL_DEFAULTS[model]), **{k: v for k, v in given.items() if v is not None}})
+
+
+def run_grpo(runner: Runner, side: str, task: Task, settings: Settings, **spec: Any) -> RunResult:
+    """One side's run in a worker; ``spec`` gives the rest of RunSpec (model, beta, seed, steps ...)."""
+    result = runner("grpo", asdict(RunSpec(side=side, task=task, **asdict(settings), **spec)))
+    return RunResult.from_dict(result)
+
+
+def compare(args: argparse.Namespace, runner: Runner, model: str, beta: float) -> Comparison:
+    settings = speed_settings(args, model)
+    task = task_for(model)
+    comparison = Comparison(model, beta, settings)
+    for repeat in range(args.repeats):
+        for side in SIDES if repeat % 2 == 0 else SIDES[::-1]:
+            result = run_grpo(
+                runner,
+                side,
+                task,
+                settings,
+                model=model,
+                beta=beta,
+                seed=args.seed,
+                warmup_steps=args.warmup,
+                timed_steps=args.steps,
+                eval_accuracy=False,
+            )
+            comparison.runs[side].append(result)
+            print(
+                f"  {model} beta={beta} repeat {repeat + 1}/{args.repeats} {side:4s}: {result.steps_per_s:7.3f} "
+                f"steps/s {result.tokens_per_s:9.1f} tokens/s {result.peak_rss_mb:7.0f} MB",
+                flush=True,
+            )
+    return comparison
+
+
+def print_comparison(c: Comparison, gflops: float, repeats: int, steps: int) -> None:
+    s = c.settings
+    params = c.runs["ours"][0].matmul_params
+    n = s.prompts_per_step * s.num_generations
+    print(
+        f"\n== {c.model}: {params / 1e6:.2f}M matmul params, {s.prompts_per_step} prompts x {s.num_generations} = "
+        f"{n} completions/step, <= {s.max_completion_length} completion tokens, beta {c.beta}, {s.loss_type} "
+        f"(median of {repeats} runs x {steps} steps) =="
+    )
+    print(f"{'side':6s}{'steps/s':>10s}{'tokens/s':>11s}{'peak RSS MB':>13s}{'floor s/step':>14s}{'of floor':>10s}")
+    for side, m in c.medians(gflops).items():
+        print(
+            f"{side:6s}{m['steps_per_s']:10.3f}{m['tokens_per_s']:11.1f}{m['peak_rss_mb']:13.0f}"
+            f"{m['floor_s_per_step']:14.5f}{m['floor_fraction']:10.2%}"
+        )
+    r = c.ratios(gflops)
+    ratios = f"steps/s x{r['steps_per_s']:.2f}, tokens/s x{r['tokens_per_s']:.2f}, peak RSS x{r['peak_rss_mb']:.2f}"
+    print(f"ours/trl: {ratios}")
+
+
+def speed(args: argparse.Namespace, runner: Runner, gflops: float) -> list[dict[str, Any]]:
+    models = ["tiny", "100m"] if args.model == "both" else [args.model]
+    comparisons = [compare(args, runner, model, beta) for model in models for beta in args.betas]
+    for c in comparisons:
+        print_comparison(c, gflops, args.repeats, args.steps)
+    return [c.to_json(gflops) for c in comparisons]
+
+
+# ---- log-prob memory --------------------------------------------------------------------------------------
+
+
+def logprob_passes(args: argparse.Namespace) -> list[tuple[str, int | None]]:
+    """(method, chunk size): lightning-grpo's chunked pass at every chunk size asked for, then the others."""
+    return [("chunked", c) for c in args.logprob_chunk_sizes] + [("full", None), ("trl_fused", None)]
+
+
+def logprob_memory(args: argparse.Namespace, runner: Runner) -> list[dict[str, Any]]:
+    from bench_logprobs import LogprobResult
+
+    from lightning_grpo.demo import cache_home
+
+    shape = {
+        "model_dir": qwen_100m_task(cache_home()).model_dir,
+        "sequences": args.logprob_sequences,
+        "prompt_length": args.logprob_prompt_length,
+        "completion_length": args.logprob_completion_length,
+    }
+    results = [
+        LogprobResult(**runner("logprob", {"method": method, "chunk_size": chunk, **shape}))
+        for method, chunk in logprob_passes(args)
+    ]
+    print(
+        f"\n== log-probs forward + backward, 151936 vocab, {args.logprob_sequences} sequences x "
+        f"({args.logprob_prompt_length} prompt + {args.logprob_completion_length} completion) tokens =="
+    )
+    print("pass MB: peak RSS minus the RSS before the pass, model resident; it includes 360 MB of gradients")
+    print(f"{'method':14s}{'peak RSS MB':>13s}{'pass MB':>10s}{'seconds':>9s}{'pass MB / full':>16s}")
+    full = next(r.pass_mb for r in results if r.method == "full")
+    for r in results:
+        print(f"{r.label:14s}{r.peak_rss_mb:13.0f}{r.pass_mb:10.0f}{r.seconds:9.2f}{r.pass_mb / full:16.2f}")
+    return [{**asdict(r), "pass_mb": r.pass_mb} for r in results]
+
+
+# ---- learning parity --------------------------------------------------------------------------------------
+
+
+def mean_std(values: list[float]) -> str:
+    return f"{statistics.mean(values):.3f} +- {statistics.stdev(values) if len(values) > 1 else 0.0:.3f}"
+
+
+def parity(args: argparse.Namespace, runner: Runner) -> dict[str, Any]:
+    """Both sides on the tiny task with templates/tiny_cpu.yaml's settings: training reward and accuracy."""
+    settings, beta = template_settings()
+    task = task_for("tiny")
+    seeds: dict[str, list[RunResult]] = {side: [] for side in SIDES}
+    for seed in range(args.seeds):
+        for side in SIDES:
+            result = run_grpo(
+                runner,
+                side,
+                task,
+                settings,
+                model="tiny",
+                beta=beta,
+                seed=seed,
+                warmup_steps=0,
+                timed_steps=args.parity_steps,
+                eval_accuracy=True,
+            )
+            seeds[side].append(result)
+            reward = statistics.mean(result.log.rewards[-args.parity_last :])
+            print(f"  parity seed {seed} {side:4s}: reward {reward:.3f}, accuracy {result.accuracy:.3f}", flush=True)
+    last = {side: [statistics.mean(r.log.rewards[-args.parity_last :]) for r in rs] for side, rs in seeds.items()}
+    accuracy = {side: [r.accuracy for r in rs] for side, rs in seeds.items()}
+    print(f"\n== parity: tiny task, templates/tiny_cpu.yaml settings, beta {beta}, {args.parity_steps} steps ==")
+    print(f"reward: mean of the last {args.parity_last} steps; accuracy: greedy, on the 200 held-out prompts")
+    print(f"{'seed':6s}{'ours reward':>13s}{'trl reward':>12s}{'ours acc':>10s}{'trl acc':>9s}")
+    for seed in range(args.seeds):
+        rewards = f"{last['ours'][seed]:13.3f}{last['trl'][seed]:12.3f}"
+        print(f"{seed:<6d}{rewards}{accuracy['ours'][seed]:10.3f}{accuracy['trl'][seed]:9.3f}")
+    for side in SIDES:
+        print(f"{side}: reward {mean_std(last[side])}, accuracy {mean_std(accuracy[side])}")
+    return {
+        "settings": asdict(settings),
+        "beta": beta,
+        "last_reward": last,
+        "accuracy": accuracy,
+        "runs": {side: [asdict(r) for r in rs] for side, rs in seeds.items()},
+    }
+
+
+# ---- command line -----------------------------------------------------------------------------------------
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument(
+        "--model",
+        choices=["tiny", "100m", "both"],
+        default="tiny",
+        help="tiny: the embedded 2-layer demo model on its max-of-three-digits task; 100m: a 90M Qwen2 "
+        "with Qwen2.5's 151936 vocabulary on random prompts with a length reward (default tiny)",
+    )
+    p.add_argument("--repeats", type=int, default=3, help="runs per side and beta; medians are reported (3)")
+    p.add_argument("--steps", type=int, default=20, help="timed optimiser steps per run (20)")
+    p.add_argument("--warmup", type=int, default=2, help="untimed optimiser steps before the timed ones (2)")
+    p.add_argument(
+        "--betas",
+        type=float,
+        nargs="+",
+        default=[0.0, 0.1],
+        help="KL weights to compare at; > 0 adds a reference model and its forward pass (0 0.1)",
+    )
+    p.add_argument("--num-generations", type=int, help="G, completions per prompt (tiny 8, 100m 8)")
+    p.add_argument("--prompts-per-step", type=int, help="B, prompts per optimiser step (tiny 16, 100m 4)")
+    p.add_argument("--max-completion-length", type=int, help="most tokens sampled per completion (tiny 3, 100m 32)")
+    p.add_argument(
+        "--max-prompt-length",
+        type=int,
+        help="lightning-grpo's prompt truncation (512); TRL 1.16 has none and no prompt here is longer",
+    )
+    p.add_argument("--learning-rate", type=float, help="AdamW learning rate (tiny 1e-3, 100m 1e-6)")
+    p.add_argument(
+        "--loss-type", choices=["dapo", "grpo", "bnpo", "dr_grpo"], help="loss aggregation on both sides (dapo)"
+    )
+    p.add_argument("--seed", type=int, default=0, help="seed of every speed run (0)")
+    p.add_argument(
+        "--threads",
+        type=int,
+        help="torch threads in every process (sets OMP_NUM_THREADS too); default: torch's own choice",
+    )
+    p.add_argument("--json", type=Path, help="write settings, versions, every run's raw numbers and the medians here")
+    p.add_argument(
+        "--logprob-memory",
+        action="store_true",
+        help="instead of the speed comparison: peak memory of chunked log-probs vs full logits vs TRL's "
+        "fused LM head, forward + backward on the 100m model",
+    )
+    p.add_argument("--logprob-sequences", type=int, default=32, help="sequences in the log-prob pass (32)")
+    p.add_argument("--logprob-prompt-length", type=int, default=16, help="prompt tokens per sequence (16)")
+    p.add_argument("--logprob-completion-length", type=int, default=64, help="completion tokens per sequence (64)")
+    p.add_argument(
+        "--logprob-chunk-sizes",
+        type=lambda v: None if v == "auto" else int(v),
+        nargs="+",
+        default=[None, 1024],
+        help="lightning-grpo's logprob_chunk_size values to measure, token positions per LM-head chunk; "
+        "auto is its default, sized to ~32M logits (auto 1024)",
+    )
+    p.add_argument(
+        "--parity",
+        action="store_true",
+        help="instead of the speed comparison: train both sides on the tiny task with "
+        "templates/tiny_cpu.yaml's settings and compare reward and held-out accuracy",
+    )
+    p.add_argument("--seeds", type=int, default=3, help="parity seeds (3)")
+    p.add_argument("--parity-steps", type=int, default=200, help="optimiser steps per parity run (200)")
+    p.add_argument("--parity-last", type=int, default=20, help="parity reward: mean over this many last steps (20)")
+    p.add_argument("--worker", metavar="JSON", help="internal: run one measurement described by JSON in this process")
+    return p.parse_args(argv)
+
+
+def versions() -> dict[str, str]:
+    return {name: version(name) for name in ("torch", "transformers", "trl", "lightning", "lightning-grpo")}
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = parse_args(argv)
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    if args.worker:
+        worker(args.worker)
+        return
+    print(f"$ {shlex.join(sys.orig_argv)}", flush=True)
+    gflops = matmul_gflops()
+    report: dict[str, Any] = {
+        "command": shlex.join(sys.orig_argv),
+        "versions": versions(),
+        "cpu_count": os.cpu_count(),
+        "torch_threads": torch.get_num_threads(),
+        "matmul_gflops": gflops,
+        "args": {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()},
+    }
+    print(f"fp32 matmul: {gflops:.1f} GFLOP/s on {report['torch_threads']} threads; versions {report['versions']}")
+    runner = Runner(args.threads)
+    if args.logprob_memory:
+        report["logprob_memory"] = logprob_memory(args, runner)
+    if args.parity:
+        report["parity"] = parity(args, runner)
+    if not (args.logprob_memory or args.parity):
+        report["speed"] = speed(args, runner, gflops)
+    if args.json:
+        args.json.write_text(json.dumps(report, indent=2))
+        print(f"\nwrote {args.json}")
+
+
+if __name__ == "__main__":
+    main()
