@@ -219,9 +219,16 @@ class GRPOModule(L.LightningModule):
     # ---- training -----------------------------------------------------------------------------------------
 
     def training_step(self, batch: PromptBatch, batch_idx: int) -> dict[str, Any]:
+        """Every random draw of the step (sampling, dropout) comes from a seed of (seed, rank, step), so a
+        resumed run repeats the uninterrupted one with no RNG state saved; the global RNG is left as it was."""
+        with torch.random.fork_rng(devices=self._cuda_devices()):
+            torch.manual_seed(self._step_seed())
+            return self._training_step(batch)
+
+    def _training_step(self, batch: PromptBatch) -> dict[str, Any]:
         start = time.perf_counter()
         hp = self.hparams
-        rollout = self.sample(batch.prompts, hp.num_generations, seed=self._sampling_seed())
+        rollout = self.sample(batch.prompts, hp.num_generations, seed=self._step_seed())
         scores = self._score(rollout, batch)
         all_scores = self._gather_rows(scores.per_function)  # [W*N, F] identical on every rank
         advantages = self._local_advantages(all_scores, scores.weights)  # [N]
@@ -262,8 +269,7 @@ class GRPOModule(L.LightningModule):
     def sample(self, prompts: list, num_generations: int, seed: int | None = None, greedy: bool = False) -> Rollout:
         """Completions for ``prompts``; a seed makes sampling reproducible and distinct per rank and step."""
         hp = self.hparams
-        devices = [self.device] if self.device.type == "cuda" else []
-        with torch.random.fork_rng(devices=devices, enabled=seed is not None):
+        with torch.random.fork_rng(devices=self._cuda_devices(), enabled=seed is not None):
             if seed is not None:
                 torch.manual_seed(seed)
             return self.generator.generate(
@@ -307,7 +313,10 @@ class GRPOModule(L.LightningModule):
             self.reward_funcs, self.reward_weights, rollout, batch.columns, hp.on_reward_error, hp.reward_timeout
         )
 
-    def _sampling_seed(self) -> int:
+    def _cuda_devices(self) -> list[torch.device]:
+        return [self.device] if self.device.type == "cuda" else []
+
+    def _step_seed(self) -> int:
         return (self.hparams.seed * 1_000_003 + self.global_rank * 7_919 + self.global_step) % 2**63
 
     def _local_advantages(self, all_scores: Tensor, weights: Tensor) -> Tensor:

@@ -37,13 +37,21 @@ def data(arith_jsonl):
     return PromptDataModule(arith_jsonl, batch_size=4, val_split=None)  # 16 rows: 4 steps per epoch
 
 
-@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT])
-def test_signal_saves_a_checkpoint_and_resume_is_exact(tiny_model_dir, arith_jsonl, tmp_path, signum):
+def module(model_dir, dropout: float):
+    """The tiny policy, with attention dropout: the training pass itself draws random numbers."""
+    grpo = make_module(model_dir, beta=0.1)
+    for layer in grpo.policy.model.layers:
+        layer.self_attn.attention_dropout = dropout
+    return grpo
+
+
+@pytest.mark.parametrize("signum,dropout", [(signal.SIGTERM, 0.0), (signal.SIGINT, 0.0), (signal.SIGTERM, 0.3)])
+def test_signal_saves_a_checkpoint_and_resume_is_exact(tiny_model_dir, arith_jsonl, tmp_path, signum, dropout):
     # 2N = 6 steps crosses an epoch boundary (4 steps per epoch) and the stop falls mid-epoch.
-    full, full_prompts = make_module(tiny_model_dir, beta=0.1), Prompts()
+    full, full_prompts = module(tiny_model_dir, dropout), Prompts()
     reference = fit(full, data(arith_jsonl), tmp_path / "full", max_steps=2 * N, callbacks=[full_prompts])
 
-    first, first_prompts = make_module(tiny_model_dir, beta=0.1), Prompts()
+    first, first_prompts = module(tiny_model_dir, dropout), Prompts()
     with pytest.raises(SystemExit) as stop:
         fit(
             first,
@@ -57,7 +65,7 @@ def test_signal_saves_a_checkpoint_and_resume_is_exact(tiny_model_dir, arith_jso
     ckpt = tmp_path / "first" / "lightning_logs" / "version_0" / "checkpoints" / "last.ckpt"
     assert torch.load(ckpt, weights_only=False)["global_step"] == N
 
-    resumed, resumed_prompts = make_module(tiny_model_dir, beta=0.1), Prompts()
+    resumed, resumed_prompts = module(tiny_model_dir, dropout), Prompts()
     second = fit(
         resumed, data(arith_jsonl), tmp_path / "second", max_steps=2 * N, ckpt_path=ckpt, callbacks=[resumed_prompts]
     )
