@@ -280,12 +280,15 @@ class GRPOModule(L.LightningModule):
                 self.sampling,
                 max_prompt_length=hp.max_prompt_length,
                 greedy=greedy,
-                synced_gpus=self._sharded() and self.trainer.world_size > 1,
+                synced_gpus=self._synced_generation(),
             )
 
-    def _sharded(self) -> bool:
+    def _synced_generation(self) -> bool:
         """Weights split over ranks (FSDP2, or Lightning's FSDP): every forward is a collective."""
-        return is_sharded(self.policy) or isinstance(self.trainer.strategy, FSDPStrategy)
+        trainer = self._trainer  # None when sampling outside a Trainer
+        if trainer is None or trainer.world_size == 1:
+            return False
+        return is_sharded(self.policy) or isinstance(trainer.strategy, FSDPStrategy)
 
     def _targets(self, rollout: Rollout, advantages: Tensor) -> Targets:
         """Everything the step's optimiser steps are computed against, each computed once."""

@@ -223,3 +223,9 @@ def test_bf16_precisions_train_on_cpu(tiny_model_dir, arith_jsonl, tmp_path, pre
     metrics = logged(trainer)
     assert all(torch.isfinite(torch.tensor(metrics["train/loss"])))
     assert not torch.equal(module.policy.model.embed_tokens.weight.detach().float(), before)
+
+
+def test_sample_outside_a_trainer(tiny_model_dir):
+    """``module.sample`` works on a module that is not attached to a Trainer (notebooks, evaluation)."""
+    rollout = make_module(tiny_model_dir).sample(["1+2=", "3+0="], num_generations=3, seed=0)
+    assert len(rollout) == 6 and rollout.group_size == 3 and len(rollout.completions) == 6
