@@ -11,7 +11,6 @@
 from __future__ import annotations
 
 import importlib.util
-import os
 from typing import Protocol
 
 import torch
@@ -71,6 +70,9 @@ def vllm_problems() -> list[str]:
 class VLLMGenerator:
     """A colocated vLLM engine on this rank's GPU, sharing it with training (``gpu_memory_utilization``).
 
+    Built inside each training process after ``torch.distributed`` is up, with ``RANK``, ``LOCAL_RANK`` and
+    ``WORLD_SIZE`` set: the "external launcher" backend then runs one engine per process in the same group.
+
     Args:
         model: the policy's Hugging Face name or local path (the engine loads it once; weights then follow).
         gpu_memory_utilization: the fraction of GPU memory vLLM may take (weights, KV cache).
@@ -81,9 +83,6 @@ class VLLMGenerator:
     def __init__(self, model: str, gpu_memory_utilization: float, max_model_len: int | None, seed: int) -> None:
         from vllm import LLM
 
-        os.environ.setdefault("RANK", "0")  # the external launcher reads torch.distributed's variables
-        os.environ.setdefault("LOCAL_RANK", "0")
-        os.environ.setdefault("WORLD_SIZE", "1")
         self.llm = LLM(
             model=model,
             gpu_memory_utilization=gpu_memory_utilization,

@@ -199,16 +199,22 @@ class GRPOModule(L.LightningModule):
         # Not a registered submodule: stays out of the optimiser and of checkpoints, rebuilt on resume.
         needs_copy = beta > 0 and peft_config is None
         self.__dict__["reference"] = self._frozen_copy(self.policy) if needs_copy else None
-        self.generator: Generator = HFGenerator() if generation_backend == "hf" else self._vllm(model, seed)
+        if generation_backend == "vllm" and (not isinstance(model, str) or peft_config is not None):
+            raise ValueError("generation_backend 'vllm' needs `model` as a name or path, and no peft_config")
+        self.generator: Generator = HFGenerator()  # vllm: replaced in setup(), once the processes exist
         self.num_tokens_seen = 0
         self.skipped_steps = 0
         self.bad_steps_in_a_row = 0
 
-    def _vllm(self, model: str | nn.Module, seed: int) -> Generator:
-        if not isinstance(model, str) or self.hparams.peft_config is not None:
-            raise ValueError("generation_backend 'vllm' needs `model` as a name or path, and no peft_config")
-        rank = int(os.environ.get("RANK", 0))  # the launcher's rank: the engine is built before the trainer
-        return VLLMGenerator(resolve_pretrained(model), self.hparams.vllm_gpu_memory_utilization, None, seed + rank)
+    def setup(self, stage: str) -> None:
+        """A vLLM engine per process, built once Lightning has started the processes (it joins their group)."""
+        hp = self.hparams
+        if hp.generation_backend == "vllm" and not isinstance(self.generator, VLLMGenerator):
+            trainer = self.trainer
+            ranks = {"RANK": trainer.global_rank, "LOCAL_RANK": trainer.local_rank, "WORLD_SIZE": trainer.world_size}
+            os.environ.update({k: str(v) for k, v in ranks.items()})
+            model = resolve_pretrained(hp.model)
+            self.generator = VLLMGenerator(model, hp.vllm_gpu_memory_utilization, None, hp.seed + trainer.global_rank)
 
     @staticmethod
     def _frozen_copy(model: nn.Module) -> nn.Module:
