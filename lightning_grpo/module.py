@@ -31,6 +31,7 @@ from lightning_grpo.logprobs import TokenLogps, completion_logps
 from lightning_grpo.loss import LossNormalizer, LossOutput, grpo_loss, loss_mask, sampling_correction
 from lightning_grpo.metrics import accuracy, completion_metrics, reward_metrics, sampling_metrics
 from lightning_grpo.models import load_policy, load_tokenizer, resolve_pretrained, with_lora
+from lightning_grpo.ranks import gather_lengths, gather_rows, loss_over_ranks, sum_over_ranks
 from lightning_grpo.rewards.combine import preset
 from lightning_grpo.rewards.scoring import check_reward_weights, reward_name, score_rollout
 from lightning_grpo.rollout import SamplingConfig
@@ -236,7 +237,7 @@ class GRPOModule(L.LightningModule):
         hp = self.hparams
         rollout = self.sample(batch.prompts, hp.num_generations, seed=self._step_seed())
         scores = self._score(rollout, batch)
-        all_scores = self._gather_rows(scores.per_function)  # [W*N, F] identical on every rank
+        all_scores = gather_rows(self.trainer, scores.per_function)  # [W*N, F] identical on every rank
         advantages = self._local_advantages(all_scores, scores.weights)  # [N]
         if all_scores.isinf().any() or not advantages.isfinite().all():  # NaN rewards are "not applicable"
             return self._skip_step("rewards or advantages are infinite or NaN")
@@ -247,13 +248,13 @@ class GRPOModule(L.LightningModule):
                 return self._skip_step("gradients are infinite or NaN")
         self.generator.sync_weights(self.policy)
         self.bad_steps_in_a_row = 0
-        self.num_tokens_seen += int(self._sum_over_ranks(rollout.attention_mask.sum()))
-        loss = self._over_ranks(loss)
+        self.num_tokens_seen += int(sum_over_ranks(self.trainer, rollout.attention_mask.sum()))
+        loss = loss_over_ranks(self.trainer, loss)
         metrics = {
             "loss": loss.loss.item(),
             **reward_metrics(all_scores, scores.weights, scores.names, rollout.group_size),
             **loss.metrics(),
-            **completion_metrics(*self._gather_lengths(rollout)),
+            **completion_metrics(*gather_lengths(self.trainer, rollout)),
             **sampling_metrics(targets.sampling_weights, targets.mask),
             "prompts/truncated": float(rollout.num_truncated_prompts),
             "num_tokens": float(self.num_tokens_seen),
@@ -340,7 +341,7 @@ class GRPOModule(L.LightningModule):
         return LossNormalizer(
             num_sequences=mask.shape[0],
             num_tokens=tokens.item(),
-            global_num_tokens=float(self._sum_over_ranks(tokens)),
+            global_num_tokens=float(sum_over_ranks(self.trainer, tokens)),
             world_size=self.trainer.world_size,
             max_completion_length=self.hparams.max_completion_length,
         )
@@ -473,33 +474,6 @@ class GRPOModule(L.LightningModule):
         for name, value in metrics.items():
             if written or name in shown:
                 self.log(f"{stage}/{name}", value, prog_bar=name in shown, on_step=True, on_epoch=False, batch_size=1)
-
-    def _gather_rows(self, t: Tensor) -> Tensor:
-        """[N, ...] on each rank -> [W*N, ...] in rank order."""
-        if self.trainer.world_size == 1:
-            return t
-        return self.all_gather(t).reshape(-1, *t.shape[1:])
-
-    def _over_ranks(self, out: LossOutput) -> LossOutput:
-        """Loss metrics of the global batch, as TRL gathers them: token sums and counts added over ranks, and
-        the loss averaged (each rank's loss is scaled so that DDP's gradient average is the global gradient)."""
-        if self.trainer.world_size == 1:
-            return out
-        names = sorted(out.token_sums)
-        local = torch.stack([out.token_sums[k].float() for k in names] + [out.num_tokens.float(), out.loss.float()])
-        total = self._sum_over_ranks(local)  # [M + 2] one all-reduce
-        return LossOutput(total[-1] / self.trainer.world_size, dict(zip(names, total[:-2])), total[-2])
-
-    def _gather_lengths(self, rollout: Rollout) -> tuple[Tensor, Tensor]:
-        """[W*N] completion lengths and truncation flags of every rank."""
-        local = torch.stack([rollout.completion_mask.sum(1), rollout.is_truncated.long()], dim=1)  # [N, 2]
-        both = self._gather_rows(local)
-        return both[:, 0], both[:, 1].bool()
-
-    def _sum_over_ranks(self, t: Tensor) -> Tensor:
-        if self.trainer.world_size == 1:
-            return t
-        return self.trainer.strategy.reduce(t.float(), reduce_op="sum")
 
     def configure_model(self) -> None:
         """Under ``ModelParallelStrategy``: FSDP2-shard the policy and the reference over the data-parallel mesh."""
