@@ -89,27 +89,10 @@ def qwen_vocab_tokenizer():
 def qwen_100m(tokenizer, seed: int = 0) -> nn.Module:
     """Qwen2 with Qwen2.5's vocabulary, 4 layers of width 512, tied embeddings: 90M parameters, 78M of them
     the embedding / LM head (151936 x 512)."""
-    from transformers import Qwen2Config, Qwen2ForCausalLM
+    from lightning_grpo.demo import build_tiny_qwen2
 
-    config = Qwen2Config(
-        vocab_size=QWEN25_VOCAB,
-        hidden_size=512,
-        intermediate_size=1536,
-        num_hidden_layers=4,
-        num_attention_heads=8,
-        num_key_value_heads=2,
-        max_position_embeddings=1024,
-        tie_word_embeddings=True,
-        pad_token_id=tokenizer.pad_token_id,
-        eos_token_id=tokenizer.eos_token_id,
-        bos_token_id=None,
-    )
-    with torch.random.fork_rng(devices=[]):  # the caller's RNG stream stays untouched
-        torch.manual_seed(seed)
-        model = Qwen2ForCausalLM(config)
-    model.generation_config.pad_token_id = tokenizer.pad_token_id
-    model.generation_config.eos_token_id = tokenizer.eos_token_id
-    return model
+    sizes = dict(hidden_size=512, intermediate_size=1536, num_hidden_layers=4, num_attention_heads=8)
+    return build_tiny_qwen2(tokenizer, seed, vocab_size=QWEN25_VOCAB, max_position_embeddings=1024, **sizes)
 
 
 def synthetic_rows(n: int = 256, seed: int = 0) -> list[dict[str, str]]:

@@ -49,17 +49,21 @@ def build_tokenizer() -> PreTrainedTokenizerFast:
 
 
 def build_tiny_qwen2(tokenizer: PreTrainedTokenizerFast, seed: int = 0, **overrides: int) -> Qwen2ForCausalLM:
-    """A 2-layer Qwen2 (0.14M parameters) with random weights."""
+    """A 2-layer Qwen2 (0.14M parameters) with random weights; ``overrides`` replace its size settings
+    (``hidden_size``, ``num_hidden_layers``, ``vocab_size`` ...), e.g. for the benchmarks' larger models."""
     import torch
 
-    config = Qwen2Config(
+    sizes = dict(
         vocab_size=len(tokenizer),
-        hidden_size=overrides.get("hidden_size", 64),
-        intermediate_size=overrides.get("intermediate_size", 256),
-        num_hidden_layers=overrides.get("num_hidden_layers", 2),
+        hidden_size=64,
+        intermediate_size=256,
+        num_hidden_layers=2,
         num_attention_heads=4,
         num_key_value_heads=2,
         max_position_embeddings=256,
+    )
+    config = Qwen2Config(
+        **{**sizes, **overrides},
         tie_word_embeddings=True,
         pad_token_id=tokenizer.pad_token_id,
         eos_token_id=tokenizer.eos_token_id,
