@@ -10,7 +10,6 @@
 
 from __future__ import annotations
 
-import importlib.util
 from typing import Protocol
 
 import torch
@@ -55,16 +54,6 @@ class HFGenerator:
 
     def sync_weights(self, policy: nn.Module) -> None:
         pass  # generates with the policy itself
-
-
-def vllm_problems() -> list[str]:
-    """Why vLLM cannot run here (empty when it can): checked at config time, before any model is loaded."""
-    problems = []
-    if importlib.util.find_spec("vllm") is None:
-        problems.append("the vllm package is not installed (pip install vllm)")
-    if not torch.cuda.is_available():
-        problems.append("no CUDA GPU is visible (vLLM generation runs on GPUs only)")
-    return problems
 
 
 class VLLMGenerator:

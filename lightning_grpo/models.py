@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import importlib.util
-
 import torch
 from torch import nn
 from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedTokenizerBase
@@ -16,16 +14,6 @@ DTYPES = {"auto": "auto", "float32": torch.float32, "bfloat16": torch.bfloat16, 
 def resolve_pretrained(name: str) -> str:
     """A Hugging Face name or local path; embedded names (``lightning-grpo/...``) are written locally first."""
     return str(demo.materialize(name)) if name in demo.EMBEDDED else name
-
-
-def qlora_problems() -> list[str]:
-    """Why 4-bit (QLoRA) loading cannot run here (empty when it can)."""
-    problems = []
-    if importlib.util.find_spec("bitsandbytes") is None:
-        problems.append("the bitsandbytes package is not installed (pip install bitsandbytes)")
-    if not torch.cuda.is_available():
-        problems.append("no CUDA GPU is visible (bitsandbytes 4-bit layers run on GPUs)")
-    return problems
 
 
 def load_policy(model: str | nn.Module, dtype: str = "float32", load_in_4bit: bool = False) -> nn.Module:

@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import importlib.util
 from typing import Any
 
+import torch
+
 from lightning_grpo.advantages import SCALE_REWARDS
-from lightning_grpo.generation import GENERATION_BACKENDS, vllm_problems
+from lightning_grpo.generation import GENERATION_BACKENDS
 from lightning_grpo.loss import IMPORTANCE_SAMPLING_LEVELS, REDUCTIONS, SAMPLING_CORRECTIONS
-from lightning_grpo.models import DTYPES, qlora_problems
+from lightning_grpo.models import DTYPES
 from lightning_grpo.rewards.scoring import ON_ERROR
 
 LR_SCHEDULERS = ("cosine", "linear", "constant", "constant_with_warmup")
@@ -23,8 +26,18 @@ def _at_least(name: str, value: Any, low: float, optional: bool = False) -> str 
     return None if value is not None and value >= low else f"{name} must be >= {low}, got {value!r}"
 
 
+def _cuda_package_problems(package: str, runs: str) -> list[str]:
+    """Why ``package``, which runs ``runs`` on CUDA only, cannot run here (empty when it can)."""
+    problems = []
+    if importlib.util.find_spec(package) is None:
+        problems.append(f"the {package} package is not installed (pip install {package})")
+    if not torch.cuda.is_available():
+        problems.append(f"no CUDA GPU is visible ({runs} run on GPUs only)")
+    return problems
+
+
 def _vllm_runs_here(backend: str) -> str | None:
-    problems = vllm_problems() if backend == "vllm" else []
+    problems = _cuda_package_problems("vllm", "vLLM engines") if backend == "vllm" else []
     if not problems:
         return None
     return f"generation_backend 'vllm' cannot run on this machine: {'; '.join(problems)}. Use generation_backend: hf"
@@ -33,7 +46,8 @@ def _vllm_runs_here(backend: str) -> str | None:
 def _qlora_runs_here(load_in_4bit: bool, peft_config: dict | None) -> str | None:
     if not load_in_4bit:
         return None
-    problems = qlora_problems() + ([] if peft_config else ["4-bit weights cannot train: give a peft_config adapter"])
+    problems = _cuda_package_problems("bitsandbytes", "bitsandbytes 4-bit layers")
+    problems += [] if peft_config else ["4-bit weights cannot train: give a peft_config adapter"]
     return f"load_in_4bit (QLoRA) cannot run: {'; '.join(problems)}" if problems else None
 
 
