@@ -120,6 +120,9 @@ class Policy:
 class RewardTimeoutError(RuntimeError):
     """A reward call took longer than ``reward_timeout``."""
 
+    def __init__(self, fn: RewardFunc, timeout: float) -> None:
+        super().__init__(f"reward function {reward_name(fn)!r} took longer than reward_timeout={timeout}s")
+
 
 def _run_with_timeout(fn: RewardFunc, kwargs: dict[str, Any], timeout: float | None) -> Any:
     """``fn(**kwargs)``, given up after ``timeout`` seconds. Python cannot kill a thread, so an overdue call is
@@ -138,7 +141,7 @@ def _run_with_timeout(fn: RewardFunc, kwargs: dict[str, Any], timeout: float | N
     worker.start()
     worker.join(timeout)
     if worker.is_alive():
-        raise RewardTimeoutError(f"reward function {reward_name(fn)!r} took longer than reward_timeout={timeout}s")
+        raise RewardTimeoutError(fn, timeout)
     if "error" in box:
         raise box["error"]
     return box["value"]
@@ -151,7 +154,7 @@ async def _await_with_timeout(fn: RewardFunc, kwargs: dict[str, Any], timeout: f
     done, _ = await asyncio.wait({task}, timeout=timeout)
     if not done:
         task.cancel()
-        raise RewardTimeoutError(f"reward function {reward_name(fn)!r} took longer than reward_timeout={timeout}s")
+        raise RewardTimeoutError(fn, timeout)
     return task.result()
 
 
