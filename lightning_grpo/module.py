@@ -400,35 +400,34 @@ class GRPOModule(L.LightningModule):
             out = LossOutput(out.loss.detach(), out.token_sums, out.num_tokens)
             out.token_sums["entropy"] = (token.entropy * targets.mask[rows]).sum()
             total = out if total is None else total + out
-        # fp16 AMP: the GradScaler skips steps with overflowing gradients and lowers its scale by itself
-        if self._grad_scaler() is None and not self._gradients_finite():
+        # fp16 AMP: gradients are unscaled inside optimizer.step (clipped there, in on_before_optimizer_step), and
+        # the GradScaler skips steps with overflowing gradients and lowers its scale by itself
+        if self._grad_scaler() is None and not self._clip_gradients().isfinite():
             optimizer.zero_grad()
             return None
-        optimizer.step()  # clips in on_before_optimizer_step, after AMP unscaling
+        optimizer.step()
         self.lr_schedulers().step()
         return total
 
     def on_before_optimizer_step(self, optimizer: torch.optim.Optimizer) -> None:
-        """Clip the global gradient norm: gradients are unscaled (fp16 AMP) and all-reduced or sharded here."""
-        max_norm = self.hparams.max_grad_norm
-        if max_norm is None:
-            return
-        if isinstance(self.trainer.strategy, FSDPStrategy):  # FSDP1: only the root module sees every shard
-            self.trainer.strategy.model.clip_grad_norm_(max_norm)
-        else:  # plain, DDP (identical gradients), FSDP2 (DTensor gradients: a global norm)
-            torch.nn.utils.clip_grad_norm_([p for p in self.policy.parameters() if p.grad is not None], max_norm)
+        if self._grad_scaler() is not None:  # the fp16 GradScaler has just unscaled the gradients
+            self._clip_gradients()
 
     def _grad_scaler(self) -> Any:
         return getattr(self.trainer.precision_plugin, "scaler", None)
 
-    def _gradients_finite(self) -> bool:
-        grads = [p.grad.detach() for p in self.policy.parameters() if p.grad is not None]
-        if not grads:
-            return True
-        norm = torch.nn.utils.get_total_norm(grads)
-        finite = bool((norm.full_tensor() if isinstance(norm, DTensor) else norm).isfinite())
-        # FSDP1 shards are plain local tensors: ranks must agree, or one would step while another skips
-        return self.trainer.world_size == 1 or self.trainer.strategy.reduce_boolean_decision(finite, all=True)
+    def _clip_gradients(self) -> Tensor:
+        """Clip the global gradient norm to ``max_grad_norm`` (when set) and return it as it was before: one
+        norm computation serves the clipping and the finiteness check, and every rank gets the same value."""
+        max_norm = self.hparams.max_grad_norm
+        if isinstance(self.trainer.strategy, FSDPStrategy):  # FSDP1: only the root module sees every shard
+            return self.trainer.strategy.model.clip_grad_norm_(math.inf if max_norm is None else max_norm)
+        params = [p for p in self.policy.parameters() if p.grad is not None]
+        if max_norm is None:  # plain, DDP (identical gradients), FSDP2 (DTensor gradients: a global norm)
+            norm = torch.nn.utils.get_total_norm([p.grad for p in params])
+        else:
+            norm = torch.nn.utils.clip_grad_norm_(params, max_norm)
+        return norm.full_tensor() if isinstance(norm, DTensor) else norm
 
     def _skip_step(self, reason: str) -> None:
         """Skip an optimiser step with a warning; ``max_bad_steps`` in a row stop training, a checkpoint kept."""
