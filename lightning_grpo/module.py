@@ -235,7 +235,7 @@ class GRPOModule(L.LightningModule):
     def _training_step(self, batch: PromptBatch) -> dict[str, Any]:
         start = time.perf_counter()
         hp = self.hparams
-        rollout = self.sample(batch.prompts, hp.num_generations, seed=self._step_seed())
+        rollout = self.sample(batch.prompts, hp.num_generations)  # the step's RNG is seeded already
         scores = self._score(rollout, batch)
         all_scores = gather_rows(self.trainer, scores.per_function)  # [W*N, F] identical on every rank
         advantages = self._local_advantages(all_scores, scores.weights)  # [N]
