@@ -30,9 +30,10 @@ class StepClock(L.Callback):
     ) -> None:
         if outputs is None:  # a skipped step took no optimiser step: its time goes to the next one
             return
-        rollout = outputs["rollout"]
+        record = outputs["record"]
+        rollout = record.rollout
         self.steps.step(
-            int(rollout.completion_mask.sum()), int(rollout.prompt_mask.sum()), float(outputs["metrics"]["reward"])
+            int(rollout.completion_mask.sum()), int(rollout.prompt_mask.sum()), record.stats.rewards.mean
         )
 
 
@@ -81,4 +82,4 @@ def run(spec: RunSpec) -> RunResult:
         fit = trainer(spec, StepClock(log), root)
         setup_s, rss_before = time.perf_counter() - start, rss_mb()
         fit.fit(module, data)
-    return run_result(spec, log, module.policy, module.tokenizer, setup_s, rss_before)
+    return run_result(spec, log, module.policy.model, module.policy.tokenizer, setup_s, rss_before)

@@ -182,8 +182,8 @@ def train(job: dict[str, Any]) -> dict[str, Any]:
         peft_config=LORA if run == "lora" else None,
         learning_rate=1e-6,
     )
-    params = sum(p.numel() for p in module.policy.parameters())
-    trainable = sum(p.numel() for p in module.policy.parameters() if p.requires_grad)
+    params = sum(p.numel() for p in module.policy.model.parameters())
+    trainable = sum(p.numel() for p in module.policy.model.parameters() if p.requires_grad)
     strategy = {"ddp": "ddp", "fsdp2": ModelParallelStrategy(data_parallel_size=2, tensor_parallel_size=1)}
     probe = peak_probe()
     trainer = L.Trainer(
@@ -207,7 +207,7 @@ def train(job: dict[str, Any]) -> dict[str, Any]:
         "world_size": trainer.world_size,
         "params": params,
         "trainable": trainable,
-        "reference_copy": module.reference is not None,
+        "reference_copy": module.policy.reference is not None,
         "steps": trainer.global_step,
         **probe.figures(),
     }

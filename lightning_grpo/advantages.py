@@ -19,13 +19,19 @@ STD_EPS = 1e-4  # TRL's constant: keeps a near-constant group from blowing up
 @dataclass
 class Advantages:
     advantages: Tensor  # [N] 0 where the reward was NaN (every function said "not applicable")
-    std: Tensor  # [N] std of the rewards each advantage was compared against (group or batch)
     group_std: Tensor  # [N/G] per-group reward std, for collapse monitoring
 
-    @property
-    def frac_zero_std(self) -> float:
-        """Fraction of groups whose rewards are all equal: they carry no policy gradient."""
-        return torch.isclose(self.group_std, torch.zeros_like(self.group_std)).float().mean().item()
+
+def zero_std_fraction(grouped: Tensor) -> float:
+    """Fraction of groups ([groups, G] rewards) whose rewards are all equal: they carry no policy gradient.
+    NaN ("not applicable") rewards are left out; a group with fewer than two rewards counts as equal. As TRL:
+    the group's std is close to 0 (``torch.isclose``'s default tolerance).
+
+    >>> zero_std_fraction(torch.tensor([[1.0, 1.0], [0.0, 1.0], [0.5, float("nan")]]))
+    0.6666666865348816
+    """
+    std = nanstd(grouped, dim=1).nan_to_num(0.0)  # [groups]
+    return torch.isclose(std, torch.zeros_like(std)).float().mean().item()
 
 
 def nanstd(x: Tensor, dim: int | None = None, keepdim: bool = False) -> Tensor:
@@ -78,6 +84,5 @@ def compute_advantages(rewards: Tensor, group_size: int, scale_rewards: str = "g
         advantages = advantages / (std + STD_EPS)
     return Advantages(
         advantages=torch.nan_to_num(advantages, nan=0.0).to(dtype),
-        std=torch.nan_to_num(std, nan=0.0).to(dtype),
         group_std=torch.nan_to_num(group_std, nan=0.0).to(dtype),
     )

@@ -8,18 +8,17 @@ from __future__ import annotations
 
 import warnings
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import lightning as L
-from datasets import Dataset, DatasetDict, load_dataset, load_from_disk
 from torch.utils.data import DataLoader
 from torchdata.stateful_dataloader import StatefulDataLoader
 
 from lightning_grpo import demo
 from lightning_grpo.types import PromptBatch
 
-# torchdata 0.11 calls a torch API that warns on every epoch; the warning is about torchdata, not the user's run.
-warnings.filterwarnings("ignore", message="'set_vital' is deprecated", category=UserWarning)
+if TYPE_CHECKING:
+    from datasets import Dataset
 
 FILE_FORMATS = {".json": "json", ".jsonl": "json", ".csv": "csv", ".parquet": "parquet"}
 
@@ -27,6 +26,8 @@ FILE_FORMATS = {".json": "json", ".jsonl": "json", ".csv": "csv", ".parquet": "p
 def load_any(source: str, split: str, name: str | None = None) -> Dataset:
     """A split from a hub name, a ``save_to_disk`` directory, a JSON/JSONL/CSV/Parquet file, or a directory
     of ``<split>.<ext>`` files."""
+    from datasets import DatasetDict, load_dataset, load_from_disk  # pandas and pyarrow: only when data loads
+
     if source in demo.EMBEDDED:
         source = str(demo.materialize(source))
     path = Path(source)
@@ -133,14 +134,16 @@ class PromptDataModule(L.LightningDataModule):
     def train_dataloader(self) -> StatefulDataLoader:
         # Stateful: a checkpoint holds the position in the epoch and the shuffling generator, so a resumed
         # run continues with the very next batch instead of restarting the epoch.
-        return StatefulDataLoader(
-            self.train_data,
-            batch_size=self.hparams.batch_size,
-            shuffle=True,
-            drop_last=len(self.train_data) >= self.hparams.batch_size,
-            collate_fn=self.collate,
-            num_workers=self.hparams.num_workers,
-        )
+        with warnings.catch_warnings():  # torchdata calls a deprecated torch API when built: not the user's concern
+            warnings.filterwarnings("ignore", message="'set_vital' is deprecated", category=UserWarning)
+            return StatefulDataLoader(
+                self.train_data,
+                batch_size=self.hparams.batch_size,
+                shuffle=True,
+                drop_last=len(self.train_data) >= self.hparams.batch_size,
+                collate_fn=self.collate,
+                num_workers=self.hparams.num_workers,
+            )
 
     def val_dataloader(self) -> DataLoader | list:
         if self.val_data is None:

@@ -1,44 +1,57 @@
-"""Rollout + rewards + advantages -> the per-step numbers users compare across tools (TRL's names).
+"""Rollout + rewards + loss sums -> the typed statistics of a step (``RewardStats``, ``LengthStats``, ``UpdateStats``).
 
-Pure functions over tensors already gathered from every rank; the module logs what they return.
+Pure functions over tensors already gathered from every rank; the module puts them in the step record and
+logs ``StepStats.metrics()``, which names them as TRL does.
 """
 
 from __future__ import annotations
 
-import torch
 from torch import Tensor
 
-from lightning_grpo.advantages import nanstd
-from lightning_grpo.types import RewardScores
+from lightning_grpo.advantages import nanstd, zero_std_fraction
+from lightning_grpo.loss import LossOutput
+from lightning_grpo.types import LengthStats, RewardScores, RewardStats, UpdateStats
 
 
-def reward_metrics(per_function: Tensor, weights: Tensor, names: list[str], group_size: int) -> dict[str, float]:
-    """``reward``, ``reward_std``, ``rewards/<fn>/mean|std`` and ``frac_reward_zero_std`` of [N, F] scores."""
+def reward_stats(per_function: Tensor, weights: Tensor, names: list[str], group_size: int) -> RewardStats:
+    """Statistics of [N, F] scores. A function that returned None for every row has NaN mean and std, as in
+    TRL, so that it shows instead of passing for a 0."""
     total = RewardScores(per_function, names, weights).total  # [N]
-    group_std = nanstd(total.view(-1, group_size), dim=1).nan_to_num(0.0)  # [N/G]
-    out = {
-        "reward": total.nanmean().item(),
-        "reward_std": nanstd(total).nan_to_num(0.0).item(),
-        "frac_reward_zero_std": torch.isclose(group_std, torch.zeros_like(group_std)).float().mean().item(),
-    }
-    for i, name in enumerate(names):
-        column = per_function[:, i]
-        out[f"rewards/{name}/mean"] = column.nanmean().nan_to_num(0.0).item()
-        out[f"rewards/{name}/std"] = nanstd(column).nan_to_num(0.0).item()
-    return out
+    return RewardStats(
+        mean=total.nanmean().item(),
+        std=nanstd(total).nan_to_num(0.0).item(),
+        frac_zero_std=zero_std_fraction(total.view(-1, group_size)),
+        function_means={name: per_function[:, i].nanmean().item() for i, name in enumerate(names)},
+        function_stds={name: nanstd(per_function[:, i]).item() for i, name in enumerate(names)},
+    )
 
 
-def completion_metrics(lengths: Tensor, is_truncated: Tensor) -> dict[str, float]:
+def length_stats(lengths: Tensor, is_truncated: Tensor) -> LengthStats:
     """Statistics of [N] completion lengths (tokens up to and including EOS); terminated = ended with EOS."""
     lengths = lengths.float()
     terminated = lengths[~is_truncated]
-    return {
-        "completions/mean_length": lengths.mean().item(),
-        "completions/min_length": lengths.min().item(),
-        "completions/max_length": lengths.max().item(),
-        "completions/clipped_ratio": is_truncated.float().mean().item(),
-        "completions/mean_terminated_length": terminated.mean().item() if terminated.numel() else 0.0,
-    }
+    return LengthStats(
+        mean=lengths.mean().item(),
+        min=lengths.min().item(),
+        max=lengths.max().item(),
+        clipped_ratio=is_truncated.float().mean().item(),
+        mean_terminated=terminated.mean().item() if terminated.numel() else 0.0,
+    )
+
+
+def update_stats(loss: LossOutput, sampling_weights: Tensor | None, mask: Tensor) -> UpdateStats:
+    """The loss and its token means (entropy, clip ratios, KL when computed), and the sampler correction's range."""
+    means = loss.metrics()
+    return UpdateStats(
+        loss=loss.loss.item(),
+        entropy=means.get("entropy", 0.0),
+        clip_low=means["clip_ratio/low_mean"],
+        clip_high=means["clip_ratio/high_mean"],
+        clip_region=means["clip_ratio/region_mean"],
+        loss_tokens=float(loss.num_tokens),
+        kl=means.get("kl"),
+        sampling_ratio=_range(sampling_weights, mask),
+    )
 
 
 def accuracy(per_function: Tensor, names: list[str], accuracy_reward: str) -> float:
@@ -48,15 +61,11 @@ def accuracy(per_function: Tensor, names: list[str], accuracy_reward: str) -> fl
     return (scored >= 1.0).float().mean().item() if scored.numel() else 0.0
 
 
-def sampling_metrics(weights: Tensor | None, mask: Tensor) -> dict[str, float]:
+def _range(weights: Tensor | None, mask: Tensor) -> tuple[float, float, float] | None:
     """min / mean / max of the sampling-correction weights over the loss tokens (none without correction)."""
     if weights is None:
-        return {}
+        return None
     active = weights.expand_as(mask)[mask.bool()]
     if not active.numel():
-        return {}
-    return {
-        "sampling/importance_ratio/min": active.min().item(),
-        "sampling/importance_ratio/mean": active.mean().item(),
-        "sampling/importance_ratio/max": active.max().item(),
-    }
+        return None
+    return active.min().item(), active.mean().item(), active.max().item()

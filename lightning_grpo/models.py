@@ -2,11 +2,24 @@
 
 from __future__ import annotations
 
+import importlib.util
+
 import torch
 from torch import nn
 from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedTokenizerBase
 
 from lightning_grpo import demo
+
+
+def cuda_package_problems(package: str, runs: str) -> list[str]:
+    """Why ``package``, which runs ``runs`` on CUDA only, cannot run here (empty when it can)."""
+    problems = []
+    if importlib.util.find_spec(package) is None:
+        problems.append(f"the {package} package is not installed (pip install {package})")
+    if not torch.cuda.is_available():
+        problems.append(f"no CUDA GPU is visible ({runs} run on GPUs only)")
+    return problems
+
 
 DTYPES = {"auto": "auto", "float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 

@@ -1,18 +1,15 @@
-"""GRPOModule: the LightningModule that wires rollout -> rewards -> advantages -> log-probs -> loss.
+"""GRPOModule: the LightningModule that wires the stages, and nothing else.
 
-Manual optimisation: one ``training_step`` samples a generation batch, then takes ``num_iterations``
-optimiser steps on it, each accumulating gradients over micro-batches of ``micro_batch_size`` completions.
+rollout (engine) -> rewards -> advantages -> targets -> loss -> optimiser; callbacks observe the step record.
+Manual optimisation: one ``training_step`` samples a generation batch, then takes ``num_iterations`` optimiser
+steps on it, each accumulating gradients over micro-batches of ``micro_batch_size`` completions.
 """
 
 from __future__ import annotations
 
-import copy
 import math
-import os
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
-from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -23,37 +20,24 @@ from lightning.pytorch.strategies import FSDPStrategy, ModelParallelStrategy
 from lightning.pytorch.utilities import rank_zero_warn
 from torch import Tensor, nn
 from torch.distributed.tensor import DTensor
-from transformers import PreTrainedTokenizerBase, get_scheduler
+from transformers import PreTrainedTokenizerBase
+from typing_extensions import override
 
 from lightning_grpo.advantages import compute_advantages
-from lightning_grpo.generation import Generator, HFGenerator, VLLMGenerator
-from lightning_grpo.logprobs import TokenLogps, completion_logps
-from lightning_grpo.loss import LossNormalizer, LossOutput, grpo_loss, loss_mask, sampling_correction
-from lightning_grpo.metrics import accuracy, completion_metrics, reward_metrics, sampling_metrics
-from lightning_grpo.models import load_policy, load_tokenizer, resolve_pretrained, with_lora
-from lightning_grpo.ranks import gather_lengths, gather_rows, loss_over_ranks, sum_over_ranks
+from lightning_grpo.engines import HFGenerate
+from lightning_grpo.loss import LossOutput, grpo_loss
+from lightning_grpo.metrics import accuracy, length_stats, reward_stats, update_stats
+from lightning_grpo.policy import Policy
+from lightning_grpo.ranks import Ranks
 from lightning_grpo.rewards.combine import preset
 from lightning_grpo.rewards.scoring import check_reward_weights, reward_name, score_rollout
-from lightning_grpo.rollout import SamplingConfig
+from lightning_grpo.rollout import RolloutEngine, SamplingConfig
 from lightning_grpo.settings import check_settings
-from lightning_grpo.sharding import LOGPS_METHOD, full_state_dict, is_sharded, shard_causal_lm
-from lightning_grpo.types import PromptBatch, RewardScores, Rollout
+from lightning_grpo.targets import Targets, TargetSettings, build_targets, rows_of
+from lightning_grpo.types import PromptBatch, RewardScores, Rollout, StepRecord, StepStats
 
-
-@dataclass
-class Targets:
-    """What every optimiser step on one generation batch is computed against (N rows each)."""
-
-    advantages: Tensor  # [N]
-    mask: Tensor  # [N, T] tokens in the loss
-    normalizer: LossNormalizer
-    old_logps: Tensor | None  # [N, T] the sampling policy's, when num_iterations > 1
-    ref_logps: Tensor | None  # [N, T] when beta > 0
-    sampling_weights: Tensor | None  # [N, T] or [N, 1] when another engine sampled (vLLM)
-
-
-def rows_of(t: Tensor | None, rows: slice) -> Tensor | None:
-    return None if t is None else t[rows]
+LOSS_SETTINGS = ("beta", "loss_type", "epsilon", "epsilon_high", "delta", "importance_sampling_level")
+PROGRESS_BAR = ("reward", "reward_std", "kl")
 
 
 class GRPOModule(L.LightningModule):
@@ -115,10 +99,10 @@ class GRPOModule(L.LightningModule):
             handled by ``on_reward_error``. A sync function is abandoned on a daemon thread, not killed.
         max_bad_steps: a step whose rewards, advantages or gradients are not finite is skipped (counted in
             ``train/skipped_steps``); this many in a row stop training with an error and a checkpoint.
-        generation_backend: hf (``generate`` on the policy, default) or vllm (a colocated vLLM engine per rank:
-            CUDA and ``pip install vllm``; weights copied in after each training step).
-        vllm_gpu_memory_utilization: fraction of each GPU the vLLM engine may take.
-        sampling_correction: when another engine sampled (vllm), re-weight the loss by the policy/sampler
+        rollout_engine: what turns prompts into completions (``class_path`` in YAML): ``None`` is
+            ``lightning_grpo.engines.HFGenerate`` (``generate`` on the policy); ``lightning_grpo.engines.VLLMColocate``
+            runs a vLLM engine per rank (CUDA, ``pip install vllm``; weights copied in after each training step).
+        sampling_correction: when another engine sampled (vLLM), re-weight the loss by the policy/sampler
             probability ratio: token_truncate, token_mask, sequence_truncate, sequence_mask (TRL's default) or
             ``None`` (off). Logged as ``train/sampling/importance_ratio/*``.
         sampling_correction_max: the ratio's upper bound (clamped for ``*_truncate``, zeroed for ``*_mask``).
@@ -165,8 +149,7 @@ class GRPOModule(L.LightningModule):
         on_reward_error: str = "raise",
         reward_timeout: float | None = None,
         max_bad_steps: int = 3,
-        generation_backend: str = "hf",
-        vllm_gpu_memory_utilization: float = 0.3,
+        rollout_engine: RolloutEngine | None = None,
         sampling_correction: str | None = "sequence_mask",
         sampling_correction_max: float = 3.0,
         seed: int = 0,
@@ -186,141 +169,96 @@ class GRPOModule(L.LightningModule):
             raise ValueError(f"accuracy_reward must name one of the reward functions {names}, got {accuracy_reward!r}")
         # Only config values: LightningCLI parses them back when resuming with --ckpt_path.
         objects = [k for k in ("model", "tokenizer") if not isinstance(settings[k], str | None)]
-        self.save_hyperparameters(ignore=["reward_funcs", "optimizer", *objects])
+        self.save_hyperparameters(ignore=["reward_funcs", "optimizer", "rollout_engine", *objects])
         self.automatic_optimization = False
         self.optimizer_factory = optimizer
-        self.sampling = SamplingConfig(temperature, top_p, top_k, min_p, repetition_penalty, max_completion_length)
-        self.tokenizer = load_tokenizer(tokenizer if tokenizer is not None else model)
-        self.policy = load_policy(model, dtype, load_in_4bit).train()  # from_pretrained returns eval mode
-        if gradient_checkpointing:
-            self.policy.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
-        if peft_config is not None:
-            self.policy = with_lora(self.policy, peft_config)
-            self.strict_loading = False  # checkpoints hold the adapter; base weights come from `model`
-        # Not a registered submodule: stays out of the optimiser and of checkpoints, rebuilt on resume.
-        needs_copy = beta > 0 and peft_config is None
-        self.__dict__["reference"] = self._frozen_copy(self.policy) if needs_copy else None
-        if generation_backend == "vllm" and (not isinstance(model, str) or peft_config is not None):
-            raise ValueError("generation_backend 'vllm' needs `model` as a name or path, and no peft_config")
-        self.generator: Generator = HFGenerator()  # vllm: replaced in setup(), once the processes exist
+        self.engine = rollout_engine or HFGenerate()
+        self.sampling = SamplingConfig(
+            temperature, top_p, top_k, min_p, repetition_penalty, max_completion_length, max_prompt_length
+        )
+        self.loss_settings = {k: settings[k] for k in LOSS_SETTINGS}
+        self.target_settings = TargetSettings(
+            beta,
+            num_iterations,
+            mask_truncated_completions,
+            micro_batch_size,
+            max_completion_length,
+            sampling_correction,
+            sampling_correction_max,
+        )
+        self.policy = Policy(
+            model,
+            tokenizer,
+            dtype,
+            load_in_4bit,
+            peft_config,
+            gradient_checkpointing,
+            reference=beta > 0,
+            temperature=temperature,
+            logprob_chunk_size=logprob_chunk_size,
+        )
         self.num_tokens_seen = 0
         self.skipped_steps = 0
         self.bad_steps_in_a_row = 0
 
+    @override
     def setup(self, stage: str) -> None:
-        """A vLLM engine per process, built once Lightning has started the processes (it joins their group)."""
-        hp = self.hparams
-        if hp.generation_backend == "vllm" and not isinstance(self.generator, VLLMGenerator):
-            trainer = self.trainer
-            ranks = {"RANK": trainer.global_rank, "LOCAL_RANK": trainer.local_rank, "WORLD_SIZE": trainer.world_size}
-            os.environ.update({k: str(v) for k, v in ranks.items()})
-            model = resolve_pretrained(hp.model)
-            self.generator = VLLMGenerator(model, hp.vllm_gpu_memory_utilization, None, hp.seed + trainer.global_rank)
-
-    @staticmethod
-    def _frozen_copy(model: nn.Module) -> nn.Module:
-        ref = copy.deepcopy(model).eval()
-        ref.requires_grad_(False)
-        return ref
+        """The rollout engine's own set-up, once Lightning has started the processes (vLLM joins their group)."""
+        self.engine.setup(self.policy, self.trainer, self.hparams.seed)
 
     # ---- training -----------------------------------------------------------------------------------------
 
-    def training_step(self, batch: PromptBatch, batch_idx: int) -> dict[str, Any]:
+    @override
+    def training_step(self, batch: PromptBatch, batch_idx: int) -> dict[str, Any] | None:
         """Every random draw of the step (sampling, dropout) comes from a seed of (seed, rank, step), so a
         resumed run repeats the uninterrupted one with no RNG state saved; the global RNG is left as it was."""
         with torch.random.fork_rng(devices=self._cuda_devices()):
             torch.manual_seed(self._step_seed())
             return self._training_step(batch)
 
-    def _training_step(self, batch: PromptBatch) -> dict[str, Any]:
-        start = time.perf_counter()
-        hp = self.hparams
+    def _training_step(self, batch: PromptBatch) -> dict[str, Any] | None:
+        start, hp, ranks = time.perf_counter(), self.hparams, Ranks(self.trainer)
         rollout = self.sample(batch.prompts, hp.num_generations)  # the step's RNG is seeded already
         scores = self._score(rollout, batch)
-        all_scores = gather_rows(self.trainer, scores.per_function)  # [W*N, F] identical on every rank
-        advantages = self._local_advantages(all_scores, scores.weights)  # [N]
+        all_scores = ranks.gather_rows(scores.per_function)  # [W*N, F] identical on every rank: a batch std is global
+        totals = RewardScores(all_scores, scores.names, scores.weights).total  # [W*N]
+        advantages = ranks.own_rows(compute_advantages(totals, hp.num_generations, hp.scale_rewards).advantages)
         if all_scores.isinf().any() or not advantages.isfinite().all():  # NaN rewards are "not applicable"
             return self._skip_step("rewards or advantages are infinite or NaN")
-        targets = self._targets(rollout, advantages)
+        targets = build_targets(self.policy, rollout, advantages, self.target_settings, ranks)
         for _ in range(hp.num_iterations):
             loss = self._optimizer_step(rollout, targets)
             if loss is None:
                 return self._skip_step("gradients are infinite or NaN")
-        self.generator.sync_weights(self.policy)
+        self.engine.sync_weights(self.policy)
         self.bad_steps_in_a_row = 0
-        self.num_tokens_seen += int(sum_over_ranks(self.trainer, rollout.attention_mask.sum()))
-        loss = loss_over_ranks(self.trainer, loss)
-        metrics = {
-            "loss": loss.loss.item(),
-            **reward_metrics(all_scores, scores.weights, scores.names, rollout.group_size),
-            **loss.metrics(),
-            **completion_metrics(*gather_lengths(self.trainer, rollout)),
-            **sampling_metrics(targets.sampling_weights, targets.mask),
-            "prompts/truncated": float(rollout.num_truncated_prompts),
-            "num_tokens": float(self.num_tokens_seen),
-            "lr": self.optimizers().param_groups[0]["lr"],
-            "skipped_steps": float(self.skipped_steps),
-            **{f"reward_errors/{name}": float(count) for name, count in scores.errors.items()},
-            "step_time": time.perf_counter() - start,
-        }
-        self._log_metrics("train", metrics)
-        return {
-            "loss": loss.loss,
-            "rollout": rollout,
-            "scores": scores,
-            "advantages": advantages,
-            "normalizer": targets.normalizer,
-            "metrics": metrics,
-        }
+        self.num_tokens_seen += int(ranks.sum(rollout.attention_mask.sum()))
+        stats = StepStats(
+            rewards=reward_stats(all_scores, scores.weights, scores.names, rollout.group_size),
+            lengths=length_stats(*ranks.lengths(rollout)),
+            update=update_stats(ranks.loss(loss), targets.sampling_weights, targets.mask),
+            num_tokens=self.num_tokens_seen,
+            learning_rate=self.optimizers().param_groups[0]["lr"],
+            skipped_steps=self.skipped_steps,
+            truncated_prompts=rollout.num_truncated_prompts,
+            step_time=time.perf_counter() - start,
+            reward_errors=scores.errors,
+            engine=rollout.metrics,
+        )
+        self._log_step(stats)
+        return {"loss": torch.tensor(stats.update.loss), "record": StepRecord(rollout, scores, advantages, stats)}
 
     def sample(self, prompts: list, num_generations: int, seed: int | None = None, greedy: bool = False) -> Rollout:
         """Completions for ``prompts``; a seed makes sampling reproducible and distinct per rank and step."""
-        hp = self.hparams
         with torch.random.fork_rng(devices=self._cuda_devices(), enabled=seed is not None):
             if seed is not None:
                 torch.manual_seed(seed)
-            return self.generator.generate(
-                self.policy,
-                self.tokenizer,
-                prompts,
-                num_generations,
-                self.sampling,
-                max_prompt_length=hp.max_prompt_length,
-                greedy=greedy,
-                synced_gpus=self._synced_generation(),
-            )
-
-    def _synced_generation(self) -> bool:
-        """Weights split over ranks (FSDP2, or Lightning's FSDP): every forward is a collective."""
-        trainer = self._trainer  # None when sampling outside a Trainer
-        if trainer is None or trainer.world_size == 1:
-            return False
-        return is_sharded(self.policy) or isinstance(trainer.strategy, FSDPStrategy)
-
-    def _targets(self, rollout: Rollout, advantages: Tensor) -> Targets:
-        """Everything the step's optimiser steps are computed against, each computed once."""
-        hp = self.hparams
-        mask = loss_mask(rollout.completion_mask, rollout.is_truncated, hp.mask_truncated_completions)
-        correct = rollout.sampling_logps is not None and hp.sampling_correction is not None
-        old_logps = self._logps(self.policy, rollout) if hp.num_iterations > 1 or correct else None
-        weights = None
-        if correct:
-            weights = sampling_correction(
-                old_logps, rollout.sampling_logps, mask, hp.sampling_correction, clip_max=hp.sampling_correction_max
-            )
-        return Targets(
-            advantages=advantages,
-            mask=mask,
-            normalizer=self._normalizer(mask),
-            old_logps=old_logps if hp.num_iterations > 1 else None,  # mu = 1: the ratio is exactly 1
-            ref_logps=self._reference_logps(rollout) if hp.beta > 0 else None,
-            sampling_weights=weights,
-        )
+            return self.engine.generate(self.policy, prompts, num_generations, self.sampling, greedy)
 
     def _score(self, rollout: Rollout, batch: PromptBatch) -> RewardScores:
-        hp = self.hparams
+        hp, columns = self.hparams, {**batch.columns, **rollout.columns}
         return score_rollout(
-            self.reward_funcs, self.reward_weights, rollout, batch.columns, hp.on_reward_error, hp.reward_timeout
+            self.reward_funcs, self.reward_weights, rollout, columns, hp.on_reward_error, hp.reward_timeout
         )
 
     def _cuda_devices(self) -> list[torch.device]:
@@ -329,76 +267,27 @@ class GRPOModule(L.LightningModule):
     def _step_seed(self) -> int:
         return (self.hparams.seed * 1_000_003 + self.global_rank * 7_919 + self.global_step) % 2**63
 
-    def _local_advantages(self, all_scores: Tensor, weights: Tensor) -> Tensor:
-        """Advantages computed over every rank's rewards (a batch std is global), sliced to this rank's rows."""
-        scores = RewardScores(all_scores, [], weights)
-        advantages = compute_advantages(scores.total, self.hparams.num_generations, self.hparams.scale_rewards)
-        n = all_scores.shape[0] // self.trainer.world_size
-        return advantages.advantages[self.global_rank * n : (self.global_rank + 1) * n]
-
-    def _normalizer(self, mask: Tensor) -> LossNormalizer:
-        tokens = mask.sum()
-        return LossNormalizer(
-            num_sequences=mask.shape[0],
-            num_tokens=tokens.item(),
-            global_num_tokens=float(sum_over_ranks(self.trainer, tokens)),
-            world_size=self.trainer.world_size,
-            max_completion_length=self.hparams.max_completion_length,
-        )
-
-    def _micro_batches(self, n: int) -> list[slice]:
-        size = self.hparams.micro_batch_size or n
-        return [slice(i, min(i + size, n)) for i in range(0, n, size)]
-
-    def _token_logps(self, model: nn.Module, rollout: Rollout, rows: slice) -> TokenLogps:
-        """Log-probs of ``rows``; a sharded model computes them in its registered FSDP forward method."""
-        hp = self.hparams
-        fn = getattr(model, LOGPS_METHOD) if is_sharded(model) else partial(completion_logps, model)
-        ids, mask, width = rollout.input_ids[rows], rollout.attention_mask[rows], rollout.completion_ids.shape[1]
-        return fn(ids, mask, width, hp.temperature, hp.logprob_chunk_size)
-
-    def _logps(self, model: nn.Module, rollout: Rollout) -> Tensor:
-        """[N, T] log-probs without gradient, micro-batched like the training pass."""
-        if next(model.parameters()).device != self.device:
-            model.to(self.device)
-        with torch.no_grad():
-            rows = self._micro_batches(len(rollout))
-            return torch.cat([self._token_logps(model, rollout, r).logps for r in rows])
-
-    def _reference_logps(self, rollout: Rollout) -> Tensor:
-        """[N, T] under the initial policy: the frozen copy, or the LoRA policy with its adapter off."""
-        if self.reference is not None:
-            return self._logps(self.reference, rollout)
-        with self.policy.disable_adapter():
-            return self._logps(self.policy, rollout)
-
     def _optimizer_step(self, rollout: Rollout, targets: Targets) -> LossOutput | None:
         """One optimiser step over the generation batch, gradients accumulated across micro-batches; ``None``
         when the gradients are not finite and the step was not taken."""
-        hp = self.hparams
         optimizer = self.optimizers()
         optimizer.zero_grad()
         total: LossOutput | None = None
-        for rows in self._micro_batches(len(rollout)):
-            token = self._token_logps(self.policy, rollout, rows)
+        for rows in targets.micro_batches:
+            token = self.policy.token_logps(rollout, rows)
             out = grpo_loss(
                 token.logps,
                 rows_of(targets.old_logps, rows),
                 targets.advantages[rows],
                 targets.mask[rows],
                 ref_logps=rows_of(targets.ref_logps, rows),
-                beta=hp.beta,
-                loss_type=hp.loss_type,
-                epsilon=hp.epsilon,
-                epsilon_high=hp.epsilon_high,
-                delta=hp.delta,
-                importance_sampling_level=hp.importance_sampling_level,
                 normalizer=targets.normalizer,
                 sampling_weights=rows_of(targets.sampling_weights, rows),
+                **self.loss_settings,
             )
             self.manual_backward(out.loss)
-            out = LossOutput(out.loss.detach(), out.token_sums, out.num_tokens)
-            out.token_sums["entropy"] = (token.entropy * targets.mask[rows]).sum()
+            entropy = (token.entropy * targets.mask[rows]).sum()
+            out = LossOutput(out.loss.detach(), {**out.token_sums, "entropy": entropy}, out.num_tokens)
             total = out if total is None else total + out
         # fp16 AMP: gradients are unscaled inside optimizer.step (clipped there, in on_before_optimizer_step), and
         # the GradScaler skips steps with overflowing gradients and lowers its scale by itself
@@ -409,6 +298,7 @@ class GRPOModule(L.LightningModule):
         self.lr_schedulers().step()
         return total
 
+    @override
     def on_before_optimizer_step(self, optimizer: torch.optim.Optimizer) -> None:
         if self._grad_scaler() is not None:  # the fp16 GradScaler has just unscaled the gradients
             self._clip_gradients()
@@ -422,7 +312,7 @@ class GRPOModule(L.LightningModule):
         max_norm = self.hparams.max_grad_norm
         if isinstance(self.trainer.strategy, FSDPStrategy):  # FSDP1: only the root module sees every shard
             return self.trainer.strategy.model.clip_grad_norm_(math.inf if max_norm is None else max_norm)
-        params = [p for p in self.policy.parameters() if p.grad is not None]
+        params = [p for p in self.policy.trainable_parameters() if p.grad is not None]
         if max_norm is None:  # plain, DDP (identical gradients), FSDP2 (DTensor gradients: a global norm)
             norm = torch.nn.utils.get_total_norm([p.grad for p in params])
         else:
@@ -445,8 +335,17 @@ class GRPOModule(L.LightningModule):
             "reward functions that return finite numbers"
         )
 
+    def _log_step(self, stats: StepStats) -> None:
+        """Every metric every step, so that ``ModelCheckpoint``/``EarlyStopping`` can monitor any of them; the
+        loggers write on their ``log_every_n_steps``."""
+        metrics = {f"train/{k}": v for k, v in stats.metrics().items()}
+        shown = {k: metrics.pop(f"train/{k}") for k in PROGRESS_BAR if f"train/{k}" in metrics}
+        self.log_dict({f"train/{k}": v for k, v in shown.items()}, prog_bar=True, on_step=True, batch_size=1)
+        self.log_dict(metrics, on_step=True, on_epoch=False, batch_size=1)
+
     # ---- validation ---------------------------------------------------------------------------------------
 
+    @override
     def validation_step(self, batch: PromptBatch, batch_idx: int) -> None:
         """Greedy completion per held-out prompt: mean reward, per-function means and accuracy."""
         rollout = self.sample(batch.prompts, num_generations=1, greedy=True)
@@ -459,40 +358,34 @@ class GRPOModule(L.LightningModule):
         metrics["completions/mean_length"] = rollout.completion_mask.sum(1).float().mean().item()
         self.log_dict({f"val/{k}": v for k, v in metrics.items()}, batch_size=len(batch), sync_dist=True)
 
-    # ---- plumbing -----------------------------------------------------------------------------------------
+    # ---- models, optimiser, checkpoints -------------------------------------------------------------------
 
-    def _log_metrics(self, stage: str, metrics: dict[str, float]) -> None:
-        """The progress-bar metrics every step; all of them on the steps the loggers write (``log_every_n_steps``).
-
-        Each ``self.log`` costs ~0.7 ms in Lightning: 20 metrics every step were a fifth of a tiny model's step.
-        Callbacks read every metric from ``training_step``'s output instead.
-        """
-        shown = {"reward", "reward_std", "kl"}
-        connector = getattr(self.trainer, "_logger_connector", None)
-        written = getattr(connector, "should_update_logs", True)
-        for name, value in metrics.items():
-            if written or name in shown:
-                self.log(f"{stage}/{name}", value, prog_bar=name in shown, on_step=True, on_epoch=False, batch_size=1)
-
+    @override
     def configure_model(self) -> None:
-        """Under ``ModelParallelStrategy``: FSDP2-shard the policy and the reference over the data-parallel mesh."""
-        if self._trainer is None or not isinstance(self.trainer.strategy, ModelParallelStrategy):
-            return  # load_from_checkpoint calls it without a trainer: nothing to shard
-        mesh = self.device_mesh
-        if mesh["tensor_parallel"].size() != 1:
-            raise ValueError(
-                f"ModelParallelStrategy tensor_parallel_size must be 1 for GRPOModule (FSDP2 data parallelism only), "
-                f"got {mesh['tensor_parallel'].size()}: set data_parallel_size to the number of processes"
-            )
-        if self.hparams.peft_config is not None:
-            raise ValueError("peft_config (LoRA) with ModelParallelStrategy is not supported: use strategy ddp")
-        shard_causal_lm(self.policy, mesh["data_parallel"])
-        if self.reference is not None:
-            shard_causal_lm(self.reference, mesh["data_parallel"], frozen=True)
+        """Sharding: FSDP2 (``ModelParallelStrategy``) shards the policy here; Lightning's FSDP wraps it itself."""
+        trainer = self._attached_trainer()
+        strategy = trainer.strategy if trainer is not None else None  # load_from_checkpoint: no trainer
+        if isinstance(strategy, ModelParallelStrategy):
+            mesh = self.device_mesh
+            if mesh["tensor_parallel"].size() != 1:
+                raise ValueError(
+                    "ModelParallelStrategy tensor_parallel_size must be 1 for GRPOModule (FSDP2 data parallelism "
+                    f"only), got {mesh['tensor_parallel'].size()}: set data_parallel_size to the number of processes"
+                )
+            self.policy.shard(mesh["data_parallel"], trainer.world_size)
+        elif isinstance(strategy, FSDPStrategy):
+            self.policy.shard(None, trainer.world_size)
 
+    def _attached_trainer(self) -> L.Trainer | None:
+        try:
+            return self.trainer
+        except RuntimeError:  # not attached to a Trainer
+            return None
+
+    @override
     def configure_optimizers(self) -> dict[str, Any]:
         hp = self.hparams
-        params = [p for p in self.policy.parameters() if p.requires_grad]
+        params = self.policy.trainable_parameters()
         if self.optimizer_factory is not None:
             optimizer = self.optimizer_factory(params)
         else:
@@ -504,6 +397,8 @@ class GRPOModule(L.LightningModule):
         if self.trainer.max_steps == -1:  # counted in batches; each batch takes num_iterations optimiser steps
             steps *= hp.num_iterations
         steps = max(int(steps), 1)
+        from transformers.optimization import get_scheduler  # imports peft: not before it is needed
+
         scheduler = get_scheduler(
             hp.lr_scheduler_type,
             optimizer,
@@ -512,13 +407,14 @@ class GRPOModule(L.LightningModule):
         )
         return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}
 
+    @override
     def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
-        if self.hparams.peft_config is not None:  # only what trains: the base is reloaded from `model`
-            trainable = {f"policy.{n}" for n, p in self.policy.named_parameters() if p.requires_grad}
-            checkpoint["state_dict"] = {k: v for k, v in checkpoint["state_dict"].items() if k in trainable}
+        checkpoint["state_dict"] = self.policy.checkpoint_state(checkpoint["state_dict"], "policy.")
         checkpoint["grpo_counters"] = {"num_tokens_seen": self.num_tokens_seen, "skipped_steps": self.skipped_steps}
 
+    @override
     def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        checkpoint["state_dict"] = self.policy.restore_state(checkpoint["state_dict"], "policy.")
         counters = checkpoint.get("grpo_counters", {})
         self.num_tokens_seen = counters.get("num_tokens_seen", 0)
         self.skipped_steps = counters.get("skipped_steps", 0)
@@ -529,11 +425,4 @@ class GRPOModule(L.LightningModule):
         Every rank calls it; global rank 0 writes. A LoRA policy is saved merged (base + adapter in full
         weights), from a copy: training can go on. An FSDP2-sharded policy is gathered first (a collective).
         """
-        policy, state = self.policy, None
-        if is_sharded(policy):
-            state = full_state_dict(policy)
-        elif self.hparams.peft_config is not None and self.global_rank == 0:
-            policy = copy.deepcopy(policy).merge_and_unload()
-        if self.global_rank == 0:
-            policy.save_pretrained(path, state_dict=state)
-            self.tokenizer.save_pretrained(path)
+        self.policy.save_pretrained(path, self.global_rank == 0)

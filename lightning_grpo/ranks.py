@@ -1,6 +1,6 @@
 """Collectives over the data-parallel ranks for a step's numbers; with one process, the identity.
 
-Knows Lightning's strategy, nothing about models. Each function is a collective: every rank calls it at the
+Knows Lightning's strategy, nothing about models. Each method is a collective: every rank calls it at the
 same point of its step. Under DDP and FSDP2 with ``tensor_parallel_size: 1``, ranks are data-parallel replicas.
 """
 
@@ -14,32 +14,42 @@ from lightning_grpo.loss import LossOutput
 from lightning_grpo.types import Rollout
 
 
-def gather_rows(trainer: L.Trainer, t: Tensor) -> Tensor:
-    """[N, ...] on each rank -> [W*N, ...] in rank order."""
-    if trainer.world_size == 1:
-        return t
-    return trainer.strategy.all_gather(t).reshape(-1, *t.shape[1:])
+class Ranks:
+    """The data-parallel ranks of ``trainer``, for the collectives a GRPO step needs."""
 
+    def __init__(self, trainer: L.Trainer) -> None:
+        self.strategy = trainer.strategy
+        self.world_size = trainer.world_size
+        self.rank = trainer.global_rank
 
-def sum_over_ranks(trainer: L.Trainer, t: Tensor) -> Tensor:
-    if trainer.world_size == 1:
-        return t
-    return trainer.strategy.reduce(t.float(), reduce_op="sum")
+    def gather_rows(self, t: Tensor) -> Tensor:
+        """[N, ...] on each rank -> [W*N, ...] in rank order."""
+        if self.world_size == 1:
+            return t
+        return self.strategy.all_gather(t).reshape(-1, *t.shape[1:])
 
+    def own_rows(self, t: Tensor) -> Tensor:
+        """This rank's [N, ...] of a [W*N, ...] tensor gathered with ``gather_rows``."""
+        n = t.shape[0] // self.world_size
+        return t[self.rank * n : (self.rank + 1) * n]
 
-def loss_over_ranks(trainer: L.Trainer, out: LossOutput) -> LossOutput:
-    """Loss metrics of the global batch, as TRL gathers them: token sums and counts added over ranks, and the
-    loss averaged (each rank's loss is scaled so that DDP's gradient average is the global gradient)."""
-    if trainer.world_size == 1:
-        return out
-    names = sorted(out.token_sums)
-    local = torch.stack([out.token_sums[k].float() for k in names] + [out.num_tokens.float(), out.loss.float()])
-    total = sum_over_ranks(trainer, local)  # [M + 2] one all-reduce
-    return LossOutput(total[-1] / trainer.world_size, dict(zip(names, total[:-2])), total[-2])
+    def sum(self, t: Tensor) -> Tensor:
+        if self.world_size == 1:
+            return t
+        return self.strategy.reduce(t.float(), reduce_op="sum")
 
+    def loss(self, out: LossOutput) -> LossOutput:
+        """Loss metrics of the global batch, as TRL gathers them: token sums and counts added over ranks, and
+        the loss averaged (each rank's loss is scaled so that DDP's gradient average is the global gradient)."""
+        if self.world_size == 1:
+            return out
+        names = sorted(out.token_sums)
+        local = torch.stack([out.token_sums[k].float() for k in names] + [out.num_tokens.float(), out.loss.float()])
+        total = self.sum(local)  # [M + 2] one all-reduce
+        return LossOutput(total[-1] / self.world_size, dict(zip(names, total[:-2])), total[-2])
 
-def gather_lengths(trainer: L.Trainer, rollout: Rollout) -> tuple[Tensor, Tensor]:
-    """[W*N] completion lengths and truncation flags of every rank."""
-    local = torch.stack([rollout.completion_mask.sum(1), rollout.is_truncated.long()], dim=1)  # [N, 2]
-    both = gather_rows(trainer, local)
-    return both[:, 0], both[:, 1].bool()
+    def lengths(self, rollout: Rollout) -> tuple[Tensor, Tensor]:
+        """[W*N] completion lengths and truncation flags of every rank."""
+        local = torch.stack([rollout.completion_mask.sum(1), rollout.is_truncated.long()], dim=1)  # [N, 2]
+        both = self.gather_rows(local)
+        return both[:, 0], both[:, 1].bool()

@@ -1,30 +1,34 @@
-"""Prompts -> sampled completions with masks. Knows the policy and tokenizer; nothing about rewards.
+"""Prompts -> a Rollout: the rollout-engine interface and what every engine shares (prompt tokenisation, masks
+after EOS, Rollout building). Knows the policy and its tokenizer; nothing about rewards or losses.
 
-One batched ``generate`` call per step for all B*G completions, under ``torch.no_grad()`` (not
-``inference_mode``, which breaks sharded models), with the KV cache on and gradient checkpointing off.
+An engine is chosen by ``class_path`` (``rollout_engine:`` in YAML); ``lightning_grpo.engines`` has them:
+Hugging Face ``generate`` (the default) and a colocated vLLM engine; a multi-turn tool engine plugs in the same way.
 """
 
 from __future__ import annotations
 
-import contextlib
-from collections.abc import Iterator
 from dataclasses import dataclass
+from typing import Any
 
 import torch
-from torch import Tensor, nn
+from torch import Tensor
 from transformers import GenerationConfig, PreTrainedTokenizerBase
 
+from lightning_grpo.policy import Policy
 from lightning_grpo.types import Prompt, Rollout
 
 
 @dataclass
 class SamplingConfig:
+    """How completions are sampled (TRL's names); every engine honours all of them."""
+
     temperature: float = 1.0
     top_p: float = 1.0
     top_k: int = 0  # 0 disables top-k
     min_p: float | None = None
     repetition_penalty: float = 1.0
     max_completion_length: int = 256
+    max_prompt_length: int | None = None  # longer prompts keep their last tokens
 
     def generation_config(self, tokenizer: PreTrainedTokenizerBase, greedy: bool = False) -> GenerationConfig:
         sampling = (
@@ -94,69 +98,6 @@ def mask_after_eos(completion_ids: Tensor, eos_token_ids: list[int]) -> tuple[Te
     return (positions <= first_eos.unsqueeze(1)).long(), ~has_eos
 
 
-@contextlib.contextmanager
-def generation_mode(model: nn.Module) -> Iterator[None]:
-    """Eval mode, no grad, gradient checkpointing off (it disables the KV cache), restored afterwards."""
-    was_training = model.training
-    name = (
-        "is_activation_checkpointing" if hasattr(model, "is_activation_checkpointing") else "is_gradient_checkpointing"
-    )
-    checkpointing = getattr(model, name, False)
-    if checkpointing:
-        model.gradient_checkpointing_disable()
-    model.eval()
-    try:
-        with torch.no_grad():
-            yield
-    finally:
-        model.train(was_training)
-        if checkpointing:
-            model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
-
-
-def eos_token_ids(tokenizer: PreTrainedTokenizerBase, model: nn.Module) -> list[int]:
-    """The tokenizer's EOS plus any extra EOS ids the model's generation config declares (e.g. <|im_end|>)."""
-    ids = {tokenizer.eos_token_id}
-    extra = getattr(getattr(model, "generation_config", None), "eos_token_id", None)
-    ids.update(extra if isinstance(extra, list) else [extra] if extra is not None else [])
-    return sorted(i for i in ids if i is not None)
-
-
-def generate_rollout(
-    model: nn.Module,
-    tokenizer: PreTrainedTokenizerBase,
-    prompts: list[Prompt],
-    num_generations: int,
-    sampling: SamplingConfig,
-    max_prompt_length: int | None = None,
-    greedy: bool = False,
-    synced_gpus: bool = False,
-) -> Rollout:
-    """Sample ``num_generations`` completions for each prompt in one batched ``generate`` call.
-
-    Args:
-        synced_gpus: keep every rank generating until all ranks are done (needed when weights are sharded).
-    """
-    device = next(model.parameters()).device
-    prompt_ids, prompt_mask, num_truncated = tokenize_prompts(tokenizer, prompts, max_prompt_length)
-    prompt_ids = prompt_ids.repeat_interleave(num_generations, dim=0).to(device)  # [N, P]
-    prompt_mask = prompt_mask.repeat_interleave(num_generations, dim=0).to(device)  # [N, P]
-    config = sampling.generation_config(tokenizer, greedy=greedy)
-    eos_ids = eos_token_ids(tokenizer, model)
-    config.eos_token_id = eos_ids
-    with generation_mode(model):
-        output = model.generate(
-            input_ids=prompt_ids,
-            attention_mask=prompt_mask,
-            generation_config=config,
-            synced_gpus=synced_gpus,
-        )
-    completion_ids = output[:, prompt_ids.shape[1] :]  # [N, T]
-    return build_rollout(
-        tokenizer, prompts, prompt_ids, prompt_mask, completion_ids, eos_ids, num_generations, num_truncated
-    )
-
-
 def build_rollout(
     tokenizer: PreTrainedTokenizerBase,
     prompts: list[Prompt],
@@ -189,3 +130,25 @@ def build_rollout(
         num_truncated_prompts=num_truncated_prompts,
         sampling_logps=None if sampling_logps is None else sampling_logps[:, :width],
     )
+
+
+class RolloutEngine:
+    """Turns prompts into a Rollout. Subclass it and choose it with ``rollout_engine: {class_path: ...}``.
+
+    An engine returns, for each of the B prompts, ``num_generations`` completions as token ids with their
+    masks (``build_rollout`` does the bookkeeping), and may add per-token sampler log-probs (an engine that
+    samples from its own copy of the weights), a ``tool_mask`` (tokens the model did not write), per-row
+    ``columns`` for the reward functions and its own ``metrics``.
+    """
+
+    def setup(self, policy: Policy, trainer: Any, seed: int) -> None:
+        """Called once the training processes exist (``LightningModule.setup``); ``trainer`` has the ranks."""
+
+    def generate(
+        self, policy: Policy, prompts: list[Prompt], num_generations: int, sampling: SamplingConfig, greedy: bool
+    ) -> Rollout:
+        """``num_generations`` completions for each prompt (one, greedy, for validation); rows are grouped."""
+        raise NotImplementedError
+
+    def sync_weights(self, policy: Policy) -> None:
+        """Make the next ``generate`` use the policy's current weights (after each training step)."""

@@ -2,15 +2,11 @@
 
 from __future__ import annotations
 
-import importlib.util
 from typing import Any
 
-import torch
-
 from lightning_grpo.advantages import SCALE_REWARDS
-from lightning_grpo.generation import GENERATION_BACKENDS
 from lightning_grpo.loss import IMPORTANCE_SAMPLING_LEVELS, REDUCTIONS, SAMPLING_CORRECTIONS
-from lightning_grpo.models import DTYPES
+from lightning_grpo.models import DTYPES, cuda_package_problems
 from lightning_grpo.rewards.scoring import ON_ERROR
 
 LR_SCHEDULERS = ("cosine", "linear", "constant", "constant_with_warmup")
@@ -26,27 +22,10 @@ def _at_least(name: str, value: Any, low: float, optional: bool = False) -> str 
     return None if value is not None and value >= low else f"{name} must be >= {low}, got {value!r}"
 
 
-def _cuda_package_problems(package: str, runs: str) -> list[str]:
-    """Why ``package``, which runs ``runs`` on CUDA only, cannot run here (empty when it can)."""
-    problems = []
-    if importlib.util.find_spec(package) is None:
-        problems.append(f"the {package} package is not installed (pip install {package})")
-    if not torch.cuda.is_available():
-        problems.append(f"no CUDA GPU is visible ({runs} run on GPUs only)")
-    return problems
-
-
-def _vllm_runs_here(backend: str) -> str | None:
-    problems = _cuda_package_problems("vllm", "vLLM engines") if backend == "vllm" else []
-    if not problems:
-        return None
-    return f"generation_backend 'vllm' cannot run on this machine: {'; '.join(problems)}. Use generation_backend: hf"
-
-
 def _qlora_runs_here(load_in_4bit: bool, peft_config: dict | None) -> str | None:
     if not load_in_4bit:
         return None
-    problems = _cuda_package_problems("bitsandbytes", "bitsandbytes 4-bit layers")
+    problems = cuda_package_problems("bitsandbytes", "bitsandbytes 4-bit layers")
     problems += [] if peft_config else ["4-bit weights cannot train: give a peft_config adapter"]
     return f"load_in_4bit (QLoRA) cannot run: {'; '.join(problems)}" if problems else None
 
@@ -65,9 +44,7 @@ def settings_problems(s: dict[str, Any]) -> list[str]:
         _at_least("top_k", s["top_k"], 0),
         _at_least("max_bad_steps", s["max_bad_steps"], 1),
         _is_in("on_reward_error", s["on_reward_error"], list(ON_ERROR)),
-        _is_in("generation_backend", s["generation_backend"], list(GENERATION_BACKENDS)),
         _is_in("sampling_correction", s["sampling_correction"], [*SAMPLING_CORRECTIONS, None]),
-        _vllm_runs_here(s["generation_backend"]),
         _qlora_runs_here(s["load_in_4bit"], s["peft_config"]),
         _at_least("repetition_penalty", s["repetition_penalty"], 1e-6),
         _is_in("loss_type", s["loss_type"], list(REDUCTIONS)),

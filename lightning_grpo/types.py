@@ -7,6 +7,7 @@ Dimensions used across the package:
     P  prompt length in tokens (left-padded)
     T  completion length in tokens (right-padded, trimmed to the longest completion)
     F  reward functions
+    W  data-parallel ranks (world size)
 """
 
 from __future__ import annotations
@@ -46,6 +47,12 @@ class Rollout:
     group_size: int  # G
     num_truncated_prompts: int = 0  # of the B prompts, how many lost tokens to max_prompt_length
     sampling_logps: Tensor | None = None  # [N, T] the sampler's log-probs when it is not the policy (vLLM)
+    # [N, T] 1 on tokens the model wrote, 0 on tokens it did not (tool results, environment observations,
+    # template scaffolding between turns): those condition the model but stay out of the loss, KL and entropy.
+    # ``None``: the model wrote every completion token (single turn).
+    tool_mask: Tensor | None = None
+    columns: dict[str, list[Any]] = field(default_factory=dict)  # name -> [N] extra per-row reward inputs
+    metrics: dict[str, float] = field(default_factory=dict)  # the engine's own step metrics (turns, tool calls)
 
     @cached_property  # built once: every log-prob pass reads it per micro-batch; fields are never mutated
     def input_ids(self) -> Tensor:  # [N, P+T]
@@ -54,6 +61,11 @@ class Rollout:
     @cached_property
     def attention_mask(self) -> Tensor:  # [N, P+T]
         return torch.cat([self.prompt_mask, self.completion_mask], dim=1)
+
+    @property
+    def model_mask(self) -> Tensor:  # [N, T]
+        """1 on the completion tokens the model wrote itself, up to and including the first EOS."""
+        return self.completion_mask if self.tool_mask is None else self.completion_mask * self.tool_mask
 
     def __len__(self) -> int:
         return self.completion_ids.shape[0]
@@ -73,3 +85,122 @@ class RewardScores:
         """[N] weighted sum over functions, NaN where every function returned None."""
         total = (self.per_function * self.weights).nansum(dim=1)
         return torch.where(self.per_function.isnan().all(dim=1), torch.nan, total)
+
+
+# ---- the step record: what one training step did, read by callbacks by attribute -------------------------
+
+
+@dataclass(frozen=True)
+class RewardStats:
+    """Rewards of the global batch (every rank's rows)."""
+
+    mean: float  # of the total reward
+    std: float  # of the total reward over the batch
+    frac_zero_std: float  # groups whose rewards are all equal: they carry no gradient
+    function_means: dict[str, float]  # per reward function; NaN where it returned None for every row
+    function_stds: dict[str, float]
+
+    def metrics(self) -> dict[str, float]:
+        out = {"reward": self.mean, "reward_std": self.std, "frac_reward_zero_std": self.frac_zero_std}
+        for name in self.function_means:
+            out[f"rewards/{name}/mean"] = self.function_means[name]
+            out[f"rewards/{name}/std"] = self.function_stds[name]
+        return out
+
+
+@dataclass(frozen=True)
+class LengthStats:
+    """Completion lengths of the global batch, in tokens up to and including EOS."""
+
+    mean: float
+    min: float
+    max: float
+    clipped_ratio: float  # completions that never emitted EOS
+    mean_terminated: float  # mean length of those that did (0 when none did)
+
+    def metrics(self) -> dict[str, float]:
+        return {
+            "completions/mean_length": self.mean,
+            "completions/min_length": self.min,
+            "completions/max_length": self.max,
+            "completions/clipped_ratio": self.clipped_ratio,
+            "completions/mean_terminated_length": self.mean_terminated,
+        }
+
+
+@dataclass(frozen=True)
+class UpdateStats:
+    """The policy update: token means over the loss tokens of the global batch."""
+
+    loss: float
+    entropy: float
+    clip_low: float  # tokens clipped below 1 - epsilon with a negative advantage
+    clip_high: float  # tokens clipped above 1 + epsilon_high with a positive advantage
+    clip_region: float  # either
+    loss_tokens: float = 0.0  # tokens in the loss, all ranks (the dapo normaliser's count)
+    kl: float | None = None  # to the reference; None when beta = 0 (not computed)
+    sampling_ratio: tuple[float, float, float] | None = None  # min, mean, max of the sampler correction
+
+    def metrics(self) -> dict[str, float]:
+        out = {
+            "loss": self.loss,
+            "entropy": self.entropy,
+            "clip_ratio/low_mean": self.clip_low,
+            "clip_ratio/high_mean": self.clip_high,
+            "clip_ratio/region_mean": self.clip_region,
+        }
+        if self.kl is not None:
+            out["kl"] = self.kl
+        if self.sampling_ratio is not None:
+            for name, value in zip(("min", "mean", "max"), self.sampling_ratio):
+                out[f"sampling/importance_ratio/{name}"] = value
+        return out
+
+
+@dataclass(frozen=True)
+class StepStats:
+    """Every number a training step reports. ``metrics()`` names them as TRL does (``reward``, ``kl`` ...)."""
+
+    rewards: RewardStats
+    lengths: LengthStats
+    update: UpdateStats
+    num_tokens: int  # prompt + completion tokens trained on so far, all ranks
+    learning_rate: float
+    skipped_steps: int  # steps skipped so far for non-finite numbers
+    truncated_prompts: int  # prompts of this rank's batch cut to max_prompt_length
+    step_time: float  # seconds
+    reward_errors: dict[str, int] = field(default_factory=dict)  # failed rows per function (skip / zero)
+    engine: dict[str, float] = field(default_factory=dict)  # the rollout engine's own metrics
+
+    def metrics(self) -> dict[str, float]:
+        return {
+            **self.update.metrics(),
+            **self.rewards.metrics(),
+            **self.lengths.metrics(),
+            **self.engine,
+            "num_tokens": float(self.num_tokens),
+            "lr": self.learning_rate,
+            "skipped_steps": float(self.skipped_steps),
+            "prompts/truncated": float(self.truncated_prompts),
+            "step_time": self.step_time,
+            **{f"reward_errors/{name}": float(count) for name, count in self.reward_errors.items()},
+        }
+
+
+@dataclass(frozen=True)
+class StepRecord:
+    """What one training step did, published as ``training_step``'s output ``{"loss", "record"}``.
+
+    Callbacks read it with ``step_record(outputs)`` and then by attribute, so a renamed field breaks them
+    loudly (AttributeError, caught by the tests) instead of silently disabling an alert.
+    """
+
+    rollout: Rollout  # this rank's N completions
+    scores: RewardScores  # [N, F] this rank's
+    advantages: Tensor  # [N]
+    stats: StepStats  # of the global batch
+
+
+def step_record(outputs: Any) -> StepRecord | None:
+    """The record in a ``training_step`` output; ``None`` for a skipped step (it returns nothing)."""
+    return outputs.get("record") if isinstance(outputs, dict) else None

@@ -24,13 +24,13 @@ class Probe(L.Callback):
         self.seen = []
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
-        rollout = outputs["rollout"]
+        record = outputs["record"]
         self.seen.append(
             {
-                "completions": rollout.completions,
-                "local_tokens": int(rollout.completion_mask.sum()),
-                "global_tokens": outputs["normalizer"].global_num_tokens,
-                "reward": outputs["metrics"]["reward"],
+                "completions": record.rollout.completions,
+                "local_tokens": int(record.rollout.completion_mask.sum()),
+                "global_tokens": record.stats.update.loss_tokens,
+                "reward": record.stats.rewards.mean,
             }
         )
 
@@ -38,7 +38,7 @@ class Probe(L.Callback):
 class RankZeroAlert(Alert):
     """A signal only rank 0 sees: the stop decision must still reach rank 1."""
 
-    def signals(self, trainer, outputs):
+    def signals(self, trainer, record):
         return [Signal("rank0_only", 1.0, 0.0, ">", "nothing")] if trainer.global_rank == 0 else []
 
 
@@ -69,10 +69,18 @@ def main(model_dir: str, data_path: str, out_dir: str, scale_rewards: str) -> No
         callbacks=[probe, alert],
     )
     trainer.fit(module, PromptDataModule(data_path, batch_size=2, val_split=None))
-    flat = torch.cat([p.detach().flatten() for p in module.policy.parameters()])
+    flat = torch.cat([p.detach().flatten() for p in module.policy.model.parameters()])
     with open(f"{out_dir}/rank{trainer.global_rank}.json", "w") as f:
-        json.dump({"global_step": trainer.global_step, "alert_firings": len(alert.firings),
-                   "param_sum": flat.sum().item(), "param_head": flat[:64].tolist(), "seen": probe.seen}, f)
+        json.dump(
+            {
+                "global_step": trainer.global_step,
+                "alert_firings": len(alert.firings),
+                "param_sum": flat.sum().item(),
+                "param_head": flat[:64].tolist(),
+                "seen": probe.seen,
+            },
+            f,
+        )
 
 
 if __name__ == "__main__":

@@ -40,11 +40,12 @@ class Recorder(L.Callback):
         self.grads = []
 
     def on_before_optimizer_step(self, trainer, pl_module, optimizer):
-        grads = [full(p.grad).flatten().cpu() for p in pl_module.policy.parameters() if p.grad is not None]
+        grads = [full(p.grad).flatten().cpu() for p in pl_module.policy.model.parameters() if p.grad is not None]
         self.grads.append(torch.cat(grads))
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
-        self.steps.append({"rollout": outputs["rollout"], "metrics": outputs["metrics"]})
+        record = outputs["record"]
+        self.steps.append({"rollout": record.rollout, "metrics": record.stats.metrics()})
 
 
 class Replay(GRPOModule):
@@ -62,7 +63,7 @@ class Replay(GRPOModule):
         return Rollout(
             prompt_ids=torch.cat([p.prompt_ids for p in parts]),
             prompt_mask=torch.cat([p.prompt_mask for p in parts]),
-            completion_ids=torch.cat([pad(p.completion_ids, width, self.tokenizer.pad_token_id) for p in parts]),
+            completion_ids=torch.cat([pad(p.completion_ids, width, self.policy.tokenizer.pad_token_id) for p in parts]),
             completion_mask=torch.cat([pad(p.completion_mask, width, 0) for p in parts]),
             is_truncated=torch.cat([p.is_truncated for p in parts]),
             prompts=sum((p.prompts for p in parts), []),
@@ -111,7 +112,7 @@ def main(model_dir: str, data_path: str, out_dir: str, mode: str) -> None:
     )
     batch_size = PROMPTS_PER_RANK * (2 if mode == "replay" else 1)
     trainer.fit(module, PromptDataModule(data_path, batch_size=batch_size, val_split=None))
-    params = torch.cat([full(p).flatten().cpu() for p in module.policy.parameters()])
+    params = torch.cat([full(p).flatten().cpu() for p in module.policy.model.parameters()])
     Path(out_dir).mkdir(parents=True, exist_ok=True)
     torch.save(
         {"steps": recorder.steps, "grads": recorder.grads, "params": params, "global_step": trainer.global_step},

@@ -3,7 +3,7 @@ import math
 import pytest
 import torch
 
-from lightning_grpo.advantages import compute_advantages, group_advantages, nanstd
+from lightning_grpo.advantages import compute_advantages, group_advantages, nanstd, zero_std_fraction
 
 
 def test_group_scaling_hand_worked():
@@ -12,7 +12,7 @@ def test_group_scaling_hand_worked():
     assert adv.advantages[0].item() == pytest.approx(0.75 / 0.5001, rel=1e-6)
     assert adv.advantages[1].item() == pytest.approx(-0.25 / 0.5001, rel=1e-6)
     assert adv.advantages[4:].abs().max().item() == 0.0  # constant group: no signal
-    assert adv.frac_zero_std == 0.5
+    assert zero_std_fraction(torch.tensor([1.0, 0.0, 0.0, 0.0, 2.0, 2.0, 2.0, 2.0]).view(2, 4)) == 0.5
 
 
 def test_none_scaling_is_mean_centred_only():

@@ -1,4 +1,4 @@
-"""Generation backends: the interface the module samples through, the sampler/trainer mismatch correction,
+"""Rollout engines: the interface the module samples through, the sampler/trainer mismatch correction,
 and vLLM refused at config time where it cannot run."""
 
 from __future__ import annotations
@@ -8,12 +8,12 @@ import torch
 from helpers import fit, logged, make_module
 
 from lightning_grpo import GRPOModule, PromptDataModule
-from lightning_grpo.generation import HFGenerator
+from lightning_grpo.engines import HFGenerate, VLLMColocate
 from lightning_grpo.logprobs import completion_logps
 from lightning_grpo.rewards import exact_match_reward
 
 
-class ShiftedSampler(HFGenerator):
+class ShiftedSampler(HFGenerate):
     """Real HF sampling, reporting the policy's own log-probs minus ``shift``: a sampler that is
     ``shift`` nats less confident per token than the trainer, as a vLLM engine in another precision can be."""
 
@@ -21,11 +21,11 @@ class ShiftedSampler(HFGenerator):
         self.shift = shift
         self.synced = 0
 
-    def generate(self, policy, tokenizer, prompts, num_generations, sampling, *args, **kwargs):
-        rollout = super().generate(policy, tokenizer, prompts, num_generations, sampling, *args, **kwargs)
+    def generate(self, policy, prompts, num_generations, sampling, greedy):
+        rollout = super().generate(policy, prompts, num_generations, sampling, greedy)
         width = rollout.completion_ids.shape[1]
         with torch.no_grad():
-            own = completion_logps(policy, rollout.input_ids, rollout.attention_mask, width, sampling.temperature)
+            own = completion_logps(policy.model, rollout.input_ids, rollout.attention_mask, width, sampling.temperature)
         rollout.sampling_logps = own.logps - self.shift
         return rollout
 
@@ -38,8 +38,7 @@ def data(path):
 
 
 def run(tiny_model_dir, arith_jsonl, tmp_path, shift, **kw):
-    module = make_module(tiny_model_dir, **kw)
-    module.generator = ShiftedSampler(shift)
+    module = make_module(tiny_model_dir, rollout_engine=ShiftedSampler(shift), **kw)
     trainer = fit(module, data(arith_jsonl), tmp_path, max_steps=2)
     return module, logged(trainer)
 
@@ -57,14 +56,14 @@ def test_sampling_correction_weights_the_policy_term(tiny_model_dir, arith_jsonl
     module, metrics = run(tiny_model_dir, arith_jsonl, tmp_path, shift, sampling_correction=mode)
     for stat in ("min", "mean", "max"):
         assert metrics[f"train/sampling/importance_ratio/{stat}"] == pytest.approx([expected] * 2, rel=1e-3)
-    assert module.generator.synced == 2  # weights pushed to the sampler after every training step
+    assert module.engine.synced == 2  # weights pushed to the sampler after every training step
 
 
 def test_sampler_equal_to_trainer_gives_the_plain_update(tiny_model_dir, arith_jsonl, tmp_path):
     corrected, _ = run(tiny_model_dir, arith_jsonl, tmp_path / "a", 0.0, sampling_correction="sequence_mask")
     plain, metrics = run(tiny_model_dir, arith_jsonl, tmp_path / "b", 0.0, sampling_correction=None)
     assert not any(k.startswith("train/sampling/") for k in metrics)
-    for a, b in zip(corrected.policy.parameters(), plain.policy.parameters()):
+    for a, b in zip(corrected.policy.model.parameters(), plain.policy.model.parameters()):
         torch.testing.assert_close(a, b)
 
 
@@ -72,26 +71,20 @@ def test_masked_tokens_do_not_move_the_policy(tiny_model_dir, arith_jsonl, tmp_p
     """Every weight masked (sequence ratio e^(2 * length) > 3): only the KL-free, zero-loss step is left."""
     module, _ = run(tiny_model_dir, arith_jsonl, tmp_path, 2.0, sampling_correction="sequence_mask")
     initial = make_module(tiny_model_dir)
-    for a, b in zip(module.policy.parameters(), initial.policy.parameters()):
+    for a, b in zip(module.policy.model.parameters(), initial.policy.model.parameters()):
         torch.testing.assert_close(a, b)
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the refusal on a machine without a GPU")
 def test_vllm_is_refused_at_config_time_without_vllm_or_gpu():
     with pytest.raises(ValueError) as err:
-        GRPOModule(model="/nonexistent/never/loaded", reward_funcs=[exact_match_reward], generation_backend="vllm")
+        VLLMColocate()
     message = str(err.value)
-    assert "generation_backend 'vllm' cannot run on this machine" in message
-    assert "no CUDA GPU is visible" in message and "Use generation_backend: hf" in message
+    assert "rollout_engine VLLMColocate cannot run on this machine" in message
+    assert "no CUDA GPU is visible" in message and "lightning_grpo.engines.HFGenerate" in message
 
 
-def test_unknown_backend_and_correction_are_named():
+def test_unknown_correction_is_named():
     with pytest.raises(ValueError) as err:
-        GRPOModule(
-            model="/nonexistent/never/loaded",
-            reward_funcs=[exact_match_reward],
-            generation_backend="sglang",
-            sampling_correction="clip",
-        )
-    assert "generation_backend must be one of ['hf', 'vllm'], got 'sglang'" in str(err.value)
+        GRPOModule(model="/nonexistent/never/loaded", reward_funcs=[exact_match_reward], sampling_correction="clip")
     assert "sampling_correction must be one of" in str(err.value) and "got 'clip'" in str(err.value)

@@ -14,9 +14,9 @@ LORA = {"r": 4, "lora_alpha": 8, "target_modules": ["q_proj", "v_proj"], "lora_d
 
 def test_lora_run(tiny_model_dir, arith_jsonl, tmp_path):
     module = make_module(tiny_model_dir, peft_config=LORA, beta=0.1)
-    assert module.reference is None  # no second model: the reference is the adapter-off policy
-    base = {n: p.detach().clone() for n, p in module.policy.named_parameters() if "lora_" not in n}
-    lora = {n: p.detach().clone() for n, p in module.policy.named_parameters() if "lora_B" in n}
+    assert module.policy.reference is None  # no second model: the reference is the adapter-off policy
+    base = {n: p.detach().clone() for n, p in module.policy.model.named_parameters() if "lora_" not in n}
+    lora = {n: p.detach().clone() for n, p in module.policy.model.named_parameters() if "lora_B" in n}
     export = HFExport()
     trainer = fit(
         module,
@@ -26,7 +26,7 @@ def test_lora_run(tiny_model_dir, arith_jsonl, tmp_path):
         enable_checkpointing=True,
         callbacks=[export],
     )
-    params = dict(module.policy.named_parameters())
+    params = dict(module.policy.model.named_parameters())
     assert all(torch.equal(params[n], v) for n, v in base.items())  # base weights untouched
     assert any(not torch.equal(params[n], v) for n, v in lora.items())  # adapter trained
     assert logged(trainer)["train/kl"][-1] > 0  # policy vs adapter-off reference
@@ -47,7 +47,7 @@ def test_lora_run(tiny_model_dir, arith_jsonl, tmp_path):
         max_steps=4,
         ckpt_path=trainer.checkpoint_callback.best_model_path,
     )
-    restored = dict(resumed.policy.named_parameters())
+    restored = dict(resumed.policy.model.named_parameters())
     assert all(torch.equal(restored[n], v) for n, v in base.items())
 
 

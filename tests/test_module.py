@@ -37,10 +37,10 @@ TRL_METRICS = [
 
 def test_fit_updates_the_policy_and_logs_every_metric(tiny_model_dir, arith_jsonl, tmp_path):
     module = make_module(tiny_model_dir, beta=0.1)
-    before = {k: v.clone() for k, v in module.policy.state_dict().items()}
+    before = {k: v.clone() for k, v in module.policy.model.state_dict().items()}
     trainer = fit(module, PromptDataModule(arith_jsonl, batch_size=4, val_split=None), tmp_path, max_steps=3)
     assert trainer.global_step == 3
-    changed = [k for k, v in module.policy.state_dict().items() if not torch.equal(v, before[k])]
+    changed = [k for k, v in module.policy.model.state_dict().items() if not torch.equal(v, before[k])]
     assert len(changed) > len(before) // 2
     metrics = logged(trainer)
     for name in TRL_METRICS:
@@ -61,7 +61,7 @@ def test_micro_batches_give_the_same_update(tiny_model_dir, arith_jsonl, tmp_pat
             optimizer=lambda p: torch.optim.SGD(p, lr=1.0),
         )  # update = gradient, unnormalised
         fit(module, PromptDataModule(arith_jsonl, batch_size=4, val_split=None), tmp_path, max_steps=1)
-        params.append(torch.cat([p.detach().flatten() for p in module.policy.parameters()]))
+        params.append(torch.cat([p.detach().flatten() for p in module.policy.model.parameters()]))
     assert torch.allclose(params[0], params[1], atol=1e-6)
 
 
@@ -75,19 +75,19 @@ def test_num_iterations_reuses_a_generation_batch(tiny_model_dir, arith_jsonl, t
 
 def test_reference_stays_frozen_and_out_of_checkpoints(tiny_model_dir, arith_jsonl, tmp_path):
     module = make_module(tiny_model_dir, beta=0.05)
-    ref_before = {k: v.clone() for k, v in module.reference.state_dict().items()}
+    ref_before = {k: v.clone() for k, v in module.policy.reference.state_dict().items()}
     trainer = fit(
         module,
         PromptDataModule(arith_jsonl, batch_size=4, val_split=None),
         tmp_path,
         enable_checkpointing=True,
     )
-    assert all(torch.equal(v, ref_before[k]) for k, v in module.reference.state_dict().items())
+    assert all(torch.equal(v, ref_before[k]) for k, v in module.policy.reference.state_dict().items())
     ckpt = torch.load(trainer.checkpoint_callback.best_model_path, weights_only=False)
     assert ckpt["state_dict"] and not any("reference" in k for k in ckpt["state_dict"])
     assert all(k.startswith("policy.") for k in ckpt["state_dict"])
     optimized = {id(p) for g in trainer.optimizers[0].param_groups for p in g["params"]}
-    assert not any(id(p) in optimized for p in module.reference.parameters())
+    assert not any(id(p) in optimized for p in module.policy.reference.parameters())
 
 
 def test_validation_export_summary_and_resume(tiny_model_dir, arith_jsonl, tmp_path):
@@ -112,7 +112,7 @@ def test_validation_export_summary_and_resume(tiny_model_dir, arith_jsonl, tmp_p
     assert saved["steps"] == 4 and saved["accuracy_before"] is not None and saved["accuracy_after"] is not None
 
     exported = AutoModelForCausalLM.from_pretrained(export.path)
-    for (name, a), b in zip(exported.state_dict().items(), module.policy.state_dict().values()):
+    for (name, a), b in zip(exported.state_dict().items(), module.policy.model.state_dict().values()):
         assert torch.equal(a, b), name
 
     resumed = make_module(tiny_model_dir)
@@ -166,10 +166,10 @@ def test_non_finite_steps_are_skipped_then_abort_with_a_checkpoint(tiny_model_di
         return [float("inf")] * len(completions)
 
     module = make_module(tiny_model_dir, reward_funcs=[infinite_reward], accuracy_reward=None, max_bad_steps=3)
-    before = [p.detach().clone() for p in module.policy.parameters()]
+    before = [p.detach().clone() for p in module.policy.model.parameters()]
     with pytest.raises(FloatingPointError, match="3 GRPO steps in a row skipped .* checkpoint at"):
         fit(module, PromptDataModule(arith_jsonl, batch_size=4, val_split=None), tmp_path, max_steps=10)
-    assert all(torch.equal(a, b) for a, b in zip(before, module.policy.parameters()))  # no step was taken
+    assert all(torch.equal(a, b) for a, b in zip(before, module.policy.model.parameters()))  # no step was taken
     assert module.skipped_steps == 3
     assert list(tmp_path.rglob("numerical-abort.ckpt"))
 
@@ -179,7 +179,7 @@ def test_export_refuses_to_overwrite_before_training(tiny_model_dir, arith_jsonl
     target.mkdir()
     (target / "config.json").write_text("{}")
     module = make_module(tiny_model_dir)
-    before = [p.detach().clone() for p in module.policy.parameters()]
+    before = [p.detach().clone() for p in module.policy.model.parameters()]
     with pytest.raises(FileExistsError, match="export.dirpath .* already holds files: .* export.overwrite: true"):
         fit(
             module,
@@ -187,7 +187,7 @@ def test_export_refuses_to_overwrite_before_training(tiny_model_dir, arith_jsonl
             tmp_path,
             callbacks=[HFExport(dirpath=str(target))],
         )
-    assert all(torch.equal(a, b) for a, b in zip(before, module.policy.parameters()))
+    assert all(torch.equal(a, b) for a, b in zip(before, module.policy.model.parameters()))
     assert (target / "config.json").read_text() == "{}"
     fit(
         module,
@@ -205,12 +205,12 @@ def test_gradient_checkpointing_gives_the_same_update(tiny_model_dir, arith_json
         module = make_module(tiny_model_dir, gradient_checkpointing=checkpointing, beta=0.1)
         fit(module, PromptDataModule(arith_jsonl, batch_size=4, val_split=None), tmp_path / str(checkpointing))
         modules.append(module)
-    assert modules[1].policy.is_gradient_checkpointing and modules[1].policy.training
-    for a, b in zip(modules[0].policy.parameters(), modules[1].policy.parameters()):
+    assert modules[1].policy.model.is_activation_checkpointing and modules[1].policy.model.training
+    for a, b in zip(modules[0].policy.model.parameters(), modules[1].policy.model.parameters()):
         torch.testing.assert_close(a, b)
-    assert not torch.equal(
-        modules[0].policy.model.embed_tokens.weight, make_module(tiny_model_dir).policy.model.embed_tokens.weight
-    )
+    fresh = make_module(tiny_model_dir)
+    embeddings = modules[0].policy.model.model.embed_tokens.weight, fresh.policy.model.model.embed_tokens.weight
+    assert not torch.equal(*embeddings)
 
 
 @pytest.mark.parametrize("precision", ["bf16-mixed", "bf16-true"])
@@ -218,11 +218,11 @@ def test_bf16_precisions_train_on_cpu(tiny_model_dir, arith_jsonl, tmp_path, pre
     """bf16 autocast and bf16 weights train on CPU (log-probs and the softmax stay in fp32). fp16 AMP is GPU-only:
     Lightning switches ``16-mixed`` to ``bf16-mixed`` on CPU with a warning saying so."""
     module = make_module(tiny_model_dir, beta=0.1)
-    before = module.policy.model.embed_tokens.weight.detach().float().clone()
+    before = module.policy.model.model.embed_tokens.weight.detach().float().clone()
     trainer = fit(module, PromptDataModule(arith_jsonl, batch_size=4, val_split=None), tmp_path, precision=precision)
     metrics = logged(trainer)
     assert all(torch.isfinite(torch.tensor(metrics["train/loss"])))
-    assert not torch.equal(module.policy.model.embed_tokens.weight.detach().float(), before)
+    assert not torch.equal(module.policy.model.model.embed_tokens.weight.detach().float(), before)
 
 
 def test_sample_outside_a_trainer(tiny_model_dir):

@@ -40,7 +40,7 @@ def data(arith_jsonl):
 def module(model_dir, dropout: float):
     """The tiny policy, with attention dropout: the training pass itself draws random numbers."""
     grpo = make_module(model_dir, beta=0.1)
-    for layer in grpo.policy.model.layers:
+    for layer in grpo.policy.model.model.layers:
         layer.self_attn.attention_dropout = dropout
     return grpo
 
@@ -71,7 +71,7 @@ def test_signal_saves_a_checkpoint_and_resume_is_exact(tiny_model_dir, arith_jso
     )
 
     assert first_prompts.seen + resumed_prompts.seen == full_prompts.seen  # data order continues mid-epoch
-    for (name, a), (_, b) in zip(full.policy.named_parameters(), resumed.policy.named_parameters()):
+    for (name, a), (_, b) in zip(full.policy.model.named_parameters(), resumed.policy.model.named_parameters()):
         torch.testing.assert_close(a, b, rtol=0, atol=1e-6, msg=name)
     expected, got = logged(reference), logged(second)
     for key in ("train/reward", "train/kl", "train/lr", "train/num_tokens"):

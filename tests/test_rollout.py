@@ -1,9 +1,11 @@
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
+from lightning_grpo.engines import HFGenerate
 from lightning_grpo.logprobs import LinearLogps, auto_chunk_size, completion_logps
 from lightning_grpo.models import load_tokenizer
-from lightning_grpo.rollout import SamplingConfig, generate_rollout, mask_after_eos, tokenize_prompts
+from lightning_grpo.policy import Policy
+from lightning_grpo.rollout import SamplingConfig, mask_after_eos, tokenize_prompts
 
 
 def test_mask_covers_up_to_and_including_first_eos():
@@ -22,13 +24,12 @@ def test_long_prompts_keep_their_last_tokens(tiny_model_dir):
 
 
 def test_rollout_groups_masks_and_chat_completions(tiny_model_dir):
-    model = AutoModelForCausalLM.from_pretrained(tiny_model_dir)
-    tok = load_tokenizer(tiny_model_dir)
+    policy = Policy(tiny_model_dir)
+    tok = policy.tokenizer
     prompts = [[{"role": "user", "content": "1+1="}], [{"role": "user", "content": "2+2="}]]
-    model.train()
     torch.manual_seed(0)
-    r = generate_rollout(model, tok, prompts, 3, SamplingConfig(max_completion_length=6))
-    assert model.training  # generation ran in eval mode and restored training mode
+    r = HFGenerate().generate(policy, prompts, 3, SamplingConfig(max_completion_length=6), greedy=False)
+    assert policy.model.training  # generation ran in eval mode and restored training mode
     assert r.completion_ids.shape[0] == 6 and r.completion_ids.shape[1] <= 6
     assert r.prompts[:3] == [prompts[0]] * 3 and r.prompts[3:] == [prompts[1]] * 3
     assert r.completions[0][0]["role"] == "assistant" and isinstance(r.completions[0][0]["content"], str)

@@ -64,8 +64,8 @@ def test_missing_pad_falls_back_to_eos(tiny_model_dir):
     tok = AutoTokenizer.from_pretrained(tiny_model_dir)
     tok.pad_token = None
     module = GRPOModule(model=tiny_model_dir, tokenizer=tok, reward_funcs=[exact_match_reward])
-    assert module.tokenizer.pad_token_id == module.tokenizer.eos_token_id
-    assert module.tokenizer.padding_side == "left"
+    assert module.policy.tokenizer.pad_token_id == module.policy.tokenizer.eos_token_id
+    assert module.policy.tokenizer.padding_side == "left"
 
 
 def test_reward_preset_adds_weighted_functions(tiny_model_dir):

@@ -12,8 +12,10 @@ from typing import Any
 
 import lightning as L
 from lightning.pytorch.utilities import rank_zero_warn
+from typing_extensions import override
 
 from lightning_grpo.callbacks.rundir import run_dir, save_last_checkpoint
+from lightning_grpo.types import StepRecord, step_record
 
 ACTIONS = ("warn", "stop", "raise")
 
@@ -60,17 +62,29 @@ class Alert(L.Callback):
         self.counts: dict[str, int] = {}
         self.firings: list[Firing] = []
 
-    def signals(self, trainer: L.Trainer, outputs: dict[str, Any]) -> list[Signal]:
+    @property
+    @override
+    def state_key(self) -> str:
+        """Two alerts of one class with different settings keep their states apart in a checkpoint."""
+        return f"{type(self).__qualname__}{self.settings()}"
+
+    def settings(self) -> dict[str, Any]:
+        """What tells this alert apart from another of its class; subclasses add their thresholds."""
+        return {"patience": self.patience, "action": self.action}
+
+    def signals(self, trainer: L.Trainer, record: StepRecord) -> list[Signal]:
         """The signals active at this step; subclasses implement it."""
         raise NotImplementedError
 
+    @override
     def on_train_batch_end(
         self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: Any, batch: Any, batch_idx: int
     ) -> None:
-        if not outputs:  # a skipped step (non-finite numbers) tells nothing; ranks skip together
+        record = step_record(outputs)
+        if record is None:  # a skipped step (non-finite numbers) tells nothing; ranks skip together
             trainer.strategy.reduce_boolean_decision(False, all=False)
             return
-        active = {s.name: s for s in self.signals(trainer, outputs)}
+        active = {s.name: s for s in self.signals(trainer, record)}
         self.counts = {name: self.counts.get(name, 0) + 1 for name in active}  # inactive signals reset to 0
         due = [s for s in active.values() if self.counts[s.name] == self.patience]
         for signal in due:
@@ -104,9 +118,11 @@ class Alert(L.Callback):
             rank_zero_warn(f"Training stopped; checkpoint at {path} (resume with --ckpt_path after a fix)")
             trainer.should_stop = True
 
+    @override
     def state_dict(self) -> dict[str, Any]:
         return {"counts": dict(self.counts), "firings": [asdict(f) for f in self.firings]}
 
+    @override
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         self.counts = dict(state_dict.get("counts", {}))
         self.firings = [Firing(**f) for f in state_dict.get("firings", [])]

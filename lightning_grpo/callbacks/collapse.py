@@ -16,9 +16,12 @@ from typing import Any
 
 import lightning as L
 import torch
+from typing_extensions import override
 
+from lightning_grpo.advantages import zero_std_fraction
 from lightning_grpo.callbacks.alerts import Alert, Signal, above, below
-from lightning_grpo.rewards.correctness import completion_text
+from lightning_grpo.rewards.text import completion_text
+from lightning_grpo.types import StepRecord
 
 ADVICE = (
     "more num_generations, a higher temperature, a diversity or repetition penalty, a lower learning_rate, "
@@ -95,15 +98,19 @@ class ModeCollapseAlert(Alert):
         self.reward_ceiling = reward_ceiling
         self.early: dict[str, list[float]] = {"entropy": [], "length": []}
 
-    def signals(self, trainer: L.Trainer, outputs: dict[str, Any]) -> list[Signal]:
-        m, rollout = outputs["metrics"], outputs["rollout"]
-        entropy, length = m.get("entropy"), m["completions/mean_length"]
+    @override
+    def settings(self) -> dict[str, Any]:
+        return {**super().settings(), **self.thresholds, "reward_ceiling": self.reward_ceiling}
+
+    @override
+    def signals(self, trainer: L.Trainer, record: StepRecord) -> list[Signal]:
+        rollout = record.rollout
+        entropy, length = record.stats.update.entropy, record.stats.lengths.mean
         if len(self.early["length"]) < self.warmup_steps:
             self.early["length"].append(length)
-            if entropy is not None:
-                self.early["entropy"].append(entropy)
+            self.early["entropy"].append(entropy)
             return []
-        groups = self.unsolved_groups(outputs)
+        groups = self.unsolved_groups(record)
         if not groups:
             return []  # every group solved: converged, nothing left to collapse
         t = self.thresholds
@@ -112,18 +119,17 @@ class ModeCollapseAlert(Alert):
         group_size = rollout.group_size
         found = [
             *below("reward_std", _std(rewards.flatten()), t["min_reward_std"], ADVICE),
-            *above("frac_reward_zero_std", _zero_std_fraction(rewards), t["max_frac_zero_std"], ADVICE),
+            *above("frac_reward_zero_std", zero_std_fraction(rewards), t["max_frac_zero_std"], ADVICE),
             *below("distinct_completions", distinct_ratio(completions, group_size), t["min_distinct_ratio"], ADVICE),
             *below("distinct_ngrams", distinct_ngrams(completions, group_size), t["min_distinct_ngrams"], ADVICE),
             *below("completion_length", length, self.length_drop * _mean(self.early["length"]), ADVICE),
         ]
-        if entropy is not None and self.early["entropy"]:
-            found += below("entropy", entropy, self.entropy_drop * _mean(self.early["entropy"]), ADVICE)
+        found += below("entropy", entropy, self.entropy_drop * _mean(self.early["entropy"]), ADVICE)
         return found
 
-    def unsolved_groups(self, outputs: dict[str, Any]) -> list[dict[str, Any]]:
+    def unsolved_groups(self, record: StepRecord) -> list[dict[str, Any]]:
         """This rank's groups, less those whose every completion reached ``reward_ceiling``."""
-        rollout, total = outputs["rollout"], outputs["scores"].total.nan_to_num(0.0)
+        rollout, total = record.rollout, record.scores.total.nan_to_num(0.0)
         g = rollout.group_size
         groups = [
             {"completions": rollout.completions[i : i + g], "rewards": total[i : i + g]}
@@ -133,9 +139,11 @@ class ModeCollapseAlert(Alert):
             return groups
         return [x for x in groups if x["rewards"].min().item() < self.reward_ceiling - 1e-6]
 
+    @override
     def state_dict(self) -> dict[str, Any]:
         return {**super().state_dict(), "early": {k: list(v) for k, v in self.early.items()}}
 
+    @override
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         super().load_state_dict(state_dict)
         self.early = {k: list(v) for k, v in state_dict.get("early", self.early).items()}
@@ -147,9 +155,3 @@ def _mean(values: list[float]) -> float:
 
 def _std(x: torch.Tensor) -> float:
     return x.std().item() if x.numel() > 1 else 0.0
-
-
-def _zero_std_fraction(rewards: torch.Tensor) -> float:
-    """[groups, G] -> fraction of groups whose rewards are all equal."""
-    spread = rewards.max(dim=1).values - rewards.min(dim=1).values
-    return (spread.abs() < 1e-6).float().mean().item()

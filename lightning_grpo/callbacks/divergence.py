@@ -11,8 +11,10 @@ from collections import deque
 from typing import Any
 
 import lightning as L
+from typing_extensions import override
 
 from lightning_grpo.callbacks.alerts import Alert, Signal, above
+from lightning_grpo.types import StepRecord
 
 KL_ADVICE = "a lower learning_rate, a higher beta, or fewer num_iterations per generation batch"
 CLIP_ADVICE = "a lower learning_rate or fewer num_iterations; a larger epsilon only hides the problem"
@@ -48,10 +50,16 @@ class KLAlert(Alert):
         self.max_clip_ratio, self.window = max_clip_ratio, window
         self.history: deque[float] = deque(maxlen=window + 1)
 
-    def signals(self, trainer: L.Trainer, outputs: dict[str, Any]) -> list[Signal]:
-        m = outputs["metrics"]
-        found = above("clip_ratio/region_mean", m.get("clip_ratio/region_mean"), self.max_clip_ratio, CLIP_ADVICE)
-        kl = m.get("kl")
+    @override
+    def settings(self) -> dict[str, Any]:
+        limits = (self.max_kl, self.max_kl_growth, self.min_kl, self.max_clip_ratio, self.window)
+        return {**super().settings(), "limits": limits}
+
+    @override
+    def signals(self, trainer: L.Trainer, record: StepRecord) -> list[Signal]:
+        update = record.stats.update
+        found = above("clip_ratio/region_mean", update.clip_region, self.max_clip_ratio, CLIP_ADVICE)
+        kl = update.kl
         if kl is None:
             return found
         self.history.append(kl)
@@ -61,9 +69,11 @@ class KLAlert(Alert):
             found += above("kl_growth", kl / past, self.max_kl_growth, KL_ADVICE)
         return found
 
+    @override
     def state_dict(self) -> dict[str, Any]:
         return {**super().state_dict(), "history": list(self.history)}
 
+    @override
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         super().load_state_dict(state_dict)
         self.history = deque(state_dict.get("history", []), maxlen=self.window + 1)

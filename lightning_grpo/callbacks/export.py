@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import lightning as L
+from typing_extensions import override
 
 from lightning_grpo.callbacks.rundir import run_dir
 
@@ -23,6 +24,7 @@ class HFExport(L.Callback):
         self.overwrite = overwrite
         self.path: Path | None = None
 
+    @override
     def on_fit_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         target = Path(self.dirpath) if self.dirpath else None
         if target is not None and not self.overwrite and target.is_dir() and any(target.iterdir()):
@@ -31,6 +33,7 @@ class HFExport(L.Callback):
                 "export.overwrite: true"
             )
 
+    @override
     def on_fit_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         self.path = Path(self.dirpath) if self.dirpath else run_dir(trainer) / "hf_model"
         pl_module.save_pretrained(str(self.path))  # every rank: a sharded policy is gathered; rank 0 writes

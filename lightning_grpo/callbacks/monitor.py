@@ -1,19 +1,22 @@
 """RewardMonitor: reward statistics beyond the per-step numbers: windows, groups, accuracy.
 
-Logs ``reward_window/mean|std`` and ``rewards_window/<fn>/mean`` over the last ``window`` steps (torchmetrics
-running aggregates), per-group ``groups/best|worst|spread`` (means over groups of the group's max, min and
-max - min reward: a spread near 0 means no learning signal), and ``accuracy`` where a correctness reward is named.
+Logs ``reward_window/mean|std`` and ``rewards_window/<fn>/mean`` over the last ``window`` steps (their windows
+are saved in checkpoints, so a resumed run goes on with the same windows), per-group
+``groups/best|worst|spread`` (means over groups of the group's max, min and max - min reward: a spread near 0
+means no learning signal), and ``accuracy`` where a correctness reward is named.
 """
 
 from __future__ import annotations
 
+import math
+from collections import deque
 from typing import Any
 
 import lightning as L
-import torch
-from torchmetrics.aggregation import RunningMean
+from typing_extensions import override
 
 from lightning_grpo.metrics import accuracy
+from lightning_grpo.types import step_record
 
 
 class RewardMonitor(L.Callback):
@@ -29,26 +32,30 @@ class RewardMonitor(L.Callback):
             raise ValueError(f"window must be >= 1, got {window}")
         self.window = window
         self.accuracy_reward = accuracy_reward
-        self.means: dict[str, RunningMean] = {}
-        self.squares = RunningMean(window=window)
+        self.windows: dict[str, deque[float]] = {}
 
-    def _running(self, name: str, value: float) -> float:
-        metric = self.means.setdefault(name, RunningMean(window=self.window))
-        metric.update(torch.tensor(value))
-        return metric.compute().item()
+    def _running(self, name: str, value: float) -> list[float]:
+        values = self.windows.setdefault(name, deque(maxlen=self.window))
+        values.append(value)
+        return [v for v in values if not math.isnan(v)]
 
+    @override
     def on_train_batch_end(
         self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: Any, batch: Any, batch_idx: int
     ) -> None:
-        if not outputs:  # a skipped step
+        record = step_record(outputs)
+        if record is None:  # a skipped step
             return
-        m, scores, group = outputs["metrics"], outputs["scores"], outputs["rollout"].group_size
-        logged = {"reward_window/mean": self._running("reward", m["reward"])}
-        self.squares.update(torch.tensor(m["reward"] ** 2))
-        logged["reward_window/std"] = max(self.squares.compute().item() - logged["reward_window/mean"] ** 2, 0) ** 0.5
-        for name in scores.names:
-            logged[f"rewards_window/{name}/mean"] = self._running(name, m[f"rewards/{name}/mean"])
-        total = scores.total.nan_to_num(0.0).view(-1, group)  # [B, G]
+        rewards, scores = record.stats.rewards, record.scores
+        recent = self._running("reward", rewards.mean)
+        mean = _mean(recent)
+        logged = {
+            "reward_window/mean": mean,
+            "reward_window/std": math.sqrt(max(_mean([r * r for r in recent]) - mean**2, 0.0)),
+        }
+        for name, value in rewards.function_means.items():
+            logged[f"rewards_window/{name}/mean"] = _mean(self._running(name, value))
+        total = scores.total.nan_to_num(0.0).view(-1, record.rollout.group_size)  # [B, G]
         best, worst = total.max(dim=1).values, total.min(dim=1).values  # [B]
         logged |= {
             "groups/best": best.mean().item(),
@@ -58,5 +65,16 @@ class RewardMonitor(L.Callback):
         name = self.accuracy_reward or getattr(pl_module.hparams, "accuracy_reward", None)
         if name in scores.names:
             logged["accuracy"] = accuracy(scores.per_function, scores.names, name)
-        for key, value in logged.items():
-            pl_module.log(f"train/{key}", value, on_step=True, batch_size=1)
+        pl_module.log_dict({f"train/{k}": v for k, v in logged.items()}, on_step=True, on_epoch=False, batch_size=1)
+
+    @override
+    def state_dict(self) -> dict[str, Any]:
+        return {"windows": {name: list(values) for name, values in self.windows.items()}}
+
+    @override
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        self.windows = {k: deque(v, maxlen=self.window) for k, v in state_dict.get("windows", {}).items()}
+
+
+def _mean(values: list[float]) -> float:
+    return sum(values) / len(values) if values else math.nan

@@ -20,6 +20,7 @@ from typing import Any
 import lightning as L
 from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
 from lightning.pytorch.utilities.exceptions import SIGTERMException
+from typing_extensions import override
 
 from lightning_grpo.callbacks.rundir import save_last_checkpoint
 
@@ -44,6 +45,7 @@ class PreemptionCheckpoint(L.Callback):
         self.received: int | None = None
         self._previous: dict[int, Any] = {}
 
+    @override
     def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         self.received = None
         if threading.current_thread() is not threading.main_thread():
@@ -58,6 +60,7 @@ class PreemptionCheckpoint(L.Callback):
         self.received = signum
         rank_zero_info(f"{signal.Signals(signum).name} received: finishing this step, then saving a checkpoint")
 
+    @override
     def on_train_batch_end(
         self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: Any, batch: Any, batch_idx: int
     ) -> None:
@@ -70,9 +73,11 @@ class PreemptionCheckpoint(L.Callback):
         signum = self.received or signal.SIGTERM  # a rank that got no signal itself follows the others
         raise SIGTERMException(128 + signum)
 
+    @override
     def on_train_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         self._restore_handlers()
 
+    @override
     def on_exception(self, trainer: L.Trainer, pl_module: L.LightningModule, exception: BaseException) -> None:
         self._restore_handlers()
 

@@ -14,9 +14,11 @@ from typing import Any
 
 import lightning as L
 from lightning.pytorch.loggers import CSVLogger, TensorBoardLogger
+from typing_extensions import override
 
 from lightning_grpo.callbacks.rundir import run_dir
-from lightning_grpo.rewards.correctness import completion_text
+from lightning_grpo.rewards.text import completion_text
+from lightning_grpo.types import StepRecord, step_record
 
 
 def prompt_text(prompt: Any) -> str:
@@ -36,8 +38,8 @@ class CompletionSampleLogger(L.Callback):
             raise ValueError(f"every_n_steps and max_rows must be >= 1, got {every_n_steps} and {max_rows}")
         self.every_n_steps, self.max_rows = every_n_steps, max_rows
 
-    def rows(self, step: int, outputs: dict[str, Any]) -> list[dict[str, Any]]:
-        rollout, scores, advantages = outputs["rollout"], outputs["scores"], outputs["advantages"]
+    def rows(self, step: int, record: StepRecord) -> list[dict[str, Any]]:
+        rollout, scores, advantages = record.rollout, record.scores, record.advantages
         out = []
         for i in range(min(self.max_rows, len(rollout))):
             row = {
@@ -50,13 +52,14 @@ class CompletionSampleLogger(L.Callback):
             out.append(row)
         return out
 
+    @override
     def on_train_batch_end(
         self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: Any, batch: Any, batch_idx: int
     ) -> None:
-        step = trainer.global_step
-        if not outputs or not trainer.is_global_zero or (step % self.every_n_steps and step != 1):
+        step, record = trainer.global_step, step_record(outputs)
+        if record is None or not trainer.is_global_zero or (step % self.every_n_steps and step != 1):
             return
-        rows = self.rows(step, outputs)
+        rows = self.rows(step, record)
         directory = run_dir(trainer)
         directory.mkdir(parents=True, exist_ok=True)
         with open(directory / "samples.jsonl", "a") as f:

@@ -13,6 +13,7 @@ from typing import Any
 
 import lightning as L
 from lightning.pytorch.utilities import rank_zero_only
+from typing_extensions import override
 
 from lightning_grpo.callbacks.rundir import run_dir
 
@@ -33,15 +34,18 @@ class RunSummary(L.Callback):
         self.started = 0.0
         self.path: Path | None = None
 
+    @override
     def on_fit_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         self.started = time.time()
 
     def _read(self, trainer: L.Trainer) -> dict[str, float]:
         return {k: float(trainer.callback_metrics[k]) for k in TRACKED if k in trainer.callback_metrics}
 
+    @override
     def on_sanity_check_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         self.before = self._read(trainer)
 
+    @override
     def on_validation_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         if not trainer.sanity_checking:
             self.after = self._read(trainer)
@@ -57,6 +61,7 @@ class RunSummary(L.Callback):
             out[f"{name}_after"] = self.after.get(key)
         return out
 
+    @override
     @rank_zero_only
     def on_fit_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         summary = self.summary(trainer)
@@ -65,9 +70,11 @@ class RunSummary(L.Callback):
         self.path.write_text(json.dumps(summary, indent=2) + "\n")
         print(format_summary(summary) + f"\nsummary written to {self.path}")
 
+    @override
     def state_dict(self) -> dict[str, Any]:
         return {"before": self.before, "after": self.after}
 
+    @override
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         self.before = state_dict.get("before", {})
         self.after = state_dict.get("after", {})
