@@ -262,10 +262,12 @@ def off_policy_mask(
     advantages: Tensor, logps: Tensor, sampling_logps: Tensor, mask: Tensor, threshold: float
 ) -> Tensor:
     """[n, 1] DeepSeek-V3.2's off-policy sequence mask: 0 drops a completion whose advantage is negative and whose
-    mean ``sampling_logp - logp`` over its tokens exceeds ``threshold``; NaN sampler log-probs count as 0."""
+    mean ``sampling_logp - logp`` over its tokens exceeds ``threshold``; NaN sampler log-probs count as 0.
+    ([n, T] for per-token advantages.)"""
     kl = torch.nan_to_num(sampling_logps - logps.detach(), nan=0.0)  # [n, T]
     mean_kl = (kl * mask).sum(-1, keepdim=True) / mask.sum(-1, keepdim=True).clamp(min=1.0)  # [n, 1]
-    return ((advantages.view(-1, 1) >= 0) | (mean_kl <= threshold)).to(mask.dtype)
+    adv = advantages if advantages.ndim == 2 else advantages.unsqueeze(-1)  # [n, 1] or [n, T]
+    return ((adv >= 0) | (mean_kl <= threshold)).to(mask.dtype)
 
 
 def grpo_loss(
@@ -291,7 +293,7 @@ def grpo_loss(
         logps: [n, T] per-token log-probs under the current policy (with grad).
         old_logps: [n, T] log-probs under the policy that sampled; ``None`` means ``logps.detach()``
             (one optimisation pass per generation batch: ratio 1, loss value ~0, gradient not 0).
-        advantages: [n] one advantage per completion.
+        advantages: [n] one advantage per completion, or [n, T] per token (``reinforce_plus_plus``).
         mask: [n, T] 1 on tokens that count in the loss.
         config: every loss option (``LossConfig``); ``None`` means TRL's defaults.
         ref_logps: [n, T] reference-model log-probs; required when ``beta > 0``.
@@ -320,7 +322,7 @@ def grpo_loss(
     if c.importance_sampling_level == "sequence":
         level_log_ratio = ((log_ratio * mask).sum(-1) / mask.sum(-1).clamp(min=1.0)).unsqueeze(-1)  # [n, 1]
     ratio = torch.exp(level_log_ratio)  # [n, T] or [n, 1]
-    adv = advantages.view(-1, 1)  # [n, 1]
+    adv = advantages if advantages.ndim == 2 else advantages.unsqueeze(-1)  # [n, 1], or [n, T] (REINFORCE++)
     x = PolicyInputs(logps, log_ratio, ratio, adv, mask, sampling_weights)
     per_token_loss, flags = kind.term(x, c)  # [n, T] or [n, 1]
 

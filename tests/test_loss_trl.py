@@ -192,6 +192,17 @@ def test_sampling_weights_equal_trl_importance_sampling(loss_type):
 
 
 @pytest.mark.parametrize("loss_type", ["dapo", "grpo", "cispo", "sapo", "vespo"])
+def test_per_token_advantages_equal_trl(loss_type):
+    # REINFORCE++ gives [n, T] advantages; TRL's _compute_loss accepts them too
+    data = make_data(seed=8)
+    data["adv"] = torch.randn(6, T, generator=torch.Generator().manual_seed(0))
+    c = LossConfig(
+        loss_type=loss_type, epsilon_high=5.0 if loss_type == "cispo" else None, off_policy_mask_threshold=0.05
+    )
+    assert_same(c, data)
+
+
+@pytest.mark.parametrize("loss_type", ["dapo", "grpo", "cispo", "sapo", "vespo"])
 @pytest.mark.parametrize("use_sampler_logps", [False, True])
 def test_off_policy_mask_equals_trl(loss_type, use_sampler_logps):
     c = LossConfig(
