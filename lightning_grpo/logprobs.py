@@ -6,6 +6,11 @@ vocabulary, 32 completions of 512 tokens would be 9.9 GB). For a plain linear he
 chunk's log-probs and entropy in one pass and keeps only the hidden states and one log-normaliser per token
 for the backward pass, which recomputes the chunk's logits once: no log-softmax, softmax or entropy tensors
 are stored or recomputed. Other heads (soft-capped logits, a bias) run under activation checkpointing.
+
+The model's own forward may transform the head's output; we apply what its config declares, as TRL 1.16's
+``add_fused_lm_head`` reads it: a multiplier (``logit_scale`` Cohere, ``output_multiplier``,
+``lm_head_multiplier`` Falcon-H1, ``logits_scaling`` HyperCLOVA X) or divisor (``logits_scaling`` Granite,
+MiniCPM3), then Gemma's ``final_logit_softcapping``, then the sampling temperature.
 """
 
 from __future__ import annotations
@@ -65,6 +70,22 @@ class LinearLogps(torch.autograd.Function):
         return grad_h, grad_weight, None, None
 
 
+def logit_scale(config) -> float:
+    """What the model's forward multiplies its LM head's logits by (1.0 when its config declares nothing)."""
+    config = _text_config(config)
+    for name in ("logit_scale", "output_multiplier", "lm_head_multiplier"):
+        if getattr(config, name, None) is not None:
+            return float(getattr(config, name))
+    scaling = getattr(config, "logits_scaling", None)
+    if scaling is None:
+        return 1.0
+    return float(scaling) if getattr(config, "model_type", None) == "hyperclovax" else 1.0 / scaling
+
+
+def _text_config(config):
+    return config.get_text_config() if hasattr(config, "get_text_config") else config
+
+
 def position_ids_from_mask(attention_mask: Tensor) -> Tensor:
     """[n, L] positions that skip left padding, as ``generate`` assigns them."""
     return (attention_mask.long().cumsum(-1) - 1).clamp(min=0)
@@ -97,13 +118,15 @@ def completion_logps(
     hidden = hidden[:, -completion_length - 1 : -1]  # [n, T, H] the states that predict each completion token
     targets = input_ids[:, -completion_length:]  # [n, T]
     head = model.get_output_embeddings()
-    softcap = getattr(getattr(model, "config", None), "final_logit_softcapping", None)
-    plain = type(head) is nn.Linear and head.bias is None and not softcap
+    config = _text_config(getattr(model, "config", None))
+    softcap = getattr(config, "final_logit_softcapping", None)
+    scale = logit_scale(config)
+    plain = type(head) is nn.Linear and head.bias is None and not softcap and scale > 0
 
     def head_logps(h: Tensor, y: Tensor) -> tuple[Tensor, Tensor]:
-        if plain:
-            return LinearLogps.apply(h, head.weight, y, temperature)
-        logits = head(h).float()  # [c, vocab]
+        if plain:  # softmax(s * z / t) = softmax(z / (t / s))
+            return LinearLogps.apply(h, head.weight, y, temperature / scale)
+        logits = head(h).float() * scale  # [c, vocab]
         if softcap:
             logits = torch.tanh(logits / softcap) * softcap
         logp = (logits / temperature).log_softmax(-1)  # [c, vocab]
