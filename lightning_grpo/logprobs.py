@@ -26,6 +26,7 @@ from torch.utils.checkpoint import checkpoint
 class TokenLogps:
     logps: Tensor  # [n, T] log p(token) under temperature-scaled logits
     entropy: Tensor  # [n, T] entropy of the temperature-scaled distribution, detached
+    aux_loss: Tensor | None = None  # scalar MoE load-balancing loss of this forward (``router_aux=True``)
 
 
 AUTO_CHUNK_LOGITS = 2**25  # logits per chunk when the chunk size is automatic: 128 MB in fp32
@@ -86,6 +87,30 @@ def _text_config(config):
     return config.get_text_config() if hasattr(config, "get_text_config") else config
 
 
+def router_aux_coef(config, router_aux_loss_coef: float | None = None) -> float:
+    """Weight of the MoE load-balancing loss in the training loss, as TRL 1.16 resolves it: the setting, or the
+    model config's ``router_aux_loss_coef`` when it is ``None``; 0.0 for a model without router logits."""
+    config = _text_config(config)
+    is_moe = hasattr(config, "output_router_logits")
+    if router_aux_loss_coef and not is_moe:
+        raise ValueError(
+            f"router_aux_loss_coef={router_aux_loss_coef} needs a Mixture-of-Experts model that returns router "
+            f"logits (output_router_logits in its config); {type(config).__name__} has none. Use None or 0.0"
+        )
+    if not is_moe:
+        return 0.0
+    return getattr(config, "router_aux_loss_coef", 0.0) if router_aux_loss_coef is None else router_aux_loss_coef
+
+
+def router_aux_loss(router_logits: tuple[Tensor, ...], config, attention_mask: Tensor | None) -> Tensor:
+    """Scalar load-balancing loss of one forward's router logits (Switch Transformer's, as Mixtral's forward and
+    TRL compute it), over the tokens of ``attention_mask`` [n, L]."""
+    from transformers.models.mixtral.modeling_mixtral import load_balancing_loss_func
+
+    config = _text_config(config)
+    return load_balancing_loss_func(router_logits, config.num_experts, config.num_experts_per_tok, attention_mask)
+
+
 def position_ids_from_mask(attention_mask: Tensor) -> Tensor:
     """[n, L] positions that skip left padding, as ``generate`` assigns them."""
     return (attention_mask.long().cumsum(-1) - 1).clamp(min=0)
@@ -98,6 +123,7 @@ def completion_logps(
     completion_length: int,
     temperature: float = 1.0,
     chunk_size: int | None = None,
+    router_aux: bool = False,
 ) -> TokenLogps:
     """Log-probs of the last ``completion_length`` tokens of each row.
 
@@ -108,17 +134,21 @@ def completion_logps(
         completion_length: T.
         temperature: the sampling temperature; logits are divided by it, as when the tokens were sampled.
         chunk_size: token positions per LM-head chunk; ``None`` sizes chunks to ~32M logits (128 MB fp32).
+        router_aux: also return the MoE load-balancing loss (``router_aux_coef(config) != 0``).
     """
-    hidden = model.get_decoder()(
+    config = _text_config(getattr(model, "config", None))
+    outputs = model.get_decoder()(
         input_ids=input_ids,
         attention_mask=attention_mask,
         position_ids=position_ids_from_mask(attention_mask),
         use_cache=False,
-    ).last_hidden_state  # [n, P+T, H]
+        **({"output_router_logits": True} if router_aux else {}),
+    )
+    aux_loss = router_aux_loss(outputs.router_logits, config, attention_mask) if router_aux else None
+    hidden = outputs.last_hidden_state  # [n, P+T, H]
     hidden = hidden[:, -completion_length - 1 : -1]  # [n, T, H] the states that predict each completion token
     targets = input_ids[:, -completion_length:]  # [n, T]
     head = model.get_output_embeddings()
-    config = _text_config(getattr(model, "config", None))
     softcap = getattr(config, "final_logit_softcapping", None)
     scale = logit_scale(config)
     plain = type(head) is nn.Linear and head.bias is None and not softcap and scale > 0
@@ -148,4 +178,4 @@ def completion_logps(
     shape = targets.shape
     # Copies, not views of the flat results: FSDP2 hooks the outputs of a sharded forward, and a view's hook is
     # silently lost if anything later modifies it in place.
-    return TokenLogps(torch.cat(logps).view(shape).clone(), torch.cat(entropies).view(shape).clone())
+    return TokenLogps(torch.cat(logps).view(shape).clone(), torch.cat(entropies).view(shape).clone(), aux_loss)
