@@ -25,7 +25,7 @@ from torch.utils.checkpoint import checkpoint
 @dataclass
 class TokenLogps:
     logps: Tensor  # [n, T] log p(token) under temperature-scaled logits
-    entropy: Tensor  # [n, T] entropy of the temperature-scaled distribution, detached
+    entropy: Tensor  # [n, T] entropy of the temperature-scaled distribution, detached unless entropy_grad
     aux_loss: Tensor | None = None  # scalar MoE load-balancing loss of this forward (``router_aux=True``)
 
 
@@ -45,11 +45,14 @@ class LinearLogps(torch.autograd.Function):
     """log p(y) and entropy of ``softmax(h @ W.T / temperature)`` for a chunk of c positions.
 
     Saves h, W, y and the log-normaliser (c floats); backward recomputes the [c, vocab] logits once and forms
-    d logp / d logits = (onehot(y) - softmax) / temperature in place. The entropy is returned detached.
+    d logp / d logits = (onehot(y) - softmax) / temperature in place. The entropy is detached unless
+    ``entropy_grad`` (the entropy bonus), when backward adds d H / d logits = -p (log p + H) / temperature.
     """
 
     @staticmethod
-    def forward(ctx, h: Tensor, weight: Tensor, y: Tensor, temperature: float) -> tuple[Tensor, Tensor]:
+    def forward(
+        ctx, h: Tensor, weight: Tensor, y: Tensor, temperature: float, entropy_grad: bool = False
+    ) -> tuple[Tensor, Tensor]:
         logits = _at_least_fp32(h @ weight.T).div_(temperature)  # [c, V]
         lse = logits.logsumexp(-1)  # [c]
         logp = logits.gather(-1, y.unsqueeze(-1)).squeeze(-1) - lse  # [c]
@@ -57,18 +60,27 @@ class LinearLogps(torch.autograd.Function):
         entropy = lse - probs_times_logits.sum(-1)  # [c]
         ctx.save_for_backward(h, weight, y, lse)
         ctx.temperature = temperature
-        ctx.mark_non_differentiable(entropy)
+        ctx.set_materialize_grads(False)  # an unused output's gradient arrives as None
+        if not entropy_grad:
+            ctx.mark_non_differentiable(entropy)
         return logp, entropy
 
     @staticmethod
-    def backward(ctx, grad_logp: Tensor, grad_entropy: Tensor) -> tuple[Tensor | None, Tensor | None, None, None]:
+    def backward(ctx, grad_logp: Tensor | None, grad_entropy: Tensor | None) -> tuple[Tensor | None, ...]:
         h, weight, y, lse = ctx.saved_tensors
-        grad = _at_least_fp32(h @ weight.T).div_(ctx.temperature).sub_(lse.unsqueeze(-1)).exp_().neg_()  # -softmax
-        grad.scatter_add_(-1, y.unsqueeze(-1), torch.ones_like(grad_logp).unsqueeze(-1))  # onehot - softmax
-        grad = grad.mul_((grad_logp / ctx.temperature).unsqueeze(-1)).to(h.dtype)  # [c, V]
+        log_probs = _at_least_fp32(h @ weight.T).div_(ctx.temperature).sub_(lse.unsqueeze(-1))  # [c, V]
+        grad_logp = torch.zeros_like(lse) if grad_logp is None else grad_logp  # [c]
+        if grad_entropy is None:  # the usual case: one [c, V] buffer, built in place
+            grad = log_probs.exp_().mul_(-grad_logp.unsqueeze(-1))  # -p dlogp
+        else:  # d H / d z = -p (log p + H)
+            probs = log_probs.exp()
+            entropy = -(probs * log_probs).sum(-1, keepdim=True)  # [c, 1]
+            grad = log_probs.add_(entropy).mul_(-grad_entropy.unsqueeze(-1)).sub_(grad_logp.unsqueeze(-1)).mul_(probs)
+        grad.scatter_add_(-1, y.unsqueeze(-1), grad_logp.unsqueeze(-1))  # + onehot(y) dlogp
+        grad = grad.div_(ctx.temperature).to(h.dtype)  # [c, V]
         grad_h = grad @ weight if ctx.needs_input_grad[0] else None  # [c, H]
         grad_weight = grad.T @ h if ctx.needs_input_grad[1] else None  # [V, H]
-        return grad_h, grad_weight, None, None
+        return grad_h, grad_weight, None, None, None
 
 
 def logit_scale(config) -> float:
@@ -124,6 +136,7 @@ def completion_logps(
     temperature: float = 1.0,
     chunk_size: int | None = None,
     router_aux: bool = False,
+    entropy_grad: bool = False,
 ) -> TokenLogps:
     """Log-probs of the last ``completion_length`` tokens of each row.
 
@@ -135,6 +148,7 @@ def completion_logps(
         temperature: the sampling temperature; logits are divided by it, as when the tokens were sampled.
         chunk_size: token positions per LM-head chunk; ``None`` sizes chunks to ~32M logits (128 MB fp32).
         router_aux: also return the MoE load-balancing loss (``router_aux_coef(config) != 0``).
+        entropy_grad: return the entropies with their gradient (for the entropy bonus); detached otherwise.
     """
     config = _text_config(getattr(model, "config", None))
     outputs = model.get_decoder()(
@@ -155,13 +169,13 @@ def completion_logps(
 
     def head_logps(h: Tensor, y: Tensor) -> tuple[Tensor, Tensor]:
         if plain:  # softmax(s * z / t) = softmax(z / (t / s))
-            return LinearLogps.apply(h, head.weight, y, temperature / scale)
+            return LinearLogps.apply(h, head.weight, y, temperature / scale, entropy_grad)
         logits = head(h).float() * scale  # [c, vocab]
         if softcap:
             logits = torch.tanh(logits / softcap) * softcap
         logp = (logits / temperature).log_softmax(-1)  # [c, vocab]
         entropy = -(logp.exp() * logp).sum(-1)  # [c]
-        return logp.gather(-1, y.unsqueeze(-1)).squeeze(-1), entropy.detach()
+        return logp.gather(-1, y.unsqueeze(-1)).squeeze(-1), entropy if entropy_grad else entropy.detach()
 
     flat_h = hidden.reshape(-1, hidden.shape[-1])  # [n*T, H]
     flat_y = targets.reshape(-1)  # [n*T]
