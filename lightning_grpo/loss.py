@@ -13,7 +13,8 @@ Where we deviate from TRL, on purpose:
   splitting a step into micro-batches never changes the update (TRL's bnpo does change with accumulation).
 - ``grpo``, ``sapo``, ``luspo`` and ``dr_grpo`` divide by the local batch's completion count rather than by
   micro-batch count times accumulation steps; equal when micro-batches are equal-sized, exact when they are not.
-  The entropy bonus is scaled the same way (TRL: each micro-batch's mean divided by the accumulation steps).
+  The entropy bonus divides by the local batch's (trained) token count (TRL: each micro-batch's mean divided by
+  the accumulation steps); the same for one micro-batch, additive for several.
 - ``cispo`` caps the ratio at ``epsilon_high`` itself, as TRL does (not ``1 + epsilon_high``), and so refuses
   an ``epsilon_high`` below 1 (TRL's default ``epsilon_high = epsilon = 0.2`` would scale every on-policy token
   by 0.2); MiniMax-M1 and ScaleRL use 5.0.
@@ -126,6 +127,7 @@ class LossNormalizer:
     global_num_tokens: float  # loss-masked tokens on all ranks
     world_size: int = 1
     max_completion_length: int = 1
+    num_trained_tokens: float | None = None  # of those, kept by top_entropy_quantile (one threshold per batch)
 
     @classmethod
     def from_mask(cls, mask: Tensor, max_completion_length: int | None = None) -> LossNormalizer:
@@ -353,7 +355,8 @@ def grpo_loss(
 
     coef = c.entropy_coef if entropy_coef is None else entropy_coef
     if coef != 0.0 or c.use_adaptive_entropy:
-        loss = loss - coef * entropy_bonus(_need(entropies, "entropy_coef"), trained, norm)
+        bonus_tokens = norm.num_tokens if c.top_entropy_quantile >= 1.0 else norm.num_trained_tokens
+        loss = loss - coef * entropy_bonus(_need(entropies, "entropy_coef"), trained, norm, bonus_tokens)
     for name, flag in flags.items():
         sums[name] = (flag.to(mask.dtype).expand_as(mask) * mask).sum().detach()
     if entropies is not None:
@@ -361,11 +364,17 @@ def grpo_loss(
     return LossOutput(loss, sums, mask.sum().detach())
 
 
-def entropy_bonus(entropies: Tensor, trained: Tensor, norm: LossNormalizer) -> Tensor:
-    """Mean entropy over the trained tokens of this micro-batch, weighted by its share of the batch's completions
-    (TRL: the micro-batch mean over accumulation steps), so the bonus means the same for every loss type."""
-    mean = (entropies * trained).sum() / trained.sum().clamp(min=1.0)
-    return mean * trained.shape[0] / norm.num_sequences
+def entropy_bonus(entropies: Tensor, trained: Tensor, norm: LossNormalizer, batch_tokens: float | None) -> Tensor:
+    """Mean entropy over the trained tokens, the same for every loss type (TRL: ``L - entropy_coef * H``).
+
+    With the batch's trained-token count, a micro-batch contributes its sum over that count, so micro-batches add
+    up exactly; without it (``top_entropy_quantile < 1`` and no ``num_trained_tokens``), its own mean weighted by
+    its share of the batch's completions (TRL: the micro-batch mean over the accumulation steps).
+    """
+    total = (entropies * trained).sum()
+    if batch_tokens is not None:
+        return total / max(batch_tokens, 1.0)
+    return total / trained.sum().clamp(min=1.0) * trained.shape[0] / norm.num_sequences
 
 
 def _with_options(config: LossConfig, options: dict) -> LossConfig:

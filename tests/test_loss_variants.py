@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from lightning_grpo.entropy import EntropyController, entropy_threshold, high_entropy_mask
-from lightning_grpo.loss import LossConfig, grpo_loss, off_policy_mask
+from lightning_grpo.loss import LossConfig, LossNormalizer, grpo_loss, off_policy_mask
 
 
 def run(logps, old, adv, mask=None, **kw):
@@ -154,3 +154,21 @@ def test_config_lists_every_problem():
     assert "entropy_coef_min (2.0) must be <= entropy_coef_max (1.0)" in message
     with pytest.raises(TypeError, match=r"unknown options \['epsilon_hgih'\]"):
         grpo_loss(torch.zeros(1, 1), None, torch.zeros(1), torch.ones(1, 1), epsilon_hgih=0.28)
+
+
+def test_one_entropy_threshold_lets_micro_batches_add_up():
+    # the threshold and trained-token count of the whole batch, given to every micro-batch, give the full loss
+    torch.manual_seed(0)
+    logps, old, adv = torch.randn(6, 4), torch.randn(6, 4), torch.randn(6)
+    mask, entropies = (torch.rand(6, 4) > 0.2).float(), torch.rand(6, 4) * 3
+    cfg = LossConfig(loss_type="grpo", top_entropy_quantile=0.3, entropy_coef=0.1)
+    full = grpo_loss(logps, old, adv, mask, cfg, entropies=entropies)
+    threshold = entropy_threshold(entropies, mask, 0.3)
+    norm = LossNormalizer.from_mask(mask)
+    norm.num_trained_tokens = high_entropy_mask(entropies, mask, 0.3, threshold).sum().item()
+    parts = [
+        grpo_loss(logps[s], old[s], adv[s], mask[s], cfg, entropies=entropies[s], entropy_threshold=threshold,
+                  normalizer=norm)
+        for s in (slice(0, 1), slice(1, 4), slice(4, 6))
+    ]  # fmt: skip
+    assert sum(p.loss for p in parts).item() == pytest.approx(full.loss.item(), abs=1e-6)
