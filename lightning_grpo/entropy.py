@@ -52,7 +52,8 @@ class EntropyController:
     bonus when the step's entropy was at or below ``target`` and towards less otherwise, within [min, max].
 
     Use: ``coef_to_apply()`` for every micro-batch of a step, ``observe`` each micro-batch's trained-token
-    entropies, ``update`` once per optimiser step (after the last micro-batch) with a sum across ranks.
+    entropy sum and count (``LossOutput.trained_entropy``, ``.trained_tokens``), ``update`` once per optimiser step
+    (after the last micro-batch) with a sum across ranks.
     """
 
     coef: float = 0.0
@@ -76,11 +77,11 @@ class EntropyController:
             return 0.0
         return self.coef
 
-    def observe(self, entropies: Tensor, trained: Tensor) -> None:
-        """Add one micro-batch's entropies on its trained tokens ([n, T] each) to this step's window."""
+    def observe(self, entropy_sum: float | Tensor, tokens: float | Tensor) -> None:
+        """Add one micro-batch's entropy summed over its trained tokens, and their count, to this step's window."""
         if self.adaptive:
-            self.window_sum += float((entropies.detach() * trained).sum())
-            self.window_tokens += float(trained.sum())
+            self.window_sum += float(entropy_sum)
+            self.window_tokens += float(tokens)
 
     def update(self, all_reduce_sum: Callable[[Tensor], Tensor] = lambda t: t) -> None:
         """End of an optimiser step: measure the window's entropy (summed over ranks) and move the coefficient."""

@@ -26,8 +26,10 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+from types import SimpleNamespace
+from typing import Any
 
 import torch
 from torch import Tensor
@@ -79,8 +81,15 @@ class LossConfig:
         return self.epsilon if self.epsilon_high is None else self.epsilon_high
 
 
-def loss_config_problems(c: LossConfig) -> list[str]:
-    """Every invalid option of ``c``, each naming the option, the value and what is allowed."""
+def loss_config_problems(c: LossConfig | Mapping[str, Any]) -> list[str]:
+    """Every invalid option of ``c``, each naming the option, the value and what is allowed.
+
+    ``c`` may be a mapping such as a constructor's settings: its keys that are ``LossConfig`` fields are checked,
+    the others ignored, missing ones take their defaults; so ``settings_problems`` can list these with the rest.
+    """
+    if isinstance(c, Mapping):
+        c = SimpleNamespace(**{f.name: c.get(f.name, f.default) for f in dataclasses.fields(LossConfig)})
+    clip_high = c.epsilon if c.epsilon_high is None else c.epsilon_high
     checks = [
         (c.loss_type in LOSS_TYPES, f"loss_type must be one of {sorted(LOSS_TYPES)}, got {c.loss_type!r}"),
         (
@@ -90,11 +99,11 @@ def loss_config_problems(c: LossConfig) -> list[str]:
         ),
         (c.beta >= 0, f"beta must be >= 0, got {c.beta!r}"),
         (0 <= c.epsilon, f"epsilon must be >= 0, got {c.epsilon!r}"),
-        (c.clip_high >= 0, f"epsilon_high must be >= 0, got {c.epsilon_high!r}"),
+        (clip_high >= 0, f"epsilon_high must be >= 0, got {c.epsilon_high!r}"),
         (
-            c.loss_type != "cispo" or c.clip_high >= 1,
+            c.loss_type != "cispo" or clip_high >= 1,
             f"loss_type 'cispo' caps the ratio at epsilon_high itself and needs epsilon_high >= 1 "
-            f"(MiniMax-M1 uses 5.0), got {c.clip_high!r}",
+            f"(MiniMax-M1 uses 5.0), got {clip_high!r}",
         ),
         (c.delta is None or c.delta > 0, f"delta must be > 0 or None, got {c.delta!r}"),
         (c.sapo_temperature_pos > 0, f"sapo_temperature_pos must be > 0, got {c.sapo_temperature_pos!r}"),
@@ -187,16 +196,28 @@ class LossOutput:
     loss: Tensor  # scalar, carries the gradient
     token_sums: dict[str, Tensor] = field(default_factory=dict)  # metric -> sum over masked tokens (detached)
     num_tokens: Tensor = field(default_factory=lambda: torch.tensor(0.0))  # masked tokens summed over
+    trained_entropy: Tensor = field(default_factory=lambda: torch.tensor(0.0))  # entropy summed over trained tokens
+    trained_tokens: Tensor = field(default_factory=lambda: torch.tensor(0.0))  # tokens the policy term trains on
 
     def __add__(self, other: LossOutput) -> LossOutput:
         """Combine micro-batches: losses and token sums add."""
         sums = {k: self.token_sums.get(k, 0.0) + v for k, v in other.token_sums.items()}
-        return LossOutput(self.loss + other.loss, sums, self.num_tokens + other.num_tokens)
+        return LossOutput(
+            self.loss + other.loss,
+            sums,
+            self.num_tokens + other.num_tokens,
+            self.trained_entropy + other.trained_entropy,
+            self.trained_tokens + other.trained_tokens,
+        )
 
     def metrics(self) -> dict[str, float]:
-        """Token-mean of each metric, with TRL's names (``kl``, ``clip_ratio/low_mean`` ...)."""
+        """Token-mean of each metric, with TRL's names (``kl``, ``clip_ratio/low_mean`` ...), and
+        ``entropy/trained_mean`` over the tokens trained on (``top_entropy_quantile``) when entropies were given."""
         n = max(float(self.num_tokens), 1.0)
-        return {name: float(total) / n for name, total in self.token_sums.items()}
+        out = {name: float(total) / n for name, total in self.token_sums.items()}
+        if "entropy" in self.token_sums:
+            out["entropy/trained_mean"] = float(self.trained_entropy) / max(float(self.trained_tokens), 1.0)
+        return out
 
 
 def off_policy_mask(
@@ -298,9 +319,11 @@ def grpo_loss(
         loss = loss - coef * entropy_bonus(_need(entropies, "entropy_coef"), trained, norm, bonus_tokens)
     for name, flag in flags.items():
         sums[name] = (flag.to(mask.dtype).expand_as(mask) * mask).sum().detach()
+    out = LossOutput(loss, sums, mask.sum().detach(), trained_tokens=trained.sum().detach())
     if entropies is not None:
         sums["entropy"] = (entropies.detach() * mask).sum()  # over all loss tokens, as TRL logs it
-    return LossOutput(loss, sums, mask.sum().detach())
+        out.trained_entropy = (entropies.detach() * trained).sum()  # what the adaptive controller measures
+    return out
 
 
 def entropy_bonus(entropies: Tensor, trained: Tensor, norm: LossNormalizer, batch_tokens: float | None) -> Tensor:

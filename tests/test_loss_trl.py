@@ -241,8 +241,8 @@ def test_adaptive_entropy_controller_follows_trl_step_by_step():
         expected = trl_compute(fake, data)
         expected.backward()
         applied.append(ours.coef_to_apply())
-        loss, grad, ent_grad, _ = our_loss(c, data, entropy_coef=ours.coef_to_apply())
-        ours.observe(data["entropies"], data["mask"])
+        loss, grad, ent_grad, out = our_loss(c, data, entropy_coef=ours.coef_to_apply())
+        ours.observe(out.trained_entropy, out.trained_tokens)
         ours.update()
         carried = {"entropy_coef": fake.entropy_coef, "_last_world_entropy": fake._last_world_entropy}
         assert loss.item() == pytest.approx(expected.item(), rel=1e-5, abs=1e-7), step

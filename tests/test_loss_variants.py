@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from lightning_grpo.entropy import EntropyController, entropy_threshold, high_entropy_mask
-from lightning_grpo.loss import LossConfig, LossNormalizer, grpo_loss, off_policy_mask
+from lightning_grpo.loss import LossConfig, LossNormalizer, grpo_loss, loss_config_problems, off_policy_mask
 
 
 def run(logps, old, adv, mask=None, **kw):
@@ -102,6 +102,10 @@ def test_top_entropy_quantile_keeps_the_forking_tokens():
     assert high_entropy_mask(entropies, mask, 0.25).tolist() == [[0, 0, 0, 1, 1, 0]]
     assert high_entropy_mask(entropies, mask, 0.0).tolist() == [[0, 0, 0, 0, 1, 0]]  # only the highest
     assert high_entropy_mask(entropies, mask, 1.0).tolist() == [[1, 1, 1, 1, 1, 0]]
+    # the loss reports the entropy of the trained tokens, (3 + 4) / 2, beside TRL's over all tokens, 10 / 5
+    out = grpo_loss(torch.zeros(1, 6), None, torch.ones(1), mask, top_entropy_quantile=0.25, entropies=entropies)
+    assert out.metrics()["entropy/trained_mean"] == 3.5 and out.metrics()["entropy"] == 2.0
+    assert (out.trained_entropy.item(), out.trained_tokens.item()) == (7.0, 2.0)
     # in the loss (on-policy, A = 1, dapo): only tokens 3 and 4 get the gradient -1 / 5
     _, grad, _ = run([[-1.0] * 6], None, [1.0], mask[0:1].tolist(), top_entropy_quantile=0.25, entropies=entropies)
     assert grad == [[0.0, 0.0, 0.0, pytest.approx(-0.2), pytest.approx(-0.2), 0.0]]
@@ -123,25 +127,34 @@ def test_entropy_bonus_is_the_mean_entropy_times_coef():
 def test_adaptive_controller_hand_worked_and_restored():
     ctl = EntropyController(coef=0.0, adaptive=True, coef_delta=0.1, coef_max=0.15, target=1.0)
     assert ctl.enabled and ctl.coef_to_apply() == 0.0  # no measurement yet
-    ctl.observe(torch.tensor([[0.5, 1.0]]), torch.ones(1, 2))  # mean 0.75 <= 1: more bonus
+    ctl.observe(1.5, 2)  # mean 0.75 <= 1: more bonus
     ctl.update()
     assert (ctl.coef, ctl.last_entropy, ctl.coef_to_apply()) == (0.1, 0.75, 0.1)
-    ctl.observe(torch.tensor([[0.5, 9.0]]), torch.tensor([[1.0, 0.0]]))  # only trained tokens count: 0.5
+    ctl.observe(torch.tensor(0.5), torch.tensor(1.0))  # 0.5
     ctl.update()
     assert ctl.coef == 0.15  # 0.2 capped at coef_max
     restored = EntropyController()
     restored.load_state_dict(ctl.state_dict())
     assert restored == ctl
-    ctl.observe(torch.tensor([[2.0]]), torch.ones(1, 1))  # above target: less bonus, and none applied next step
+    ctl.observe(2.0, 1)  # above target: less bonus, and none applied next step
     ctl.update()
     assert ctl.coef == pytest.approx(0.05) and ctl.coef_to_apply() == 0.0
 
 
 def test_fixed_controller_never_moves():
     ctl = EntropyController(coef=0.01)
-    ctl.observe(torch.ones(1, 1), torch.ones(1, 1))
+    ctl.observe(1.0, 1)
     ctl.update()
     assert ctl.coef_to_apply() == 0.01 and not EntropyController().enabled
+
+
+def test_settings_mapping_is_checked_without_building_a_config():
+    settings = {"loss_type": "cispo", "epsilon_high": None, "num_generations": 8}  # other keys are ignored
+    assert loss_config_problems(settings) == [
+        "loss_type 'cispo' caps the ratio at epsilon_high itself and needs epsilon_high >= 1 (MiniMax-M1 uses "
+        "5.0), got 0.2"
+    ]
+    assert loss_config_problems({"loss_type": "cispo", "epsilon_high": 5.0}) == []
 
 
 def test_config_lists_every_problem():
