@@ -212,11 +212,12 @@ class LossOutput:
 
     def metrics(self) -> dict[str, float]:
         """Token-mean of each metric, with TRL's names (``kl``, ``clip_ratio/low_mean`` ...), and
-        ``entropy/trained_mean`` over the tokens trained on (``top_entropy_quantile``) when entropies were given."""
+        ``entropy/trained_mean`` over the tokens trained on (``top_entropy_quantile``) when entropies were given
+        and some token was trained on."""
         n = max(float(self.num_tokens), 1.0)
         out = {name: float(total) / n for name, total in self.token_sums.items()}
-        if "entropy" in self.token_sums:
-            out["entropy/trained_mean"] = float(self.trained_entropy) / max(float(self.trained_tokens), 1.0)
+        if "entropy" in self.token_sums and float(self.trained_tokens) > 0:
+            out["entropy/trained_mean"] = float(self.trained_entropy) / float(self.trained_tokens)
         return out
 
 
