@@ -2,12 +2,13 @@
 
 from lightning_grpo.advantages import compute_advantages, group_advantages
 from lightning_grpo.data import PromptDataModule
-from lightning_grpo.loss import LossNormalizer, grpo_loss
+from lightning_grpo.loss import LossConfig, LossNormalizer, grpo_loss
 from lightning_grpo.module import GRPOModule
 from lightning_grpo.types import PromptBatch, RewardScores, Rollout
 
 __all__ = [
     "GRPOModule",
+    "LossConfig",
     "LossNormalizer",
     "PromptBatch",
     "PromptDataModule",

@@ -1,37 +1,55 @@
-"""Rewards -> group-relative advantages. Pure tensor math: knows nothing of models, ranks or logging.
+"""Rewards -> advantages. Pure tensor math: knows nothing of models, ranks or logging.
 
-GRPO (arXiv:2402.03300) scores each completion against the other completions of its prompt:
-``A = (r - mean_group(r)) / (std + 1e-4)``. The std is the group's (``"group"``, default), the whole batch's
-(``"batch"``), or not used (``"none"``, Dr. GRPO arXiv:2503.20783). Std is unbiased (n - 1), as in TRL.
+An estimator is one entry of ``ADV_ESTIMATORS`` (verl's ``adv_estimator`` names):
+- ``grpo`` (arXiv:2402.03300): each completion against the others of its prompt,
+  ``A = (r - mean_group(r)) / (std + 1e-4)``. The std is the group's (``scale_rewards="group"``, default), the
+  whole batch's (``"batch"``), or not used (``"none"``, Dr. GRPO arXiv:2503.20783). Unbiased (n - 1), as in TRL.
+- ``rloo`` (arXiv:2402.14740): the mean of the *other* completions of the group as baseline,
+  ``A_i = r_i - mean_{j != i} r_j = G / (G - 1) (r_i - mean_group(r))``; no std scaling (verl's
+  ``compute_rloo_outcome_advantage``).
+- ``reinforce_plus_plus`` (arXiv:2501.03262): no group baseline; per-token returns (the reward at the last token
+  minus ``kl_coef * KL`` at every token, summed to the end with discount ``gamma``), whitened over every token of
+  the batch (verl's ``compute_reinforce_plus_plus_outcome_advantage`` with ``use_kl_in_reward``): [N, T].
+- ``reinforce_plus_plus_baseline``: the group mean of the (KL-penalised) sequence reward as baseline, then the
+  same batch whitening (verl's ``compute_reinforce_plus_plus_baseline_outcome_advantage``): [N, T].
+
+Several reward functions combine by ``multi_objective_aggregation`` as in TRL 1.16: ``sum_then_normalize`` (the
+weighted sum is the reward) or ``normalize_then_sum`` (GDPO, arXiv:2601.05242: each function normalised within
+its group, weighted sum, then normalised over the batch).
+
+A NaN reward (every function returned None) gets advantage 0 and is left out of every mean and std. Where we
+deviate: verl has no NaN rewards; our ``rloo`` gives a group's only valid completion advantage 0 (verl would
+pass its raw reward through for a group of one), and ``scale_rewards`` applies to ``grpo`` only.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
 from torch import Tensor
 
 SCALE_REWARDS = ("group", "batch", "none")
+MULTI_OBJECTIVE_AGGREGATIONS = ("sum_then_normalize", "normalize_then_sum")
 STD_EPS = 1e-4  # TRL's constant: keeps a near-constant group from blowing up
+WHITEN_EPS = 1e-8  # verl's masked_whiten
 
 
 @dataclass
 class Advantages:
-    advantages: Tensor  # [N] 0 where the reward was NaN (every function said "not applicable")
-    group_std: Tensor  # [N/G] per-group reward std, for collapse monitoring
+    advantages: Tensor  # [N], or [N, T] for token-level estimators; 0 where the reward was NaN
+    group_std: Tensor  # [N/G] per-group reward std
 
 
-def zero_std_fraction(grouped: Tensor) -> float:
-    """Fraction of groups ([groups, G] rewards) whose rewards are all equal: they carry no policy gradient.
-    NaN ("not applicable") rewards are left out; a group with fewer than two rewards counts as equal. As TRL:
-    the group's std is close to 0 (``torch.isclose``'s default tolerance).
+@dataclass
+class TokenRewards:
+    """What token-level estimators (REINFORCE++) need besides the sequence rewards."""
 
-    >>> zero_std_fraction(torch.tensor([[1.0, 1.0], [0.0, 1.0], [0.5, float("nan")]]))
-    0.6666666865348816
-    """
-    std = nanstd(grouped, dim=1).nan_to_num(0.0)  # [groups]
-    return torch.isclose(std, torch.zeros_like(std)).float().mean().item()
+    mask: Tensor  # [N, T] 1 on completion tokens
+    kl: Tensor | None = None  # [N, T] per-token KL of the sampling policy to the reference (``kl_penalty``)
+    kl_coef: float = 0.0  # verl's ``kl_ctrl.kl_coef`` with ``use_kl_in_reward``: the KL goes into the reward
+    gamma: float = 1.0  # discount of the returns
 
 
 def nanstd(x: Tensor, dim: int | None = None, keepdim: bool = False) -> Tensor:
@@ -44,8 +62,140 @@ def nanstd(x: Tensor, dim: int | None = None, keepdim: bool = False) -> Tensor:
     return std if keepdim or dim is None else std.squeeze(dim)
 
 
+def zero_std_fraction(grouped_rewards: Tensor) -> float:
+    """[groups, G] -> fraction of groups whose rewards (NaN ignored) are all equal or that have under two.
+
+    >>> zero_std_fraction(torch.tensor([[1.0, 1.0], [0.0, 1.0], [2.0, float("nan")]]))
+    0.6666666666666666
+    """
+    std = nanstd(grouped_rewards.double(), dim=1).nan_to_num(0.0)  # float64: equal rewards give exactly 0
+    return torch.isclose(std, torch.zeros_like(std)).double().mean().item()
+
+
+# ---- KL placed in the reward (REINFORCE++) ------------------------------------------------------------------
+
+KL_PENALTIES: dict[str, Callable[[Tensor, Tensor], Tensor]] = {  # verl's ``kl_penalty`` estimators of KL(pi || ref)
+    "kl": lambda logp, ref: logp - ref,  # k1
+    "abs": lambda logp, ref: (logp - ref).abs(),
+    "mse": lambda logp, ref: 0.5 * (logp - ref) ** 2,  # k2
+    "low_var_kl": lambda logp, ref: ((ref - logp).exp() - (ref - logp) - 1).clamp(-10, 10),  # k3
+}
+
+
+def kl_penalty(logps: Tensor, ref_logps: Tensor, kind: str = "kl") -> Tensor:
+    """[N, T] per-token KL estimate of the sampling policy (``old_logps``) to the reference, for ``TokenRewards``."""
+    if kind not in KL_PENALTIES:
+        raise ValueError(f"kl_penalty must be one of {sorted(KL_PENALTIES)}, got {kind!r}")
+    return KL_PENALTIES[kind](logps, ref_logps)
+
+
+# ---- estimators: float64 rewards [N] -> advantages [N] or [N, T] ----------------------------------------------
+
+
+def grpo_estimator(rewards: Tensor, group_size: int, scale_rewards: str, tokens: TokenRewards | None) -> Tensor:
+    grouped = rewards.view(-1, group_size)  # [N/G, G]
+    advantages = (grouped - grouped.nanmean(dim=1, keepdim=True)).view(-1)  # [N]
+    if scale_rewards == "none":
+        return advantages
+    return advantages / (_reward_std(rewards, group_size, scale_rewards) + STD_EPS)
+
+
+def rloo_estimator(rewards: Tensor, group_size: int, scale_rewards: str, tokens: TokenRewards | None) -> Tensor:
+    grouped = rewards.view(-1, group_size)  # [N/G, G]
+    count = (~grouped.isnan()).sum(dim=1, keepdim=True)  # [N/G, 1] valid completions
+    others_mean = (grouped.nansum(dim=1, keepdim=True) - grouped) / (count - 1)  # [N/G, G] leave-one-out baseline
+    return torch.where(count > 1, grouped - others_mean, torch.nan).view(-1)  # [N]
+
+
+def reinforce_pp_estimator(rewards: Tensor, group_size: int, scale_rewards: str, tokens: TokenRewards | None) -> Tensor:
+    t = _need_tokens(tokens, "reinforce_plus_plus")
+    mask = t.mask.double()  # [N, T]
+    token_rewards = -t.kl_coef * _kl(t) * mask  # [N, T] the KL penalty on every token ...
+    last = (mask.cumsum(-1) == mask.sum(-1, keepdim=True)) & (mask > 0)  # [N, T] ... and the score on the last
+    token_rewards = token_rewards + last * rewards.nan_to_num(0.0).unsqueeze(-1)
+    returns = torch.zeros_like(token_rewards)  # [N, T]
+    running = torch.zeros_like(rewards)  # [N]
+    for i in reversed(range(mask.shape[1])):
+        running = token_rewards[:, i] + t.gamma * running
+        returns[:, i] = running
+        running = running * mask[:, i]  # reset across padding
+    return _whiten(returns, mask * ~rewards.isnan().unsqueeze(-1))
+
+
+def reinforce_pp_baseline_estimator(
+    rewards: Tensor, group_size: int, scale_rewards: str, tokens: TokenRewards | None
+) -> Tensor:
+    t = _need_tokens(tokens, "reinforce_plus_plus_baseline")
+    mask = t.mask.double()  # [N, T]
+    scores = rewards - t.kl_coef * (_kl(t) * mask).sum(-1)  # [N] the KL-penalised sequence reward
+    grouped = scores.view(-1, group_size)  # [N/G, G]
+    centred = (grouped - grouped.nanmean(dim=1, keepdim=True)).view(-1, 1) * mask  # [N, T]
+    return _whiten(centred, mask * ~rewards.isnan().unsqueeze(-1))
+
+
+ADV_ESTIMATORS: dict[str, Callable[[Tensor, int, str, TokenRewards | None], Tensor]] = {
+    "grpo": grpo_estimator,
+    "rloo": rloo_estimator,
+    "reinforce_plus_plus": reinforce_pp_estimator,
+    "reinforce_plus_plus_baseline": reinforce_pp_baseline_estimator,
+}
+
+
+def _reward_std(rewards: Tensor, group_size: int, scale_rewards: str) -> Tensor:
+    """[N] std each reward is scaled by: its group's, or the batch's."""
+    if scale_rewards == "batch":
+        return nanstd(rewards).expand_as(rewards)
+    return nanstd(rewards.view(-1, group_size), dim=1).repeat_interleave(group_size)
+
+
+def _whiten(values: Tensor, mask: Tensor) -> Tensor:
+    """[N, T] ``(x - mean) / sqrt(var + 1e-8)`` over the masked tokens (unbiased var, verl's ``masked_whiten``)."""
+    count = mask.sum()
+    mean = (values * mask).sum() / count
+    var = (((values - mean) ** 2) * mask).sum() / (count - 1)
+    return (values - mean) * torch.rsqrt(var + WHITEN_EPS) * mask
+
+
+def _kl(t: TokenRewards) -> Tensor:
+    return torch.zeros_like(t.mask, dtype=torch.float64) if t.kl is None else t.kl.double().nan_to_num(0.0)
+
+
+def _need_tokens(tokens: TokenRewards | None, estimator: str) -> TokenRewards:
+    if tokens is None:
+        raise ValueError(f"adv_estimator {estimator!r} works on tokens: pass tokens=TokenRewards(mask, kl, kl_coef)")
+    return tokens
+
+
+# ---- entry points -------------------------------------------------------------------------------------------
+
+
+def compute_advantages(
+    rewards: Tensor,
+    group_size: int,
+    scale_rewards: str = "group",
+    adv_estimator: str = "grpo",
+    tokens: TokenRewards | None = None,
+) -> Advantages:
+    """Advantages of N completions in groups of G consecutive rows.
+
+    Args:
+        rewards: [N] total reward per completion; NaN means no function applied (advantage 0).
+        group_size: G, completions per prompt.
+        scale_rewards: "group", "batch" or "none" (``grpo`` only; see module docstring).
+        adv_estimator: one of ``ADV_ESTIMATORS``.
+        tokens: completion mask and KL for the token-level estimators (``reinforce_plus_plus*``).
+    """
+    _check(rewards, group_size, scale_rewards, adv_estimator)
+    dtype = rewards.dtype
+    # float64: in float32 the mean of G equal rewards can miss by an ulp, and dividing by (std + 1e-4) turns
+    # that into a same-sign advantage for the whole group (0.0024 for five rewards of 3.8).
+    rewards = rewards.double()
+    advantages = ADV_ESTIMATORS[adv_estimator](rewards, group_size, scale_rewards, tokens)
+    return _result(advantages, rewards, group_size, dtype)
+
+
 def group_advantages(rewards: Tensor, group_size: int, scale_rewards: str = "group") -> Tensor:
-    """Group-relative advantages; shorthand for ``compute_advantages(...).advantages``.
+    """GRPO's advantages; shorthand for ``compute_advantages(...).advantages``.
 
     >>> group_advantages(torch.tensor([1.0, 0.0, 0.0, 0.0]), group_size=4, scale_rewards="none")
     tensor([ 0.7500, -0.2500, -0.2500, -0.2500])
@@ -53,36 +203,78 @@ def group_advantages(rewards: Tensor, group_size: int, scale_rewards: str = "gro
     return compute_advantages(rewards, group_size, scale_rewards).advantages
 
 
-def compute_advantages(rewards: Tensor, group_size: int, scale_rewards: str = "group") -> Advantages:
-    """Advantages of N completions in groups of G consecutive rows.
+def combined_rewards(per_function: Tensor, weights: Tensor) -> Tensor:
+    """[N, F] -> [N] weighted sum over functions (None = NaN skipped), NaN where every function returned None."""
+    total = (per_function * weights).nansum(dim=1)
+    return torch.where(per_function.isnan().all(dim=1), torch.nan, total)
+
+
+def multi_objective_advantages(
+    per_function: Tensor,
+    weights: Tensor,
+    group_size: int,
+    multi_objective_aggregation: str = "sum_then_normalize",
+    scale_rewards: str = "group",
+    adv_estimator: str = "grpo",
+    tokens: TokenRewards | None = None,
+) -> Advantages:
+    """Advantages from every reward function's scores, combined as ``multi_objective_aggregation`` says.
 
     Args:
-        rewards: [N] total reward per completion; NaN means no function applied (advantage 0).
-        group_size: G, completions per prompt.
-        scale_rewards: "group", "batch" or "none" (see module docstring).
+        per_function: [N, F] rewards, NaN where a function returned None.
+        weights: [F] weight of each function.
+        multi_objective_aggregation: "sum_then_normalize" (the weighted sum goes to ``compute_advantages``) or
+            "normalize_then_sum" (GDPO; always group- then batch-normalised, so ``grpo`` only and no
+            ``scale_rewards``).
     """
+    if multi_objective_aggregation not in MULTI_OBJECTIVE_AGGREGATIONS:
+        raise ValueError(
+            f"multi_objective_aggregation must be one of {list(MULTI_OBJECTIVE_AGGREGATIONS)}, "
+            f"got {multi_objective_aggregation!r}"
+        )
+    if multi_objective_aggregation == "sum_then_normalize":
+        return compute_advantages(
+            combined_rewards(per_function, weights), group_size, scale_rewards, adv_estimator, tokens
+        )
+    if adv_estimator != "grpo":
+        raise ValueError(
+            f"multi_objective_aggregation 'normalize_then_sum' (GDPO) works with adv_estimator 'grpo' only, "
+            f"got {adv_estimator!r}"
+        )
+    return gdpo_advantages(per_function, weights, group_size)
+
+
+def gdpo_advantages(per_function: Tensor, weights: Tensor, group_size: int) -> Advantages:
+    """GDPO: each function normalised within its group, weighted sum, then ``(s - mean) / (std + 1e-4)`` over
+    the batch; TRL 1.16's ``normalize_then_sum``. ``std`` and ``group_std`` describe the weighted reward sum
+    (TRL's ``frac_reward_zero_std`` here tests the batch std instead: 0 or 1)."""
+    _check(per_function[:, 0], group_size, "group", "grpo")
+    dtype = per_function.dtype
+    scores = per_function.double()  # [N, F]
+    grouped = scores.view(-1, group_size, scores.shape[1])  # [N/G, G, F]
+    normalised = (grouped - grouped.nanmean(dim=1, keepdim=True)) / (nanstd(grouped, dim=1, keepdim=True) + STD_EPS)
+    summed = combined_rewards(normalised.view_as(scores), weights.double())  # [N], NaN where all were None
+    advantages = (summed - summed.nanmean()) / (nanstd(summed) + STD_EPS)  # [N]
+    return _result(advantages, combined_rewards(scores, weights.double()), group_size, dtype)
+
+
+def _check(rewards: Tensor, group_size: int, scale_rewards: str, adv_estimator: str) -> None:
     if scale_rewards not in SCALE_REWARDS:
         raise ValueError(f"scale_rewards must be one of {list(SCALE_REWARDS)}, got {scale_rewards!r}")
+    if adv_estimator not in ADV_ESTIMATORS:
+        raise ValueError(f"adv_estimator must be one of {sorted(ADV_ESTIMATORS)}, got {adv_estimator!r}")
     if rewards.ndim != 1 or rewards.numel() % group_size:
         raise ValueError(
             f"rewards has shape {tuple(rewards.shape)}: expected [N] with N divisible into whole groups of "
             f"num_generations={group_size}"
         )
-    dtype = rewards.dtype
-    # float64: in float32 the mean of G equal rewards can miss by an ulp, and dividing by (std + 1e-4) turns
-    # that into a same-sign advantage for the whole group (0.0024 for five rewards of 3.8).
-    rewards = rewards.double()
-    grouped = rewards.view(-1, group_size)  # [N/G, G]
-    group_mean = grouped.nanmean(dim=1, keepdim=True)  # [N/G, 1]
-    group_std = nanstd(grouped, dim=1)  # [N/G]
-    if scale_rewards == "batch":
-        std = nanstd(rewards).expand_as(rewards)  # [N]
-    else:
-        std = group_std.repeat_interleave(group_size)  # [N]
-    advantages = (grouped - group_mean).view(-1)  # [N]
-    if scale_rewards != "none":
-        advantages = advantages / (std + STD_EPS)
+
+
+def _result(advantages: Tensor, rewards: Tensor, group_size: int, dtype) -> Advantages:
+    """Package advantages with their groups' reward stds; NaN (no reward) becomes 0."""
+    if advantages.ndim == 1:
+        advantages = torch.where(rewards.isnan(), 0.0, advantages)
     return Advantages(
         advantages=torch.nan_to_num(advantages, nan=0.0).to(dtype),
-        group_std=torch.nan_to_num(group_std, nan=0.0).to(dtype),
+        group_std=torch.nan_to_num(nanstd(rewards.view(-1, group_size), dim=1), nan=0.0).to(dtype),
     )

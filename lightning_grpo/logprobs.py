@@ -6,6 +6,11 @@ vocabulary, 32 completions of 512 tokens would be 9.9 GB). For a plain linear he
 chunk's log-probs and entropy in one pass and keeps only the hidden states and one log-normaliser per token
 for the backward pass, which recomputes the chunk's logits once: no log-softmax, softmax or entropy tensors
 are stored or recomputed. Other heads (soft-capped logits, a bias) run under activation checkpointing.
+
+The model's own forward may transform the head's output; we apply what its config declares, as TRL 1.16's
+``add_fused_lm_head`` reads it: a multiplier (``logit_scale`` Cohere, ``output_multiplier``,
+``lm_head_multiplier`` Falcon-H1, ``logits_scaling`` HyperCLOVA X) or divisor (``logits_scaling`` Granite,
+MiniCPM3), then Gemma's ``final_logit_softcapping``, then the sampling temperature.
 """
 
 from __future__ import annotations
@@ -20,7 +25,8 @@ from torch.utils.checkpoint import checkpoint
 @dataclass
 class TokenLogps:
     logps: Tensor  # [n, T] log p(token) under temperature-scaled logits
-    entropy: Tensor  # [n, T] entropy of the temperature-scaled distribution, detached
+    entropy: Tensor  # [n, T] entropy of the temperature-scaled distribution, detached unless entropy_grad
+    aux_loss: Tensor | None = None  # scalar MoE load-balancing loss of this forward (``router_aux=True``)
 
 
 AUTO_CHUNK_LOGITS = 2**25  # logits per chunk when the chunk size is automatic: 128 MB in fp32
@@ -39,11 +45,14 @@ class LinearLogps(torch.autograd.Function):
     """log p(y) and entropy of ``softmax(h @ W.T / temperature)`` for a chunk of c positions.
 
     Saves h, W, y and the log-normaliser (c floats); backward recomputes the [c, vocab] logits once and forms
-    d logp / d logits = (onehot(y) - softmax) / temperature in place. The entropy is returned detached.
+    d logp / d logits = (onehot(y) - softmax) / temperature in place. The entropy is detached unless
+    ``entropy_grad`` (the entropy bonus), when backward adds d H / d logits = -p (log p + H) / temperature.
     """
 
     @staticmethod
-    def forward(ctx, h: Tensor, weight: Tensor, y: Tensor, temperature: float) -> tuple[Tensor, Tensor]:
+    def forward(
+        ctx, h: Tensor, weight: Tensor, y: Tensor, temperature: float, entropy_grad: bool = False
+    ) -> tuple[Tensor, Tensor]:
         logits = _at_least_fp32(h @ weight.T).div_(temperature)  # [c, V]
         lse = logits.logsumexp(-1)  # [c]
         logp = logits.gather(-1, y.unsqueeze(-1)).squeeze(-1) - lse  # [c]
@@ -51,18 +60,67 @@ class LinearLogps(torch.autograd.Function):
         entropy = lse - probs_times_logits.sum(-1)  # [c]
         ctx.save_for_backward(h, weight, y, lse)
         ctx.temperature = temperature
-        ctx.mark_non_differentiable(entropy)
+        ctx.set_materialize_grads(False)  # an unused output's gradient arrives as None
+        if not entropy_grad:
+            ctx.mark_non_differentiable(entropy)
         return logp, entropy
 
     @staticmethod
-    def backward(ctx, grad_logp: Tensor, grad_entropy: Tensor) -> tuple[Tensor | None, Tensor | None, None, None]:
+    def backward(ctx, grad_logp: Tensor | None, grad_entropy: Tensor | None) -> tuple[Tensor | None, ...]:
         h, weight, y, lse = ctx.saved_tensors
-        grad = _at_least_fp32(h @ weight.T).div_(ctx.temperature).sub_(lse.unsqueeze(-1)).exp_().neg_()  # -softmax
-        grad.scatter_add_(-1, y.unsqueeze(-1), torch.ones_like(grad_logp).unsqueeze(-1))  # onehot - softmax
-        grad = grad.mul_((grad_logp / ctx.temperature).unsqueeze(-1)).to(h.dtype)  # [c, V]
+        log_probs = _at_least_fp32(h @ weight.T).div_(ctx.temperature).sub_(lse.unsqueeze(-1))  # [c, V]
+        grad_logp = torch.zeros_like(lse) if grad_logp is None else grad_logp  # [c]
+        if grad_entropy is None:  # the usual case: one [c, V] buffer, built in place
+            grad = log_probs.exp_().mul_(-grad_logp.unsqueeze(-1))  # -p dlogp
+        else:  # d H / d z = -p (log p + H)
+            probs = log_probs.exp()
+            entropy = -(probs * log_probs).sum(-1, keepdim=True)  # [c, 1]
+            grad = log_probs.add_(entropy).mul_(-grad_entropy.unsqueeze(-1)).sub_(grad_logp.unsqueeze(-1)).mul_(probs)
+        grad.scatter_add_(-1, y.unsqueeze(-1), grad_logp.unsqueeze(-1))  # + onehot(y) dlogp
+        grad = grad.div_(ctx.temperature).to(h.dtype)  # [c, V]
         grad_h = grad @ weight if ctx.needs_input_grad[0] else None  # [c, H]
         grad_weight = grad.T @ h if ctx.needs_input_grad[1] else None  # [V, H]
-        return grad_h, grad_weight, None, None
+        return grad_h, grad_weight, None, None, None
+
+
+def logit_scale(config) -> float:
+    """What the model's forward multiplies its LM head's logits by (1.0 when its config declares nothing)."""
+    config = _text_config(config)
+    for name in ("logit_scale", "output_multiplier", "lm_head_multiplier"):
+        if getattr(config, name, None) is not None:
+            return float(getattr(config, name))
+    scaling = getattr(config, "logits_scaling", None)
+    if scaling is None:
+        return 1.0
+    return float(scaling) if getattr(config, "model_type", None) == "hyperclovax" else 1.0 / scaling
+
+
+def _text_config(config):
+    return config.get_text_config() if hasattr(config, "get_text_config") else config
+
+
+def router_aux_coef(config, router_aux_loss_coef: float | None = None) -> float:
+    """Weight of the MoE load-balancing loss in the training loss, as TRL 1.16 resolves it: the setting, or the
+    model config's ``router_aux_loss_coef`` when it is ``None``; 0.0 for a model without router logits."""
+    config = _text_config(config)
+    is_moe = hasattr(config, "output_router_logits")
+    if router_aux_loss_coef and not is_moe:
+        raise ValueError(
+            f"router_aux_loss_coef={router_aux_loss_coef} needs a Mixture-of-Experts model that returns router "
+            f"logits (output_router_logits in its config); {type(config).__name__} has none. Use None or 0.0"
+        )
+    if not is_moe:
+        return 0.0
+    return getattr(config, "router_aux_loss_coef", 0.0) if router_aux_loss_coef is None else router_aux_loss_coef
+
+
+def router_aux_loss(router_logits: tuple[Tensor, ...], config, attention_mask: Tensor | None) -> Tensor:
+    """Scalar load-balancing loss of one forward's router logits (Switch Transformer's, as Mixtral's forward and
+    TRL compute it), over the tokens of ``attention_mask`` [n, L]."""
+    from transformers.models.mixtral.modeling_mixtral import load_balancing_loss_func
+
+    config = _text_config(config)
+    return load_balancing_loss_func(router_logits, config.num_experts, config.num_experts_per_tok, attention_mask)
 
 
 def position_ids_from_mask(attention_mask: Tensor) -> Tensor:
@@ -77,6 +135,8 @@ def completion_logps(
     completion_length: int,
     temperature: float = 1.0,
     chunk_size: int | None = None,
+    router_aux: bool = False,
+    entropy_grad: bool = False,
 ) -> TokenLogps:
     """Log-probs of the last ``completion_length`` tokens of each row.
 
@@ -87,28 +147,35 @@ def completion_logps(
         completion_length: T.
         temperature: the sampling temperature; logits are divided by it, as when the tokens were sampled.
         chunk_size: token positions per LM-head chunk; ``None`` sizes chunks to ~32M logits (128 MB fp32).
+        router_aux: also return the MoE load-balancing loss (``router_aux_coef(config) != 0``).
+        entropy_grad: return the entropies with their gradient (for the entropy bonus); detached otherwise.
     """
-    hidden = model.get_decoder()(
+    config = _text_config(getattr(model, "config", None))
+    outputs = model.get_decoder()(
         input_ids=input_ids,
         attention_mask=attention_mask,
         position_ids=position_ids_from_mask(attention_mask),
         use_cache=False,
-    ).last_hidden_state  # [n, P+T, H]
+        **({"output_router_logits": True} if router_aux else {}),
+    )
+    aux_loss = router_aux_loss(outputs.router_logits, config, attention_mask) if router_aux else None
+    hidden = outputs.last_hidden_state  # [n, P+T, H]
     hidden = hidden[:, -completion_length - 1 : -1]  # [n, T, H] the states that predict each completion token
     targets = input_ids[:, -completion_length:]  # [n, T]
     head = model.get_output_embeddings()
-    softcap = getattr(getattr(model, "config", None), "final_logit_softcapping", None)
-    plain = type(head) is nn.Linear and head.bias is None and not softcap
+    softcap = getattr(config, "final_logit_softcapping", None)
+    scale = logit_scale(config)
+    plain = type(head) is nn.Linear and head.bias is None and not softcap and scale > 0
 
     def head_logps(h: Tensor, y: Tensor) -> tuple[Tensor, Tensor]:
-        if plain:
-            return LinearLogps.apply(h, head.weight, y, temperature)
-        logits = head(h).float()  # [c, vocab]
+        if plain:  # softmax(s * z / t) = softmax(z / (t / s))
+            return LinearLogps.apply(h, head.weight, y, temperature / scale, entropy_grad)
+        logits = head(h).float() * scale  # [c, vocab]
         if softcap:
             logits = torch.tanh(logits / softcap) * softcap
         logp = (logits / temperature).log_softmax(-1)  # [c, vocab]
         entropy = -(logp.exp() * logp).sum(-1)  # [c]
-        return logp.gather(-1, y.unsqueeze(-1)).squeeze(-1), entropy.detach()
+        return logp.gather(-1, y.unsqueeze(-1)).squeeze(-1), entropy if entropy_grad else entropy.detach()
 
     flat_h = hidden.reshape(-1, hidden.shape[-1])  # [n*T, H]
     flat_y = targets.reshape(-1)  # [n*T]
@@ -125,4 +192,4 @@ def completion_logps(
     shape = targets.shape
     # Copies, not views of the flat results: FSDP2 hooks the outputs of a sharded forward, and a view's hook is
     # silently lost if anything later modifies it in place.
-    return TokenLogps(torch.cat(logps).view(shape).clone(), torch.cat(entropies).view(shape).clone())
+    return TokenLogps(torch.cat(logps).view(shape).clone(), torch.cat(entropies).view(shape).clone(), aux_loss)

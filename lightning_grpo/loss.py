@@ -1,26 +1,131 @@
 """Per-token log-probs + advantages -> the GRPO-family loss. Pure functions: no model, no trainer, no logging.
 
-Papers: GRPO arXiv:2402.03300, DAPO arXiv:2503.14476, Dr. GRPO arXiv:2503.20783, GSPO arXiv:2507.18071.
-For a single micro-batch on one process the value equals TRL 1.16's ``GRPOTrainer._compute_loss``.
+Papers: GRPO arXiv:2402.03300, DAPO arXiv:2503.14476, Dr. GRPO arXiv:2503.20783, GSPO arXiv:2507.18071,
+CISPO (MiniMax-M1) arXiv:2506.13585, SAPO arXiv:2511.20347, LUSPO arXiv:2602.05261, VESPO arXiv:2602.10693,
+off-policy sequence masking and the bias-corrected KL (DeepSeek-V3.2) arXiv:2512.02556, high-entropy tokens
+("Beyond the 80/20 rule") arXiv:2506.01939, adaptive entropy control (Skywork-OR1) arXiv:2505.22312.
+For a single micro-batch on one process, value and gradient equal TRL 1.16's ``GRPOTrainer._compute_loss``.
+
+A loss type is one row of ``LOSS_TYPES``: a policy term (clipped surrogate, CISPO, SAPO or VESPO) and a reduction.
 
 Where we deviate from TRL, on purpose:
 - ``bnpo`` divides by the active tokens of the whole local generation batch, not of each micro-batch, so
   splitting a step into micro-batches never changes the update (TRL's bnpo does change with accumulation).
-- ``grpo`` and ``dr_grpo`` divide by the local batch's completion count rather than by micro-batch count
-  times accumulation steps; equal when micro-batches are equal-sized, exact when they are not.
+- ``grpo``, ``sapo``, ``luspo`` and ``dr_grpo`` divide by the local batch's completion count rather than by
+  micro-batch count times accumulation steps; equal when micro-batches are equal-sized, exact when they are not.
+  The entropy bonus divides by the local batch's (trained) token count (TRL: each micro-batch's mean divided by
+  the accumulation steps); the same for one micro-batch, additive for several.
+- ``cispo`` caps the ratio at ``epsilon_high`` itself, as TRL does (not ``1 + epsilon_high``), and so refuses
+  an ``epsilon_high`` below 1 (TRL's default ``epsilon_high = epsilon = 0.2`` would scale every on-policy token
+  by 0.2); MiniMax-M1 and ScaleRL use 5.0.
+- Metrics are token means: ``vespo/phi_seq_mean`` and the sequence-level clip ratios weight each completion by
+  its token count (TRL: one value per completion).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+from types import SimpleNamespace
+from typing import Any
 
 import torch
 from torch import Tensor
 
+from lightning_grpo.entropy import high_entropy_mask
+from lightning_grpo.objectives import PolicyInputs, Term, cispo_term, clipped_surrogate, sapo_term, vespo_term
+
 IMPORTANCE_SAMPLING_LEVELS = ("token", "sequence")
 SAMPLING_CORRECTIONS = ("token_truncate", "token_mask", "sequence_truncate", "sequence_mask")
+
+
+@dataclass
+class LossConfig:
+    """Every option of the loss, with TRL 1.16's names and defaults (``GRPOConfig``'s help text applies).
+
+    A nested ``loss:`` section under LightningCLI. Invalid values raise one ``ValueError`` listing every problem.
+    """
+
+    loss_type: str = "dapo"  # one of LOSS_TYPES
+    beta: float = 0.0  # weight of the k3 KL to the reference model
+    epsilon: float = 0.2  # ratio floor 1 - epsilon
+    epsilon_high: float | None = None  # ratio ceiling 1 + epsilon_high (cispo: the cap itself); None: epsilon
+    delta: float | None = None  # cap on the unclipped ratio (two-sided clipping, INTELLECT-2)
+    importance_sampling_level: str = "token"  # "token" or "sequence" (GSPO)
+    sapo_temperature_pos: float = 1.0  # SAPO gate temperature where advantage > 0
+    sapo_temperature_neg: float = 1.05  # ... where advantage <= 0
+    vespo_k_pos: float = 2.0  # VESPO gamma weight exponent where advantage >= 0
+    vespo_lambda_pos: float = 3.0  # VESPO gamma weight decay where advantage >= 0
+    vespo_k_neg: float = 3.0
+    vespo_lambda_neg: float = 2.0
+    off_policy_mask_threshold: float | None = None  # DeepSeek-V3.2 sequence mask; None: off
+    use_bias_correction_kl: bool = True  # KL times the importance ratio (TRL's default: on)
+    top_entropy_quantile: float = 1.0  # train on this top fraction of tokens by entropy; 1.0: all
+    entropy_coef: float = 0.0  # entropy bonus weight (initial value when adaptive)
+    use_adaptive_entropy: bool = False
+    entropy_coef_min: float = 0.0
+    entropy_coef_max: float = 1.0
+    entropy_coef_delta: float = 0.005
+    entropy_target: float = 0.2  # nats; the adaptive bonus applies only at or below it
+
+    def __post_init__(self) -> None:
+        problems = loss_config_problems(self)
+        if problems:
+            raise ValueError("; ".join(problems))
+
+    @property
+    def clip_high(self) -> float:
+        """``epsilon_high``, defaulting to ``epsilon`` as in TRL."""
+        return self.epsilon if self.epsilon_high is None else self.epsilon_high
+
+
+def loss_config_problems(c: LossConfig | Mapping[str, Any]) -> list[str]:
+    """Every invalid option of ``c``, each naming the option, the value and what is allowed.
+
+    ``c`` may be a mapping such as a constructor's settings: its keys that are ``LossConfig`` fields are checked,
+    the others ignored, missing ones take their defaults; so ``settings_problems`` can list these with the rest.
+    """
+    if isinstance(c, Mapping):
+        c = SimpleNamespace(**{f.name: c.get(f.name, f.default) for f in dataclasses.fields(LossConfig)})
+    clip_high = c.epsilon if c.epsilon_high is None else c.epsilon_high
+    checks = [
+        (c.loss_type in LOSS_TYPES, f"loss_type must be one of {sorted(LOSS_TYPES)}, got {c.loss_type!r}"),
+        (
+            c.importance_sampling_level in IMPORTANCE_SAMPLING_LEVELS,
+            f"importance_sampling_level must be one of {list(IMPORTANCE_SAMPLING_LEVELS)}, "
+            f"got {c.importance_sampling_level!r}",
+        ),
+        (c.beta >= 0, f"beta must be >= 0, got {c.beta!r}"),
+        (0 <= c.epsilon, f"epsilon must be >= 0, got {c.epsilon!r}"),
+        (clip_high >= 0, f"epsilon_high must be >= 0, got {c.epsilon_high!r}"),
+        (
+            c.loss_type != "cispo" or clip_high >= 1,
+            f"loss_type 'cispo' caps the ratio at epsilon_high itself and needs epsilon_high >= 1 "
+            f"(MiniMax-M1 uses 5.0), got {clip_high!r}",
+        ),
+        (c.delta is None or c.delta > 0, f"delta must be > 0 or None, got {c.delta!r}"),
+        (c.sapo_temperature_pos > 0, f"sapo_temperature_pos must be > 0, got {c.sapo_temperature_pos!r}"),
+        (c.sapo_temperature_neg > 0, f"sapo_temperature_neg must be > 0, got {c.sapo_temperature_neg!r}"),
+        (
+            c.off_policy_mask_threshold is None or c.off_policy_mask_threshold >= 0,
+            f"off_policy_mask_threshold must be >= 0 or None, got {c.off_policy_mask_threshold!r}",
+        ),
+        (
+            0 <= c.top_entropy_quantile <= 1,
+            f"top_entropy_quantile must be in [0, 1], got {c.top_entropy_quantile!r}",
+        ),
+        (
+            c.entropy_coef_min <= c.entropy_coef_max,
+            f"entropy_coef_min ({c.entropy_coef_min!r}) must be <= entropy_coef_max ({c.entropy_coef_max!r})",
+        ),
+        (c.entropy_coef_delta >= 0, f"entropy_coef_delta must be >= 0, got {c.entropy_coef_delta!r}"),
+    ]
+    return [message for ok, message in checks if not ok]
+
+
+# ---- reductions: masked per-token loss -> scalar ----------------------------------------------------------
 
 
 @dataclass
@@ -32,6 +137,7 @@ class LossNormalizer:
     global_num_tokens: float  # loss-masked tokens on all ranks
     world_size: int = 1
     max_completion_length: int = 1
+    num_trained_tokens: float | None = None  # of those, kept by top_entropy_quantile (one threshold per batch)
 
     @classmethod
     def from_mask(cls, mask: Tensor, max_completion_length: int | None = None) -> LossNormalizer:
@@ -41,8 +147,13 @@ class LossNormalizer:
 
 
 def sequence_mean(masked_loss: Tensor, mask: Tensor, norm: LossNormalizer) -> Tensor:
-    """grpo: mean over each completion's tokens, then mean over completions."""
+    """grpo, sapo: mean over each completion's tokens, then mean over completions."""
     return (masked_loss.sum(-1) / mask.sum(-1).clamp(min=1.0)).sum() / norm.num_sequences
+
+
+def sequence_sum_mean(masked_loss: Tensor, mask: Tensor, norm: LossNormalizer) -> Tensor:
+    """luspo: sum over each completion's tokens (a sequence-level loss scaled by its length), mean over them."""
+    return masked_loss.sum() / norm.num_sequences
 
 
 def token_mean(masked_loss: Tensor, mask: Tensor, norm: LossNormalizer) -> Tensor:
@@ -56,16 +167,28 @@ def constant_length_mean(masked_loss: Tensor, mask: Tensor, norm: LossNormalizer
 
 
 def global_token_mean(masked_loss: Tensor, mask: Tensor, norm: LossNormalizer) -> Tensor:
-    """dapo: sum / (active tokens on all ranks / world size); DDP's gradient mean then gives a global token mean."""
+    """dapo, cispo, vespo: sum / (active tokens on all ranks / world size); DDP's mean makes it global."""
     return masked_loss.sum() / (max(norm.global_num_tokens, 1.0) / norm.world_size)
 
 
-REDUCTIONS: dict[str, Callable[[Tensor, Tensor, LossNormalizer], Tensor]] = {
-    "grpo": sequence_mean,
-    "bnpo": token_mean,
-    "dr_grpo": constant_length_mean,
-    "dapo": global_token_mean,
+@dataclass(frozen=True)
+class LossType:
+    term: Callable[[PolicyInputs, LossConfig], Term]
+    reduce: Callable[[Tensor, Tensor, LossNormalizer], Tensor]
+    weights_in_term: bool = False  # the term folds sampling weights in itself (VESPO), instead of multiplying
+
+
+LOSS_TYPES: dict[str, LossType] = {
+    "grpo": LossType(clipped_surrogate, sequence_mean),
+    "bnpo": LossType(clipped_surrogate, token_mean),
+    "dr_grpo": LossType(clipped_surrogate, constant_length_mean),
+    "dapo": LossType(clipped_surrogate, global_token_mean),
+    "luspo": LossType(clipped_surrogate, sequence_sum_mean),
+    "cispo": LossType(cispo_term, global_token_mean),
+    "sapo": LossType(sapo_term, sequence_mean),
+    "vespo": LossType(vespo_term, global_token_mean, weights_in_term=True),
 }
+REDUCTIONS = {name: kind.reduce for name, kind in LOSS_TYPES.items()}  # loss_type -> reduction
 
 
 @dataclass
@@ -73,16 +196,41 @@ class LossOutput:
     loss: Tensor  # scalar, carries the gradient
     token_sums: dict[str, Tensor] = field(default_factory=dict)  # metric -> sum over masked tokens (detached)
     num_tokens: Tensor = field(default_factory=lambda: torch.tensor(0.0))  # masked tokens summed over
+    trained_entropy: Tensor = field(default_factory=lambda: torch.tensor(0.0))  # entropy summed over trained tokens
+    trained_tokens: Tensor = field(default_factory=lambda: torch.tensor(0.0))  # tokens the policy term trains on
 
     def __add__(self, other: LossOutput) -> LossOutput:
         """Combine micro-batches: losses and token sums add."""
         sums = {k: self.token_sums.get(k, 0.0) + v for k, v in other.token_sums.items()}
-        return LossOutput(self.loss + other.loss, sums, self.num_tokens + other.num_tokens)
+        return LossOutput(
+            self.loss + other.loss,
+            sums,
+            self.num_tokens + other.num_tokens,
+            self.trained_entropy + other.trained_entropy,
+            self.trained_tokens + other.trained_tokens,
+        )
 
     def metrics(self) -> dict[str, float]:
-        """Token-mean of each metric, with TRL's names (``kl``, ``clip_ratio/low_mean`` ...)."""
+        """Token-mean of each metric, with TRL's names (``kl``, ``clip_ratio/low_mean`` ...), and
+        ``entropy/trained_mean`` over the tokens trained on (``top_entropy_quantile``) when entropies were given
+        and some token was trained on."""
         n = max(float(self.num_tokens), 1.0)
-        return {name: float(total) / n for name, total in self.token_sums.items()}
+        out = {name: float(total) / n for name, total in self.token_sums.items()}
+        if "entropy" in self.token_sums and float(self.trained_tokens) > 0:
+            out["entropy/trained_mean"] = float(self.trained_entropy) / float(self.trained_tokens)
+        return out
+
+
+def off_policy_mask(
+    advantages: Tensor, logps: Tensor, sampling_logps: Tensor, mask: Tensor, threshold: float
+) -> Tensor:
+    """[n, 1] DeepSeek-V3.2's off-policy sequence mask: 0 drops a completion whose advantage is negative and whose
+    mean ``sampling_logp - logp`` over its tokens exceeds ``threshold``; NaN sampler log-probs count as 0.
+    ([n, T] for per-token advantages.)"""
+    kl = torch.nan_to_num(sampling_logps - logps.detach(), nan=0.0)  # [n, T]
+    mean_kl = (kl * mask).sum(-1, keepdim=True) / mask.sum(-1, keepdim=True).clamp(min=1.0)  # [n, 1]
+    adv = advantages if advantages.ndim == 2 else advantages.unsqueeze(-1)  # [n, 1] or [n, T]
+    return ((adv >= 0) | (mean_kl <= threshold)).to(mask.dtype)
 
 
 def grpo_loss(
@@ -90,77 +238,119 @@ def grpo_loss(
     old_logps: Tensor | None,
     advantages: Tensor,
     mask: Tensor,
+    config: LossConfig | None = None,
     *,
     ref_logps: Tensor | None = None,
-    beta: float = 0.0,
-    loss_type: str = "dapo",
-    epsilon: float = 0.2,
-    epsilon_high: float | None = None,
-    delta: float | None = None,
-    importance_sampling_level: str = "token",
     normalizer: LossNormalizer | None = None,
     max_completion_length: int | None = None,
     sampling_weights: Tensor | None = None,
+    sampling_logps: Tensor | None = None,
+    entropies: Tensor | None = None,
+    entropy_threshold: Tensor | None = None,
+    entropy_coef: float | None = None,
+    **options,
 ) -> LossOutput:
-    """Clipped-surrogate policy loss with optional k3 KL penalty.
+    """The loss of ``config.loss_type`` with optional k3 KL penalty, masks and entropy bonus.
 
     Args:
         logps: [n, T] per-token log-probs under the current policy (with grad).
         old_logps: [n, T] log-probs under the policy that sampled; ``None`` means ``logps.detach()``
             (one optimisation pass per generation batch: ratio 1, loss value ~0, gradient not 0).
-        advantages: [n] one advantage per completion.
+        advantages: [n] one advantage per completion, or [n, T] per token (``reinforce_plus_plus``).
         mask: [n, T] 1 on tokens that count in the loss.
+        config: every loss option (``LossConfig``); ``None`` means TRL's defaults.
         ref_logps: [n, T] reference-model log-probs; required when ``beta > 0``.
-        beta: weight of the per-token KL estimate ``exp(ref - logp) - (ref - logp) - 1``.
-        loss_type: one of ``REDUCTIONS`` (grpo, bnpo, dr_grpo, dapo).
-        epsilon: lower clip, ratio floor ``1 - epsilon``.
-        epsilon_high: upper clip, ratio ceiling ``1 + epsilon_high``; defaults to ``epsilon`` (DAPO uses 0.28).
-        delta: optional cap on the unclipped ratio (two-sided clipping); must exceed ``1 + epsilon_high``.
-        importance_sampling_level: "token" (GRPO) or "sequence" (GSPO: the mean log-ratio of a completion).
         normalizer: counts of the whole generation batch; ``None`` treats ``mask`` as the whole batch.
         max_completion_length: the divisor of dr_grpo when ``normalizer`` is ``None``; defaults to T.
         sampling_weights: [n, T] or [n, 1] ``sampling_correction`` weights on the policy term (not the KL).
+        sampling_logps: [n, T] the sampler's log-probs for ``off_policy_mask_threshold``; default ``old_logps``.
+        entropies: [n, T] per-token entropies; needed for ``top_entropy_quantile < 1`` and the entropy bonus
+            (give them with grad for the bonus to have one).
+        entropy_threshold: scalar from ``entropy.entropy_threshold`` over the whole batch (all ranks);
+            ``None`` computes it from this micro-batch, as TRL does.
+        entropy_coef: the entropy bonus weight applied now (``EntropyController.coef_to_apply()``);
+            ``None`` means ``config.entropy_coef``.
+        **options: ``LossConfig`` fields overriding ``config`` (``loss_type="grpo"``, ``beta=0.04`` ...).
     """
-    if loss_type not in REDUCTIONS:
-        raise ValueError(f"loss_type must be one of {sorted(REDUCTIONS)}, got {loss_type!r}")
-    if importance_sampling_level not in IMPORTANCE_SAMPLING_LEVELS:
-        raise ValueError(
-            f"importance_sampling_level must be one of {list(IMPORTANCE_SAMPLING_LEVELS)}, "
-            f"got {importance_sampling_level!r}"
-        )
-    if beta > 0 and ref_logps is None:
-        raise ValueError(f"beta={beta} > 0 needs ref_logps (the reference model's log-probs)")
-    epsilon_high = epsilon if epsilon_high is None else epsilon_high
+    c = _with_options(config or LossConfig(), options)
+    kind = LOSS_TYPES[c.loss_type]
+    if c.beta > 0 and ref_logps is None:
+        raise ValueError(f"beta={c.beta} > 0 needs ref_logps (the reference model's log-probs)")
     mask = mask.to(logps.dtype)
     norm = normalizer or LossNormalizer.from_mask(mask, max_completion_length)
     old_logps = logps.detach() if old_logps is None else old_logps
 
     log_ratio = logps - old_logps  # [n, T]
-    if importance_sampling_level == "sequence":
-        log_ratio = ((log_ratio * mask).sum(-1) / mask.sum(-1).clamp(min=1.0)).unsqueeze(-1)  # [n, 1]
-    ratio = torch.exp(log_ratio)  # [n, T] or [n, 1]
-    clipped = ratio.clamp(1 - epsilon, 1 + epsilon_high)
-    capped = ratio if delta is None else ratio.clamp(max=delta)
-    adv = advantages.unsqueeze(-1)  # [n, 1]
-    per_token_loss = -torch.min(capped * adv, clipped * adv)  # [n, T] or [n, 1]
-    if sampling_weights is not None:
-        per_token_loss = per_token_loss * sampling_weights  # [n, T]
+    level_log_ratio = log_ratio
+    if c.importance_sampling_level == "sequence":
+        level_log_ratio = ((log_ratio * mask).sum(-1) / mask.sum(-1).clamp(min=1.0)).unsqueeze(-1)  # [n, 1]
+    ratio = torch.exp(level_log_ratio)  # [n, T] or [n, 1]
+    adv = advantages if advantages.ndim == 2 else advantages.unsqueeze(-1)  # [n, 1], or [n, T] (REINFORCE++)
+    x = PolicyInputs(logps, log_ratio, ratio, adv, mask, sampling_weights)
+    per_token_loss, flags = kind.term(x, c)  # [n, T] or [n, 1]
+
+    token_mask = mask  # [n, T] tokens the policy term trains on
+    if c.off_policy_mask_threshold is not None:
+        sampled = old_logps if sampling_logps is None else sampling_logps
+        token_mask = token_mask * off_policy_mask(adv, logps, sampled, mask, c.off_policy_mask_threshold)
+    trained = mask  # [n, T] tokens the entropy bonus and its metric cover
+    if c.top_entropy_quantile < 1.0:
+        high = high_entropy_mask(
+            _need(entropies, "top_entropy_quantile"), mask, c.top_entropy_quantile, entropy_threshold
+        )
+        trained = mask * high
+        token_mask = token_mask * trained
+    per_token_loss = per_token_loss * token_mask
+    if sampling_weights is not None and not kind.weights_in_term:
+        per_token_loss = per_token_loss * sampling_weights
 
     sums: dict[str, Tensor] = {}
-    if beta > 0:
+    if c.beta > 0:
         diff = ref_logps - logps  # [n, T]
         kl = torch.exp(diff) - diff - 1  # k3 estimator, >= 0
-        per_token_loss = per_token_loss + beta * kl
         sums["kl"] = (kl.detach() * mask).sum()
-    per_token_loss = per_token_loss.expand_as(mask)  # [n, T]
-    loss = REDUCTIONS[loss_type](per_token_loss * mask, mask, norm)
+        if c.use_bias_correction_kl:
+            kl = kl * ratio  # unbiased reverse-KL gradient off-policy; the ratio's gradient counts on-policy too
+        per_token_loss = per_token_loss + c.beta * kl
+    loss = kind.reduce(per_token_loss.expand_as(mask) * mask, mask, norm)
 
-    low = ((ratio < 1 - epsilon) & (adv < 0)).expand_as(mask).to(mask.dtype)
-    high = ((ratio > 1 + epsilon_high) & (adv > 0)).expand_as(mask).to(mask.dtype)
-    sums["clip_ratio/low_mean"] = (low * mask).sum().detach()
-    sums["clip_ratio/high_mean"] = (high * mask).sum().detach()
-    sums["clip_ratio/region_mean"] = (((low + high) > 0).to(mask.dtype) * mask).sum().detach()
-    return LossOutput(loss, sums, mask.sum().detach())
+    coef = c.entropy_coef if entropy_coef is None else entropy_coef
+    if coef != 0.0 or c.use_adaptive_entropy:
+        bonus_tokens = norm.num_tokens if c.top_entropy_quantile >= 1.0 else norm.num_trained_tokens
+        loss = loss - coef * entropy_bonus(_need(entropies, "entropy_coef"), trained, norm, bonus_tokens)
+    for name, flag in flags.items():
+        sums[name] = (flag.to(mask.dtype).expand_as(mask) * mask).sum().detach()
+    out = LossOutput(loss, sums, mask.sum().detach(), trained_tokens=trained.sum().detach())
+    if entropies is not None:
+        sums["entropy"] = (entropies.detach() * mask).sum()  # over all loss tokens, as TRL logs it
+        out.trained_entropy = (entropies.detach() * trained).sum()  # what the adaptive controller measures
+    return out
+
+
+def entropy_bonus(entropies: Tensor, trained: Tensor, norm: LossNormalizer, batch_tokens: float | None) -> Tensor:
+    """Mean entropy over the trained tokens, the same for every loss type (TRL: ``L - entropy_coef * H``).
+
+    With the batch's trained-token count, a micro-batch contributes its sum over that count, so micro-batches add
+    up exactly; without it (``top_entropy_quantile < 1`` and no ``num_trained_tokens``), its own mean weighted by
+    its share of the batch's completions (TRL: the micro-batch mean over the accumulation steps).
+    """
+    total = (entropies * trained).sum()
+    if batch_tokens is not None:
+        return total / max(batch_tokens, 1.0)
+    return total / trained.sum().clamp(min=1.0) * trained.shape[0] / norm.num_sequences
+
+
+def _with_options(config: LossConfig, options: dict) -> LossConfig:
+    unknown = sorted(set(options) - {f.name for f in dataclasses.fields(LossConfig)})
+    if unknown:
+        raise TypeError(f"grpo_loss got unknown options {unknown}: LossConfig's fields are the options")
+    return dataclasses.replace(config, **options) if options else config
+
+
+def _need(tensor: Tensor | None, option: str) -> Tensor:
+    if tensor is None:
+        raise ValueError(f"{option} needs per-token entropies: pass entropies=[n, T]")
+    return tensor
 
 
 def sampling_correction(

@@ -66,7 +66,10 @@ def test_bad_value_fails_before_training(tmp_path, capsys):  # exit 2 with the m
         )
     assert done.value.code == 2
     err = capsys.readouterr().err
-    assert "loss_type must be one of ['bnpo', 'dapo', 'dr_grpo', 'grpo'], got 'ppo'" in err
+    assert (
+        "loss_type must be one of ['bnpo', 'cispo', 'dapo', 'dr_grpo', 'grpo', 'luspo', 'sapo', 'vespo'], got 'ppo'"
+        in err
+    )
     assert "num_generations must be >= 2, got 1" in err
     assert not list(tmp_path.glob("lightning_logs/*/checkpoints/*"))
 

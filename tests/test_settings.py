@@ -14,7 +14,12 @@ NOT_A_MODEL = "/nonexistent/model/never/loaded"  # loading it would fail: the ch
     [
         ("num_generations", 1, "num_generations must be >= 2, got 1"),
         ("max_completion_length", 0, "max_completion_length must be >= 1, got 0"),
-        ("loss_type", "ppo", "loss_type must be one of ['bnpo', 'dapo', 'dr_grpo', 'grpo'], got 'ppo'"),
+        (
+            "loss_type",
+            "ppo",
+            "loss_type must be one of ['bnpo', 'cispo', 'dapo', 'dr_grpo', 'grpo', 'luspo', 'sapo', 'vespo'], "
+            "got 'ppo'",
+        ),
         ("scale_rewards", "std", "scale_rewards must be one of ['batch', 'group', 'none'], got 'std'"),
         ("importance_sampling_level", "seq", "importance_sampling_level must be one of"),
         ("temperature", 0.0, "temperature must be > 0, got 0.0"),
