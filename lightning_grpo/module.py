@@ -27,6 +27,7 @@ from lightning_grpo.advantages import compute_advantages
 from lightning_grpo.engines import HFGenerate
 from lightning_grpo.loss import LossOutput, grpo_loss
 from lightning_grpo.metrics import accuracy, length_stats, reward_stats, update_stats
+from lightning_grpo.optim import param_groups
 from lightning_grpo.policy import Policy
 from lightning_grpo.ranks import Ranks
 from lightning_grpo.rewards.combine import preset
@@ -79,7 +80,7 @@ class GRPOModule(L.LightningModule):
         logprob_chunk_size: token positions per LM-head chunk when computing log-probs; ``None`` sizes chunks
             to ~32M logits (128 MB in fp32): 220 positions at Qwen2.5's 151,936-token vocabulary.
         learning_rate: AdamW learning rate (TRL's default 1e-6 suits pretrained models; tiny ones want 1e-3).
-        weight_decay: AdamW weight decay.
+        weight_decay: AdamW weight decay of weight matrices; biases, norm weights and embeddings take none.
         warmup_ratio: fraction of optimiser steps with linear warm-up.
         lr_scheduler_type: cosine (default), linear, constant or constant_with_warmup.
         optimizer: optional optimiser factory ``params -> Optimizer`` replacing AdamW (``class_path`` in YAML).
@@ -385,14 +386,15 @@ class GRPOModule(L.LightningModule):
     @override
     def configure_optimizers(self) -> dict[str, Any]:
         hp = self.hparams
-        params = self.policy.trainable_parameters()
+        groups = param_groups(self.policy.model, hp.weight_decay)  # no decay on biases, norms, embeddings
         if self.optimizer_factory is not None:
-            optimizer = self.optimizer_factory(params)
+            optimizer = self.optimizer_factory(groups)
         else:
             # Fused: one kernel over all parameters (on CPU ~10x faster than the per-tensor loop); FSDP2's
             # sharded DTensor parameters, and fp16 AMP (it unscales before clipping), take the default one.
+            params = self.policy.trainable_parameters()
             fused = not any(isinstance(p, DTensor) for p in params) and self._grad_scaler() is None
-            optimizer = torch.optim.AdamW(params, lr=hp.learning_rate, weight_decay=hp.weight_decay, fused=fused)
+            optimizer = torch.optim.AdamW(groups, lr=hp.learning_rate, fused=fused)
         steps = self.trainer.estimated_stepping_batches
         if self.trainer.max_steps == -1:  # counted in batches; each batch takes num_iterations optimiser steps
             steps *= hp.num_iterations

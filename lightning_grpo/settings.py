@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from lightning_grpo.advantages import SCALE_REWARDS
-from lightning_grpo.loss import IMPORTANCE_SAMPLING_LEVELS, REDUCTIONS, SAMPLING_CORRECTIONS
+from lightning_grpo.loss import SAMPLING_CORRECTIONS, loss_config_problems
 from lightning_grpo.models import DTYPES, cuda_package_problems
 from lightning_grpo.rewards.scoring import ON_ERROR
 
@@ -40,22 +40,18 @@ def settings_problems(s: dict[str, Any]) -> list[str]:
         _at_least("num_iterations", s["num_iterations"], 1),
         _at_least("micro_batch_size", s["micro_batch_size"], 1, optional=True),
         _at_least("logprob_chunk_size", s["logprob_chunk_size"], 1, optional=True),
-        _at_least("beta", s["beta"], 0.0),
         _at_least("top_k", s["top_k"], 0),
         _at_least("max_bad_steps", s["max_bad_steps"], 1),
         _is_in("on_reward_error", s["on_reward_error"], list(ON_ERROR)),
         _is_in("sampling_correction", s["sampling_correction"], [*SAMPLING_CORRECTIONS, None]),
         _qlora_runs_here(s["load_in_4bit"], s["peft_config"]),
         _at_least("repetition_penalty", s["repetition_penalty"], 1e-6),
-        _is_in("loss_type", s["loss_type"], list(REDUCTIONS)),
         _is_in("scale_rewards", s["scale_rewards"], SCALE_REWARDS),
-        _is_in("importance_sampling_level", s["importance_sampling_level"], IMPORTANCE_SAMPLING_LEVELS),
         _is_in("lr_scheduler_type", s["lr_scheduler_type"], LR_SCHEDULERS),
         _is_in("dtype", s["dtype"], list(DTYPES)),
         None if s["temperature"] > 0 else f"temperature must be > 0, got {s['temperature']!r}",
         None if 0 < s["top_p"] <= 1 else f"top_p must be in (0, 1], got {s['top_p']!r}",
         None if 0 < s["epsilon"] < 1 else f"epsilon must be in (0, 1), got {s['epsilon']!r}",
-        None if epsilon_high >= 0 else f"epsilon_high must be >= 0, got {epsilon_high!r}",
         None if s["learning_rate"] > 0 else f"learning_rate must be > 0, got {s['learning_rate']!r}",
         None if 0 <= s["warmup_ratio"] < 1 else f"warmup_ratio must be in [0, 1), got {s['warmup_ratio']!r}",
         None
@@ -68,7 +64,7 @@ def settings_problems(s: dict[str, Any]) -> list[str]:
         if s["max_grad_norm"] is None or s["max_grad_norm"] > 0
         else f"max_grad_norm must be None or > 0, got {s['max_grad_norm']!r}",
     ]
-    return [c for c in checks if c]
+    return [c for c in checks if c] + loss_config_problems(s)
 
 
 def check_settings(s: dict[str, Any]) -> None:

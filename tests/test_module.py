@@ -229,3 +229,15 @@ def test_sample_outside_a_trainer(tiny_model_dir):
     """``module.sample`` works on a module that is not attached to a Trainer (notebooks, evaluation)."""
     rollout = make_module(tiny_model_dir).sample(["1+2=", "3+0="], num_generations=3, seed=0)
     assert len(rollout) == 6 and rollout.group_size == 3 and len(rollout.completions) == 6
+
+
+def test_weight_decay_spares_biases_norms_and_embeddings(tiny_model_dir, arith_jsonl, tmp_path):
+    module = make_module(tiny_model_dir, weight_decay=0.1)
+    trainer = fit(module, PromptDataModule(arith_jsonl, batch_size=4, val_split=None), tmp_path, max_steps=1)
+    names = {id(p): n for n, p in module.policy.model.named_parameters()}
+    decay = {g["weight_decay"]: [names[id(p)] for p in g["params"]] for g in trainer.optimizers[0].param_groups}
+    assert set(decay) == {0.1, 0.0}
+    assert all(n.endswith("proj.weight") for n in decay[0.1])  # attention and MLP matrices only
+    spared = decay[0.0]
+    assert any("norm" in n for n in spared) and any(n.endswith("bias") for n in spared)
+    assert "model.embed_tokens.weight" in spared
