@@ -7,7 +7,6 @@ steps on it, each accumulating gradients over micro-batches of ``micro_batch_siz
 
 from __future__ import annotations
 
-import math
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -27,7 +26,7 @@ from lightning_grpo.advantages import compute_advantages
 from lightning_grpo.engines import HFGenerate
 from lightning_grpo.loss import LossOutput, grpo_loss
 from lightning_grpo.metrics import accuracy, length_stats, reward_stats, update_stats
-from lightning_grpo.optim import param_groups
+from lightning_grpo.optim import clip_gradients, param_groups, scheduler
 from lightning_grpo.policy import Policy
 from lightning_grpo.ranks import Ranks
 from lightning_grpo.rewards.combine import preset
@@ -308,17 +307,10 @@ class GRPOModule(L.LightningModule):
         return getattr(self.trainer.precision_plugin, "scaler", None)
 
     def _clip_gradients(self) -> Tensor:
-        """Clip the global gradient norm to ``max_grad_norm`` (when set) and return it as it was before: one
-        norm computation serves the clipping and the finiteness check, and every rank gets the same value."""
-        max_norm = self.hparams.max_grad_norm
-        if isinstance(self.trainer.strategy, FSDPStrategy):  # FSDP1: only the root module sees every shard
-            return self.trainer.strategy.model.clip_grad_norm_(math.inf if max_norm is None else max_norm)
-        params = [p for p in self.policy.trainable_parameters() if p.grad is not None]
-        if max_norm is None:  # plain, DDP (identical gradients), FSDP2 (DTensor gradients: a global norm)
-            norm = torch.nn.utils.get_total_norm([p.grad for p in params])
-        else:
-            norm = torch.nn.utils.clip_grad_norm_(params, max_norm)
-        return norm.full_tensor() if isinstance(norm, DTensor) else norm
+        """The pre-clip global gradient norm (``max_grad_norm``), the same on every rank."""
+        strategy = self.trainer.strategy
+        root = strategy.model if isinstance(strategy, FSDPStrategy) else None  # FSDP1 clips at its root
+        return clip_gradients(self.policy.trainable_parameters(), self.hparams.max_grad_norm, root)
 
     def _skip_step(self, reason: str) -> None:
         """Skip an optimiser step with a warning; ``max_bad_steps`` in a row stop training, a checkpoint kept."""
@@ -398,16 +390,8 @@ class GRPOModule(L.LightningModule):
         steps = self.trainer.estimated_stepping_batches
         if self.trainer.max_steps == -1:  # counted in batches; each batch takes num_iterations optimiser steps
             steps *= hp.num_iterations
-        steps = max(int(steps), 1)
-        from transformers.optimization import get_scheduler  # imports peft: not before it is needed
-
-        scheduler = get_scheduler(
-            hp.lr_scheduler_type,
-            optimizer,
-            num_warmup_steps=math.ceil(hp.warmup_ratio * steps),
-            num_training_steps=steps,
-        )
-        return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}
+        schedule = scheduler(optimizer, hp.lr_scheduler_type, hp.warmup_ratio, steps)
+        return {"optimizer": optimizer, "lr_scheduler": {"scheduler": schedule, "interval": "step"}}
 
     @override
     def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
