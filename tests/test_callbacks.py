@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 
+import lightning as L
 import pytest
 import torch
 from helpers import fit, logged, make_module
@@ -17,6 +18,7 @@ from lightning_grpo.callbacks import (
     RewardMonitor,
 )
 from lightning_grpo.cli import main
+from lightning_grpo.types import step_record
 
 
 def constant_reward(completions, **kwargs):
@@ -145,3 +147,50 @@ def test_cli_run_then_report(tmp_path, capsys):
     report = write_report(run_dir)
     assert len(report.series["train/reward"]) == 3  # log_every_n_steps: 10 in the template
     assert len(report.series["val/accuracy"]) >= 2
+
+
+class Records(L.Callback):
+    def __init__(self):
+        self.records = []
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
+        self.records.append(step_record(outputs))
+
+
+# The names users compare across tools (TRL's); a rename breaks this test, not an alert silently.
+TRL_METRICS = {
+    "loss", "reward", "reward_std", "frac_reward_zero_std", "kl", "entropy",
+    "clip_ratio/low_mean", "clip_ratio/high_mean", "clip_ratio/region_mean",
+    "completions/mean_length", "completions/min_length", "completions/max_length",
+    "completions/clipped_ratio", "completions/mean_terminated_length", "num_tokens", "step_time",
+    "rewards/exact_match_reward/mean", "rewards/exact_match_reward/std",
+    "rewards/length_reward/mean", "rewards/length_reward/std",
+}  # fmt: skip
+
+
+def test_the_step_record_names_metrics_as_trl_and_every_one_is_monitorable(tiny_model_dir, arith_jsonl, tmp_path):
+    probe = Records()
+    module = make_module(tiny_model_dir, beta=0.1)
+    trainer = fit(module, data(arith_jsonl), tmp_path, max_steps=2, callbacks=[probe], log_every_n_steps=50)
+    record = probe.records[-1]
+    names = set(record.stats.metrics())
+    assert TRL_METRICS <= names, sorted(TRL_METRICS - names)
+    # every metric of the step is in callback_metrics (ModelCheckpoint / EarlyStopping can monitor it), even
+    # on a step the loggers do not write
+    assert {f"train/{n}" for n in names} <= set(trainer.callback_metrics)
+    assert trainer.callback_metrics["train/reward"].item() == pytest.approx(record.stats.rewards.mean)
+    assert record.advantages.shape == (len(record.rollout),) and record.scores.names == [
+        "exact_match_reward",
+        "length_reward",
+    ]
+
+
+def test_reward_monitor_windows_survive_a_checkpoint(tiny_model_dir, arith_jsonl, tmp_path):
+    monitor = RewardMonitor(window=3)
+    module = make_module(tiny_model_dir)
+    trainer = fit(module, data(arith_jsonl), tmp_path, max_steps=4, callbacks=[monitor], enable_checkpointing=True)
+    ckpt = torch.load(trainer.checkpoint_callback.best_model_path, weights_only=False)
+    restored = RewardMonitor(window=3)
+    restored.load_state_dict(ckpt["callbacks"]["RewardMonitor"])
+    assert {k: list(v) for k, v in restored.windows.items()} == {k: list(v) for k, v in monitor.windows.items()}
+    assert len(restored.windows["reward"]) == 3  # the last 3 of 4 steps
