@@ -23,8 +23,9 @@ def reward_metrics(per_function: Tensor, weights: Tensor, names: list[str], grou
     }
     for i, name in enumerate(names):
         column = per_function[:, i]
-        out[f"rewards/{name}/mean"] = column.nanmean().nan_to_num(0.0).item()
-        out[f"rewards/{name}/std"] = nanstd(column).nan_to_num(0.0).item()
+        scored = not column.isnan().all()  # a function that said None for every row logs NaN, as in TRL
+        out[f"rewards/{name}/mean"] = column.nanmean().item()
+        out[f"rewards/{name}/std"] = nanstd(column).nan_to_num(0.0).item() if scored else float("nan")
     return out
 
 

@@ -46,6 +46,7 @@ class Weighted:
         self.fn, self.weight = fn, float(weight)
         self.__name__ = reward_name(fn)
         self.is_slow = getattr(fn, "is_slow", False)
+        self.is_correctness = getattr(fn, "is_correctness", None)
 
     def _scale(self, values: Sequence[float | None]) -> list[float | None]:
         return [None if v is None else self.weight * v for v in values]
