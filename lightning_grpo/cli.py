@@ -84,18 +84,26 @@ class GRPOArgumentParser(LightningArgumentParser):
 
     def error(self, message: str, ex: Exception | None = None) -> NoReturn:
         parser = getattr(ex, "subcommand_parser", None) or self
-        super().error(message + did_you_mean(message, list(parser._option_string_actions)), ex)
+        subcommands = getattr(parser, "_subcommands_action", None)
+        parsers = [parser, *(subcommands.choices.values() if subcommands else [])]
+        options = [o for p in parsers for o in p._option_string_actions]
+        super().error(message + did_you_mean(message, options), ex)
 
 
 def did_you_mean(message: str, options: list[str]) -> str:
-    """``; did you mean --model.num_generations?`` for each unknown ``--option`` in an error message.
+    """``; did you mean --model.num_generations?`` for each unknown option in an error message, given on the
+    command line (``unrecognized arguments: --model.num_generatons 4``) or in a config file (``Group 'model'
+    does not accept option 'num_generatons'``).
 
     >>> did_you_mean("unrecognized arguments: --model.num_generatons 4", ["--model.num_generations", "--data.x"])
     '; did you mean --model.num_generations?'
+    >>> did_you_mean("Group 'model' does not accept option 'num_generation'", ["--model.num_generations"])
+    '; did you mean --model.num_generations?'
     """
     unknown = re.findall(r"(--[\w.]+)", message.split("arguments:", 1)[-1]) if "arguments:" in message else []
+    unknown += [f"--{g}.{o}" for g, o in re.findall(r"Group '([\w.]+)' does not accept option '([\w.]+)'", message)]
     close = [m for u in unknown if u not in options for m in difflib.get_close_matches(u, options, n=1, cutoff=0.8)]
-    return f"; did you mean {', '.join(close)}?" if close else ""
+    return f"; did you mean {', '.join(dict.fromkeys(close))}?" if close else ""
 
 
 def importable_dirs(argv: list[str]) -> list[str]:

@@ -168,6 +168,14 @@ def test_abbreviations_and_typos_fail_short_with_a_suggestion(flag, suggestion, 
     assert len(err.splitlines()) <= 4, err[:2000]
 
 
+def test_a_typo_in_a_config_file_gets_a_suggestion(tmp_path, capsys):
+    (tmp_path / "typo.yaml").write_text("model:\n  num_generation: 4\n")
+    with pytest.raises(SystemExit) as done:
+        main(["fit", "--config", str(TINY), "--config", str(tmp_path / "typo.yaml"), "--print_config"])
+    assert done.value.code == 2
+    assert "'num_generation'; did you mean --model.num_generations?" in capsys.readouterr().err
+
+
 def test_threads_section_is_configured(capsys):
     with pytest.raises(SystemExit):
         main(["fit", "--config", str(TINY), "--threads.num_threads", "1", "--print_config"])
