@@ -170,11 +170,13 @@ class PromptDataModule(L.LightningDataModule):
         val = None
         if hp.val_split is not None:
             try:
-                val = self._checked(load_any(hp.dataset, hp.val_split, hp.config_name), hp.val_split)
-            except (FileNotFoundError, ValueError, KeyError):
+                val = load_any(hp.dataset, hp.val_split, hp.config_name)
+            except (FileNotFoundError, ValueError, KeyError):  # no such split; a broken one fails below
                 val = None
         if val is None:
             train, val = self._held_out(train)
+        else:
+            val = self._checked(val, hp.val_split)
         if val is not None and hp.max_val_prompts:
             val = val.select(range(min(hp.max_val_prompts, len(val))))
         self.train_data, self.val_data = train, val

@@ -126,3 +126,11 @@ def test_few_shot_goes_after_a_chat_prompts_own_system_message(tmp_path):
 def test_bad_few_shot_turn_is_named():
     with pytest.raises(ValueError, match=r"few_shot\[1\] must be \{role: user\|assistant, content: ...\}"):
         PromptDataModule("x", few_shot=[{"role": "user", "content": "a"}, {"role": "bot", "content": "b"}])
+
+
+def test_a_validation_split_without_the_prompt_column_is_an_error_not_a_fallback(tmp_path):
+    DatasetDict({"train": Dataset.from_list(ROWS), "validation": Dataset.from_list([{"question": "x"}])}).save_to_disk(
+        tmp_path / "d"
+    )
+    with pytest.raises(ValueError, match=r"prompt_column 'prompt' is not a column .* \(validation split\)"):
+        PromptDataModule(str(tmp_path / "d")).setup("fit")
