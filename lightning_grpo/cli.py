@@ -44,7 +44,9 @@ TRAINER_DEFAULTS = {"log_every_n_steps": 1, "num_sanity_val_steps": -1}
 DESCRIPTION = (
     "GRPO fine-tuning of language models with PyTorch Lightning. "
     "`lightning-grpo fit --config CONFIG.yaml` trains; "
-    "`lightning-grpo report RUN_DIR` draws a run's training curves as PNG and HTML."
+    "`lightning-grpo report RUN_DIR` draws a run's training curves as PNG and HTML. "
+    "Import paths in a config (reward_funcs, class_path) also find modules in the working directory and next "
+    "to the config file."
 )
 # jsonargparse lists every known subclass of a type in its help: 628 lines for `model: str | nn.Module` alone.
 KNOWN_SUBCLASSES = re.compile(r", known subclasses: [^)]*")

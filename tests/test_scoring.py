@@ -209,7 +209,13 @@ def test_functions_sharing_a_name_get_distinct_metric_names_and_one_warning():
 def test_accuracy_reward_defaults_to_the_one_correctness_reward():
     from trl.rewards import accuracy_reward
 
-    from lightning_grpo.rewards import exact_match_reward, math_verify_reward, preset, soft_think_format_reward
+    from lightning_grpo.rewards import (
+        exact_match_reward,
+        math_verify_reward,
+        preset,
+        soft_think_format_reward,
+        weighted,
+    )
 
     assert default_accuracy_reward([soft_think_format_reward, exact_match_reward], None) == "exact_match_reward"
     assert default_accuracy_reward([accuracy_reward, length_reward], None) == "accuracy_reward"
@@ -218,6 +224,7 @@ def test_accuracy_reward_defaults_to_the_one_correctness_reward():
     assert default_accuracy_reward([length_reward], None) is None  # none: no accuracy reported
     assert default_accuracy_reward([exact_match_reward, math_verify_reward], None) is None  # two: ambiguous
     assert default_accuracy_reward([exact_match_reward, length_reward], "length_reward") == "length_reward"
+    assert default_accuracy_reward([weighted(exact_match_reward, 0.5)], None) is None  # full marks are 0.5 now
 
 
 def test_missing_accuracy_reward_names_the_fix():
