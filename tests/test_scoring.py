@@ -232,3 +232,44 @@ def test_missing_accuracy_reward_names_the_fix():
 
     with pytest.raises(ValueError, match=r"got 'accuracy_reward': set it to 'exact_match_reward', the correctness"):
         default_accuracy_reward([exact_match_reward, length_reward], "accuracy_reward")
+
+
+def self_timed_reward(completions, **kwargs):
+    """Times itself as math-verify does (``signal.alarm``): 0.0 for a computation that runs too long."""
+    from math_verify.errors import TimeoutException
+    from math_verify.utils import timeout
+
+    @timeout(timeout_seconds=1)
+    def forever():
+        while True:
+            pass
+
+    try:
+        forever()
+    except TimeoutException:
+        return [0.0] * len(completions)
+    return [1.0] * len(completions)
+
+
+def test_a_functions_own_signal_alarm_still_fires_under_reward_timeout():
+    start = time.perf_counter()
+    scores = score_rollout([self_timed_reward], [1.0], make_rollout(["a", "b"]), {}, timeout=20)
+    assert scores.per_function[:, 0].tolist() == [0.0, 0.0] and time.perf_counter() - start < 5
+
+
+def test_trls_accuracy_reward_keeps_its_timeouts_under_reward_timeout():
+    import threading
+
+    from trl.rewards import accuracy_reward
+
+    threads = []
+
+    def trl_accuracy_reward(**kwargs):  # TRL turns math-verify's timeouts off when it is not on the main thread
+        threads.append(threading.current_thread())
+        return accuracy_reward(**kwargs)
+
+    completions = [[{"role": "assistant", "content": text}] for text in ("\\boxed{\\frac{1}{2}}", "$3$")]
+    solution = {"solution": ["$\\frac{1}{2}$"]}
+    scores = score_rollout([trl_accuracy_reward], [1.0], make_rollout(completions), solution, timeout=30)
+    assert scores.per_function[:, 0].tolist() == [1.0, 0.0]
+    assert threads == [threading.main_thread()]
