@@ -53,6 +53,7 @@ KNOWN_SUBCLASSES = re.compile(r", known subclasses: [^)]*")
 TYPE = re.compile(r"type: .*?(, default: |\)$)")
 RST = re.compile(r":\w+:`~?([^`]+)`|``([^`]+)``")  # :class:`x` and ``x`` -> `x`
 FIRST_SENTENCE = re.compile(r"(?<=[.!?])\s+(?=[^a-z(])")
+HELP_OPTION = "Show the help for the given subclass of "
 USAGE = "%(prog)s [-h] [-c CONFIG] [--print_config] [--SECTION.KEY VALUE ...]"
 
 
@@ -67,10 +68,8 @@ class HelpFormatter(DefaultHelpFormatter):
         if action.default is None:
             text = text.replace(" (default: %(default)s)", "")
         text = RST.sub(lambda m: f"`{m.group(1) or m.group(2)}`", text)
-        if text.startswith("Show the help for the given subclass of "):  # the `--X.help CLASS` options
-            return "options of one " + text.removeprefix("Show the help for the given subclass of ").removesuffix(
-                " and exit."
-            )
+        if text.startswith(HELP_OPTION):  # the `--X.help CLASS` options
+            return "options of one " + text.removeprefix(HELP_OPTION).removesuffix(" and exit.")
         doc, paren, details = text.rpartition(" (") if text.endswith(")") else (text, "", "")
         return FIRST_SENTENCE.split(doc, maxsplit=1)[0] + paren + details
 
