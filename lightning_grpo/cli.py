@@ -1,18 +1,30 @@
 """``lightning-grpo fit --config config.yaml``: LightningCLI over GRPOModule and PromptDataModule.
 
 ``lightning-grpo report RUN_DIR``: training curves as PNG and HTML.
+``python -m lightning_grpo`` runs the same CLI when the console script is not on PATH.
 
 Every constructor argument is a config key with its docstring as ``--help``. Always on, each with its own
 config section: the run summary (``summary:``), the Hugging Face export (``export:``), the reward monitor
 (``reward_monitor:``), the mode-collapse and KL alerts (``collapse_alert:``, ``kl_alert:``, action ``warn``),
-the sample logger (``samples:``) and the preemption checkpoint (``preemption:``: SIGTERM or Ctrl+C save
-``checkpoints/last.ckpt`` and exit). Other callbacks go under ``trainer.callbacks``.
+the sample logger (``samples:``), the preemption checkpoint (``preemption:``: SIGTERM or Ctrl+C save
+``checkpoints/last.ckpt`` and exit) and torch's threads per process (``threads:``). Other callbacks go under
+``trainer.callbacks``.
+
+Import paths in a config (``class_path: my_rewards.MyReward``, ``reward_funcs: [my_rewards.f]``) also find
+modules in the working directory and next to each ``--config`` file, as ``python script.py`` would; they come
+after the installed packages, so they never shadow one. Options are never abbreviated: ``--model.num_generation``
+is an error naming ``--model.num_generations``, not a silent match.
 """
 
 from __future__ import annotations
 
+import difflib
+import re
 import sys
+from pathlib import Path
+from typing import Any, NoReturn
 
+from jsonargparse import DefaultHelpFormatter
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
 
 from lightning_grpo.callbacks import (
@@ -24,10 +36,90 @@ from lightning_grpo.callbacks import (
     RewardMonitor,
     RunSummary,
 )
+from lightning_grpo.callbacks.threads import TorchThreads
 from lightning_grpo.data import PromptDataModule
 from lightning_grpo.module import GRPOModule
 
 TRAINER_DEFAULTS = {"log_every_n_steps": 1, "num_sanity_val_steps": -1}
+DESCRIPTION = (
+    "GRPO fine-tuning of language models with PyTorch Lightning. "
+    "`lightning-grpo fit --config CONFIG.yaml` trains; "
+    "`lightning-grpo report RUN_DIR` draws a run's training curves as PNG and HTML. "
+    "Import paths in a config (reward_funcs, class_path) also find modules in the working directory and next "
+    "to the config file."
+)
+# jsonargparse lists every known subclass of a type in its help: 628 lines for `model: str | nn.Module` alone.
+KNOWN_SUBCLASSES = re.compile(r", known subclasses: [^)]*")
+TYPE = re.compile(r"type: .*?(, default: |\)$)")
+RST = re.compile(r":\w+:`~?([^`]+)`|``([^`]+)``")  # :class:`x` and ``x`` -> `x`
+FIRST_SENTENCE = re.compile(r"(?<=[.!?])\s+(?=[^a-z(])")
+HELP_OPTION = "Show the help for the given subclass of "
+USAGE = "%(prog)s [-h] [-c CONFIG] [--print_config] [--SECTION.KEY VALUE ...]"
+
+
+class HelpFormatter(DefaultHelpFormatter):
+    """``--help`` that fits on a few screens: each option's first sentence and default (choices show in the
+    metavar), no lists of known subclasses (``--model.model.help CLASS`` still shows a class's options). The
+    docstrings hold the rest."""
+
+    def _get_help_string(self, action: Any) -> str:
+        text = KNOWN_SUBCLASSES.sub("", super()._get_help_string(action))
+        text = TYPE.sub(lambda m: m.group(1).lstrip(", "), text)
+        if action.default is None:
+            text = text.replace(" (default: %(default)s)", "")
+        text = RST.sub(lambda m: f"`{m.group(1) or m.group(2)}`", text)
+        if text.startswith(HELP_OPTION):  # the `--X.help CLASS` options
+            return "options of one " + text.removeprefix(HELP_OPTION).removesuffix(" and exit.")
+        doc, paren, details = text.rpartition(" (") if text.endswith(")") else (text, "", "")
+        return FIRST_SENTENCE.split(doc, maxsplit=1)[0] + paren + details
+
+
+class GRPOArgumentParser(LightningArgumentParser):
+    """Full option names only, a one-line usage on errors, and a did-you-mean for a mistyped option."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        kwargs.setdefault("allow_abbrev", False)  # --model.num_generation must not set num_generations
+        kwargs.setdefault("formatter_class", HelpFormatter)
+        kwargs.setdefault("usage", USAGE)  # the generated one lists every option: 130 lines above an error
+        super().__init__(*args, **kwargs)
+
+    def error(self, message: str, ex: Exception | None = None) -> NoReturn:
+        parser = getattr(ex, "subcommand_parser", None) or self
+        subcommands = getattr(parser, "_subcommands_action", None)
+        parsers = [parser, *(subcommands.choices.values() if subcommands else [])]
+        options = [o for p in parsers for o in p._option_string_actions]
+        super().error(message + did_you_mean(message, options), ex)
+
+
+def did_you_mean(message: str, options: list[str]) -> str:
+    """``; did you mean --model.num_generations?`` for each unknown option in an error message, given on the
+    command line (``unrecognized arguments: --model.num_generatons 4``) or in a config file (``Group 'model'
+    does not accept option 'num_generatons'``).
+
+    >>> did_you_mean("unrecognized arguments: --model.num_generatons 4", ["--model.num_generations", "--data.x"])
+    '; did you mean --model.num_generations?'
+    >>> did_you_mean("Group 'model' does not accept option 'num_generation'", ["--model.num_generations"])
+    '; did you mean --model.num_generations?'
+    """
+    unknown = re.findall(r"(--[\w.]+)", message.split("arguments:", 1)[-1]) if "arguments:" in message else []
+    unknown += [f"--{g}.{o}" for g, o in re.findall(r"Group '([\w.]+)' does not accept option '([\w.]+)'", message)]
+    close = [m for u in unknown if u not in options for m in difflib.get_close_matches(u, options, n=1, cutoff=0.8)]
+    return f"; did you mean {', '.join(dict.fromkeys(close))}?" if close else ""
+
+
+def importable_dirs(argv: list[str]) -> list[str]:
+    """The working directory and the directory of every ``--config`` / ``-c`` file, appended to ``sys.path``
+    (after the installed packages) so a config's import paths find ``my_rewards.py`` next to it."""
+    configs = [b for a, b in zip(argv, argv[1:]) if a in ("--config", "-c")]
+    configs += [a.split("=", 1)[1] for a in argv if a.startswith("--config=")]
+    dirs = [str(Path.cwd())] + [str(Path(c).resolve().parent) for c in configs if Path(c).is_file()]
+    added = [d for d in dict.fromkeys(dirs) if d not in sys.path]
+    sys.path.extend(added)
+    return added
+
+
+def parser_kwargs() -> dict[str, Any]:
+    return {"description": DESCRIPTION, "prog": "lightning-grpo", "usage": None}  # None: subcommands in usage
 
 
 class GRPOCLI(LightningCLI):
@@ -46,6 +138,7 @@ class GRPOCLI(LightningCLI):
         parser.add_lightning_class_args(KLAlert, "kl_alert")
         parser.add_lightning_class_args(CompletionSampleLogger, "samples")
         parser.add_lightning_class_args(PreemptionCheckpoint, "preemption")
+        parser.add_lightning_class_args(TorchThreads, "threads")
 
 
 def report_main(args: list[str]) -> None:
@@ -64,11 +157,15 @@ def main(args: list[str] | None = None) -> None:
     if argv[:1] == ["report"]:
         report_main(argv[1:])
         return
+    importable_dirs(argv)
     GRPOCLI(
         GRPOModule,
         PromptDataModule,
         trainer_defaults=TRAINER_DEFAULTS,
         save_config_kwargs={"overwrite": True},
+        parser_class=GRPOArgumentParser,
+        parser_kwargs=parser_kwargs(),
+        auto_configure_optimizers=False,  # the module builds its own: see model.optimizer
         args=args,  # None: LightningCLI reads sys.argv itself
     )
 

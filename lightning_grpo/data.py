@@ -2,6 +2,7 @@
 
 Every column other than the prompt is forwarded, per row, to the reward functions (``answer``, ``solution``,
 test cases ...). The chat template is applied later, by the rollout stage, which owns the tokenizer.
+Validation rows are never training rows: without a validation split, some training rows are held out.
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import lightning as L
+from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
 from torch.utils.data import DataLoader
 from torchdata.stateful_dataloader import StatefulDataLoader
 
@@ -33,7 +35,11 @@ def load_any(source: str, split: str, name: str | None = None) -> Dataset:
     path = Path(source)
     if path.is_dir() and ((path / "dataset_dict.json").exists() or (path / "dataset_info.json").exists()):
         loaded = load_from_disk(str(path))
-        return loaded[split] if isinstance(loaded, DatasetDict) else loaded
+        if isinstance(loaded, DatasetDict):
+            return loaded[split]
+        if split != "train":  # a plain Dataset is one split: serving it as validation too would reuse its rows
+            raise FileNotFoundError(f"dataset {source!r} is one Dataset, the 'train' split, not {split!r}")
+        return loaded
     if path.is_dir():
         files = sorted(p for p in path.glob(f"{split}.*") if p.suffix in FILE_FORMATS)
         if not files:
@@ -50,27 +56,78 @@ def load_any(source: str, split: str, name: str | None = None) -> Dataset:
     return load_dataset(source, name, split=split)
 
 
-def with_system_prompt(prompt: Any, system_prompt: str | None) -> Any:
-    """Prepend a system message to a chat prompt; plain text prompts are left as they are."""
-    if system_prompt is None or not isinstance(prompt, list) or (prompt and prompt[0].get("role") == "system"):
+Message = dict[str, str]
+
+
+def as_chat(prompt: Any, system_prompt: str | None, few_shot: list[Message] | None) -> Any:
+    """The prompt with the system message and few-shot turns in front, as chat messages.
+
+    A plain-text prompt becomes the user message (as open-r1 does), so the tokenizer's chat template formats
+    all of it; without a system prompt or few-shot turns it stays plain text. A chat prompt's own system
+    message is kept (``system_prompt`` does not replace it); few-shot turns go after it.
+
+    >>> as_chat("2+2=", "Be brief.", [{"role": "user", "content": "1+1="}, {"role": "assistant", "content": "2"}])
+    [{'role': 'system', 'content': 'Be brief.'}, {'role': 'user', 'content': '1+1='}, \
+{'role': 'assistant', 'content': '2'}, {'role': 'user', 'content': '2+2='}]
+    """
+    if system_prompt is None and not few_shot:
         return prompt
-    return [{"role": "system", "content": system_prompt}, *prompt]
+    messages = list(prompt) if isinstance(prompt, list) else [{"role": "user", "content": prompt}]
+    system = messages[:1] if messages and messages[0].get("role") == "system" else []
+    if not system and system_prompt is not None:
+        system = [{"role": "system", "content": system_prompt}]
+    rest = messages[1:] if messages and messages[0].get("role") == "system" else messages
+    return [*system, *(few_shot or []), *rest]
+
+
+def check_few_shot(few_shot: list[Message] | None) -> None:
+    for i, turn in enumerate(few_shot or []):
+        if not isinstance(turn, dict) or set(turn) != {"role", "content"} or turn["role"] not in ("user", "assistant"):
+            raise ValueError(
+                f"few_shot[{i}] must be {{role: user|assistant, content: ...}}, got {turn!r}: "
+                "few-shot turns are example user questions and assistant answers"
+            )
+
+
+def held_out_size(val_size: int | float | None, n: int) -> int:
+    """Rows to hold out of ``n`` training rows: ``val_size`` rows, a fraction of them, or by default 5% (at
+    least 1, at most 500); always leaving one to train on."""
+    if val_size is None:
+        size = min(max(1, round(0.05 * n)), 500)
+    elif isinstance(val_size, float) and 0 < val_size < 1:
+        size = max(1, round(val_size * n))
+    else:
+        size = int(val_size)
+    return min(size, n - 1)
 
 
 class PromptDataModule(L.LightningDataModule):
     """Prompts for GRPO from any dataset, with every other column kept for the reward functions.
+
+    Validation rows are never training rows. With the default settings, a dataset without a ``validation``
+    split (a single file, a plain ``save_to_disk`` Dataset) holds out 5% of its training rows for validation
+    and says so in one line; ``val_size`` sets how many; ``val_split: null`` without ``val_size`` turns
+    validation off (said in one line too).
 
     Args:
         dataset: Hugging Face dataset name, a ``save_to_disk`` directory, a JSON/JSONL/CSV/Parquet file, or a
             directory holding ``train.jsonl`` (and ``validation.jsonl``).
         batch_size: prompts per step on each rank (B). Each prompt is sampled ``num_generations`` times, so a
             step on one rank holds ``batch_size * num_generations`` completions.
-        prompt_column: the column holding a string or a list of chat messages.
-        system_prompt: prepended as a system message to chat prompts.
+        prompt_column: the column holding a string or a list of chat messages (``[{role, content}, ...]``).
+        system_prompt: a system message put in front of every prompt. A plain-text prompt then becomes the
+            user message of a chat, formatted by the tokenizer's chat template (which it must have); a chat
+            prompt that has its own system message keeps it.
+        few_shot: example turns put after the system message and before the prompt, e.g.
+            ``[{role: user, content: "1+1="}, {role: assistant, content: "2"}]``; plain-text prompts become chat
+            messages, as with ``system_prompt``.
         config_name: the dataset's configuration name on the hub (e.g. ``"main"`` for gsm8k).
         train_split: split to train on.
-        val_split: split reported on during validation; ``None`` for no validation.
-        val_size: when ``val_split`` is absent from the dataset, hold out this many training rows instead.
+        val_split: split to validate on. When the dataset has no such split, ``val_size`` training rows are
+            held out instead. ``null``: do not look for one (validation only from ``val_size``).
+        val_size: training rows held out for validation when ``val_split`` is missing or ``null``: a number of
+            rows, or a fraction below 1. Unset: 5% of the rows (at least 1, at most 500), or none when
+            ``val_split`` is ``null``. 0: no validation.
         max_val_prompts: use at most this many validation prompts.
         num_workers: DataLoader workers.
         split_seed: shuffling seed for the held-out split.
@@ -82,10 +139,11 @@ class PromptDataModule(L.LightningDataModule):
         batch_size: int = 8,
         prompt_column: str = "prompt",
         system_prompt: str | None = None,
+        few_shot: list[dict[str, str]] | None = None,
         config_name: str | None = None,
         train_split: str = "train",
         val_split: str | None = "validation",
-        val_size: int = 0,
+        val_size: int | float | None = None,
         max_val_prompts: int | None = None,
         num_workers: int = 0,
         split_seed: int = 0,
@@ -93,6 +151,14 @@ class PromptDataModule(L.LightningDataModule):
         super().__init__()
         if batch_size < 1:
             raise ValueError(f"batch_size (prompts per step) must be >= 1, got {batch_size}")
+        if val_split is not None and val_split == train_split:
+            raise ValueError(
+                f"val_split and train_split are both {val_split!r}: validation rows must not be training rows; "
+                "set val_split: null and val_size to hold some out"
+            )
+        if val_size is not None and val_size < 0:
+            raise ValueError(f"val_size must be a number of rows, a fraction below 1, or 0, got {val_size}")
+        check_few_shot(few_shot)
         self.save_hyperparameters()
         self.train_data: Dataset | None = None
         self.val_data: Dataset | None = None
@@ -105,14 +171,33 @@ class PromptDataModule(L.LightningDataModule):
         val = None
         if hp.val_split is not None:
             try:
-                val = self._checked(load_any(hp.dataset, hp.val_split, hp.config_name), hp.val_split)
-            except (FileNotFoundError, ValueError, KeyError):
-                if hp.val_size:
-                    parts = train.train_test_split(test_size=hp.val_size, seed=hp.split_seed)
-                    train, val = parts["train"], parts["test"]
+                val = load_any(hp.dataset, hp.val_split, hp.config_name)
+            except (FileNotFoundError, ValueError, KeyError):  # no such split; a broken one fails below
+                val = None
+        if val is None:
+            train, val = self._held_out(train)
+        else:
+            val = self._checked(val, hp.val_split)
         if val is not None and hp.max_val_prompts:
             val = val.select(range(min(hp.max_val_prompts, len(val))))
         self.train_data, self.val_data = train, val
+
+    def _held_out(self, train: Dataset) -> tuple[Dataset, Dataset | None]:
+        """``(train, val)`` with ``val`` carved out of ``train``, or ``(train, None)`` said out loud."""
+        hp = self.hparams
+        missing = f"dataset {hp.dataset!r} has no {hp.val_split!r} split" if hp.val_split else "val_split is null"
+        opted_out = hp.val_split is None and not hp.val_size
+        size = 0 if opted_out else held_out_size(hp.val_size, len(train))
+        if size < 1:  # loud unless asked for
+            say = rank_zero_info if opted_out else rank_zero_warn
+            say(f"No validation: {missing} and no rows are held out (set data.val_size to hold some out).")
+            return train, None
+        parts = train.train_test_split(test_size=size, seed=hp.split_seed)
+        rank_zero_info(
+            f"Validation: {missing}, so {size} of its {len(train)} training rows are held out for validation "
+            "(data.val_size; 0 for none)."
+        )
+        return parts["train"], parts["test"]
 
     def _checked(self, data: Dataset, split: str) -> Dataset:
         column = self.hparams.prompt_column
@@ -126,8 +211,9 @@ class PromptDataModule(L.LightningDataModule):
         return data
 
     def collate(self, rows: list[dict[str, Any]]) -> PromptBatch:
-        column, system = self.hparams.prompt_column, self.hparams.system_prompt
-        prompts = [with_system_prompt(r[column], system) for r in rows]
+        hp = self.hparams
+        column = hp.prompt_column
+        prompts = [as_chat(r[column], hp.system_prompt, hp.few_shot) for r in rows]
         columns = {k: [r[k] for r in rows] for k in rows[0] if k != column}
         return PromptBatch(prompts=prompts, columns=columns)
 

@@ -22,8 +22,13 @@ def reward_stats(per_function: Tensor, weights: Tensor, names: list[str], group_
         std=nanstd(total).nan_to_num(0.0).item(),
         frac_zero_std=zero_std_fraction(total.view(-1, group_size)),
         function_means={name: per_function[:, i].nanmean().item() for i, name in enumerate(names)},
-        function_stds={name: nanstd(per_function[:, i]).item() for i, name in enumerate(names)},
+        function_stds={name: _function_std(per_function[:, i]) for i, name in enumerate(names)},
     )
+
+
+def _function_std(column: Tensor) -> float:
+    """Std of one function's [N] scores; NaN when it said None for every row, as in TRL."""
+    return nanstd(column).nan_to_num(0.0).item() if not column.isnan().all() else float("nan")
 
 
 def length_stats(lengths: Tensor, is_truncated: Tensor) -> LengthStats:

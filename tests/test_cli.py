@@ -1,6 +1,9 @@
 """The CLI: every shipped YAML parses, and a short real run goes through `lightning-grpo fit`."""
 
 import json
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -9,6 +12,7 @@ import yaml
 from lightning_grpo.cli import main
 
 ROOT = Path(__file__).resolve().parents[1]
+TINY = ROOT / "templates" / "tiny_cpu.yaml"
 CONFIGS = sorted((ROOT / "templates").glob("*.yaml")) + sorted((ROOT / "examples").glob("*.yaml"))
 
 
@@ -76,12 +80,11 @@ def test_bad_value_fails_before_training(tmp_path, capsys):  # exit 2 with the m
 
 def test_console_script_exits_zero(tmp_path):
     """`sys.exit(main())` in the console script: a successful run must exit with status 0."""
-    import shutil
-    import subprocess
-
     proc = subprocess.run(
         [
-            shutil.which("lightning-grpo"),
+            sys.executable,  # what the console script runs, without needing it on PATH
+            "-c",
+            "import sys; from lightning_grpo.cli import main; sys.exit(main())",
             "fit",
             "--config",
             str(ROOT / "templates" / "tiny_cpu.yaml"),
@@ -100,3 +103,116 @@ def test_console_script_exits_zero(tmp_path):
     )
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert "not recommended to provide both args and command line arguments" not in proc.stderr
+
+
+def run_cli(args: list[str], cwd: Path, entry: list[str] | None = None) -> subprocess.CompletedProcess:
+    """The real CLI in a fresh interpreter: ``python -m lightning_grpo.cli`` (no console script on PATH needed)."""
+    entry = entry or [sys.executable, "-m", "lightning_grpo.cli"]
+    env = {**os.environ, "COLUMNS": "80", "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
+    return subprocess.run([*entry, *args], cwd=cwd, env=env, capture_output=True, text=True, timeout=300)
+
+
+MY_REWARDS = "def my_reward(completions, **kwargs):\n    return [1.0 for _ in completions]\n"
+
+
+def test_a_reward_module_next_to_the_config_is_importable(tmp_path):
+    # `python -m` puts the working directory on sys.path, not the config's directory: that one is ours to add.
+    (tmp_path / "exp").mkdir()
+    (tmp_path / "exp" / "my_rewards.py").write_text(MY_REWARDS)
+    (tmp_path / "exp" / "config.yaml").write_text("model:\n  reward_funcs: [my_rewards.my_reward]\n")
+    args = ["fit", "--config", str(ROOT / "templates" / "tiny_cpu.yaml"), "--config", "exp/config.yaml"]
+    proc = run_cli([*args, "--print_config"], cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "my_rewards.my_reward" in proc.stdout
+
+
+def test_a_reward_module_in_the_working_directory_is_importable(tmp_path):
+    # A console script's sys.path starts with its own bin/ directory, not the working directory.
+    (tmp_path / "my_rewards.py").write_text(MY_REWARDS)
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "lightning-grpo").write_text("from lightning_grpo.cli import main\nmain()\n")
+    args = ["fit", "--config", str(TINY), "--model.reward_funcs", "[my_rewards.my_reward]"]
+    proc = run_cli([*args, "--print_config"], cwd=tmp_path, entry=[sys.executable, str(bin_dir / "lightning-grpo")])
+    assert proc.returncode == 0, proc.stderr[-2000:]
+
+
+def test_python_dash_m_runs_the_cli(tmp_path):
+    proc = run_cli(["--help"], cwd=tmp_path, entry=[sys.executable, "-m", "lightning_grpo"])
+    assert proc.returncode == 0 and "usage: lightning-grpo" in proc.stdout
+
+
+def test_top_level_help_names_report(capsys):
+    with pytest.raises(SystemExit):
+        main(["--help"])
+    assert "lightning-grpo report RUN_DIR" in capsys.readouterr().out
+
+
+def test_fit_help_fits_on_a_few_screens(capsys, monkeypatch):
+    monkeypatch.setenv("COLUMNS", "80")
+    with pytest.raises(SystemExit):
+        main(["fit", "--help"])
+    out = capsys.readouterr().out
+    assert len(out.splitlines()) < 450, "fit --help grew: was 1,565 lines before the known subclasses went"
+    assert "known subclasses" not in out and "torch.nn.Identity" not in out
+    assert "--model.num_generations" in out and "--data.few_shot" in out
+
+
+@pytest.mark.parametrize(
+    "flag,suggestion",
+    [("--model.num_generation", "--model.num_generations"), ("--model.num_generatons", "--model.num_generations")],
+)
+def test_abbreviations_and_typos_fail_short_with_a_suggestion(flag, suggestion, capsys):
+    with pytest.raises(SystemExit) as done:
+        main(["fit", "--config", str(ROOT / "templates" / "tiny_cpu.yaml"), flag, "4", "--print_config"])
+    assert done.value.code == 2
+    err = capsys.readouterr().err
+    assert f"unrecognized arguments: {flag} 4; did you mean {suggestion}?" in err
+    assert len(err.splitlines()) <= 4, err[:2000]
+
+
+def test_a_typo_in_a_config_file_gets_a_suggestion(tmp_path, capsys):
+    (tmp_path / "typo.yaml").write_text("model:\n  num_generation: 4\n")
+    with pytest.raises(SystemExit) as done:
+        main(["fit", "--config", str(TINY), "--config", str(tmp_path / "typo.yaml"), "--print_config"])
+    assert done.value.code == 2
+    assert "'num_generation'; did you mean --model.num_generations?" in capsys.readouterr().err
+
+
+def test_threads_section_is_configured(capsys):
+    with pytest.raises(SystemExit):
+        main(["fit", "--config", str(TINY), "--threads.num_threads", "1", "--print_config"])
+    assert yaml.safe_load(capsys.readouterr().out)["threads"] == {"num_threads": 1}
+
+
+def test_system_prompt_and_few_shot_from_yaml_reach_the_model(tmp_path):
+    (tmp_path / "chat.yaml").write_text(
+        "data:\n"
+        "  system_prompt: Answer with one digit.\n"
+        "  few_shot:\n"
+        "    - {role: user, content: 'max(1,2,3)='}\n"
+        "    - {role: assistant, content: '3'}\n"
+    )
+    main(
+        [
+            "fit",
+            "--config",
+            str(ROOT / "templates" / "tiny_cpu.yaml"),
+            "--config",
+            str(tmp_path / "chat.yaml"),
+            "--trainer.max_steps",
+            "1",
+            "--trainer.limit_val_batches",
+            "0",
+            "--trainer.num_sanity_val_steps",
+            "0",
+            "--trainer.default_root_dir",
+            str(tmp_path),
+            "--model.num_generations",
+            "2",
+            "--data.batch_size",
+            "2",
+        ]
+    )
+    sample = json.loads(next(tmp_path.glob("lightning_logs/version_*/samples.jsonl")).read_text().splitlines()[0])
+    assert sample["prompt"].startswith("system: Answer with one digit.\nuser: max(1,2,3)=\nassistant: 3\nuser: max(")

@@ -69,3 +69,68 @@ def test_empty_dataset_is_refused(tmp_path):
 def test_bad_batch_size_is_named():
     with pytest.raises(ValueError, match="batch_size \\(prompts per step\\) must be >= 1, got 0"):
         PromptDataModule("x", batch_size=0)
+
+
+def held_out(dm) -> tuple[set, set]:
+    dm.setup("fit")
+    return set(dm.train_data["prompt"]), set(dm.val_data["prompt"]) if dm.val_data is not None else set()
+
+
+def test_null_val_split_with_val_size_holds_rows_out(arith_jsonl):  # it used to turn validation off silently
+    train, val = held_out(PromptDataModule(arith_jsonl, val_split=None, val_size=4))
+    assert len(train) == 12 and len(val) == 4 and not train & val
+
+
+def test_plain_saved_dataset_is_not_validated_on_its_training_rows(tmp_path, caplog):
+    Dataset.from_list([{"prompt": f"{i}+1="} for i in range(40)]).save_to_disk(tmp_path / "d")
+    with caplog.at_level("INFO"):
+        train, val = held_out(PromptDataModule(str(tmp_path / "d")))
+    assert len(val) == 2 and len(train) == 38 and not train & val  # 5% by default
+    assert "has no 'validation' split, so 2 of its 40 training rows are held out" in caplog.text
+
+
+def test_single_file_holds_out_rows_by_default_and_says_so(arith_jsonl, caplog):
+    with caplog.at_level("INFO"):
+        train, val = held_out(PromptDataModule(arith_jsonl, val_size=0.25))
+    assert len(val) == 4 and not train & val
+    assert caplog.text.count("held out for validation") == 1
+
+
+def test_no_validation_is_said_out_loud(arith_jsonl):
+    with pytest.warns(UserWarning, match="No validation: dataset .* has no 'validation' split and no rows are held"):
+        assert held_out(PromptDataModule(arith_jsonl, val_size=0))[1] == set()
+
+
+def test_validating_on_the_training_split_is_refused():
+    with pytest.raises(ValueError, match="val_split and train_split are both 'train'"):
+        PromptDataModule("x", val_split="train")
+
+
+def test_system_prompt_and_few_shot_apply_to_plain_text_prompts(arith_jsonl):
+    shots = [{"role": "user", "content": "1+1="}, {"role": "assistant", "content": "2"}]
+    dm = PromptDataModule(arith_jsonl, batch_size=1, system_prompt="Add.", few_shot=shots, val_split=None)
+    prompt = batches(dm).prompts[0]
+    assert prompt[:3] == [{"role": "system", "content": "Add."}, *shots]
+    assert prompt[3]["role"] == "user" and prompt[3]["content"].endswith("=") and len(prompt) == 4
+
+
+def test_few_shot_goes_after_a_chat_prompts_own_system_message(tmp_path):
+    path = tmp_path / "chat.jsonl"
+    chat = [{"role": "system", "content": "Mine."}, {"role": "user", "content": "hi"}]
+    path.write_text(json.dumps({"prompt": chat}) + "\n")
+    shot = [{"role": "user", "content": "yo"}, {"role": "assistant", "content": "hey"}]
+    dm = PromptDataModule(str(path), batch_size=1, system_prompt="Theirs.", few_shot=shot, val_split=None)
+    assert batches(dm).prompts[0] == [chat[0], *shot, chat[1]]
+
+
+def test_bad_few_shot_turn_is_named():
+    with pytest.raises(ValueError, match=r"few_shot\[1\] must be \{role: user\|assistant, content: ...\}"):
+        PromptDataModule("x", few_shot=[{"role": "user", "content": "a"}, {"role": "bot", "content": "b"}])
+
+
+def test_a_validation_split_without_the_prompt_column_is_an_error_not_a_fallback(tmp_path):
+    DatasetDict({"train": Dataset.from_list(ROWS), "validation": Dataset.from_list([{"question": "x"}])}).save_to_disk(
+        tmp_path / "d"
+    )
+    with pytest.raises(ValueError, match=r"prompt_column 'prompt' is not a column .* \(validation split\)"):
+        PromptDataModule(str(tmp_path / "d")).setup("fit")

@@ -15,10 +15,10 @@ would run them (a block may read what an earlier one wrote):
 from __future__ import annotations
 
 import inspect
+import os
 import re
 import runpy
 import shlex
-import shutil
 import subprocess
 import sys
 from dataclasses import dataclass
@@ -42,6 +42,8 @@ from lightning_grpo.cli import main
 ROOT = Path(__file__).resolve().parents[1]
 DOCS = [ROOT / "SKILL.md", ROOT / "README.md"]
 TINY_CONFIG = ROOT / "templates" / "tiny_cpu.yaml"
+# `lightning-grpo` in a subprocess, found without the console script on PATH (a venv that is not activated).
+CLI = [sys.executable, "-m", "lightning_grpo.cli"]
 SKIPPED = {  # command prefix -> why it is not run here
     "pip install": "installs packages",
     "python -m venv": "creates an environment",
@@ -166,9 +168,7 @@ def fit_tiny(args: list[str], cwd: Path) -> Path:
     root_dir = cwd / default
     full = ["fit", *args, *tiny_overrides(config, root_dir)]
     if is_multiprocess_cpu(config):  # DDP re-runs the command for the other ranks: not pytest's
-        proc = subprocess.run(
-            [shutil.which("lightning-grpo"), *full], cwd=cwd, capture_output=True, text=True, timeout=600
-        )
+        proc = subprocess.run([*CLI, *full], cwd=cwd, capture_output=True, text=True, timeout=600)
         assert proc.returncode == 0, proc.stderr[-3000:]
     else:
         main(full)
@@ -306,3 +306,9 @@ def test_skill_names_real_settings_and_files():
         assert name in inspect.signature(CONFIG_SECTIONS[section].__init__).parameters, f"{section}.{name}"
     for path in set(re.findall(r"(?:templates|examples|tests)/\w+\.(?:py|yaml)", text)):
         assert (ROOT / path).exists(), path
+
+
+def test_the_cli_runs_without_the_console_script_on_path(tmp_path):
+    env = {**os.environ, "PATH": os.defpath}  # as from `/path/to/venv/bin/python -m pytest`, venv not activated
+    proc = subprocess.run([*CLI, "fit", "--help"], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-2000:]

@@ -59,10 +59,11 @@ def test_two_async_functions_overlap_and_keep_order():
 def test_async_slow_and_plain_functions_mixed():
     funcs = [plain_reward, first_async_reward, slow_sync_reward, AsyncJudge(), plain_reward]
     start = time.monotonic()
-    scores = score_rollout(funcs, [1.0] * 5, make_rollout(["a", "b"]), {})
+    with pytest.warns(UserWarning, match="share a name"):
+        scores = score_rollout(funcs, [1.0] * 5, make_rollout(["a", "b"]), {})
     assert time.monotonic() - start < 0.9  # three 0.5 s functions at once
     assert scores.per_function[0].tolist() == [4.0, 1.0, 3.0, 5.0, 4.0]
-    assert scores.names == ["plain_reward", "first_async_reward", "slow_sync_reward", "async_judge", "plain_reward"]
+    assert scores.names == ["plain_reward", "first_async_reward", "slow_sync_reward", "async_judge", "plain_reward_2"]
 
 
 def test_works_when_the_caller_already_runs_an_event_loop():

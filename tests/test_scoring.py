@@ -1,11 +1,18 @@
 import asyncio
+import functools
 import math
 import time
 
 import pytest
 from helpers import make_rollout
 
-from lightning_grpo.rewards.scoring import check_reward_weights, score_rollout
+from lightning_grpo.rewards.scoring import (
+    check_reward_weights,
+    default_accuracy_reward,
+    reward_names,
+    score_rollout,
+    trl_trainer_state,
+)
 
 
 def length_reward(completions, **kwargs):
@@ -133,3 +140,136 @@ def test_fast_reward_within_timeout_and_own_timeouterror_is_not_ours():
 def test_bad_timeout_is_named():
     with pytest.raises(ValueError, match=r"reward_timeout must be a positive number of seconds or None, got 0"):
         score_rollout([length_reward], [1.0], make_rollout(["a"]), {}, timeout=0)
+
+
+def open_r1_accuracy_reward(completions, solution, **kwargs):
+    """open-r1's accuracy reward, shortened: math-verify with its default ``signal.alarm`` timeouts."""
+    from math_verify import parse, verify
+
+    return [float(verify(parse(s), parse(c))) for c, s in zip(completions, solution)]
+
+
+def test_signal_timed_math_verify_reward_works_under_reward_timeout():
+    # Before: with reward_timeout set, the call ran on a worker thread where signal.alarm raises ValueError.
+    scores = score_rollout(
+        [open_r1_accuracy_reward], [1.0], make_rollout(["$\\frac{1}{2}$", "$3$"]), {"solution": ["$0.5$"]}, timeout=30
+    )
+    assert scores.per_function[:, 0].tolist() == [1.0, 0.0]
+
+
+def test_timeout_still_stops_a_function_that_swallows_exceptions():
+    def stubborn_reward(completions, **kwargs):
+        try:
+            time.sleep(30)
+        except Exception:  # noqa: BLE001 - user code like this must not hide the timeout
+            pass
+        return [1.0] * len(completions)
+
+    start = time.perf_counter()
+    with pytest.raises(RuntimeError, match="'stubborn_reward' took longer than reward_timeout=0.2s"):
+        score_rollout([stubborn_reward], [1.0], make_rollout(["a", "b"]), {}, timeout=0.2)
+    assert time.perf_counter() - start < 5
+
+
+def test_bool_scores_count_as_one_and_zero():  # as in TRL
+    def is_a_reward(completions, **kwargs):
+        return [c == "a" for c in completions]
+
+    scores = score_rollout([is_a_reward], [1.0], make_rollout(["a", "b"]), {})
+    assert scores.per_function[:, 0].tolist() == [1.0, 0.0]
+
+
+def test_trainer_state_is_passed_when_given():
+    seen = []
+
+    def scheduled_reward(completions, trainer_state, **kwargs):
+        seen.append(trainer_state.global_step)
+        return [1.0] * len(completions)
+
+    state = trl_trainer_state(global_step=7, max_steps=10, epoch=0.0)
+    score_rollout([scheduled_reward], [1.0], make_rollout(["a", "b"]), {}, trainer_state=state)
+    assert seen == [7]
+    with pytest.raises(ValueError, match=r"dataset columns \['trainer_state'\] clash"):
+        score_rollout([scheduled_reward], [1.0], make_rollout(["a", "b"]), {"trainer_state": [1]})
+
+
+def test_functions_sharing_a_name_get_distinct_metric_names_and_one_warning():
+    def scaled_reward(completions, scale=1.0, **kwargs):
+        return [scale] * len(completions)
+
+    funcs = [functools.partial(scaled_reward, scale=1.0), functools.partial(scaled_reward, scale=2.0)]
+    with pytest.warns(UserWarning, match=r"logged as \['scaled_reward', 'scaled_reward_2'\]") as caught:
+        scores = score_rollout(funcs, [1.0, 1.0], make_rollout(["a", "b"]), {})
+        score_rollout(funcs, [1.0, 1.0], make_rollout(["a", "b"]), {})  # a second step does not warn again
+    assert scores.names == ["scaled_reward", "scaled_reward_2"]
+    assert len([w for w in caught if "share a name" in str(w.message)]) == 1
+    assert reward_names([length_reward, scaled_reward]) == ["length_reward", "scaled_reward"]
+
+
+def test_accuracy_reward_defaults_to_the_one_correctness_reward():
+    from trl.rewards import accuracy_reward
+
+    from lightning_grpo.rewards import (
+        exact_match_reward,
+        math_verify_reward,
+        preset,
+        soft_think_format_reward,
+        weighted,
+    )
+
+    assert default_accuracy_reward([soft_think_format_reward, exact_match_reward], None) == "exact_match_reward"
+    assert default_accuracy_reward([accuracy_reward, length_reward], None) == "accuracy_reward"
+    assert default_accuracy_reward(preset("qa")[0], None) == "normalized_match_reward"
+    assert default_accuracy_reward(preset("math_reasoning")[0], None) == "math_verify_reward"
+    assert default_accuracy_reward([length_reward], None) is None  # none: no accuracy reported
+    assert default_accuracy_reward([exact_match_reward, math_verify_reward], None) is None  # two: ambiguous
+    assert default_accuracy_reward([exact_match_reward, length_reward], "length_reward") == "length_reward"
+    assert default_accuracy_reward([weighted(exact_match_reward, 0.5)], None) is None  # full marks are 0.5 now
+
+
+def test_missing_accuracy_reward_names_the_fix():
+    from lightning_grpo.rewards import exact_match_reward
+
+    with pytest.raises(ValueError, match=r"got 'accuracy_reward': set it to 'exact_match_reward', the correctness"):
+        default_accuracy_reward([exact_match_reward, length_reward], "accuracy_reward")
+
+
+def self_timed_reward(completions, **kwargs):
+    """Times itself as math-verify does (``signal.alarm``): 0.0 for a computation that runs too long."""
+    from math_verify.errors import TimeoutException
+    from math_verify.utils import timeout
+
+    @timeout(timeout_seconds=1)
+    def forever():
+        while True:
+            pass
+
+    try:
+        forever()
+    except TimeoutException:
+        return [0.0] * len(completions)
+    return [1.0] * len(completions)
+
+
+def test_a_functions_own_signal_alarm_still_fires_under_reward_timeout():
+    start = time.perf_counter()
+    scores = score_rollout([self_timed_reward], [1.0], make_rollout(["a", "b"]), {}, timeout=20)
+    assert scores.per_function[:, 0].tolist() == [0.0, 0.0] and time.perf_counter() - start < 5
+
+
+def test_trls_accuracy_reward_keeps_its_timeouts_under_reward_timeout():
+    import threading
+
+    from trl.rewards import accuracy_reward
+
+    threads = []
+
+    def trl_accuracy_reward(**kwargs):  # TRL turns math-verify's timeouts off when it is not on the main thread
+        threads.append(threading.current_thread())
+        return accuracy_reward(**kwargs)
+
+    completions = [[{"role": "assistant", "content": text}] for text in ("\\boxed{\\frac{1}{2}}", "$3$")]
+    solution = {"solution": ["$\\frac{1}{2}$"]}
+    scores = score_rollout([trl_accuracy_reward], [1.0], make_rollout(completions), solution, timeout=30)
+    assert scores.per_function[:, 0].tolist() == [1.0, 0.0]
+    assert threads == [threading.main_thread()]

@@ -46,6 +46,8 @@ class Weighted:
         self.fn, self.weight = fn, float(weight)
         self.__name__ = reward_name(fn)
         self.is_slow = getattr(fn, "is_slow", False)
+        # Full marks stay 1.0 only at weight 1: accuracy counts scores >= 1.0.
+        self.is_correctness = getattr(fn, "is_correctness", None) and self.weight == 1.0
 
     def _scale(self, values: Sequence[float | None]) -> list[float | None]:
         return [None if v is None else self.weight * v for v in values]

@@ -3,7 +3,8 @@
 Every function here compares the completion's final answer (the last ``<answer>...</answer>``, else the text
 after ``</think>``, else the whole completion; see ``text.answer_text``) with the gold ``answer`` of its row.
 A ``None`` gold answer means "not applicable" and scores ``None``. Math equivalence lives in
-``math_equivalence.py`` and code execution in ``code_execution.py``.
+``math_equivalence.py`` and code execution in ``code_execution.py``. The all-or-nothing ones carry
+``is_correctness = True``: their full marks count as ``accuracy`` (``scoring.default_accuracy_reward``).
 """
 
 from __future__ import annotations
@@ -204,3 +205,7 @@ def rouge_l_reward(completions: list[Any], answer: list[Any], **kwargs: Any) -> 
         return round(2 * precision * recall / (precision + recall), 4)
 
     return _per_row(completions, answer, score)
+
+
+for _fn in (exact_match_reward, normalized_match_reward, numeric_match_reward, multiple_choice_reward):
+    _fn.is_correctness = True

@@ -111,6 +111,7 @@ class MathVerifyReward:
 
     __name__ = "math_verify_reward"
     is_slow = True  # scoring runs it on a thread, overlapping other reward functions
+    is_correctness = True  # its full marks count as accuracy
 
     def __init__(self, timeout_seconds: float = 5.0, memory_mb: int = 4096) -> None:
         if timeout_seconds <= 0:

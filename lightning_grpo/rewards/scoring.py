@@ -3,20 +3,26 @@
 The ecosystem's convention (TRL, open-r1): ``fn(prompts, completions, completion_ids, **columns)`` returns
 one ``float`` or ``None`` per completion, where ``None`` means "not applicable to this sample".
 
-Plain functions run one after another on the calling thread. Functions that wait on something (an API, a
-sandbox, a worker process) run concurrently: ``async def`` ones are gathered on one event loop, and sync ones
-marked ``is_slow = True`` (``@slow_reward``) each get a thread. Results keep the order of ``reward_funcs``.
+Plain functions run one after another on the calling thread, so those that time themselves with
+``signal.alarm`` (math-verify: open-r1's and TRL's ``accuracy_reward``) keep their own timeouts. Functions that
+wait on something (an API, a sandbox, a worker process) run concurrently: ``async def`` ones are gathered on one
+event loop, and sync ones marked ``is_slow = True`` (``@slow_reward``) each get a thread. Results keep the order
+of ``reward_funcs``. As in TRL, ``bool`` scores count as 0/1 and ``trainer_state`` (the step) is passed when given.
 """
 
 from __future__ import annotations
 
 import asyncio
+import functools
 import inspect
 import math
 import numbers
+import signal
 import threading
-from collections.abc import Callable, Sequence
+import warnings
+from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -27,9 +33,54 @@ from lightning_grpo.types import RewardScores, Rollout
 RewardFunc = Callable[..., Sequence[float | None]]
 
 
+def _unwrapped(fn: RewardFunc) -> RewardFunc:
+    """The function under ``functools.partial`` layers (a partial has no ``__name__`` of its own)."""
+    while isinstance(fn, functools.partial):
+        fn = fn.func
+    return fn
+
+
 def reward_name(fn: RewardFunc) -> str:
-    """The name metrics use: ``rewards/<name>/mean``."""
+    """The name metrics use: ``rewards/<name>/mean``; a ``functools.partial`` has its function's name.
+
+    >>> reward_name(functools.partial(reward_name))
+    'reward_name'
+    """
+    fn = _unwrapped(fn)
     return getattr(fn, "__name__", None) or type(fn).__name__
+
+
+_WARNED_NAMES: set[tuple[str, ...]] = set()
+
+
+def reward_names(reward_funcs: Sequence[RewardFunc]) -> list[str]:
+    """One distinct name per function, in order: a repeated name gets ``_2``, ``_3`` ... and one warning, so
+    two functions (two partials of one function, two presets sharing one) never share ``rewards/<name>/*``.
+
+    >>> import warnings
+    >>> with warnings.catch_warnings():
+    ...     warnings.simplefilter("ignore")
+    ...     reward_names([reward_name, functools.partial(reward_name), slow_reward])
+    ['reward_name', 'reward_name_2', 'slow_reward']
+    """
+    names: list[str] = []
+    for fn in reward_funcs:
+        base, k = reward_name(fn), 1
+        name = base
+        while name in names:
+            k += 1
+            name = f"{base}_{k}"
+        names.append(name)
+    renamed = [n for n, fn in zip(names, reward_funcs) if n != reward_name(fn)]
+    if renamed and tuple(names) not in _WARNED_NAMES:  # once per set of functions, not once per step
+        _WARNED_NAMES.add(tuple(names))
+        warnings.warn(
+            f"reward functions share a name; their metrics are logged as {names} (renamed: {renamed}). "
+            "Give each function its own __name__ to choose the names.",
+            UserWarning,
+            stacklevel=2,
+        )
+    return names
 
 
 def check_reward_weights(reward_funcs: Sequence[RewardFunc], weights: Sequence[float] | None) -> list[float]:
@@ -61,7 +112,7 @@ def _check_values(name: str, values: Any, n: int) -> list[float]:
     for i, v in enumerate(values):
         if v is None:
             out.append(math.nan)
-        elif isinstance(v, numbers.Real) and not isinstance(v, bool):
+        elif isinstance(v, numbers.Real):  # bool too: True/False score 1/0, as in TRL
             out.append(float(v))
         else:
             raise TypeError(
@@ -89,9 +140,12 @@ def is_async_reward(fn: RewardFunc) -> bool:
     return inspect.iscoroutinefunction(fn) or inspect.iscoroutinefunction(type(fn).__call__)
 
 
+SHARED_KWARGS = ("trainer_state",)  # one value for the whole batch, not one per completion
+
+
 def reward_kwargs(rollout: Rollout, columns: dict[str, list[Any]]) -> dict[str, Any]:
     """The keyword arguments every reward function receives: N of each."""
-    clash = sorted({"prompts", "completions", "completion_ids"} & columns.keys())
+    clash = sorted({"prompts", "completions", "completion_ids", *SHARED_KWARGS} & columns.keys())
     if clash:
         raise ValueError(f"dataset columns {clash} clash with the arguments reward functions receive: rename them")
     completion_ids = [ids[mask.bool()].tolist() for ids, mask in zip(rollout.completion_ids, rollout.completion_mask)]
@@ -124,11 +178,51 @@ class RewardTimeoutError(RuntimeError):
         super().__init__(f"reward function {reward_name(fn)!r} took longer than reward_timeout={timeout}s")
 
 
-def _run_with_timeout(fn: RewardFunc, kwargs: dict[str, Any], timeout: float | None) -> Any:
-    """``fn(**kwargs)``, given up after ``timeout`` seconds. Python cannot kill a thread, so an overdue call is
-    abandoned on a daemon thread (it cannot block exit), not stopped: code that may hang belongs in a sandbox."""
-    if timeout is None:
-        return fn(**kwargs)
+# Not SIGALRM: math-verify's own timeouts use signal.alarm, which would cancel ours or be cancelled by it.
+TIMEOUT_SIGNAL = getattr(signal, "SIGRTMIN", signal.SIGUSR2)
+
+
+class _Overdue(BaseException):
+    """Raised inside an overdue call; a BaseException so the function's own ``except Exception`` (math-verify's
+    ``parse`` has one) does not swallow it."""
+
+
+@contextmanager
+def _main_thread_deadline(fn: RewardFunc, timeout: float) -> Iterator[None]:
+    """Raise ``RewardTimeoutError`` in the main thread's ``with`` body after ``timeout`` seconds: a watchdog
+    thread sends ``TIMEOUT_SIGNAL`` to the main thread, which interrupts a sleep or a blocking call, and the
+    handler raises once Python code runs again (a call stuck inside C code is stopped when it returns)."""
+    state = {"armed": True, "fired": False}
+    done = threading.Event()
+
+    def on_signal(signum: int, frame: Any) -> None:
+        if state["armed"]:
+            state["armed"], state["fired"] = False, True
+            raise _Overdue
+
+    def watchdog() -> None:
+        if not done.wait(timeout):
+            signal.pthread_kill(threading.main_thread().ident, TIMEOUT_SIGNAL)
+
+    previous = signal.signal(TIMEOUT_SIGNAL, on_signal)
+    guard = threading.Thread(target=watchdog, name=f"reward-deadline-{reward_name(fn)}", daemon=True)
+    guard.start()
+    try:
+        yield
+    except _Overdue:
+        pass
+    finally:
+        state["armed"] = False  # a signal from now on is late: the call has returned
+        done.set()
+        guard.join()
+        signal.signal(TIMEOUT_SIGNAL, previous)
+    if state["fired"]:  # also when the function caught _Overdue itself and returned
+        raise RewardTimeoutError(fn, timeout)
+
+
+def _run_on_thread(fn: RewardFunc, kwargs: dict[str, Any], timeout: float) -> Any:
+    """Off the main thread no signal can reach the call: it runs on a daemon thread and an overdue call is
+    abandoned there (Python cannot kill a thread; code that may hang belongs in a sandbox)."""
     box: dict[str, Any] = {}
 
     def target() -> None:
@@ -144,6 +238,19 @@ def _run_with_timeout(fn: RewardFunc, kwargs: dict[str, Any], timeout: float | N
         raise RewardTimeoutError(fn, timeout)
     if "error" in box:
         raise box["error"]
+    return box["value"]
+
+
+def _run_with_timeout(fn: RewardFunc, kwargs: dict[str, Any], timeout: float | None) -> Any:
+    """``fn(**kwargs)``, stopped after ``timeout`` seconds. On the main thread (the trainer's) the call runs
+    right there, so a function's own ``signal.alarm`` timeouts keep working; elsewhere see ``_run_on_thread``."""
+    if timeout is None:
+        return fn(**kwargs)
+    if threading.current_thread() is not threading.main_thread():
+        return _run_on_thread(fn, kwargs, timeout)
+    box: dict[str, Any] = {}
+    with _main_thread_deadline(fn, timeout):
+        box["value"] = fn(**kwargs)
     return box["value"]
 
 
@@ -180,7 +287,7 @@ def _recover(fn: RewardFunc, kwargs: dict[str, Any], n: int, err: Exception, pol
     values, failed = [], []
     for i in range(n):
         try:
-            row = call({k: v[i : i + 1] for k, v in kwargs.items()})
+            row = call({k: v if k in SHARED_KWARGS else v[i : i + 1] for k, v in kwargs.items()})
         except Exception as row_err:  # noqa: BLE001 - any failure of user code is this row's failure
             failed.append((i, row_err))
             values.append(math.nan if policy.on_error == "skip" else 0.0)
@@ -259,23 +366,75 @@ def score_rollout(
     columns: dict[str, list[Any]],
     on_error: str = "raise",
     timeout: float | None = None,
+    trainer_state: Any = None,
 ) -> RewardScores:
     """Score N completions; ``columns`` hold B values each and are repeated G times to line up.
 
     Args:
+        reward_funcs: the functions; metrics name them by ``reward_names`` (distinct, suffixed ``_2`` ...).
         on_error: a reward function that raises: ``raise`` (naming the function and the offending sample),
             ``skip`` (its failing rows count as "not applicable") or ``zero`` (they score 0.0); both of the
             latter are counted in ``RewardScores.errors``.
         timeout: seconds one call of one reward function may take; an overdue call fails every row, handled
-            by ``on_error``. ``None``: no limit.
+            by ``on_error``. ``None``: no limit. On the main thread a plain function runs there and is
+            interrupted by a signal (not SIGALRM, so math-verify's own ``signal.alarm`` timeouts still work).
+        trainer_state: passed to every function as ``trainer_state`` when not ``None``, as TRL does, for
+            rewards shaped by training progress (``trainer_state.global_step``); see ``trl_trainer_state``.
     """
     policy = Policy(on_error, timeout)
     repeated = {k: [v for v in values for _ in range(rollout.group_size)] for k, values in columns.items()}
-    table = call_rewards(reward_funcs, reward_kwargs(rollout, repeated), len(rollout), policy)  # [F][N]
+    kwargs = reward_kwargs(rollout, repeated)
+    if trainer_state is not None:
+        kwargs["trainer_state"] = trainer_state
+    table = call_rewards(reward_funcs, kwargs, len(rollout), policy)  # [F][N]
     device = rollout.completion_ids.device
     return RewardScores(
         per_function=torch.tensor(table, dtype=torch.float32, device=device).T.reshape(len(rollout), -1),
-        names=[reward_name(fn) for fn in reward_funcs],
+        names=reward_names(reward_funcs),
         weights=torch.tensor(list(weights), dtype=torch.float32, device=device),
         errors=policy.errors,
     )
+
+
+def trl_trainer_state(global_step: int, max_steps: int, epoch: float) -> Any:
+    """The ``trainer_state`` TRL's reward functions receive (``transformers.TrainerState``), for ``score_rollout``.
+
+    >>> trl_trainer_state(global_step=3, max_steps=10, epoch=0.5).global_step
+    3
+    """
+    from transformers import TrainerState
+
+    return TrainerState(global_step=global_step, max_steps=max_steps, epoch=epoch)
+
+
+# Correctness rewards we did not write, known by name: TRL's (trl.rewards) and open-r1's.
+KNOWN_CORRECTNESS = frozenset({"accuracy_reward", "reasoning_accuracy_reward", "code_reward", "code_execution_reward"})
+
+
+def is_correctness_reward(fn: RewardFunc) -> bool:
+    """Whether ``fn`` scores correctness with full marks 1.0: its ``is_correctness`` attribute (set on ours,
+    e.g. ``exact_match_reward``, ``math_verify_reward``), else a name in ``KNOWN_CORRECTNESS``."""
+    flag = getattr(fn, "is_correctness", getattr(_unwrapped(fn), "is_correctness", None))
+    return bool(flag) if flag is not None else reward_name(fn) in KNOWN_CORRECTNESS
+
+
+def default_accuracy_reward(reward_funcs: Sequence[RewardFunc], requested: str | None) -> str | None:
+    """The reward whose full marks count as ``accuracy``: ``requested`` when given (it must name one of the
+    functions), else the correctness reward when exactly one of ``reward_funcs`` is one, else ``None``.
+
+    >>> from lightning_grpo.rewards.correctness import exact_match_reward
+    >>> default_accuracy_reward([exact_match_reward, reward_name], None)
+    'exact_match_reward'
+    """
+    names = reward_names(reward_funcs)
+    correctness = [n for n, fn in zip(names, reward_funcs) if is_correctness_reward(fn)]
+    if requested is None:
+        return correctness[0] if len(correctness) == 1 else None
+    if requested not in names:
+        hint = f"set it to {correctness[0]!r}, the correctness reward, " if len(correctness) == 1 else "set it to one "
+        raise ValueError(
+            f"accuracy_reward must name one of the reward functions {names}, got {requested!r}: {hint}"
+            "or leave it unset to use the correctness reward when there is exactly one "
+            f"(correctness rewards here: {correctness})"
+        )
+    return requested
