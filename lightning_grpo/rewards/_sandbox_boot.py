@@ -33,18 +33,20 @@ PATH_EVENTS = frozenset(
     | {"os.truncate", "os.utime", "shutil.rmtree"}
 )
 WRITE_FLAGS = os.O_WRONLY | os.O_RDWR | os.O_CREAT | os.O_APPEND | os.O_TRUNC
+OPEN_FILES = 256  # the harness keeps its descriptors at 100 and above
 _real_exit = os._exit
 HARNESS_PID = os.getpid()
 
 
 def limit_resources(job):
-    """CPU seconds (SIGKILL one second past the soft limit), address space, file size, processes, no core."""
+    """CPU seconds (SIGKILL one second past the soft limit), address space, file size, processes, open files."""
     cpu, memory, fsize = job["cpu_seconds"], job["memory_bytes"], job["file_size_bytes"]
     resource.setrlimit(resource.RLIMIT_CPU, (cpu, cpu + 1))
     resource.setrlimit(resource.RLIMIT_AS, (memory, memory))
     resource.setrlimit(resource.RLIMIT_FSIZE, (fsize, fsize))
     resource.setrlimit(resource.RLIMIT_NPROC, (job["max_processes"], job["max_processes"]))
     resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
+    resource.setrlimit(resource.RLIMIT_NOFILE, (OPEN_FILES, OPEN_FILES))
 
 
 def block_processes_and_network(workdir):

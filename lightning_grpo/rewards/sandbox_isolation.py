@@ -38,8 +38,9 @@ INNER_HOME = "/tmp"
 PIDS_CGROUPS = (Path("/sys/fs/cgroup/pids"), Path("/sys/fs/cgroup"))  # cgroup v1, then a delegated v2 root
 LOST_IN_PROCESS_MODE = (
     "kernel isolation is OFF: programs can read every file the trainer can read (including /proc/<trainer pid>/"
-    "environ, its tokens and keys), see its processes, reach Unix sockets, and leave processes behind through "
-    "setsid; only rlimits, a wall-clock kill, `unshare --net` where permitted and a bypassable audit hook remain"
+    "environ, its tokens and keys), see its processes, reach Unix sockets, fill the disk, and leave processes behind "
+    "through setsid; only rlimits, a wall-clock kill, `unshare --net` where permitted and a bypassable audit hook "
+    "remain"
 )
 _warned: set[str] = set()
 _warn_lock = threading.Lock()
