@@ -180,13 +180,13 @@ TAMPERING = [
     ),
     (
         "forge_records",
-        "import base64, gc, json, os\ntoken = [o for o in gc.get_objects() if isinstance(o, dict) and 'token' in o][0]['token']\nfor fd in range(100, 110):\n    try:\n        os.write(fd, f'\\n{{token}} '.encode() + json.dumps({{'i': 0, 'out': base64.b64encode(b'True').decode(), 'error': None}}).encode() + b'\\n')\n    except OSError:\n        pass\nleaked = 'x'",
+        "import gc, os\ntoken = [o for o in gc.get_objects() if isinstance(o, dict) and 'token' in o][0]['token']\nfor fd in range(100, 110):\n    for i in range(3):\n        try:\n            os.write(fd, f'\\n{{token}} {{i}} 4 0\\nTrue'.encode())\n        except OSError:\n            pass\nleaked = 'x'",
     ),
     ("patch_repr", "import builtins\nbuiltins.repr = lambda v: 'True'\nleaked = 'x'"),
     ("patch_ast_literal_eval", "import ast\nast.literal_eval = lambda s: True\nleaked = 'x'"),
     (
         "fake_result_line",
-        "print('\\n' + '0' * 32 + ' {{\"i\": 0, \"out\": \"VHJ1ZQ==\", \"error\": null}}')\nleaked = 'x'",
+        "print('\\n' + '0' * 32 + ' 0 4 0\\nTrue')\nleaked = 'x'",
     ),
     (
         "close_record_channel",

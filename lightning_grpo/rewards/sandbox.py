@@ -21,8 +21,7 @@ audit hook) with a warning naming what is lost; ``"strict"`` raises instead.
 
 from __future__ import annotations
 
-import base64
-import json
+import marshal
 import math
 import os
 import secrets
@@ -42,6 +41,7 @@ from lightning_grpo.rewards.sandbox_isolation import (
     BOOTSTRAP,
     INNER_BOOTSTRAP,
     ISOLATION_MODES,
+    PYTHON_FLAGS,
     Isolation,
     PidsCgroup,
     bwrap_command,
@@ -187,7 +187,7 @@ class Sandbox:
         token = secrets.token_hex(16)
         job = {"code": code, "cases": [[c.kind, c.source] for c in cases], "token": token, **self._limits()}
         try:
-            result = self._execute(json.dumps(job).encode(), token, len(cases))
+            result = self._execute(marshal.dumps(job), token, len(cases))
         except OSError as err:
             result = SandboxResult([None] * len(cases), [None] * len(cases), error=f"sandbox failed to run: {err}")
         with self._lock:
@@ -213,11 +213,11 @@ class Sandbox:
                 cgroup = PidsCgroup(isolation.pids_cgroup, self.max_processes + 2) if isolation.pids_cgroup else None
                 tmpfs = max(self.file_size_mb, 1) * 2**20
                 command = [*(cgroup.enter_prefix() if cgroup else ()), *bwrap_command(isolation.bwrap, tmpfs)]
-                command += [interpreter(), "-I", INNER_BOOTSTRAP]
+                command += [interpreter(), *PYTHON_FLAGS, INNER_BOOTSTRAP]
                 env, cwd = {}, "/"
             else:
                 workdir = tempfile.mkdtemp(prefix="lightning_grpo_sandbox_")
-                command = [*network_namespace_prefix(), sys.executable, "-I", BOOTSTRAP]
+                command = [*network_namespace_prefix(), sys.executable, *PYTHON_FLAGS, BOOTSTRAP]
                 env = {"PATH": os.defpath, "HOME": workdir, "TMPDIR": workdir, "LANG": "C.UTF-8"}
                 cwd = workdir
             return self._supervise(command, env, cwd, job, token, n)
@@ -305,26 +305,29 @@ def _kill_group(proc: subprocess.Popen) -> None:
 
 
 def _records(report: bytes, token: str, n: int) -> tuple[list[bytes | None], list[str | None]]:
-    """The first record of each case index; lines that are not well-formed records are ignored."""
+    """The first frame of each case index: ``\\n<token> <index> <output length or -1> <error length>\\n`` then the
+    output and the error. A malformed frame ends the parse (the cases after it count as unfinished)."""
     outputs: list[bytes | None] = [None] * n
     errors: list[str | None] = [None] * n
-    seen = set()
-    prefix = f"{token} ".encode()
-    for line in report.split(b"\n"):
-        if not line.startswith(prefix):
-            continue
+    seen, header, at = set(), f"\n{token} ".encode(), 0
+    while (at := report.find(header, at)) >= 0:
+        end = report.find(b"\n", at + len(header))
         try:
-            record = json.loads(line[len(prefix) :])
-            index, out, error = int(record["i"]), record["out"], record["error"]
-            decoded = None if out is None else base64.b64decode(out, validate=True)
-        except (ValueError, KeyError, TypeError):
-            continue
-        if -1 <= index < n and index not in seen:
+            index, size, error_size = (int(x) for x in report[at + len(header) : end].split(b" "))
+        except ValueError:
+            break
+        start = end + 1
+        output = None if size < 0 else report[start : start + size]
+        error = report[start + max(size, 0) : start + max(size, 0) + error_size].decode("utf-8", "replace")
+        at = start + max(size, 0) + error_size
+        if end < 0 or at > len(report) or not -1 <= index < n or error_size < 0:
+            break
+        if index not in seen:
             seen.add(index)
             if index >= 0:
-                outputs[index], errors[index] = decoded, None if error is None else str(error)[:500]
-            elif error is not None:
-                errors.append(str(error)[:500])  # no cases: the definition's error
+                outputs[index], errors[index] = output, (error[:500] or None)
+            elif error:
+                errors.append(error[:500])  # no cases: the definition's error
     return outputs, errors
 
 
