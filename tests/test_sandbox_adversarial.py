@@ -27,6 +27,8 @@ from lightning_grpo.rewards.code_tests import parse_tests
 SECRET = "canary-" + secrets.token_hex(12)  # unguessable: only an escape or a fooled grader can return it
 MARKER = "lgrpo_marker_" + secrets.token_hex(6)  # in the command line of processes an attack leaves behind
 KERNEL = sandbox_isolation.probe("auto").kernel
+if not KERNEL and os.environ.get("LIGHTNING_GRPO_REQUIRE_SANDBOX"):  # CI sets it: skipping would hide a regression
+    raise RuntimeError(f"kernel sandbox required but unavailable: {sandbox_isolation.probe('auto').reason}")
 OUT = "def solve():\n    return leaked\n"  # appended: the attack's finding is its answer
 # The escape really ran: a process carrying the marker is alive inside before the program returns.
 ALIVE = (

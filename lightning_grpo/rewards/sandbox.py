@@ -156,10 +156,13 @@ class Sandbox:
         self.isolation_mode = isolation
         self.counters = SandboxCounters()
         self._lock = threading.Lock()
+        if isolation == "strict":
+            self.isolation  # noqa: B018 - strict refuses at construction (start-up), not at the first reward
 
     @property
     def isolation(self) -> Isolation:
-        """How programs start, probed once per process on first use (``strict`` raises here)."""
+        """How programs start, probed once per process: at construction for ``strict`` (which raises without
+        namespaces), else on first use (``auto`` warns then, once)."""
         return probe(self.isolation_mode)
 
     def metrics(self, reset: bool = True) -> dict[str, float]:
