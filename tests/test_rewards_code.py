@@ -67,6 +67,13 @@ def kinds(tests):
         (["assert f(1)", "assert not f(2)"], [[("value", "f(1)", "truthy", None)], [("value", "f(2)", "falsy", None)]]),
         ("assert f()\nassert g()", [[("value", "f()", "truthy", None), ("value", "g()", "truthy", None)]]),
         ({"input": "1", "output": "2"}, [[("stdin", "1", "stdout", "2")]]),
+        (  # HumanEval: a check(candidate) function of simple asserts, called on the entry point
+            [
+                'METADATA = {"a": 1}\ndef check(candidate):\n    """doc"""\n    assert candidate([1]) == 2\n'
+                "    assert True\n    assert not candidate([])\ncheck(f)"
+            ],
+            [[("value", "f([1])", "eq", 2), ("value", "f([])", "falsy", None)]],
+        ),
         ({"inputs": ["1"], "outputs": ["2"]}, [[("stdin", "1", "stdout", "2")]]),
     ],
 )
@@ -83,7 +90,8 @@ def test_parse_tests_formats(value, expected):
         "assert f(1) == g(2)",
         "assert f(1) is 3",
         "x = 1\nassert f(x) == 2",
-        "def check(candidate):\n    assert candidate(1) == 2\ncheck(f)",
+        "def check(candidate):\n    assert abs(candidate(1) - 2) < 1e-6\ncheck(f)",
+        "def check(candidate):\n    assert candidate(1) == 2\n",  # check is never called
         "assert f(1) ==",
     ],
 )
@@ -125,5 +133,10 @@ def test_score_is_the_fraction_of_tests_with_every_check_passing():
 def test_metrics_count_timeouts(reward):
     reward.metrics()
     reward(["while True:\n    pass", ADD], test_cases=[ADD_TESTS] * 2)
-    assert reward.metrics() == {"sandbox/programs": 2.0, "sandbox/timeouts": 1.0, "sandbox/killed": 0.0}
+    assert reward.metrics() == {
+        "sandbox/programs": 2.0,
+        "sandbox/timeouts": 1.0,
+        "sandbox/killed": 0.0,
+        "sandbox/failures": 0.0,
+    }
     assert reward.metrics()["sandbox/programs"] == 0.0  # reset by the previous call

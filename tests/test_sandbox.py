@@ -102,7 +102,12 @@ def test_cpu_limit_kills_a_busy_program_before_a_long_deadline():
     result = sandbox.run("while True:\n    pass", [Case("stdin", "")])
     assert time.monotonic() - start < 2 + SLACK  # RLIMIT_CPU: SIGXCPU at 1 s, SIGKILL at 2 s
     assert result.killed and not result.timed_out and "killed by SIG" in result.error
-    assert sandbox.metrics() == {"sandbox/programs": 1.0, "sandbox/timeouts": 0.0, "sandbox/killed": 1.0}
+    assert sandbox.metrics() == {
+        "sandbox/programs": 1.0,
+        "sandbox/timeouts": 0.0,
+        "sandbox/killed": 1.0,
+        "sandbox/failures": 0.0,
+    }
 
 
 def test_memory_limit(sandbox):
@@ -186,3 +191,15 @@ def test_strict_runs_with_kernel_isolation_when_available():
     pid, uid, cwd, *env = run(sandbox, code).outputs[0].decode().split()
     assert int(pid) < 10 and uid == "65534" and cwd == "/tmp"
     assert set(env) <= {"HOME", "LANG", "PATH", "PWD", "TMPDIR"}
+
+
+def test_a_sandbox_that_cannot_start_reports_a_failure_not_an_exception(monkeypatch):
+    sandbox = Sandbox(timeout_seconds=5)
+
+    def refuse(*args, **kwargs):
+        raise OSError("no such file: bwrap")
+
+    monkeypatch.setattr(sandbox, "_supervise", refuse)
+    result = sandbox.run("print(1)", [Case("stdin", "")])
+    assert result.outputs == [None] and "sandbox failed to run: no such file: bwrap" in result.error
+    assert sandbox.metrics()["sandbox/failures"] == 1.0

@@ -355,6 +355,8 @@ def test_script_tests_are_weaker_an_always_equal_object_fools_them(kernel_reward
     """Documented: test code that is not ``assert call(literals) == literal`` runs inside and can be fooled."""
     code = "class E:\n    def __eq__(self, other):\n        return True\ndef solve():\n    return E()"
     assert kernel_reward([code], test_cases=[["assert solve() == 1"]]) == [0.0]  # parsed: verdict outside
+    humaneval = "def check(candidate):\n    assert candidate() == 1\ncheck(solve)"
+    assert kernel_reward([code], test_cases=[[humaneval]]) == [0.0]  # unwrapped and parsed too
     assert kernel_reward([code], test_cases=[["x = solve()\nassert x == 1"]]) == [1.0]  # a script: inside
 
 
@@ -362,7 +364,12 @@ def test_timeouts_and_kills_of_attacks_are_counted(kernel_reward):
     kernel_reward.metrics()
     attacks = ["while True:\n    pass", "import os, signal\nos.kill(os.getpid(), signal.SIGKILL)", "x = 1"]
     kernel_reward(attacks, test_cases=[assert_test()] * 3)
-    assert kernel_reward.metrics() == {"sandbox/programs": 3.0, "sandbox/timeouts": 1.0, "sandbox/killed": 1.0}
+    assert kernel_reward.metrics() == {
+        "sandbox/programs": 3.0,
+        "sandbox/timeouts": 1.0,
+        "sandbox/killed": 1.0,
+        "sandbox/failures": 0.0,
+    }
 
 
 def test_trainer_is_unharmed_after_the_suite():

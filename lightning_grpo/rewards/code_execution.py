@@ -46,7 +46,7 @@ class CodeExecutionReward:
 
     Programs run in parallel in a ``Sandbox`` (see ``sandbox.py`` for the isolation and limits). Rows whose
     ``test_cases`` is ``None`` or empty score ``None``. ``metrics()`` returns the sandbox counters
-    (``sandbox/timeouts``, ``sandbox/killed``, ``sandbox/programs``) since its last call.
+    (``sandbox/programs``, ``sandbox/timeouts``, ``sandbox/killed``, ``sandbox/failures``) since its last call.
 
     Args:
         timeout_seconds: wall-clock limit per completion (its tests run in one sandboxed process).
@@ -77,7 +77,7 @@ class CodeExecutionReward:
         )
 
     def metrics(self, reset: bool = True) -> dict[str, float]:
-        """The sandbox's ``sandbox/programs``, ``sandbox/timeouts`` and ``sandbox/killed`` since the last reset."""
+        """The sandbox counters (``sandbox/programs``, ``/timeouts``, ``/killed``, ``/failures``) since last reset."""
         return self.sandbox.metrics(reset=reset)
 
     def __call__(self, completions: list[Any], test_cases: list[Any], **kwargs: Any) -> list[float | None]:

@@ -5,10 +5,11 @@ the ``repr`` of a value, parsed back with ``ast.literal_eval`` (only built-in ty
 with an always-true ``__eq__`` reaches the comparison). Expected values never enter the sandbox.
 
 Asserts of the HumanEval/MBPP shape, ``assert f(1, [2]) == (3, 4)`` (also ``is None/True/False``, a bare
-``assert f(1)`` or ``assert not f(1)``), become a value case ``f(1, [2])`` and an expected ``(3, 4)``. The
-expression must be a call with literal arguments, optionally wrapped in data converters (``sorted(f(1))``): any
-other expression (``math.isclose(f(1), 2.5)``) could compute the verdict inside, so such test code runs inside
-as a script and only counts as passed when it runs to the end: weaker, a program can forge that from inside.
+``assert f(1)`` or ``assert not f(1)``; directly, or in HumanEval's ``def check(candidate)`` called on ``f``),
+become a value case ``f(1, [2])`` and an expected ``(3, 4)``. The expression must be a call with literal
+arguments, optionally wrapped in data converters (``sorted(f(1))``): any other expression
+(``math.isclose(f(1), 2.5)``) could compute the verdict inside, so such test code runs inside as a script and
+only counts as passed when it runs to the end: weaker, a program can forge that from inside.
 """
 
 from __future__ import annotations
@@ -73,15 +74,60 @@ def _stdin_test(test: dict) -> Test:
 
 
 def _assert_test(source: str) -> Test:
-    """Every statement a simple assert: one value check each; otherwise the whole source as one script."""
+    """Every statement a simple assert (directly or in a HumanEval ``check``): one value check each; otherwise
+    the whole source as one script."""
     try:
-        statements = ast.parse(source).body
+        statements = _unwrap_check_function(ast.parse(source).body)
     except (SyntaxError, ValueError, MemoryError, RecursionError):
         statements = []
-    checks = [_simple_check(s) for s in statements]
+    checks = [_simple_check(s) for s in statements if not _is_assert_true(s)]
     if checks and all(checks):
         return tuple(checks)
     return (Check(Case("script", source), "ran"),)
+
+
+def _unwrap_check_function(statements: list[ast.stmt]) -> list[ast.stmt]:
+    """HumanEval's ``[METADATA = {...}] def check(candidate): <asserts>  check(name)`` -> the asserts on ``name``.
+
+    Anything else is returned as it is.
+    """
+    body = [s for s in statements if not (isinstance(s, ast.Assign) and _literal(s.value)[0])]
+    if len(body) != 2 or not isinstance(body[0], ast.FunctionDef) or not isinstance(body[1], ast.Expr):
+        return statements
+    check, call = body[0], body[1].value
+    parameters = [a.arg for a in check.args.args]
+    if not (
+        len(parameters) == 1
+        and not check.decorator_list
+        and isinstance(call, ast.Call)
+        and isinstance(call.func, ast.Name)
+        and call.func.id == check.name
+        and len(call.args) == 1
+        and isinstance(call.args[0], ast.Name)
+        and not call.keywords
+    ):
+        return statements
+    rename = _Rename(parameters[0], call.args[0].id)
+    return [rename.visit(s) for s in check.body if not _is_docstring(s)]
+
+
+class _Rename(ast.NodeTransformer):
+    def __init__(self, old: str, new: str) -> None:
+        self.old, self.new = old, new
+
+    def visit_Name(self, node: ast.Name) -> ast.Name:
+        return ast.copy_location(ast.Name(self.new, node.ctx), node) if node.id == self.old else node
+
+
+def _is_docstring(statement: ast.stmt) -> bool:
+    return isinstance(statement, ast.Expr) and isinstance(statement.value, ast.Constant)
+
+
+def _is_assert_true(statement: ast.stmt) -> bool:
+    """HumanEval's ``assert True`` filler lines: nothing to run."""
+    return (
+        isinstance(statement, ast.Assert) and isinstance(statement.test, ast.Constant) and statement.test.value is True
+    )
 
 
 def _simple_check(statement: ast.stmt) -> Check | None:

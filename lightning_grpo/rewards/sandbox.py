@@ -81,11 +81,13 @@ class SandboxResult:
 
 @dataclass
 class SandboxCounters:
-    """Programs run, wall-clock timeouts, and deaths by signal, since the last ``Sandbox.metrics(reset=True)``."""
+    """Since the last ``Sandbox.metrics(reset=True)``: programs run, wall-clock timeouts, deaths by signal, and
+    runs the sandbox itself failed to start (each scores as unfinished: a non-zero count needs a look)."""
 
     programs: int = 0
     timeouts: int = 0
     killed: int = 0
+    failures: int = 0
 
 
 @cache
@@ -166,7 +168,7 @@ class Sandbox:
         return probe(self.isolation_mode)
 
     def metrics(self, reset: bool = True) -> dict[str, float]:
-        """``sandbox/programs``, ``sandbox/timeouts``, ``sandbox/killed`` since the last reset, for logging."""
+        """``sandbox/programs``, ``sandbox/timeouts``, ``sandbox/killed``, ``sandbox/failures`` since the last reset."""
         with self._lock:
             counters = self.counters
             if reset:
@@ -189,11 +191,14 @@ class Sandbox:
         cases = [c if isinstance(c, Case) else Case(*c) for c in cases]
         token = secrets.token_hex(16)
         job = {"code": code, "cases": [[c.kind, c.source] for c in cases], "token": token, **self._limits()}
+        failed = False
         try:
             result = self._execute(marshal.dumps(job), token, len(cases))
         except OSError as err:
+            failed = True
             result = SandboxResult([None] * len(cases), [None] * len(cases), error=f"sandbox failed to run: {err}")
         with self._lock:
+            self.counters.failures += failed
             self.counters.programs += 1
             self.counters.timeouts += result.timed_out
             self.counters.killed += result.killed
