@@ -85,6 +85,14 @@ def test_exits_anywhere_end_the_case_not_the_sandbox(sandbox):
     assert result.errors[:3] == ["SystemExit: 0", "SystemExit: 0", "SystemExit: bye"] and "atexit" not in result.log
 
 
+def test_unencodable_text_and_a_broken_harness_still_give_a_result(sandbox):
+    code = "x = '\\ud800'\nif __name__ == '__main__':\n    print(input())\nelse:\n    import builtins\n"
+    code += "    builtins.repr = None  # the harness needs repr for value cases"
+    result = run(sandbox, code, [Case("stdin", "a\ud800b"), Case("value", "x"), Case("stdin", "c")])
+    assert result.outputs[0] == b"a?b\n" and result.outputs[1] is None and result.outputs[2] == b"c\n"
+    assert "repr failed" in result.errors[1] or "sandbox harness" in result.errors[1]
+
+
 def test_a_dead_harness_leaves_the_remaining_cases_unfinished(sandbox):
     result = run(sandbox, "import posix\nposix._exit(0)", [Case("stdin", "")] * 3)
     assert result.outputs == [None] * 3 and "before finishing every case" in result.error

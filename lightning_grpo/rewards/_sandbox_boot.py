@@ -140,7 +140,7 @@ class Harness:
         """
         stdin, stdout = _high_fd(os.memfd_create("stdin")), _high_fd(os.memfd_create("stdout"))
         try:
-            os.write(stdin, text.encode())
+            os.write(stdin, text.encode("utf-8", "replace"))
             os.dup2(stdin, 0)
             os.lseek(0, 0, os.SEEK_SET)
             os.dup2(stdout, 1)
@@ -192,7 +192,10 @@ class Harness:
     def run(self, cases):
         kinds = {"stdin": self.stdin_case, "value": self.value_case, "script": self.script_case}
         for index, (kind, source) in enumerate(cases):
-            output, error = kinds[kind](source)
+            try:
+                output, error = kinds[kind](source)
+            except BaseException as err:  # noqa: B036 - whatever the program broke, the next case still runs
+                output, error = None, f"sandbox harness: {type(err).__name__}: {err}"[:500]
             try:
                 self.report(index, output, error)
             except OSError:  # the program closed the record channel: its cases are lost

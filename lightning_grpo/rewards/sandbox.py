@@ -248,7 +248,7 @@ class Sandbox:
         )
         try:
             _send(proc, job)
-            cap = min(REPORT_CAP_BYTES, n * (self.max_output_bytes * 4 // 3 + 1024) + 4096)
+            cap = min(REPORT_CAP_BYTES, n * (self.max_output_bytes + 2048) + 4096)  # output, header, error
             report, log, timed_out = _read(proc, deadline, cap)
             if not timed_out:
                 timed_out = _wait(proc, deadline)
