@@ -173,12 +173,13 @@ def test_settings_are_checked():
         Case("exec", "1")
 
 
-def test_strict_refuses_and_auto_falls_back_loudly_without_bwrap(monkeypatch):
-    monkeypatch.setattr(sandbox_isolation, "bwrap_executable", lambda: None)
+@pytest.mark.parametrize(("bwrap", "reason"), [(None, "no bwrap found"), ("/bin/false", "bwrap exited with 1")])
+def test_strict_refuses_and_auto_falls_back_loudly_without_namespaces(monkeypatch, bwrap, reason):
+    monkeypatch.setattr(sandbox_isolation, "bwrap_executable", lambda: bwrap)
     sandbox_isolation.probe.cache_clear()
     sandbox_isolation._warned.clear()
     try:
-        with pytest.raises(RuntimeError, match="strict, but kernel namespaces are unavailable: no bwrap found"):
+        with pytest.raises(RuntimeError, match=f"strict, but kernel namespaces are unavailable: {reason}"):
             _ = Sandbox(isolation="strict").isolation
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
@@ -187,6 +188,7 @@ def test_strict_refuses_and_auto_falls_back_loudly_without_bwrap(monkeypatch):
             fallback.run("print(1)", [Case("stdin", "")])
         messages = [str(w.message) for w in caught]
         assert len(messages) == 1 and "kernel isolation is OFF" in messages[0] and "environ" in messages[0]
+        assert reason in messages[0]
         assert not fallback.isolation.kernel
     finally:
         sandbox_isolation.probe.cache_clear()

@@ -4,7 +4,7 @@
 new user, pid, mount, network, ipc, uts and cgroup namespaces:
 
 - its own ``/proc`` (the trainer's processes, environment and memory are not there), no ``/sys``;
-- no network: only a loopback that is down; no path to a host Unix socket, and abstract sockets are per namespace;
+- no network: only a loopback of its own; no path to a host Unix socket; abstract sockets are per namespace;
 - read-only ``/usr`` and interpreter, nothing else of the host file system (no ``/home``, ``/root``, ``/work``,
   ``/etc`` but the loader cache); a private size-capped tmpfs as working directory, ``TMPDIR`` and ``/dev/shm``;
 - an empty environment; no capabilities; no new user namespaces inside;
