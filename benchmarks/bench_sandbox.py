@@ -100,13 +100,15 @@ def main() -> None:
     print(f"{'sandbox':24s} {'shape':9s} {'programs/s':>10s} {'ms/program':>10s}   ({args.workers} workers)")
     for name, shape, rate, latency in rows:
         print(f"{name:24s} {shape:9s} {rate:10.1f} {latency:10.1f}")
-    kernel = {shape: latency for name, shape, _, latency in rows if name == "now, strict"}
-    process = {shape: latency for name, shape, _, latency in rows if name == "now, process"}
+    kernel = {shape: (rate, latency) for name, shape, rate, latency in rows if name == "now, strict"}
+    process = {shape: (rate, latency) for name, shape, rate, latency in rows if name == "now, process"}
     print(f"bare `python -I -S -c pass`: {bare:.1f} ms")
-    for shape, latency in kernel.items():
+    for shape, (rate, latency) in kernel.items():
+        parallel = 1000 / rate - 1000 / process[shape][0]  # wall time per program, amortised over the workers
         print(
-            f"overhead per program ({shape}): {latency - bare:.1f} ms over a bare python start, "
-            f"{latency - process[shape]:.1f} ms over process mode"
+            f"overhead per program ({shape}): sequential {latency - bare:.1f} ms over a bare python start, "
+            f"{latency - process[shape][1]:.1f} ms over process mode; with {args.workers} workers "
+            f"{parallel:.1f} ms over process mode ({1000 / rate:.1f} ms per program in all)"
         )
 
 

@@ -126,12 +126,13 @@ class PidsCgroup:
             except OSError:
                 if time.monotonic() > deadline:
                     return False
-                time.sleep(0.005)
+                time.sleep(0.001)
 
 
 @cache
 def pids_cgroup_parent() -> Path | None:
-    """A directory where this process may create pids cgroups (root with a pids controller), else None."""
+    """A directory where this process may create pids cgroups and move a process in (root with a pids
+    controller), else None."""
     for root in PIDS_CGROUPS:
         if not (root / "cgroup.procs").exists():
             continue
@@ -140,9 +141,12 @@ def pids_cgroup_parent() -> Path | None:
             parent.mkdir(exist_ok=True)
             if (parent / "cgroup.subtree_control").exists():  # cgroup v2: enable pids for the children
                 (parent / "cgroup.subtree_control").write_text("+pids")
-            PidsCgroup(parent, 1).remove()
-            return parent
-        except OSError:
+            cgroup = PidsCgroup(parent, 2)
+            entered = subprocess.run([*cgroup.enter_prefix(), "true"], capture_output=True, timeout=10).returncode
+            cgroup.remove()
+            if entered == 0:
+                return parent
+        except (OSError, subprocess.SubprocessError):
             continue
     return None
 
