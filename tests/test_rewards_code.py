@@ -64,6 +64,7 @@ def kinds(tests):
         (["assert (1, 2) == f([1], k='x')"], [[("value", "f([1], k='x')", "eq", (1, 2))]]),
         (["assert sorted(m.f(1)) == [1]"], [[("value", "sorted(m.f(1))", "eq", [1])]]),
         (["assert f(1) is None"], [[("value", "f(1)", "is", None)]]),
+        (["assert Solution().add(2, 7) == 9"], [[("value", "Solution().add(2, 7)", "eq", 9)]]),
         (["assert f(1)", "assert not f(2)"], [[("value", "f(1)", "truthy", None)], [("value", "f(2)", "falsy", None)]]),
         ("assert f()\nassert g()", [[("value", "f()", "truthy", None), ("value", "g()", "truthy", None)]]),
         ({"input": "1", "output": "2"}, [[("stdin", "1", "stdout", "2")]]),
@@ -87,6 +88,7 @@ def test_parse_tests_formats(value, expected):
         "assert math.isclose(f(1), 2.5)",  # the comparison would run inside: isclose can be patched
         "assert (f(1) == 2) == True",
         "assert f(x) == 2",  # a non-literal argument
+        "assert Solution(x).f(1) == 2",
         "assert f(1) == g(2)",
         "assert f(1) is 3",
         "x = 1\nassert f(x) == 2",

@@ -167,8 +167,14 @@ def _is_data_call(node: ast.expr) -> bool:
 
 
 def _is_name_chain(node: ast.expr) -> bool:
-    while isinstance(node, ast.Attribute):
-        node = node.value
+    """``f``, ``m.f``, or LeetCode's ``Solution().f``: names, attributes and calls with literal arguments."""
+    while isinstance(node, ast.Attribute | ast.Call):
+        if isinstance(node, ast.Call):
+            if not all(_literal(a)[0] for a in [*node.args, *(k.value for k in node.keywords)]):
+                return False
+            node = node.func
+        else:
+            node = node.value
     return isinstance(node, ast.Name)
 
 
