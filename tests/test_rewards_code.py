@@ -3,7 +3,14 @@ import time
 
 import pytest
 
-from lightning_grpo.rewards.code_execution import CodeExecutionReward, code_execution_reward, parse_tests
+from lightning_grpo.rewards.code_execution import (
+    CodeExecutionReward,
+    check_reward_range,
+    code_execution_reward,
+    parse_tests,
+    score,
+)
+from lightning_grpo.rewards.sandbox import SandboxResult
 
 ADD = "Here you go:\n```python\ndef add(a, b):\n    return a + b\n```\nIt adds."
 ADD_TESTS = ["assert add(1, 2) == 3", "assert add(0, 0) == 0"]
@@ -45,21 +52,58 @@ def test_timeouts_and_crashes_score_zero_without_raising(reward):
     assert time.monotonic() - start < 1.0 + 2.0
 
 
+def kinds(tests):
+    return [[(c.case.kind, c.case.source, c.compare, c.expected) for c in test] for test in tests]
+
+
 @pytest.mark.parametrize(
-    ("value", "tests"),
+    ("value", "expected"),
     [
-        (["assert f()"], ["assert f()"]),
-        ('["assert f()"]', ["assert f()"]),
-        ("assert f()\nassert g()", ["assert f()\nassert g()"]),  # a non-JSON string is one script
-        ({"input": "1", "output": "2"}, [{"input": "1", "output": "2"}]),
-        ({"inputs": ["1"], "outputs": ["2"]}, [{"input": "1", "output": "2"}]),
-        (None, None),
-        ([], None),
-        ("[]", None),
+        (["assert f(1) == 2"], [[("value", "f(1)", "eq", 2)]]),
+        ('["assert f(1) == 2"]', [[("value", "f(1)", "eq", 2)]]),
+        (["assert (1, 2) == f([1], k='x')"], [[("value", "f([1], k='x')", "eq", (1, 2))]]),
+        (["assert sorted(m.f(1)) == [1]"], [[("value", "sorted(m.f(1))", "eq", [1])]]),
+        (["assert f(1) is None"], [[("value", "f(1)", "is", None)]]),
+        (["assert Solution().add(2, 7) == 9"], [[("value", "Solution().add(2, 7)", "eq", 9)]]),
+        (["assert f(1)", "assert not f(2)"], [[("value", "f(1)", "truthy", None)], [("value", "f(2)", "falsy", None)]]),
+        ("assert f()\nassert g()", [[("value", "f()", "truthy", None), ("value", "g()", "truthy", None)]]),
+        ({"input": "1", "output": "2"}, [[("stdin", "1", "stdout", "2")]]),
+        (  # HumanEval: a check(candidate) function of simple asserts, called on the entry point
+            [
+                'METADATA = {"a": 1}\ndef check(candidate):\n    """doc"""\n    assert candidate([1]) == 2\n'
+                "    assert True\n    assert not candidate([])\ncheck(f)"
+            ],
+            [[("value", "f([1])", "eq", 2), ("value", "f([])", "falsy", None)]],
+        ),
+        ({"inputs": ["1"], "outputs": ["2"]}, [[("stdin", "1", "stdout", "2")]]),
     ],
 )
-def test_parse_tests_formats(value, tests):
-    assert parse_tests(value) == tests
+def test_parse_tests_formats(value, expected):
+    assert kinds(parse_tests(value)) == expected
+
+
+@pytest.mark.parametrize(
+    "source",
+    [
+        "assert math.isclose(f(1), 2.5)",  # the comparison would run inside: isclose can be patched
+        "assert (f(1) == 2) == True",
+        "assert f(x) == 2",  # a non-literal argument
+        "assert Solution(x).f(1) == 2",
+        "assert f(1) == g(2)",
+        "assert f(1) is 3",
+        "x = 1\nassert f(x) == 2",
+        "def check(candidate):\n    assert abs(candidate(1) - 2) < 1e-6\ncheck(f)",
+        "def check(candidate):\n    assert candidate(1) == 2\n",  # check is never called
+        "assert f(1) ==",
+    ],
+)
+def test_other_test_code_runs_inside_as_a_script(source):
+    assert kinds(parse_tests([source])) == [[("script", source, "ran", None)]]
+
+
+@pytest.mark.parametrize(("value", "empty"), [(None, None), ([], None), ("[]", None)])
+def test_no_tests(value, empty):
+    assert parse_tests(value) is empty
 
 
 @pytest.mark.parametrize("value", [[1, 2], [{"stdin": "1"}], 3.5])
@@ -72,3 +116,29 @@ def test_one_test_list_per_completion_and_name():
     with pytest.raises(ValueError, match="got 2 completions but 1 test_cases"):
         code_execution_reward([ADD, ADD], test_cases=[ADD_TESTS])
     assert code_execution_reward.__name__ == "code_execution_reward" and code_execution_reward.is_slow
+    assert code_execution_reward.reward_range == (0.0, 1.0)
+
+
+def test_reward_outside_the_declared_range_names_the_function():
+    with pytest.raises(ValueError, match="reward function 'code_execution_reward' returned -0.5 at index 1"):
+        check_reward_range("code_execution_reward", [1.0, -0.5], (0.0, 1.0))
+    check_reward_range("code_execution_reward", [0.0, None, 1.0], (0.0, 1.0))
+
+
+def test_score_is_the_fraction_of_tests_with_every_check_passing():
+    tests = parse_tests(["assert f(1) == 1\nassert f(2) == 2", "assert f(3) == 3"])
+    result = SandboxResult(outputs=[b"1", b"3", b"3"])  # the first test's second check fails
+    assert score(tests, result) == 0.5
+    assert score(tests, SandboxResult(outputs=[])) == 0.0  # nothing finished
+
+
+def test_metrics_count_timeouts(reward):
+    reward.metrics()
+    reward(["while True:\n    pass", ADD], test_cases=[ADD_TESTS] * 2)
+    assert reward.metrics() == {
+        "sandbox/programs": 2.0,
+        "sandbox/timeouts": 1.0,
+        "sandbox/killed": 0.0,
+        "sandbox/failures": 0.0,
+    }
+    assert reward.metrics()["sandbox/programs"] == 0.0  # reset by the previous call

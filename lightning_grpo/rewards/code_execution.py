@@ -3,59 +3,59 @@
 A completion's code is its last ```` ```python ```` block, else the whole text. Test formats accepted per row:
 a list of assert statements (MBPP, HumanEval-style), a list of ``{"input": stdin, "output": stdout}`` dicts
 (open-r1, Codeforces-style), APPS' ``{"inputs": [...], "outputs": [...]}``, or any of these as a JSON string.
+The sandbox returns what each program printed or returned; the verdict is made here (``code_tests.py``).
 """
 
 from __future__ import annotations
 
-import json
+from collections.abc import Sequence
 from typing import Any
 
-from lightning_grpo.rewards.sandbox import Sandbox
+from lightning_grpo.rewards.code_tests import Test, parse_tests, passes
+from lightning_grpo.rewards.sandbox import Sandbox, SandboxResult
 from lightning_grpo.rewards.text import completion_text, extract_code
 
-TEST_FORMATS = "a list of assert strings, a list of {'input', 'output'} dicts, {'inputs': [...], 'outputs': [...]}"
+__all__ = ["CodeExecutionReward", "check_reward_range", "code_execution_reward", "parse_tests"]
 
 
-def parse_tests(value: Any) -> list[Any] | None:
-    """One row's tests as a list of assert strings and ``{"input", "output"}`` dicts; None when there are none.
+def check_reward_range(name: str, values: Sequence[float | None], reward_range: tuple[float, float]) -> None:
+    """Raise naming the function if a value falls outside its declared ``reward_range`` (None is allowed).
 
-    >>> parse_tests('{"inputs": ["1\\\\n"], "outputs": ["2\\\\n"]}')
-    [{'input': '1\\n', 'output': '2\\n'}]
-    >>> parse_tests(["assert f(1) == 2"]), parse_tests([]), parse_tests(None)
-    (['assert f(1) == 2'], None, None)
+    >>> check_reward_range("code_execution_reward", [0.0, None, 1.5], (0.0, 1.0))
+    Traceback (most recent call last):
+    ...
+    ValueError: reward function 'code_execution_reward' returned 1.5 at index 2, outside its declared range [0.0, 1.0]
     """
-    if isinstance(value, str):
-        try:
-            value = json.loads(value)
-        except json.JSONDecodeError:
-            return [value]  # a script of asserts, all-or-nothing
-    if isinstance(value, dict) and "inputs" in value:
-        value = [{"input": i, "output": o} for i, o in zip(value["inputs"], value.get("outputs", []), strict=True)]
-    elif isinstance(value, dict):
-        value = [value]
-    if value is None or (isinstance(value, list) and not value):
-        return None
-    if not isinstance(value, list) or not all(isinstance(t, str) or _is_io_test(t) for t in value):
-        raise ValueError(f"test_cases must be {TEST_FORMATS} (or such a JSON string), got {value!r:.200}")
-    return value
+    low, high = reward_range
+    for i, value in enumerate(values):
+        if value is not None and not low <= value <= high:
+            raise ValueError(
+                f"reward function {name!r} returned {value} at index {i}, outside its declared range [{low}, {high}]"
+            )
 
 
-def _is_io_test(test: Any) -> bool:
-    return isinstance(test, dict) and "input" in test and "output" in test
+def score(tests: list[Test], result: SandboxResult) -> float:
+    """Fraction of tests whose every check passes, clamped to [0, 1]; outputs are in the order of the checks."""
+    outputs = iter(result.outputs)
+    passed = sum(all([passes(check, next(outputs, None)) for check in test]) for test in tests)
+    return min(1.0, max(0.0, passed / len(tests)))
 
 
 class CodeExecutionReward:
-    """Fraction of the row's tests the completion's code passes; 0.0 on timeout, crash or no code.
+    """Fraction of the row's tests the completion's code passes, in [0, 1]; 0.0 on timeout, crash or no code.
 
-    Programs run in parallel in a ``Sandbox`` (see ``sandbox.py`` for the limits). Rows whose
-    ``test_cases`` is ``None`` or empty score ``None``.
+    Programs run in parallel in a ``Sandbox`` (see ``sandbox.py`` for the isolation and limits). Rows whose
+    ``test_cases`` is ``None`` or empty score ``None``. ``metrics()`` returns the sandbox counters
+    (``sandbox/programs``, ``sandbox/timeouts``, ``sandbox/killed``, ``sandbox/failures``) since its last call.
 
     Args:
-        timeout_seconds: wall-clock limit per completion (its tests run in one process).
-        memory_mb: address-space limit per program.
+        timeout_seconds: wall-clock limit per completion (its tests run in one sandboxed process).
+        memory_mb: address-space limit per process.
         max_workers: programs run at once; default the number of CPUs.
+        isolation: "auto" (kernel namespaces, else a loud fallback), "strict" (refuse to run without them),
+            "process" (rlimits and an audit hook only).
 
-    >>> reward = CodeExecutionReward(timeout_seconds=2)
+    >>> reward = CodeExecutionReward(timeout_seconds=5)
     >>> solution = "```python\\ndef add(a, b):\\n    return a + b\\n```"
     >>> reward([solution, "I can't", solution], test_cases=[["assert add(1, 2) == 3"], ["assert add(1, 2) == 3"], None])
     [1.0, 0.0, None]
@@ -63,9 +63,22 @@ class CodeExecutionReward:
 
     __name__ = "code_execution_reward"
     is_slow = True  # scoring runs it on a thread, overlapping other reward functions
+    reward_range = (0.0, 1.0)
 
-    def __init__(self, timeout_seconds: float = 5.0, memory_mb: int = 512, max_workers: int | None = None) -> None:
-        self.sandbox = Sandbox(timeout_seconds=timeout_seconds, memory_mb=memory_mb, max_workers=max_workers)
+    def __init__(
+        self,
+        timeout_seconds: float = 5.0,
+        memory_mb: int = 512,
+        max_workers: int | None = None,
+        isolation: str = "auto",
+    ) -> None:
+        self.sandbox = Sandbox(
+            timeout_seconds=timeout_seconds, memory_mb=memory_mb, max_workers=max_workers, isolation=isolation
+        )
+
+    def metrics(self, reset: bool = True) -> dict[str, float]:
+        """The sandbox counters (``sandbox/programs``, ``/timeouts``, ``/killed``, ``/failures``) since last reset."""
+        return self.sandbox.metrics(reset=reset)
 
     def __call__(self, completions: list[Any], test_cases: list[Any], **kwargs: Any) -> list[float | None]:
         tests = [parse_tests(t) for t in test_cases]
@@ -73,10 +86,12 @@ class CodeExecutionReward:
         if len(codes) != len(tests):
             raise ValueError(f"got {len(codes)} completions but {len(tests)} test_cases: give one per completion")
         runnable = [i for i, (code, t) in enumerate(zip(codes, tests)) if t is not None and code.strip()]
-        results = self.sandbox.run_many([codes[i] for i in runnable], [tests[i] for i in runnable])
+        cases = [[check.case for test in tests[i] for check in test] for i in runnable]
+        results = self.sandbox.run_many([codes[i] for i in runnable], cases)
         scores: list[float | None] = [None if t is None else 0.0 for t in tests]
         for i, result in zip(runnable, results):
-            scores[i] = result.score
+            scores[i] = score(tests[i], result)
+        check_reward_range(self.__name__, scores, self.reward_range)
         return scores
 
 
