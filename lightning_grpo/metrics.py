@@ -13,9 +13,11 @@ from lightning_grpo.loss import LossOutput
 from lightning_grpo.types import LengthStats, RewardScores, RewardStats, UpdateStats
 
 
-def reward_stats(per_function: Tensor, weights: Tensor, names: list[str], group_size: int) -> RewardStats:
+def reward_stats(
+    per_function: Tensor, weights: Tensor, names: list[str], group_size: int, accuracy_reward: str | None = None
+) -> RewardStats:
     """Statistics of [N, F] scores. A function that returned None for every row has NaN mean and std, as in
-    TRL, so that it shows instead of passing for a 0."""
+    TRL, so that it shows instead of passing for a 0. ``accuracy``: the share of full marks of ``accuracy_reward``."""
     total = RewardScores(per_function, names, weights).total  # [N]
     return RewardStats(
         mean=total.nanmean().item(),
@@ -23,6 +25,7 @@ def reward_stats(per_function: Tensor, weights: Tensor, names: list[str], group_
         frac_zero_std=zero_std_fraction(total.view(-1, group_size)),
         function_means={name: per_function[:, i].nanmean().item() for i, name in enumerate(names)},
         function_stds={name: _function_std(per_function[:, i]) for i, name in enumerate(names)},
+        accuracy=accuracy(per_function, names, accuracy_reward) if accuracy_reward else None,
     )
 
 

@@ -29,8 +29,8 @@ from lightning_grpo.metrics import accuracy, length_stats, reward_stats, update_
 from lightning_grpo.optim import clip_gradients, param_groups, scheduler
 from lightning_grpo.policy import Policy
 from lightning_grpo.ranks import Ranks
-from lightning_grpo.rewards.combine import preset
-from lightning_grpo.rewards.scoring import check_reward_weights, reward_name, score_rollout
+from lightning_grpo.rewards.combine import reward_set
+from lightning_grpo.rewards.scoring import default_accuracy_reward, score_rollout, trl_trainer_state
 from lightning_grpo.rollout import RolloutEngine, SamplingConfig
 from lightning_grpo.settings import check_settings
 from lightning_grpo.targets import Targets, TargetSettings, build_targets, rows_of
@@ -84,8 +84,8 @@ class GRPOModule(L.LightningModule):
         lr_scheduler_type: cosine (default), linear, constant or constant_with_warmup.
         optimizer: optional optimiser factory ``params -> Optimizer`` replacing AdamW (``class_path`` in YAML).
         max_grad_norm: clip the gradient norm; ``None`` disables clipping.
-        accuracy_reward: name of the reward function that scores correctness; its full marks (>= 1.0) give
-            ``accuracy`` in validation.
+        accuracy_reward: name of the reward function whose full marks (>= 1.0) count as ``accuracy`` (train and
+            validation); ``None`` picks the correctness reward when exactly one of ``reward_funcs`` is one.
         gradient_checkpointing: recompute activations in the backward pass (off while generating).
         peft_config: LoRA settings (``peft.LoraConfig`` arguments, e.g. ``{r: 16, lora_alpha: 32,
             target_modules: all-linear}``): only the adapter trains; the reference for ``beta > 0`` is the
@@ -157,16 +157,8 @@ class GRPOModule(L.LightningModule):
         super().__init__()
         settings = {k: v for k, v in locals().items() if k not in ("self", "__class__")}
         check_settings(settings)
-        self.reward_funcs = list(reward_funcs or [])
-        self.reward_weights = check_reward_weights(self.reward_funcs, reward_weights) if self.reward_funcs else []
-        if reward_preset is not None:
-            preset_funcs, preset_weights = preset(reward_preset)
-            self.reward_funcs += preset_funcs
-            self.reward_weights += preset_weights
-        check_reward_weights(self.reward_funcs, self.reward_weights)
-        names = [reward_name(f) for f in self.reward_funcs]
-        if accuracy_reward is not None and accuracy_reward not in names:
-            raise ValueError(f"accuracy_reward must name one of the reward functions {names}, got {accuracy_reward!r}")
+        self.reward_funcs, self.reward_weights = reward_set(reward_funcs, reward_weights, reward_preset)
+        self.accuracy_reward = default_accuracy_reward(self.reward_funcs, accuracy_reward)
         # Only config values: LightningCLI parses them back when resuming with --ckpt_path.
         objects = [k for k in ("model", "tokenizer") if not isinstance(settings[k], str | None)]
         self.save_hyperparameters(ignore=["reward_funcs", "optimizer", "rollout_engine", *objects])
@@ -234,7 +226,7 @@ class GRPOModule(L.LightningModule):
         self.bad_steps_in_a_row = 0
         self.num_tokens_seen += int(ranks.sum(rollout.attention_mask.sum()))
         stats = StepStats(
-            rewards=reward_stats(all_scores, scores.weights, scores.names, rollout.group_size),
+            rewards=reward_stats(all_scores, scores.weights, scores.names, rollout.group_size, self.accuracy_reward),
             lengths=length_stats(*ranks.lengths(rollout)),
             update=update_stats(ranks.loss(loss), targets.sampling_weights, targets.mask),
             num_tokens=self.num_tokens_seen,
@@ -243,7 +235,7 @@ class GRPOModule(L.LightningModule):
             truncated_prompts=rollout.num_truncated_prompts,
             step_time=time.perf_counter() - start,
             reward_errors=scores.errors,
-            engine=rollout.metrics,
+            extra={**rollout.metrics, **scores.metrics},
         )
         self._log_step(stats)
         return {"loss": torch.tensor(stats.update.loss), "record": StepRecord(rollout, scores, advantages, stats)}
@@ -257,8 +249,9 @@ class GRPOModule(L.LightningModule):
 
     def _score(self, rollout: Rollout, batch: PromptBatch) -> RewardScores:
         hp, columns = self.hparams, {**batch.columns, **rollout.columns}
+        state = trl_trainer_state(self.global_step, self.trainer.max_steps, self.current_epoch)  # as TRL passes it
         return score_rollout(
-            self.reward_funcs, self.reward_weights, rollout, columns, hp.on_reward_error, hp.reward_timeout
+            self.reward_funcs, self.reward_weights, rollout, columns, hp.on_reward_error, hp.reward_timeout, state
         )
 
     def _cuda_devices(self) -> list[torch.device]:
@@ -345,9 +338,9 @@ class GRPOModule(L.LightningModule):
         scores = self._score(rollout, batch)
         metrics = {"reward": scores.total.nanmean().nan_to_num(0.0).item()}
         for i, name in enumerate(scores.names):
-            metrics[f"rewards/{name}/mean"] = scores.per_function[:, i].nanmean().nan_to_num(0.0).item()
-        if self.hparams.accuracy_reward:
-            metrics["accuracy"] = accuracy(scores.per_function, scores.names, self.hparams.accuracy_reward)
+            metrics[f"rewards/{name}/mean"] = scores.per_function[:, i].nanmean().item()  # NaN: never applied
+        if self.accuracy_reward:
+            metrics["accuracy"] = accuracy(scores.per_function, scores.names, self.accuracy_reward)
         metrics["completions/mean_length"] = rollout.completion_mask.sum(1).float().mean().item()
         self.log_dict({f"val/{k}": v for k, v in metrics.items()}, batch_size=len(batch), sync_dist=True)
 

@@ -79,6 +79,7 @@ class RewardScores:
     names: list[str]  # [F]
     weights: Tensor  # [F]
     errors: dict[str, int] = field(default_factory=dict)  # failed rows per function (on_reward_error skip/zero)
+    metrics: dict[str, float] = field(default_factory=dict)  # the functions' own counters (sandbox/timeouts ...)
 
     @property
     def total(self) -> Tensor:
@@ -99,9 +100,12 @@ class RewardStats:
     frac_zero_std: float  # groups whose rewards are all equal: they carry no gradient
     function_means: dict[str, float]  # per reward function; NaN where it returned None for every row
     function_stds: dict[str, float]
+    accuracy: float | None = None  # share of full marks of the module's accuracy_reward, when it has one
 
     def metrics(self) -> dict[str, float]:
         out = {"reward": self.mean, "reward_std": self.std, "frac_reward_zero_std": self.frac_zero_std}
+        if self.accuracy is not None:
+            out["accuracy"] = self.accuracy
         for name in self.function_means:
             out[f"rewards/{name}/mean"] = self.function_means[name]
             out[f"rewards/{name}/std"] = self.function_stds[name]
@@ -170,14 +174,14 @@ class StepStats:
     truncated_prompts: int  # prompts of this rank's batch cut to max_prompt_length
     step_time: float  # seconds
     reward_errors: dict[str, int] = field(default_factory=dict)  # failed rows per function (skip / zero)
-    engine: dict[str, float] = field(default_factory=dict)  # the rollout engine's own metrics
+    extra: dict[str, float] = field(default_factory=dict)  # the rollout engine's and reward functions' own metrics
 
     def metrics(self) -> dict[str, float]:
         return {
             **self.update.metrics(),
             **self.rewards.metrics(),
             **self.lengths.metrics(),
-            **self.engine,
+            **self.extra,
             "num_tokens": float(self.num_tokens),
             "lr": self.learning_rate,
             "skipped_steps": float(self.skipped_steps),

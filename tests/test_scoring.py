@@ -273,3 +273,30 @@ def test_trls_accuracy_reward_keeps_its_timeouts_under_reward_timeout():
     scores = score_rollout([trl_accuracy_reward], [1.0], make_rollout(completions), solution, timeout=30)
     assert scores.per_function[:, 0].tolist() == [1.0, 0.0]
     assert threads == [threading.main_thread()]
+
+
+class BoundedCounter:
+    """A reward declaring its range and keeping a counter of its own, as the code sandbox does."""
+
+    __name__ = "bounded_reward"
+    reward_range = (0.0, 1.0)
+
+    def __init__(self, value):
+        self.value, self.calls = value, 0
+
+    def __call__(self, completions, **kwargs):
+        self.calls += 1
+        return [self.value] * len(completions)
+
+    def metrics(self):
+        return {"bounded/calls": float(self.calls)}
+
+
+def test_a_reward_outside_its_declared_range_is_an_error_naming_it():
+    with pytest.raises(ValueError, match=r"reward function 'bounded_reward' returned 1.5 at index 0, outside its"):
+        score_rollout([BoundedCounter(1.5)], [1.0], make_rollout(["a", "b"]), {})
+
+
+def test_a_functions_own_counters_reach_the_scores():
+    scores = score_rollout([BoundedCounter(1.0)], [1.0], make_rollout(["a", "b"]), {})
+    assert scores.metrics == {"bounded/calls": 1.0} and scores.per_function.tolist() == [[1.0], [1.0]]

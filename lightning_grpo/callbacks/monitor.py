@@ -3,7 +3,7 @@
 Logs ``reward_window/mean|std`` and ``rewards_window/<fn>/mean`` over the last ``window`` steps (their windows
 are saved in checkpoints, so a resumed run goes on with the same windows), per-group
 ``groups/best|worst|spread`` (means over groups of the group's max, min and max - min reward: a spread near 0
-means no learning signal), and ``accuracy`` where a correctness reward is named.
+means no learning signal). The step's ``accuracy`` comes with the module's own metrics.
 """
 
 from __future__ import annotations
@@ -15,7 +15,6 @@ from typing import Any
 import lightning as L
 from typing_extensions import override
 
-from lightning_grpo.metrics import accuracy
 from lightning_grpo.types import step_record
 
 
@@ -24,14 +23,12 @@ class RewardMonitor(L.Callback):
 
     Args:
         window: steps in the running mean and std.
-        accuracy_reward: name of the correctness reward function; defaults to the module's ``accuracy_reward``.
     """
 
-    def __init__(self, window: int = 20, accuracy_reward: str | None = None) -> None:
+    def __init__(self, window: int = 20) -> None:
         if window < 1:
             raise ValueError(f"window must be >= 1, got {window}")
         self.window = window
-        self.accuracy_reward = accuracy_reward
         self.windows: dict[str, deque[float]] = {}
 
     def _running(self, name: str, value: float) -> list[float]:
@@ -62,9 +59,6 @@ class RewardMonitor(L.Callback):
             "groups/worst": worst.mean().item(),
             "groups/spread": (best - worst).mean().item(),
         }
-        name = self.accuracy_reward or getattr(pl_module.hparams, "accuracy_reward", None)
-        if name in scores.names:
-            logged["accuracy"] = accuracy(scores.per_function, scores.names, name)
         pl_module.log_dict({f"train/{k}": v for k, v in logged.items()}, on_step=True, on_epoch=False, batch_size=1)
 
     @override

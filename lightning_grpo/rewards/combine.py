@@ -16,7 +16,14 @@ from lightning_grpo.rewards.correctness import fuzzy_match_reward, normalized_ma
 from lightning_grpo.rewards.format import python_syntax_reward, soft_think_format_reward
 from lightning_grpo.rewards.length import length_bounds_reward
 from lightning_grpo.rewards.math_equivalence import math_verify_reward
-from lightning_grpo.rewards.scoring import Policy, RewardFunc, call_rewards, is_async_reward, reward_name
+from lightning_grpo.rewards.scoring import (
+    Policy,
+    RewardFunc,
+    call_rewards,
+    check_reward_weights,
+    is_async_reward,
+    reward_name,
+)
 from lightning_grpo.rewards.style import reasoning_steps_reward, repetition_penalty
 
 RewardPairs = list[tuple[RewardFunc, float]]
@@ -141,3 +148,15 @@ def preset(name: str) -> tuple[list[RewardFunc], list[float]]:
         raise ValueError(f"preset must be one of {sorted(PRESETS)}, got {name!r}")
     pairs = PRESETS[name]
     return [fn for fn, _ in pairs], [weight for _, weight in pairs]
+
+
+def reward_set(
+    reward_funcs: Sequence[RewardFunc] | None, reward_weights: Sequence[float] | None, reward_preset: str | None
+) -> tuple[list[RewardFunc], list[float]]:
+    """``reward_funcs`` with their weights (1.0 each by default), then the preset's; refused when empty."""
+    funcs = list(reward_funcs or [])
+    weights = check_reward_weights(funcs, reward_weights) if funcs else []
+    if reward_preset is not None:
+        preset_funcs, preset_weights = preset(reward_preset)
+        funcs, weights = funcs + preset_funcs, weights + preset_weights
+    return funcs, check_reward_weights(funcs, weights)

@@ -359,6 +359,22 @@ def call_rewards(
     return table
 
 
+def check_reward_range(name: str, values: Sequence[float | None], reward_range: tuple[float, float]) -> None:
+    """Raise naming the function if a value falls outside its declared ``reward_range`` (None is allowed).
+
+    >>> check_reward_range("code_execution_reward", [0.0, None, 1.5], (0.0, 1.0))
+    Traceback (most recent call last):
+    ...
+    ValueError: reward function 'code_execution_reward' returned 1.5 at index 2, outside its declared range [0.0, 1.0]
+    """
+    low, high = reward_range
+    for i, value in enumerate(values):
+        if value is not None and value == value and not low <= value <= high:  # None / NaN: not applicable
+            raise ValueError(
+                f"reward function {name!r} returned {value} at index {i}, outside its declared range [{low}, {high}]"
+            )
+
+
 def score_rollout(
     reward_funcs: Sequence[RewardFunc],
     weights: Sequence[float],
@@ -387,13 +403,29 @@ def score_rollout(
     if trainer_state is not None:
         kwargs["trainer_state"] = trainer_state
     table = call_rewards(reward_funcs, kwargs, len(rollout), policy)  # [F][N]
+    names = reward_names(reward_funcs)
+    for name, fn, values in zip(names, reward_funcs, table):
+        if getattr(fn, "reward_range", None) is not None:  # a declared range: a value outside it is a bug
+            check_reward_range(name, values, fn.reward_range)
     device = rollout.completion_ids.device
     return RewardScores(
         per_function=torch.tensor(table, dtype=torch.float32, device=device).T.reshape(len(rollout), -1),
-        names=reward_names(reward_funcs),
+        names=names,
         weights=torch.tensor(list(weights), dtype=torch.float32, device=device),
         errors=policy.errors,
+        metrics=function_metrics(reward_funcs),
     )
+
+
+def function_metrics(reward_funcs: Sequence[RewardFunc]) -> dict[str, float]:
+    """The counters reward functions keep themselves (``metrics()``: e.g. the code sandbox's ``sandbox/timeouts``),
+    read and reset once per scoring."""
+    out: dict[str, float] = {}
+    for fn in reward_funcs:
+        read = getattr(fn, "metrics", None)
+        if callable(read):
+            out.update(read())
+    return out
 
 
 def trl_trainer_state(global_step: int, max_steps: int, epoch: float) -> Any:
