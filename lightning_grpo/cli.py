@@ -36,6 +36,7 @@ from lightning_grpo.callbacks import (
     RewardMonitor,
     RunSummary,
 )
+from lightning_grpo.callbacks.final import ValidateAtEnd
 from lightning_grpo.callbacks.threads import TorchThreads
 from lightning_grpo.data import PromptDataModule
 from lightning_grpo.module import GRPOModule
@@ -139,6 +140,7 @@ class GRPOCLI(LightningCLI):
         parser.add_lightning_class_args(CompletionSampleLogger, "samples")
         parser.add_lightning_class_args(PreemptionCheckpoint, "preemption")
         parser.add_lightning_class_args(TorchThreads, "threads")
+        parser.add_lightning_class_args(ValidateAtEnd, "validate_at_end")
 
 
 def report_main(args: list[str]) -> None:

@@ -129,6 +129,8 @@ class PromptDataModule(L.LightningDataModule):
             rows, or a fraction below 1. Unset: 5% of the rows (at least 1, at most 500), or none when
             ``val_split`` is ``null``. 0: no validation.
         max_val_prompts: use at most this many validation prompts.
+        test_split: split ``trainer.test`` scores (held-out reward and accuracy, like validation) and
+            ``trainer.predict`` completes (it falls back to the validation rows when the split is missing).
         num_workers: DataLoader workers.
         split_seed: shuffling seed for the held-out split.
     """
@@ -145,6 +147,7 @@ class PromptDataModule(L.LightningDataModule):
         val_split: str | None = "validation",
         val_size: int | float | None = None,
         max_val_prompts: int | None = None,
+        test_split: str = "test",
         num_workers: int = 0,
         split_seed: int = 0,
     ) -> None:
@@ -162,6 +165,7 @@ class PromptDataModule(L.LightningDataModule):
         self.save_hyperparameters()
         self.train_data: Dataset | None = None
         self.val_data: Dataset | None = None
+        self.test_data: Dataset | None = None
 
     def setup(self, stage: str | None = None) -> None:
         if self.train_data is not None:
@@ -232,11 +236,30 @@ class PromptDataModule(L.LightningDataModule):
             )
 
     def val_dataloader(self) -> DataLoader | list:
-        if self.val_data is None:
-            return []
+        return [] if self.val_data is None else self._evaluation_loader(self.val_data)
+
+    def test_dataloader(self) -> DataLoader:
+        return self._evaluation_loader(self._test_rows(fall_back=False))
+
+    def predict_dataloader(self) -> DataLoader:
+        return self._evaluation_loader(self._test_rows(fall_back=True))
+
+    def _test_rows(self, fall_back: bool) -> Dataset:
+        """The ``test_split`` rows; for predict, the validation rows when there is no such split."""
+        hp = self.hparams
+        if self.test_data is None:
+            try:
+                self.test_data = self._checked(load_any(hp.dataset, hp.test_split, hp.config_name), hp.test_split)
+            except (FileNotFoundError, ValueError, KeyError) as err:
+                if fall_back and self.val_data is not None:
+                    return self.val_data
+                raise ValueError(
+                    f"test_split {hp.test_split!r} cannot be read from dataset {hp.dataset!r} ({err}): set "
+                    "data.test_split to a split the dataset has"
+                ) from err
+        return self.test_data
+
+    def _evaluation_loader(self, rows: Dataset) -> DataLoader:
         return DataLoader(
-            self.val_data,
-            batch_size=self.hparams.batch_size * 4,
-            collate_fn=self.collate,
-            num_workers=self.hparams.num_workers,
+            rows, batch_size=self.hparams.batch_size * 4, collate_fn=self.collate, num_workers=self.hparams.num_workers
         )

@@ -333,6 +333,19 @@ class GRPOModule(L.LightningModule):
 
     @override
     def validation_step(self, batch: PromptBatch, batch_idx: int) -> None:
+        self._evaluate(batch, "val")
+
+    @override
+    def test_step(self, batch: PromptBatch, batch_idx: int) -> None:
+        self._evaluate(batch, "test")
+
+    @override
+    def predict_step(self, batch: PromptBatch, batch_idx: int) -> list[dict[str, Any]]:
+        """Greedy completions of the batch's prompts: ``{"prompt", "completion"}`` per row."""
+        rollout = self.sample(batch.prompts, num_generations=1, greedy=True)
+        return [{"prompt": p, "completion": c} for p, c in zip(rollout.prompts, rollout.completions)]
+
+    def _evaluate(self, batch: PromptBatch, stage: str) -> None:
         """Greedy completion per held-out prompt: mean reward, per-function means and accuracy."""
         rollout = self.sample(batch.prompts, num_generations=1, greedy=True)
         scores = self._score(rollout, batch)
@@ -342,7 +355,7 @@ class GRPOModule(L.LightningModule):
         if self.accuracy_reward:
             metrics["accuracy"] = accuracy(scores.per_function, scores.names, self.accuracy_reward)
         metrics["completions/mean_length"] = rollout.completion_mask.sum(1).float().mean().item()
-        self.log_dict({f"val/{k}": v for k, v in metrics.items()}, batch_size=len(batch), sync_dist=True)
+        self.log_dict({f"{stage}/{k}": v for k, v in metrics.items()}, batch_size=len(batch), sync_dist=True)
 
     # ---- models, optimiser, checkpoints -------------------------------------------------------------------
 

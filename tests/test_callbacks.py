@@ -16,6 +16,8 @@ from lightning_grpo.callbacks import (
     KLAlert,
     ModeCollapseAlert,
     RewardMonitor,
+    RunSummary,
+    ValidateAtEnd,
 )
 from lightning_grpo.cli import main
 from lightning_grpo.types import step_record
@@ -36,13 +38,14 @@ def test_collapse_is_caught_within_patience_and_stops(tiny_model_dir, arith_json
     trainer = fit(module, data(arith_jsonl), tmp_path, max_steps=50, callbacks=[alert])
     assert trainer.global_step == 2 + 3  # warm-up steps, then patience steps of zero reward std
     signals = {f.signal for f in alert.firings}
-    assert {"reward_std", "frac_reward_zero_std"} <= signals
+    assert {"no_learning_signal", "reward_std", "frac_reward_zero_std"} <= signals
     written = [
         json.loads(line)
         for line in (tmp_path / "lightning_logs/version_0/alerts.jsonl").read_text().split("\n")
         if line
     ]
-    assert written[0]["signal"] in signals and "Try: more num_generations" in written[0]["message"]
+    assert written[0]["signal"] == "no_learning_signal" and "reward does not discriminate" in written[0]["message"]
+    assert any("Try: more num_generations" in w["message"] for w in written[1:])
     assert logged(trainer)["train/alerts/reward_std"][-1] == 1.0
     last = torch.load(tmp_path / "lightning_logs/version_0/checkpoints/last.ckpt", weights_only=False)
     assert last["global_step"] == 2 + 3  # the stopped run's last steps are kept
@@ -55,11 +58,23 @@ def test_near_zero_temperature_collapses_completions(tiny_model_dir, arith_jsonl
         fit(module, data(arith_jsonl), tmp_path, max_steps=20, callbacks=[alert])
 
 
-def test_solved_groups_are_not_collapse(tiny_model_dir, arith_jsonl, tmp_path):
-    alert = ModeCollapseAlert(warmup_steps=1, patience=2, action="raise", reward_ceiling=0.5)
+def test_solved_groups_are_reported_as_solved_not_collapse(tiny_model_dir, arith_jsonl, tmp_path):
+    alert = ModeCollapseAlert(warmup_steps=1, patience=2, action="warn", reward_ceiling=0.5)
     module = make_module(tiny_model_dir, reward_funcs=[constant_reward], accuracy_reward=None)
     trainer = fit(module, data(arith_jsonl), tmp_path, max_steps=5, callbacks=[alert])
-    assert trainer.global_step == 5 and not alert.firings  # every completion at the ceiling: solved
+    assert trainer.global_step == 5  # every completion at the ceiling: solved, so only the zero signal is reported
+    assert [f.signal for f in alert.firings] == ["no_learning_signal"]
+    assert "at reward_ceiling: the task is solved for this data" in alert.firings[0].message
+
+
+def test_a_constant_reward_at_the_ceiling_without_one_set_is_zero_signal(tiny_model_dir, arith_jsonl, tmp_path):
+    """The same run without reward_ceiling: nothing tells solved from a reward that cannot discriminate."""
+    alert = ModeCollapseAlert(warmup_steps=1, patience=2, action="warn")
+    module = make_module(tiny_model_dir, reward_funcs=[constant_reward], accuracy_reward=None)
+    fit(module, data(arith_jsonl), tmp_path, max_steps=4, callbacks=[alert])
+    zero = [f for f in alert.firings if f.signal == "no_learning_signal"]
+    assert len(zero) == 1 and "the reward does not discriminate, or the task is solved" in zero[0].message
+    assert "Try: check the reward function gives different completions different scores" in zero[0].message
 
 
 def test_kl_alert_on_a_runaway_policy(tiny_model_dir, arith_jsonl, tmp_path):
@@ -194,3 +209,18 @@ def test_reward_monitor_windows_survive_a_checkpoint(tiny_model_dir, arith_jsonl
     restored.load_state_dict(ckpt["callbacks"]["RewardMonitor"])
     assert {k: list(v) for k, v in restored.windows.items()} == {k: list(v) for k, v in monitor.windows.items()}
     assert len(restored.windows["reward"]) == 3  # the last 3 of 4 steps
+
+
+@pytest.mark.parametrize("at_end", [False, True])
+def test_a_run_shorter_than_an_epoch_ends_validated_and_checkpointed(tiny_model_dir, arith_jsonl, tmp_path, at_end):
+    """2 steps of a 3-batch epoch: Lightning alone would validate at the epoch's end, which never comes."""
+    summary = RunSummary()
+    callbacks = [summary, *([ValidateAtEnd()] if at_end else [])]
+    data = PromptDataModule(arith_jsonl, batch_size=4, val_size=4)  # 12 training rows: 3 batches
+    module = make_module(tiny_model_dir)
+    trainer = fit(
+        module, data, tmp_path, max_steps=2, callbacks=callbacks, enable_checkpointing=True, limit_val_batches=None
+    )
+    checkpoints = list((tmp_path / "lightning_logs/version_0/checkpoints").glob("*.ckpt"))
+    assert trainer.global_step == 2 and [c.name for c in checkpoints] == ["epoch=0-step=2.ckpt"]
+    assert ("val/accuracy" in summary.after) == at_end  # without: the summary's "after" reads n/a

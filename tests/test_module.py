@@ -241,3 +241,27 @@ def test_weight_decay_spares_biases_norms_and_embeddings(tiny_model_dir, arith_j
     spared = decay[0.0]
     assert any("norm" in n for n in spared) and any(n.endswith("bias") for n in spared)
     assert "model.embed_tokens.weight" in spared
+
+
+def test_trainer_test_and_predict(tiny_model_dir, tmp_path):
+    rows = [{"prompt": f"{a}+{b}=", "answer": str(a + b)} for a in range(4) for b in range(4)]
+    (tmp_path / "data").mkdir()
+    for split, part in (("train", rows[:12]), ("test", rows[12:])):
+        (tmp_path / "data" / f"{split}.jsonl").write_text("".join(json.dumps(r) + "\n" for r in part))
+    data = PromptDataModule(str(tmp_path / "data"), batch_size=4)
+    module = make_module(tiny_model_dir)
+    trainer = fit(module, data, tmp_path, max_steps=1)
+    [scores] = trainer.test(module, datamodule=data, verbose=False)
+    assert {"test/reward", "test/accuracy", "test/rewards/exact_match_reward/mean"} <= set(scores)
+    predictions = [row for batch in trainer.predict(module, datamodule=data) for row in batch]
+    assert [p["prompt"] for p in predictions] == [r["prompt"] for r in rows[12:]]
+    assert all(isinstance(p["completion"], str) for p in predictions)
+
+
+def test_test_without_a_test_split_names_the_setting(tiny_model_dir, arith_jsonl, tmp_path):
+    data = PromptDataModule(arith_jsonl, batch_size=4)
+    module = make_module(tiny_model_dir)
+    trainer = fit(module, data, tmp_path, max_steps=1)
+    with pytest.raises(ValueError, match="test_split 'test' cannot be read from dataset .* set data.test_split"):
+        trainer.test(module, datamodule=data, verbose=False)
+    assert len([row for batch in trainer.predict(module, datamodule=data) for row in batch]) == 1  # validation rows

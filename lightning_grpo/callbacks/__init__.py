@@ -4,6 +4,7 @@ from lightning_grpo.callbacks.alerts import Alert, GRPOAlertError
 from lightning_grpo.callbacks.collapse import ModeCollapseAlert
 from lightning_grpo.callbacks.divergence import KLAlert
 from lightning_grpo.callbacks.export import HFExport
+from lightning_grpo.callbacks.final import ValidateAtEnd
 from lightning_grpo.callbacks.monitor import RewardMonitor
 from lightning_grpo.callbacks.preemption import PreemptionCheckpoint
 from lightning_grpo.callbacks.samples import CompletionSampleLogger
@@ -19,4 +20,5 @@ __all__ = [
     "PreemptionCheckpoint",
     "RewardMonitor",
     "RunSummary",
+    "ValidateAtEnd",
 ]

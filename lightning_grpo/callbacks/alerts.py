@@ -31,6 +31,7 @@ class Signal:
     threshold: float
     relation: str  # "<" or ">": how value compares with threshold while the signal is active
     advice: str  # what to try
+    diagnosis: str = ""  # what the signal means, when its name does not say it
 
 
 @dataclass
@@ -96,9 +97,10 @@ class Alert(L.Callback):
             self._act(trainer)
 
     def _record(self, trainer: L.Trainer, s: Signal) -> None:
+        diagnosis = f": {s.diagnosis}" if s.diagnosis else ""
         message = (
             f"{type(self).__name__} at step {trainer.global_step}: {s.name} = {s.value:.4g} {s.relation} "
-            f"{s.threshold:.4g} for {self.patience} consecutive steps. Try: {s.advice}"
+            f"{s.threshold:.4g} for {self.patience} consecutive steps{diagnosis}. Try: {s.advice}"
         )
         firing = Firing(trainer.global_step, type(self).__name__, s.name, s.value, s.threshold, message)
         self.firings.append(firing)
