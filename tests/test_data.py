@@ -24,15 +24,11 @@ def test_files_of_each_format(tmp_path, fmt):
     }[fmt]()
     batch = batches(PromptDataModule(str(path), batch_size=4, val_split=None))
     assert len(batch.prompts) == 4 and set(batch.columns) == {"answer"}
-    assert all(
-        str(int(p.split("+")[0]) + 1) == str(a) for p, a in zip(batch.prompts, batch.columns["answer"])
-    )
+    assert all(str(int(p.split("+")[0]) + 1) == str(a) for p, a in zip(batch.prompts, batch.columns["answer"]))
 
 
 def test_save_to_disk_directory_with_validation_split(tmp_path):
-    DatasetDict({"train": Dataset.from_list(ROWS), "test": Dataset.from_list(ROWS[:2])}).save_to_disk(
-        tmp_path / "d"
-    )
+    DatasetDict({"train": Dataset.from_list(ROWS), "test": Dataset.from_list(ROWS[:2])}).save_to_disk(tmp_path / "d")
     dm = PromptDataModule(str(tmp_path / "d"), batch_size=2, val_split="test")
     dm.setup("fit")
     assert len(dm.train_data) == 6 and len(dm.val_data) == 2
@@ -53,9 +49,7 @@ def test_held_out_rows_when_there_is_no_validation_split(arith_jsonl):
 
 
 def test_missing_prompt_column_lists_the_columns(arith_jsonl):
-    with pytest.raises(
-        ValueError, match=r"prompt_column 'question' is not a column .* \['prompt', 'answer'\]"
-    ):
+    with pytest.raises(ValueError, match=r"prompt_column 'question' is not a column .* \['prompt', 'answer'\]"):
         PromptDataModule(arith_jsonl, prompt_column="question").setup("fit")
 
 

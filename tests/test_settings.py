@@ -39,9 +39,7 @@ def test_bad_setting_is_named(setting, value, message):
 
 def test_every_problem_is_listed_at_once():
     with pytest.raises(ValueError) as err:
-        GRPOModule(
-            model=NOT_A_MODEL, reward_funcs=[exact_match_reward], num_generations=1, loss_type="x", beta=-1
-        )
+        GRPOModule(model=NOT_A_MODEL, reward_funcs=[exact_match_reward], num_generations=1, loss_type="x", beta=-1)
     text = str(err.value)
     assert "num_generations" in text and "loss_type" in text and "beta" in text
 

@@ -296,8 +296,9 @@ def _recover(fn: RewardFunc, kwargs: dict[str, Any], n: int, err: Exception, pol
     if policy.on_error == "raise" or not failed:  # not failed: only the whole batch fails (e.g. a batch-size bug)
         i, row_err = failed[0] if failed else (None, err)
         where = f" on sample {i} ({_sample_text(kwargs, i)})" if i is not None else ""
-        raise RuntimeError(f"reward function {reward_name(fn)!r} raised {type(row_err).__name__}{where}: {row_err}"
-                           ) from err
+        raise RuntimeError(
+            f"reward function {reward_name(fn)!r} raised {type(row_err).__name__}{where}: {row_err}"
+        ) from err
     policy.errors[reward_name(fn)] = policy.errors.get(reward_name(fn), 0) + len(failed)
     return values
 
