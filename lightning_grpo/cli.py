@@ -21,6 +21,7 @@ from __future__ import annotations
 import difflib
 import re
 import sys
+import warnings
 from pathlib import Path
 from typing import Any, NoReturn
 
@@ -160,6 +161,8 @@ def main(args: list[str] | None = None) -> None:
         report_main(argv[1:])
         return
     importable_dirs(argv)
+    # Lightning 2.6 with torch >= 2.10 warns about its own pytree call on every run; nothing a user can act on.
+    warnings.filterwarnings("ignore", message=r"`isinstance\(treespec, LeafSpec\)` is deprecated")
     GRPOCLI(
         GRPOModule,
         PromptDataModule,

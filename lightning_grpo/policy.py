@@ -86,7 +86,7 @@ class Policy(nn.Module):
     @torch.no_grad()
     def reference_logps(self, rollout: Rollout, micro_batches: list[slice]) -> Tensor:
         """[N, T] log-probs under the initial policy: the frozen copy, or the LoRA policy with its adapter off."""
-        context = self.model.disable_adapter() if self.is_lora else contextlib.nullcontext()
+        context = self.model.disable_adapter() if self.is_lora else _eval_mode(self.reference)
         with context:
             return torch.cat([self.token_logps(rollout, rows, self.reference).logps for rows in micro_batches])
 
@@ -122,13 +122,6 @@ class Policy(nn.Module):
         return next(self.model.parameters()).device
 
     # ---- training, sharding, checkpoints, export ----------------------------------------------------------
-
-    def train(self, mode: bool = True) -> Policy:
-        """Lightning puts every submodule in train mode; the reference stays in eval mode (no dropout)."""
-        super().train(mode)
-        if self.reference is not None:
-            self.reference.eval()
-        return self
 
     def trainable_parameters(self) -> list[nn.Parameter]:
         return [p for p in self.model.parameters() if p.requires_grad]
@@ -175,8 +168,20 @@ class Policy(nn.Module):
             self.tokenizer.save_pretrained(path)
 
 
+@contextlib.contextmanager
+def _eval_mode(model: nn.Module) -> Iterator[None]:
+    """The frozen reference without dropout for its forward; it stays in Lightning's train mode otherwise
+    (Lightning warns about modules left in eval mode at the start of training)."""
+    was_training = model.training
+    model.eval()
+    try:
+        yield
+    finally:
+        model.train(was_training)
+
+
 def _frozen_copy(model: nn.Module) -> nn.Module:
-    reference = copy.deepcopy(model).eval()
+    reference = copy.deepcopy(model)
     reference.requires_grad_(False)
     return reference
 
