@@ -27,7 +27,9 @@ class ValidateAtEnd(L.Callback):
 
 
 def is_final_step(trainer: L.Trainer, batch_idx: int) -> bool:
+    """``max_steps`` reached, or the last batch of the last epoch (``max_epochs`` -1 or None: no epoch limit)."""
     if 0 < trainer.max_steps <= trainer.global_step:
         return True
-    last_epoch = trainer.max_epochs is not None and trainer.current_epoch + 1 >= trainer.max_epochs
+    epochs = trainer.max_epochs
+    last_epoch = epochs is not None and epochs > 0 and trainer.current_epoch + 1 >= epochs
     return last_epoch and batch_idx + 1 >= trainer.num_training_batches
