@@ -289,25 +289,15 @@ def grpo_loss(
     x = PolicyInputs(logps, log_ratio, ratio, adv, mask, sampling_weights)
     per_token_loss, flags = kind.term(x, c)  # [n, T] or [n, 1]
 
-    token_mask = mask  # [n, T] tokens the policy term trains on
-    if c.off_policy_mask_threshold is not None:
-        sampled = old_logps if sampling_logps is None else sampling_logps
-        token_mask = token_mask * off_policy_mask(adv, logps, sampled, mask, c.off_policy_mask_threshold)
-    trained = mask  # [n, T] tokens the entropy bonus and its metric cover
-    if c.top_entropy_quantile < 1.0:
-        high = high_entropy_mask(
-            _need(entropies, "top_entropy_quantile"), mask, c.top_entropy_quantile, entropy_threshold
-        )
-        trained = mask * high
-        token_mask = token_mask * trained
+    sampled = old_logps if sampling_logps is None else sampling_logps
+    token_mask, trained = _token_masks(c, adv, logps, sampled, mask, entropies, entropy_threshold)
     per_token_loss = per_token_loss * token_mask
     if sampling_weights is not None and not kind.weights_in_term:
         per_token_loss = per_token_loss * sampling_weights
 
     sums: dict[str, Tensor] = {}
     if c.beta > 0:
-        diff = ref_logps - logps  # [n, T]
-        kl = torch.exp(diff) - diff - 1  # k3 estimator, >= 0
+        kl = k3_kl(ref_logps, logps)  # [n, T]
         sums["kl"] = (kl.detach() * mask).sum()
         if c.use_bias_correction_kl:
             kl = kl * ratio  # unbiased reverse-KL gradient off-policy; the ratio's gradient counts on-policy too
@@ -325,6 +315,34 @@ def grpo_loss(
         sums["entropy"] = (entropies.detach() * mask).sum()  # over all loss tokens, as TRL logs it
         out.trained_entropy = (entropies.detach() * trained).sum()  # what the adaptive controller measures
     return out
+
+
+def k3_kl(ref_logps: Tensor, logps: Tensor) -> Tensor:
+    """[n, T] the k3 estimator of KL(policy || reference) per token: ``exp(ref - logp) - (ref - logp) - 1 >= 0``."""
+    diff = ref_logps - logps
+    return torch.exp(diff) - diff - 1
+
+
+def _token_masks(
+    c: LossConfig,
+    adv: Tensor,
+    logps: Tensor,
+    sampled: Tensor,
+    mask: Tensor,
+    entropies: Tensor | None,
+    entropy_threshold: Tensor | None,
+) -> tuple[Tensor, Tensor]:
+    """([n, T] tokens the policy term trains on, [n, T] tokens the entropy bonus and its metric cover): the loss
+    mask less off-policy sequences (``off_policy_mask_threshold``) and low-entropy tokens (``top_entropy_quantile``)."""
+    token_mask = mask
+    if c.off_policy_mask_threshold is not None:
+        token_mask = token_mask * off_policy_mask(adv, logps, sampled, mask, c.off_policy_mask_threshold)
+    trained = mask
+    if c.top_entropy_quantile < 1.0:
+        ent = _need(entropies, "top_entropy_quantile")
+        trained = mask * high_entropy_mask(ent, mask, c.top_entropy_quantile, entropy_threshold)
+        token_mask = token_mask * trained
+    return token_mask, trained
 
 
 def entropy_bonus(entropies: Tensor, trained: Tensor, norm: LossNormalizer, batch_tokens: float | None) -> Tensor:
