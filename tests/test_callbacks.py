@@ -42,7 +42,7 @@ def test_collapse_is_caught_within_patience_and_stops(tiny_model_dir, arith_json
         for line in (tmp_path / "lightning_logs/version_0/alerts.jsonl").read_text().split("\n")
         if line
     ]
-    assert written[0]["signal"] in signals and "Try: more num_generations" in written[0]["message"]
+    assert written[0]["signal"] in signals and "Try: check the reward functions" in written[0]["message"]
     assert logged(trainer)["train/alerts/reward_std"][-1] == 1.0
     last = torch.load(tmp_path / "lightning_logs/version_0/checkpoints/last.ckpt", weights_only=False)
     assert last["global_step"] == 2 + 3  # the stopped run's last steps are kept
