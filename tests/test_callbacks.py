@@ -45,7 +45,7 @@ def test_collapse_is_caught_within_patience_and_stops(tiny_model_dir, arith_json
         if line
     ]
     assert written[0]["signal"] == "no_learning_signal" and "reward does not discriminate" in written[0]["message"]
-    assert any("Try: more num_generations" in w["message"] for w in written[1:])
+    assert any("Try: check the reward functions can tell completions apart" in w["message"] for w in written[1:])
     assert logged(trainer)["train/alerts/reward_std"][-1] == 1.0
     last = torch.load(tmp_path / "lightning_logs/version_0/checkpoints/last.ckpt", weights_only=False)
     assert last["global_step"] == 2 + 3  # the stopped run's last steps are kept

@@ -1,12 +1,15 @@
-"""SKILL.md and README.md work as written; every template and example runs.
+"""SKILL.md, references/*.md and README.md work as written; every template and example runs.
 
 A document's fenced blocks run in order in one temporary working directory, as a reader following the page
 would run them (a block may read what an earlier one wrote):
-- ``python``: exec'd in a fresh namespace, with ``max_steps=N`` cut to 2.
-- ``bash``: each command. ``lightning-grpo fit ...`` runs through ``lightning_grpo.cli.main``, made tiny (see
+- ``python``: exec'd in a fresh namespace, with ``max_steps=N`` cut to 2. A block whose first line is
+  ``# NAME.py`` is also written to NAME.py, as the file a reader would save.
+- ``bash``: each command. ``lightning-grpo fit ...`` (or ``python -m lightning_grpo[.cli] fit ...``) runs
+  through ``lightning_grpo.cli.main``, made tiny (see
   ``tiny_overrides``); under a launcher (torchrun, srun), or with ``--print_config``/``--help``, it is parsed
   only. ``lightning-grpo report DIR`` runs on DIR, or on a run made by this test when DIR does not exist.
-  ``python templates/X.py`` and ``python examples/X.py`` run in-process with small step flags. Anything else
+  ``python templates/X.py`` and ``python examples/X.py`` run in-process with small step flags, ``python X.py``
+  runs a file an earlier block wrote. Anything else
   must be in ``SKIPPED``: an unknown command fails the test.
 - ``yaml``: a full config (first line ``# lightning-grpo fit --config NAME``) is written to NAME and parsed
   with ``--print_config``; a fragment is parsed on top of templates/tiny_cpu.yaml.
@@ -34,13 +37,18 @@ from lightning_grpo.callbacks import (
     HFExport,
     KLAlert,
     ModeCollapseAlert,
+    PreemptionCheckpoint,
     RewardMonitor,
     RunSummary,
 )
+from lightning_grpo.callbacks.threads import TorchThreads
 from lightning_grpo.cli import main
+from lightning_grpo.report import read_series
 
 ROOT = Path(__file__).resolve().parents[1]
-DOCS = [ROOT / "SKILL.md", ROOT / "README.md"]
+REFERENCES = sorted((ROOT / "references").glob("*.md"))  # linked from SKILL.md, read by agents as it is
+DOCS = [ROOT / "SKILL.md", *REFERENCES, ROOT / "README.md"]
+METRICS_TABLE = ROOT / "references" / "metrics.md"
 TINY_CONFIG = ROOT / "templates" / "tiny_cpu.yaml"
 # `lightning-grpo` in a subprocess, found without the console script on PATH (a venv that is not activated).
 CLI = [sys.executable, "-m", "lightning_grpo.cli"]
@@ -70,6 +78,8 @@ CONFIG_SECTIONS = {  # prefix in the docs -> the class whose constructor takes t
     "samples": CompletionSampleLogger,
     "summary": RunSummary,
     "export": HFExport,
+    "preemption": PreemptionCheckpoint,
+    "threads": TorchThreads,
 }
 
 
@@ -129,7 +139,8 @@ def tiny_overrides(config: dict, root_dir: Path) -> list[str]:
         args += ["--model.model", "lightning-grpo/tiny-qwen2", "--model.dtype", "float32"]
         args += ["--model.max_completion_length", "3", "--model.micro_batch_size", "null"]
         args += ["--data.dataset", "lightning-grpo/tiny-max", "--data.prompt_column", "prompt"]
-        args += ["--data.config_name", "null", "--data.system_prompt", "null", "--data.val_split", "validation"]
+        args += ["--data.config_name", "null", "--data.system_prompt", "null", "--data.few_shot", "null"]
+        args += ["--data.val_split", "validation"]
     if trainer.get("accelerator", "cpu") != "cpu":
         args += ["--trainer.accelerator", "cpu", "--trainer.devices", "1", "--trainer.num_nodes", "1"]
         args += ["--trainer.strategy", "auto", "--trainer.precision", "32-true"]
@@ -182,8 +193,15 @@ def run_script(path: Path, args: list[str], monkeypatch) -> None:
     runpy.run_path(str(path), run_name="__main__")
 
 
+def cli_words(words: list[str]) -> list[str]:
+    """``python -m lightning_grpo[.cli] ARGS`` is ``lightning-grpo ARGS``."""
+    if words[:2] == ["python", "-m"] and words[2:3] in (["lightning_grpo"], ["lightning_grpo.cli"]):
+        return ["lightning-grpo", *words[3:]]
+    return words
+
+
 def run_command(command: str, cwd: Path, request, monkeypatch, capsys) -> None:
-    words = shlex.split(command)
+    words = cli_words(shlex.split(command))
     if words[0] in ("torchrun", "srun"):  # multi-node launch: the command it launches must parse
         start = words.index("fit")
         parse_only(words[start + 1 :], capsys)
@@ -198,6 +216,9 @@ def run_command(command: str, cwd: Path, request, monkeypatch, capsys) -> None:
         assert (run_dir / "report.html").exists()
     elif words[0] == "python" and words[1].startswith(("templates/", "examples/")):
         run_script(ROOT / words[1], words[2:], monkeypatch)
+    elif words[0] == "python" and words[1].endswith(".py") and (cwd / words[1]).exists():  # a file a block wrote
+        monkeypatch.setattr(sys, "argv", words[1:])
+        runpy.run_path(str(cwd / words[1]), run_name="__main__")
     else:
         pytest.fail(f"unknown command {command!r}: make test_docs.py run it, or add it to SKIPPED")
 
@@ -232,7 +253,10 @@ def run_yaml_block(block: Block, cwd: Path, capsys) -> None:
     assert printed["model"]["reward_funcs"] and printed["data"]["dataset"]
 
 
-def run_python_block(block: Block, doc: Path) -> None:
+def run_python_block(block: Block, doc: Path, cwd: Path) -> None:
+    saved_as = re.match(r"# (\w+\.py)\n", block.body)
+    if saved_as:  # a module the reader saves, for later blocks and commands to import or run
+        (cwd / saved_as.group(1)).write_text(block.body)
     source = re.sub(r"max_steps=\d+", "max_steps=2", block.body)
     exec(compile(source, f"{doc.name}:{block.line}", "exec"), {"__name__": f"{doc.stem}_block_{block.line}"})
 
@@ -251,7 +275,7 @@ def test_code_blocks_run(doc, tmp_path, request, monkeypatch, capsys):
         where = f"{doc.name}, block at line {block.line}"
         try:
             if block.lang == "python":
-                run_python_block(block, doc)
+                run_python_block(block, doc, tmp_path)
             elif block.lang in ("bash", "sh", "console"):
                 run_shell_block(block, tmp_path, request, monkeypatch, capsys)
             elif block.lang == "yaml":
@@ -297,15 +321,37 @@ def test_skill_front_matter():
     assert meta["name"] == "lightning-grpo" and "Use it when" in meta["description"]
 
 
-def test_skill_names_real_settings_and_files():
-    """Every `section.setting` the page names is a constructor argument; every file it names exists."""
-    text = (ROOT / "SKILL.md").read_text()
+@pytest.mark.parametrize("doc", [ROOT / "SKILL.md", *REFERENCES], ids=lambda p: p.name)
+def test_skill_names_real_settings_and_files(doc):
+    """Every `section.setting` a page names is a constructor argument; every file it names exists."""
+    text = doc.read_text()
     sections = "|".join(CONFIG_SECTIONS)
     named = set(re.findall(rf"`({sections})\.(\w+)", text)) - {("samples", "jsonl"), ("summary", "json")}  # files
     for section, name in named:
         assert name in inspect.signature(CONFIG_SECTIONS[section].__init__).parameters, f"{section}.{name}"
-    for path in set(re.findall(r"(?:templates|examples|tests)/\w+\.(?:py|yaml)", text)):
+    for path in set(re.findall(r"(?:templates|examples|tests)/\w+\.(?:py|yaml)|references/\w+\.md", text)):
         assert (ROOT / path).exists(), path
+
+
+def test_skill_links_every_reference():
+    text = (ROOT / "SKILL.md").read_text()
+    assert REFERENCES and all(f"references/{p.name}" in text for p in REFERENCES)
+
+
+def metric_patterns(table: str) -> list[re.Pattern]:
+    """The metric names of the table's first column; ``<fn>``, ``<signal>`` ... stand for any one name."""
+    names = re.findall(r"^\| `((?:train|val)/[^`]+)`", table, re.MULTILINE)
+    return [re.compile(re.sub(r"<\w+>", "[^/]+", re.escape(n).replace(r"\<", "<").replace(r"\>", ">"))) for n in names]
+
+
+def test_every_logged_metric_is_in_the_table(tmp_path):
+    """A real run (templates/tiny_cpu.yaml, beta > 0) logs only names references/metrics.md explains."""
+    run = fit_tiny(["--config", str(TINY_CONFIG), "--trainer.log_every_n_steps", "1"], tmp_path)
+    patterns = metric_patterns(METRICS_TABLE.read_text())
+    logged = [name for name in read_series(run) if name.startswith(("train/", "val/"))]
+    assert "train/kl" in logged and "val/accuracy" in logged
+    missing = [name for name in logged if not any(p.fullmatch(name) for p in patterns)]
+    assert not missing, f"add these to the table of {METRICS_TABLE.name}: {missing}"
 
 
 def test_the_cli_runs_without_the_console_script_on_path(tmp_path):

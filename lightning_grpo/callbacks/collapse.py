@@ -24,9 +24,12 @@ from lightning_grpo.callbacks.alerts import Alert, Signal, above, below
 from lightning_grpo.rewards.text import completion_text
 from lightning_grpo.types import StepRecord
 
+# In the order of how often each is the cause: a reward that scores different completions alike, sampling too
+# cold for a group to differ, then updates too large.
 ADVICE = (
-    "more num_generations, a higher temperature, a diversity or repetition penalty, a lower learning_rate, "
-    "beta > 0, and check the reward functions can tell completions apart"
+    "check the reward functions can tell completions apart (samples.jsonl: different completions of a prompt "
+    "with equal rewards), and set collapse_alert.reward_ceiling if groups are all correct; then a higher "
+    "temperature (0.7-1.0) or more num_generations; then a lower learning_rate, beta > 0 or epsilon_high 0.28"
 )
 
 
