@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 from types import SimpleNamespace
 
@@ -83,7 +84,10 @@ def tool_tokenizer():
 def test_schema_from_signature_and_docstring():
     schema = tool_schema(add)
     assert schema["function"]["name"] == "add"
-    assert schema["function"]["parameters"]["properties"]["a"] == {"type": "integer", "description": "the first integer"}
+    assert schema["function"]["parameters"]["properties"]["a"] == {
+        "type": "integer",
+        "description": "the first integer",
+    }
     assert schema["function"]["parameters"]["required"] == ["a", "b"]
 
 
@@ -191,6 +195,7 @@ def fake_policy():
         eos_token_ids=[tokenizer.eos_token_id],
         device=torch.device("cpu"),
         synced_generation=False,
+        generating=contextlib.nullcontext,
         model=SimpleNamespace(config=SimpleNamespace(max_position_embeddings=100_000)),
     )
 
