@@ -143,9 +143,20 @@ def write_tiny_max(path: Path) -> None:
             f.writelines(json.dumps(r) + "\n" for r in part)
 
 
+def _tools_demo(name: str) -> Callable[[Path], None]:
+    def write(path: Path) -> None:  # demo_tools imports this module: looked up when first used
+        from lightning_grpo import demo_tools
+
+        getattr(demo_tools, name)(path)
+
+    return write
+
+
 EMBEDDED: dict[str, Callable[[Path], None]] = {
     "lightning-grpo/tiny-qwen2": write_tiny_qwen2,
     "lightning-grpo/tiny-max": write_tiny_max,
+    "lightning-grpo/tiny-qwen2-tools": _tools_demo("write_tiny_qwen2_tools"),  # a calculator demo (demo_tools.py)
+    "lightning-grpo/tiny-mul": _tools_demo("write_tiny_mul"),
 }
 
 
