@@ -1,10 +1,13 @@
-"""The embedded tool demo: a tiny model that rarely calls its calculator learns to call it, built in code.
+"""The embedded tool task: ``37*6=`` -> ``222`` with a calculator tool, and a tool-capable tiny model, built in code.
 
-Task: ``37*6=`` -> ``222`` (a two-digit times a one-digit number). The tiny model cannot multiply, so without the
-tool it stays near 0%. ``pretrain_tool_format`` stands in for a pretrained tool-calling model: it teaches the
-*format* (how to write ``<tool_call>{"name": "mul", "arguments": {...}}</tool_call>`` from the prompt's numbers, how
-to read the reply) but answers directly, with a random number, in ~95% of its replies. GRPO has to teach *when* to
-call: the held-out accuracy (greedy) climbs as calling becomes the model's first choice.
+``lightning-grpo/tiny-mul`` holds the task (chat prompts, an ``answer`` column); ``mul`` is its tool;
+``lightning-grpo/tiny-qwen2-tools`` is the default tiny model with a chat template that renders tools, tool calls and
+tool replies (``demo.TOOL_CHAT_TEMPLATE``): what the docs and tests run the tool engine on.
+
+Work in progress, not yet a demo that learns: ``pretrain_tool_format`` is meant to stand in for a pretrained
+tool-calling model (it teaches how to write a call from the prompt's numbers and how to read the reply, while ~95%
+of replies answer directly), so that GRPO has to teach *when* to call. 300 steps of it did not yet teach the
+2-layer model the call's JSON; it is not used by the embedded model.
 """
 
 from __future__ import annotations
@@ -14,7 +17,7 @@ import random
 from pathlib import Path
 from typing import Any
 
-from lightning_grpo.demo import TOOL_CHAT_TEMPLATE, build_tiny_qwen2, build_tokenizer
+from lightning_grpo.demo import TOOL_CHAT_TEMPLATE, materialize
 
 CALL_RATE = 0.05  # share of the format pretraining's replies that start with a tool call
 
@@ -101,11 +104,13 @@ def _tool_episode(tokenizer: Any, row: dict[str, Any]) -> tuple[list[int], ...]:
 
 
 def write_tiny_qwen2_tools(path: Path) -> None:
-    tokenizer = build_tokenizer()
+    """The default tiny model (``lightning-grpo/tiny-qwen2``) with the tool chat template."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    source = materialize("lightning-grpo/tiny-qwen2")
+    tokenizer = AutoTokenizer.from_pretrained(source)
     tokenizer.chat_template = TOOL_CHAT_TEMPLATE
-    model = build_tiny_qwen2(tokenizer)
-    pretrain_tool_format(model, tokenizer)
-    model.save_pretrained(path)
+    AutoModelForCausalLM.from_pretrained(source).save_pretrained(path)
     tokenizer.save_pretrained(path)
 
 
