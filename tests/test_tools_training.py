@@ -156,3 +156,44 @@ def test_resume_mid_run_repeats_the_uninterrupted_run(tool_model_dir, chat_jsonl
     assert any(moved)  # training changed the weights: the comparison below is not vacuous
     for (name, a), (_, b) in zip(full.policy.model.named_parameters(), resumed.policy.model.named_parameters()):
         torch.testing.assert_close(a, b, rtol=0, atol=1e-6, msg=name)
+
+
+class Tally:
+    """Counts the calls of its tool; its reward is that count: per-episode values the reward functions must see."""
+
+    def reset(self, **row) -> None:
+        self.count = 0
+
+    def tick(self) -> str:
+        """Count one."""
+        self.count += 1
+        return str(self.count)
+
+    def get_reward(self) -> float:
+        return float(self.count)
+
+
+class TickParser:
+    def parse(self, text: str) -> tuple[str, list[ToolCall]]:
+        return text, [ToolCall("tick")] if len(text) % 2 == 0 else []
+
+
+def test_environment_rewards_reach_the_reward_functions_per_episode(tool_model_dir, chat_jsonl, tmp_path):
+    from lightning_grpo.engines import environment_reward
+
+    seen = []
+
+    def spy(completions, environment_reward, **kwargs):
+        calls = [sum(m["role"] == "tool" for m in c) for c in completions]
+        seen.append((calls, list(environment_reward)))
+        return environment_reward
+
+    rollout_engine = ToolCalling(environment_factory=Tally, parser=TickParser(), max_tool_calling_iterations=3)
+    module = make_module(
+        tool_model_dir, reward_funcs=[environment_reward, spy], accuracy_reward=None, rollout_engine=rollout_engine
+    )
+    metrics = logged(fit(module, PromptDataModule(chat_jsonl, batch_size=2, val_split=None), tmp_path))
+    for calls, rewards in seen:  # the N episode rewards line up with the N completions, not repeated G times
+        assert rewards == [float(c) for c in calls]
+    assert any(any(calls) for calls, _ in seen)
+    assert metrics["train/rewards/environment_reward/mean"] == pytest.approx(metrics["train/rewards/Tally/mean"])
