@@ -24,6 +24,16 @@ CHAT_TEMPLATE = (
     "{% for m in messages %}<|{{ m['role'] }}|>{{ m['content'] }}<eos>{% endfor %}"
     "{% if add_generation_prompt %}<|assistant|>{% endif %}"
 )
+# The same with tool support, compact for a 256-position model: the tools list shows only their names, a call is
+# Hermes/Qwen's <tool_call>{json}</tool_call>, a reply is a "tool" turn.
+TOOL_CHAT_TEMPLATE = (
+    "{% if tools %}<|system|>tools:{% for t in tools %} {{ t['function']['name'] }}{% endfor %}<eos>{% endif %}"
+    "{% for m in messages %}<|{{ m['role'] }}|>{{ m['content'] }}"
+    "{% for c in m.get('tool_calls') or [] %}<tool_call>"
+    "{{ {'name': c['function']['name'], 'arguments': c['function']['arguments']} | tojson }}</tool_call>"
+    "{% endfor %}<eos>{% endfor %}"
+    "{% if add_generation_prompt %}<|assistant|>{% endif %}"
+)
 
 
 def cache_home() -> Path:
@@ -133,9 +143,20 @@ def write_tiny_max(path: Path) -> None:
             f.writelines(json.dumps(r) + "\n" for r in part)
 
 
+def _tools_demo(name: str) -> Callable[[Path], None]:
+    def write(path: Path) -> None:  # demo_tools imports this module: looked up when first used
+        from lightning_grpo import demo_tools
+
+        getattr(demo_tools, name)(path)
+
+    return write
+
+
 EMBEDDED: dict[str, Callable[[Path], None]] = {
     "lightning-grpo/tiny-qwen2": write_tiny_qwen2,
     "lightning-grpo/tiny-max": write_tiny_max,
+    "lightning-grpo/tiny-qwen2-tools": _tools_demo("write_tiny_qwen2_tools"),  # a calculator demo (demo_tools.py)
+    "lightning-grpo/tiny-mul": _tools_demo("write_tiny_mul"),
 }
 
 

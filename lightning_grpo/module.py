@@ -7,6 +7,7 @@ steps on it, each accumulating gradients over micro-batches of ``micro_batch_siz
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -210,7 +211,7 @@ class GRPOModule(L.LightningModule):
 
     def _training_step(self, batch: PromptBatch) -> dict[str, Any] | None:
         start, hp, ranks = time.perf_counter(), self.hparams, Ranks(self.trainer)
-        rollout = self.sample(batch.prompts, hp.num_generations)  # the step's RNG is seeded already
+        rollout = self.sample(batch.prompts, hp.num_generations, columns=batch.columns)  # the step's RNG is seeded
         scores = self._score(rollout, batch)
         all_scores = ranks.gather_rows(scores.per_function)  # [W*N, F] identical on every rank: a batch std is global
         totals = RewardScores(all_scores, scores.names, scores.weights).total  # [W*N]
@@ -240,18 +241,30 @@ class GRPOModule(L.LightningModule):
         self._log_step(stats)
         return {"loss": torch.tensor(stats.update.loss), "record": StepRecord(rollout, scores, advantages, stats)}
 
-    def sample(self, prompts: list, num_generations: int, seed: int | None = None, greedy: bool = False) -> Rollout:
-        """Completions for ``prompts``; a seed makes sampling reproducible and distinct per rank and step."""
+    def sample(
+        self,
+        prompts: list,
+        num_generations: int,
+        seed: int | None = None,
+        greedy: bool = False,
+        columns: dict[str, list] | None = None,
+    ) -> Rollout:
+        """Completions for ``prompts`` (their other dataset ``columns`` go to the engine, for environments); a seed
+        makes sampling reproducible and distinct per rank and step."""
         with torch.random.fork_rng(devices=self._cuda_devices(), enabled=seed is not None):
             if seed is not None:
                 torch.manual_seed(seed)
-            return self.engine.generate(self.policy, prompts, num_generations, self.sampling, greedy)
+            return self.engine.generate(self.policy, prompts, num_generations, self.sampling, greedy, columns=columns)
 
     def _score(self, rollout: Rollout, batch: PromptBatch) -> RewardScores:
-        hp, columns = self.hparams, {**batch.columns, **rollout.columns}
+        """Dataset columns hold B values and are repeated G times; the engine's own columns hold N already."""
+        hp, group = self.hparams, rollout.group_size
+        columns = {k: [v for v in values for _ in range(group)] for k, values in batch.columns.items()}
+        columns |= rollout.columns
+        per_row = dataclasses.replace(rollout, group_size=1)  # every column is per completion now
         state = trl_trainer_state(self.global_step, self.trainer.max_steps, self.current_epoch)  # as TRL passes it
         return score_rollout(
-            self.reward_funcs, self.reward_weights, rollout, columns, hp.on_reward_error, hp.reward_timeout, state
+            self.reward_funcs, self.reward_weights, per_row, columns, hp.on_reward_error, hp.reward_timeout, state
         )
 
     def _cuda_devices(self) -> list[torch.device]:
@@ -342,12 +355,12 @@ class GRPOModule(L.LightningModule):
     @override
     def predict_step(self, batch: PromptBatch, batch_idx: int) -> list[dict[str, Any]]:
         """Greedy completions of the batch's prompts: ``{"prompt", "completion"}`` per row."""
-        rollout = self.sample(batch.prompts, num_generations=1, greedy=True)
+        rollout = self.sample(batch.prompts, num_generations=1, greedy=True, columns=batch.columns)
         return [{"prompt": p, "completion": c} for p, c in zip(rollout.prompts, rollout.completions)]
 
     def _evaluate(self, batch: PromptBatch, stage: str) -> None:
         """Greedy completion per held-out prompt: mean reward, per-function means and accuracy."""
-        rollout = self.sample(batch.prompts, num_generations=1, greedy=True)
+        rollout = self.sample(batch.prompts, num_generations=1, greedy=True, columns=batch.columns)
         scores = self._score(rollout, batch)
         metrics = {"reward": scores.total.nanmean().nan_to_num(0.0).item()}
         for i, name in enumerate(scores.names):

@@ -145,9 +145,17 @@ class RolloutEngine:
         """Called once the training processes exist (``LightningModule.setup``); ``trainer`` has the ranks."""
 
     def generate(
-        self, policy: Policy, prompts: list[Prompt], num_generations: int, sampling: SamplingConfig, greedy: bool
+        self,
+        policy: Policy,
+        prompts: list[Prompt],
+        num_generations: int,
+        sampling: SamplingConfig,
+        greedy: bool,
+        columns: dict[str, list[Any]] | None = None,
     ) -> Rollout:
-        """``num_generations`` completions for each prompt (one, greedy, for validation); rows are grouped."""
+        """``num_generations`` completions for each prompt (one, greedy, for validation); rows are grouped.
+        ``columns`` are the prompts' other dataset columns (name -> [B] values), for engines that need the rows
+        (environments reset from them); single-turn engines ignore them."""
         raise NotImplementedError
 
     def sync_weights(self, policy: Policy) -> None:

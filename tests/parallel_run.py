@@ -55,9 +55,9 @@ class Replay(GRPOModule):
         super().__init__(**kw)
         self.recorded = [torch.load(Path(ddp_dir) / f"rank{r}.pt", weights_only=False)["steps"] for r in (0, 1)]
 
-    def sample(self, prompts, num_generations, seed=None, greedy=False) -> Rollout:
+    def sample(self, prompts, num_generations, seed=None, greedy=False, columns=None) -> Rollout:
         if greedy:
-            return super().sample(prompts, num_generations, seed, greedy)
+            return super().sample(prompts, num_generations, seed, greedy, columns)
         parts = [steps[self.global_step]["rollout"] for steps in self.recorded]
         width = max(p.completion_ids.shape[1] for p in parts)  # each rank trimmed its own padding columns
         return Rollout(

@@ -18,6 +18,7 @@ PACKAGE = Path(lightning_grpo.__file__).parent
 LAYERS = {
     "types": 0,
     "demo": 0,
+    "demo_tools": 0,
     "data": 1,
     "rewards": 1,
     "logprobs": 1,

@@ -65,6 +65,7 @@ SCRIPT_FLAGS = {
     "math_reasoning.py": ["--max-steps", "2"],
     "custom_reward.py": ["--max-steps", "2"],
     "multi_stage.py": ["--stage1-steps", "2", "--stage2-steps", "2"],
+    "stateful_environment.py": ["--max-steps", "2"],
 }
 SCRIPTS = sorted((ROOT / "templates").glob("*.py")) + sorted((ROOT / "examples").glob("*.py"))
 TEMPLATE_CONFIGS = sorted((ROOT / "templates").glob("*.yaml"))

@@ -21,7 +21,7 @@ class ShiftedSampler(HFGenerate):
         self.shift = shift
         self.synced = 0
 
-    def generate(self, policy, prompts, num_generations, sampling, greedy):
+    def generate(self, policy, prompts, num_generations, sampling, greedy, columns=None):
         rollout = super().generate(policy, prompts, num_generations, sampling, greedy)
         width = rollout.completion_ids.shape[1]
         with torch.no_grad():

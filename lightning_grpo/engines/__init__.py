@@ -2,9 +2,23 @@
 
 - ``HFGenerate`` (default): Hugging Face ``generate`` on the policy itself.
 - ``VLLMColocate``: a vLLM engine inside each training process (CUDA, ``pip install vllm``).
+- ``ToolCalling``: multi-turn episodes with tools and environments (TRL's ``tools`` / ``environment_factory``).
+- ``RolloutFunction``: a user's own ``rollout_func`` (TRL's escape hatch).
 """
 
+from lightning_grpo.engines.custom import RolloutFunction
+from lightning_grpo.engines.environments import environment_reward
 from lightning_grpo.engines.hf import HFGenerate
+from lightning_grpo.engines.toolcalls import HermesParser, ToolCall
+from lightning_grpo.engines.tools import ToolCalling
 from lightning_grpo.engines.vllm import VLLMColocate
 
-__all__ = ["HFGenerate", "VLLMColocate"]
+__all__ = [
+    "HFGenerate",
+    "HermesParser",
+    "RolloutFunction",
+    "ToolCall",
+    "ToolCalling",
+    "VLLMColocate",
+    "environment_reward",
+]

@@ -6,6 +6,8 @@ are done (``synced_gpus``), so ranks whose completions end early do not deadlock
 
 from __future__ import annotations
 
+from typing import Any
+
 from typing_extensions import override
 
 from lightning_grpo.policy import Policy
@@ -18,7 +20,13 @@ class HFGenerate(RolloutEngine):
 
     @override
     def generate(
-        self, policy: Policy, prompts: list[Prompt], num_generations: int, sampling: SamplingConfig, greedy: bool
+        self,
+        policy: Policy,
+        prompts: list[Prompt],
+        num_generations: int,
+        sampling: SamplingConfig,
+        greedy: bool,
+        columns: dict[str, list[Any]] | None = None,
     ) -> Rollout:
         tokenizer, device = policy.tokenizer, policy.device
         prompt_ids, prompt_mask, num_truncated = tokenize_prompts(tokenizer, prompts, sampling.max_prompt_length)

@@ -67,7 +67,13 @@ class VLLMColocate(RolloutEngine):
 
     @override
     def generate(
-        self, policy: Policy, prompts: list[Prompt], num_generations: int, sampling: SamplingConfig, greedy: bool
+        self,
+        policy: Policy,
+        prompts: list[Prompt],
+        num_generations: int,
+        sampling: SamplingConfig,
+        greedy: bool,
+        columns: dict[str, list[Any]] | None = None,
     ) -> Rollout:
         from vllm import SamplingParams
 
