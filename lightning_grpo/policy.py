@@ -137,9 +137,7 @@ class Policy(nn.Module):
         """Shard over ``mesh`` with FSDP2 (``None``: the strategy shards the module itself, as FSDP1 does).
         Either way generation is then synced across ranks, so ranks that finish early keep stepping."""
         if mesh is not None:
-            if self.is_lora:
-                raise ValueError("peft_config (LoRA) with ModelParallelStrategy is not supported: use strategy ddp")
-            shard_causal_lm(self.model, mesh)
+            shard_causal_lm(self.model, mesh)  # under LoRA the frozen base is sharded too; the adapter trains
             if self.reference is not None:
                 shard_causal_lm(self.reference, mesh, frozen=True)
         self.synced_generation = world_size > 1
@@ -168,11 +166,27 @@ class Policy(nn.Module):
         model, state = self.model, None
         if is_sharded(model):
             state = full_state_dict(model)
+            if self.is_lora and is_global_zero:
+                model, state = _merged_lora(model, state), None
         elif self.is_lora and is_global_zero:
             model = copy.deepcopy(model).merge_and_unload()
         if is_global_zero:
             model.save_pretrained(path, state_dict=state)
             self.tokenizer.save_pretrained(path)
+
+
+def _merged_lora(sharded: nn.Module, state: dict[str, Tensor]) -> nn.Module:
+    """An unsharded LoRA model built on the meta device, given ``state`` (the gathered weights, no second copy),
+    then merged: base + adapter as plain weights."""
+    from peft import get_peft_model
+    from transformers import AutoModelForCausalLM
+
+    with torch.device("meta"):
+        base = AutoModelForCausalLM.from_config(copy.deepcopy(sharded.get_base_model().config))
+        model = get_peft_model(base, sharded.peft_config[sharded.active_adapter])
+    model.load_state_dict(state, assign=True)
+    base.tie_weights()  # assign=True loaded a tied embedding and LM head as two tensors (PEFT would untie them)
+    return model.merge_and_unload()
 
 
 def _frozen_copy(model: nn.Module) -> nn.Module:

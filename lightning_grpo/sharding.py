@@ -5,6 +5,8 @@ root unit holds the rest (embeddings, final norm, LM head, tied or not). Two thi
 
 - ``completion_logps`` calls the decoder and the LM head directly, not ``forward``, so it is registered as a
   forward method of the root: FSDP gathers the root's parameters around it and reduces their gradients after.
+- ``generate`` is registered likewise: a PEFT wrapper's ``generate`` calls the inner model's ``forward``, never
+  its own, so without it the root's weights would stay sharded during generation.
 - Generation lengths differ per rank, but every forward all-gathers shards from every rank, so generation
   runs with ``synced_gpus``: a rank that is done keeps stepping until all ranks are (no deadlock).
 """
@@ -48,7 +50,8 @@ def shard_causal_lm(model: nn.Module, mesh: DeviceMesh, frozen: bool = False) ->
     if frozen:
         model.set_reshard_after_forward(True)
     setattr(model, LOGPS_METHOD, MethodType(completion_logps, model))
-    register_fsdp_forward_method(model, LOGPS_METHOD)
+    for method in (LOGPS_METHOD, "generate"):
+        register_fsdp_forward_method(model, method)
     return model
 
 

@@ -6,6 +6,8 @@
 - ``fsdp1``: 2 GPUs, Lightning's ``FSDPStrategy`` wrapping each decoder layer (FSDP1 refuses CPU).
 - ``replay``: 1 process, batch 2x, whose generation returns the two DDP ranks' rollouts of that step,
   concatenated in rank order: the same global batch as the DDP run, through a single process.
+- ``ddp+lora``, ``fsdp2+lora``: the same with a LoRA adapter (``LORA``): only the adapter trains, the reference
+  is the adapter-off policy; each rank also exports the merged model to OUT/hf (rank 0 writes).
 Lightning's launcher starts rank 1 by re-running this script.
 """
 
@@ -22,6 +24,7 @@ from lightning_grpo import GRPOModule, PromptDataModule
 from lightning_grpo.types import Rollout
 
 STEPS, PROMPTS_PER_RANK = 3, 2
+LORA = {"r": 4, "lora_alpha": 8, "target_modules": "all-linear"}
 
 
 def length_reward(completions, **kwargs):
@@ -78,6 +81,7 @@ def pad(t: torch.Tensor, width: int, value: int) -> torch.Tensor:
 
 def main(model_dir: str, data_path: str, out_dir: str, mode: str) -> None:
     torch.set_num_threads(1)
+    mode, _, lora = mode.partition("+")
     L.seed_everything(0)
     settings = dict(
         model=model_dir,
@@ -89,6 +93,7 @@ def main(model_dir: str, data_path: str, out_dir: str, mode: str) -> None:
         micro_batch_size=5,  # micro-batches split differently per rank and in one process: same update
         max_grad_norm=None,  # compare raw gradients
         optimizer=lambda params: torch.optim.SGD(params, lr=0.5),  # parameters move linearly with gradients
+        peft_config=LORA if lora else None,
     )
     module = Replay(out_dir.replace("replay", "ddp"), **settings) if mode == "replay" else GRPOModule(**settings)
     strategy = {
@@ -114,6 +119,8 @@ def main(model_dir: str, data_path: str, out_dir: str, mode: str) -> None:
     trainer.fit(module, PromptDataModule(data_path, batch_size=batch_size, val_split=None))
     params = torch.cat([full(p).flatten().cpu() for p in module.policy.model.parameters()])
     Path(out_dir).mkdir(parents=True, exist_ok=True)
+    if lora:
+        module.save_pretrained(str(Path(out_dir) / "hf"))
     torch.save(
         {"steps": recorder.steps, "grads": recorder.grads, "params": params, "global_step": trainer.global_step},
         Path(out_dir) / f"rank{trainer.global_rank}.pt",

@@ -66,3 +66,28 @@ def test_fsdp1_on_gpus_keeps_ranks_in_step(tiny_model_dir, arith_jsonl, tmp_path
     for step in range(3):
         assert ranks[0]["steps"][step]["metrics"]["reward"] == ranks[1]["steps"][step]["metrics"]["reward"]
     assert ranks[0]["params"].isfinite().all()
+
+
+@pytest.mark.slow
+def test_fsdp2_with_lora_matches_ddp_with_lora(tiny_model_dir, arith_jsonl, tmp_path):
+    """The frozen base sharded, the adapter trained, the adapter-off reference, the merged export gathered."""
+    from transformers import AutoModelForCausalLM
+
+    ddp_ranks = run("ddp+lora", tiny_model_dir, arith_jsonl, tmp_path)
+    fsdp_ranks = run("fsdp2+lora", tiny_model_dir, arith_jsonl, tmp_path)
+    for rank in (0, 1):
+        for step in range(3):
+            a, b = ddp_ranks[rank]["steps"][step], fsdp_ranks[rank]["steps"][step]
+            assert a["rollout"].completions == b["rollout"].completions
+            for key in ("loss", "reward", "kl", "entropy"):
+                assert b["metrics"][key] == pytest.approx(a["metrics"][key], abs=1e-5), (rank, step, key)
+            torch.testing.assert_close(fsdp_ranks[rank]["grads"][step], ddp_ranks[rank]["grads"][step])
+    base = AutoModelForCausalLM.from_pretrained(tiny_model_dir).state_dict()
+    assert fsdp_ranks[0]["grads"][0].numel() < sum(v.numel() for v in base.values()) / 10  # only the adapter
+    assert ddp_ranks[0]["steps"][0]["metrics"]["kl"] == 0.0 < ddp_ranks[0]["steps"][2]["metrics"]["kl"]
+    torch.testing.assert_close(fsdp_ranks[0]["params"], ddp_ranks[0]["params"], rtol=1e-4, atol=1e-5)
+    merged = [AutoModelForCausalLM.from_pretrained(tmp_path / mode / "hf") for mode in ("ddp+lora", "fsdp2+lora")]
+    assert merged[1].lm_head.weight is merged[1].model.embed_tokens.weight  # still tied, as the base is
+    for name, weight in merged[0].state_dict().items():
+        torch.testing.assert_close(merged[1].state_dict()[name], weight, rtol=1e-4, atol=1e-6, msg=name)
+    assert any(not torch.equal(w, base[n]) for n, w in merged[1].state_dict().items())  # the adapter was merged
