@@ -29,7 +29,7 @@ class Policy(nn.Module):
 
     The frozen reference (``beta > 0`` without LoRA) is a registered submodule, so it moves with the policy
     to its device and is sharded with it, but it is left out of the optimiser (``trainable_parameters``) and
-    out of checkpoints (``checkpoint_state``): it is the initial policy, rebuilt from ``model`` on resume.
+    out of the state dict, so of checkpoints (``left_out``): it is the initial policy, rebuilt from ``model``.
     Under LoRA there is no copy: the reference is the policy with its adapter disabled.
 
     Args:
@@ -68,6 +68,8 @@ class Policy(nn.Module):
         self.reference = _frozen_copy(self.model) if reference and not self.is_lora else None
         self.temperature, self.logprob_chunk_size = temperature, logprob_chunk_size
         self.synced_generation = False  # set by shard(): every forward is a collective
+        self.register_state_dict_post_hook(_drop_left_out)
+        self.register_load_state_dict_pre_hook(_fill_left_out)
 
     # ---- log-probs ----------------------------------------------------------------------------------------
 
@@ -142,23 +144,16 @@ class Policy(nn.Module):
                 shard_causal_lm(self.reference, mesh, frozen=True)
         self.synced_generation = world_size > 1
 
-    def checkpoint_state(self, state: dict[str, Any], prefix: str) -> dict[str, Any]:
-        """``state`` (the module's state dict) less what is rebuilt from ``model`` on load: the reference, and
-        under LoRA the frozen base weights."""
-        kept = {f"{prefix}model.{n}" for n, p in self.model.named_parameters() if p.requires_grad}
-        own = f"{prefix}model."
-        return {
-            k: v
-            for k, v in state.items()
-            if not k.startswith(prefix + REFERENCE) and (not self.is_lora or k in kept or not k.startswith(own))
-        }
-
-    def restore_state(self, saved: dict[str, Any], prefix: str) -> dict[str, Any]:
-        """``saved`` completed with the current values of what ``checkpoint_state`` left out, so that strict
-        loading still catches a checkpoint that lacks weights that train."""
-        current = {f"{prefix}{k}": v for k, v in self.state_dict().items()}
-        left_out = current.keys() - self.checkpoint_state(current, prefix).keys()
-        return {**{k: current[k] for k in left_out}, **saved}
+    def left_out(self) -> Iterator[tuple[str, Tensor]]:
+        """(name, tensor) of what the Policy's state dict leaves out because it is rebuilt from ``model``: the
+        reference, and under LoRA the frozen base weights. Every checkpoint (a ``.ckpt`` file or a distributed
+        checkpoint directory, whose shards Lightning reads straight into ``state_dict()``'s keys) follows."""
+        if self.reference is not None:
+            yield from ((REFERENCE + n, t) for n, t in self.reference.state_dict(keep_vars=True).items())
+        if self.is_lora:
+            yield from (
+                ("model." + n, t) for n, t in self.model.state_dict(keep_vars=True).items() if not t.requires_grad
+            )
 
     def save_pretrained(self, path: str, is_global_zero: bool) -> None:
         """Hugging Face format (``AutoModelForCausalLM.from_pretrained(path)``). Every rank calls it: a sharded
@@ -173,6 +168,18 @@ class Policy(nn.Module):
         if is_global_zero:
             model.save_pretrained(path, state_dict=state)
             self.tokenizer.save_pretrained(path)
+
+
+def _drop_left_out(policy: Policy, state: dict[str, Any], prefix: str, local_metadata: Any) -> None:
+    for name, _ in policy.left_out():
+        state.pop(prefix + name, None)
+
+
+def _fill_left_out(policy: Policy, state: dict[str, Any], prefix: str, *args: Any) -> None:
+    """Loading puts the current values back in place of what was left out, so strict loading still catches a
+    checkpoint that lacks weights that train."""
+    for name, tensor in policy.left_out():
+        state.setdefault(prefix + name, tensor.detach())
 
 
 def _merged_lora(sharded: nn.Module, state: dict[str, Tensor]) -> nn.Module:
