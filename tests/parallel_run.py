@@ -6,6 +6,7 @@
 - ``fsdp1``: 2 GPUs, Lightning's ``FSDPStrategy`` wrapping each decoder layer (FSDP1 refuses CPU).
 - ``replay``: 1 process, batch 2x, whose generation returns the two DDP ranks' rollouts of that step,
   concatenated in rank order: the same global batch as the DDP run, through a single process.
+- ``nodes``: DDP as 2 nodes x 1 process (``trainer.num_nodes=2``), started by 2 ``torchrun --nnodes 2`` calls.
 - ``ddp+lora``, ``fsdp2+lora``: the same with a LoRA adapter (``LORA``): only the adapter trains, the reference
   is the adapter-off policy; each rank also exports the merged model to OUT/hf (rank 0 writes).
 
@@ -123,6 +124,7 @@ def main(
     module = Replay(out_dir.replace("replay", "ddp"), **settings) if mode == "replay" else GRPOModule(**settings)
     strategy = {
         "ddp": "ddp",
+        "nodes": "ddp",
         "fsdp2": ModelParallelStrategy(data_parallel_size=2, tensor_parallel_size=1),
         "fsdp1": FSDPStrategy(auto_wrap_policy={Qwen2DecoderLayer}),
     }
@@ -130,7 +132,8 @@ def main(
     trainer = L.Trainer(
         max_steps=int(steps or STEPS),
         accelerator="gpu" if mode == "fsdp1" else "cpu",
-        devices=1 if mode == "replay" else 2,
+        devices=1 if mode in ("replay", "nodes") else 2,
+        num_nodes=2 if mode == "nodes" else 1,
         strategy=strategy.get(mode, "auto"),
         logger=False,
         enable_checkpointing=False,

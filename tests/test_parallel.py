@@ -1,5 +1,7 @@
-"""Multi-process runs on CPU (gloo): DDP equals one process on the same global batch; FSDP2 equals DDP."""
+"""Multi-process runs on CPU (gloo): DDP equals one process on the same global batch; FSDP2 equals DDP, with and
+without LoRA; FSDP2 resumes exactly from a distributed checkpoint; 2 nodes x 1 process equal 1 node x 2."""
 
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -120,3 +122,34 @@ def test_fsdp2_sharded_checkpoint_resume_equals_the_uninterrupted_run(tiny_model
             for key in ("loss", "reward", "kl", "entropy", "lr", "num_tokens"):
                 assert b["metrics"][key] == pytest.approx(a["metrics"][key], abs=1e-6), (rank, step, key)
         torch.testing.assert_close(resumed[rank]["params"], full[rank]["params"], rtol=0, atol=1e-6)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.mark.slow
+def test_two_nodes_equal_one_node_with_two_processes(ddp, tiny_model_dir, arith_jsonl):
+    """Two torchrun "nodes" (1 process each, one rendezvous on 127.0.0.1) train as 1 node x 2 processes does."""
+    out, one_node = ddp
+    torchrun = [sys.executable, "-m", "torch.distributed.run", "--nnodes", "2", "--nproc-per-node", "1"]
+    rendezvous = ["--master-addr", "127.0.0.1", "--master-port", str(free_port())]
+    script = [str(SCRIPT), tiny_model_dir, arith_jsonl, str(out / "nodes"), "nodes"]
+    nodes = [
+        subprocess.Popen([*torchrun, "--node-rank", str(n), *rendezvous, *script], stderr=subprocess.PIPE, text=True)
+        for n in (0, 1)
+    ]
+    for node in nodes:
+        _, err = node.communicate(timeout=600)
+        assert node.returncode == 0, err[-3000:]
+    two_nodes = [torch.load(out / "nodes" / f"rank{r}.pt", weights_only=False) for r in (0, 1)]
+    for rank in (0, 1):  # node n holds global rank n: the same rank, seed and data shard as process n of one node
+        for step in range(3):
+            a, b = one_node[rank]["steps"][step], two_nodes[rank]["steps"][step]
+            assert a["rollout"].completions == b["rollout"].completions
+            for key in ("loss", "reward", "reward_std", "kl", "entropy", "num_tokens"):
+                assert b["metrics"][key] == pytest.approx(a["metrics"][key], abs=1e-6), (rank, step, key)
+            torch.testing.assert_close(two_nodes[rank]["grads"][step], one_node[rank]["grads"][step])
+        torch.testing.assert_close(two_nodes[rank]["params"], one_node[rank]["params"], rtol=0, atol=1e-6)
