@@ -194,8 +194,11 @@ def table(rows: list[tuple[str, ...]]) -> str:
 
 def write_assets(workdir: Path) -> None:
     """The tiny model and tokenizer (``lightning_grpo.demo``, random weights) and 16 prompts."""
+    from transformers.utils import logging
+
     from lightning_grpo.demo import build_tiny_qwen2, build_tokenizer
 
+    logging.disable_progress_bar()  # "Writing model shards" would land in the middle of the table's output
     tokenizer = build_tokenizer()
     build_tiny_qwen2(tokenizer).save_pretrained(workdir / "model")
     tokenizer.save_pretrained(workdir / "model")

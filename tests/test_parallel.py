@@ -99,8 +99,12 @@ def test_fsdp2_with_lora_matches_ddp_with_lora(tiny_model_dir, arith_jsonl, tmp_
 @pytest.mark.slow
 def test_fsdp2_sharded_checkpoint_resume_equals_the_uninterrupted_run(tiny_model_dir, tmp_path):
     """4 steps in one go equal 2 steps, a distributed checkpoint (each rank writes its shard), and 2 more steps
-    resumed from it: weights, AdamW state, schedule, counters. The frozen reference is not in the checkpoint."""
+    resumed from it: weights, AdamW state, schedule, counters. The frozen reference is not in the checkpoint.
+    The checkpoint exports to Hugging Face format a tensor at a time, in files of at most 100 kB here."""
     from torch.distributed.checkpoint import FileSystemReader
+    from transformers import AutoModelForCausalLM
+
+    from lightning_grpo.sharding import export_distributed_checkpoint
 
     # One prompt repeated: the order the data loader resumes in cannot matter (2-process mid-epoch resume
     # of the shuffled loader does not continue the same order yet: a data-module issue, not a checkpoint one).
@@ -122,6 +126,12 @@ def test_fsdp2_sharded_checkpoint_resume_equals_the_uninterrupted_run(tiny_model
             for key in ("loss", "reward", "kl", "entropy", "lr", "num_tokens"):
                 assert b["metrics"][key] == pytest.approx(a["metrics"][key], abs=1e-6), (rank, step, key)
         torch.testing.assert_close(resumed[rank]["params"], full[rank]["params"], rtol=0, atol=1e-6)
+
+    exported = export_distributed_checkpoint(ckpt, tmp_path / "hf", max_shard_bytes=100_000)
+    assert len(list(exported.glob("model-*-of-*.safetensors"))) > 1
+    model = AutoModelForCausalLM.from_pretrained(exported)
+    params = torch.cat([p.detach().flatten() for p in model.parameters()])
+    torch.testing.assert_close(params, first[0]["params"], rtol=0, atol=0)
 
 
 def free_port() -> int:
