@@ -1,6 +1,8 @@
 """``lightning-grpo fit --config config.yaml``: LightningCLI over GRPOModule and PromptDataModule.
 
 ``lightning-grpo report RUN_DIR``: training curves as PNG and HTML.
+``lightning-grpo selfcheck``: every training path (CPU, DDP, FSDP2, LoRA; on GPUs bf16, FSDP1, QLoRA, vLLM) for a
+few steps on a tiny local model, as one table.
 ``python -m lightning_grpo`` runs the same CLI when the console script is not on PATH.
 
 Every constructor argument is a config key with its docstring as ``--help``. Always on, each with its own
@@ -154,11 +156,21 @@ def report_main(args: list[str]) -> None:
     print(f"wrote {report.png} and {report.html}")
 
 
+def selfcheck_main(args: list[str]) -> None:
+    """``lightning-grpo selfcheck``: imported here, the check imports the whole training stack."""
+    from lightning_grpo.selfcheck import main as selfcheck
+
+    selfcheck(args)
+
+
 def main(args: list[str] | None = None) -> None:
     """The console script. Returns None: ``sys.exit(main())`` must exit 0 after a successful run."""
     argv = sys.argv[1:] if args is None else args
     if argv[:1] == ["report"]:
         report_main(argv[1:])
+        return
+    if argv[:1] == ["selfcheck"]:
+        selfcheck_main(argv[1:])
         return
     importable_dirs(argv)
     # Lightning 2.6 with torch >= 2.10 warns about its own pytree call on every run; nothing a user can act on.

@@ -414,12 +414,10 @@ class GRPOModule(L.LightningModule):
 
     @override
     def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
-        checkpoint["state_dict"] = self.policy.checkpoint_state(checkpoint["state_dict"], "policy.")
         checkpoint["grpo_counters"] = {"num_tokens_seen": self.num_tokens_seen, "skipped_steps": self.skipped_steps}
 
     @override
     def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
-        checkpoint["state_dict"] = self.policy.restore_state(checkpoint["state_dict"], "policy.")
         counters = checkpoint.get("grpo_counters", {})
         self.num_tokens_seen = counters.get("num_tokens_seen", 0)
         self.skipped_steps = counters.get("skipped_steps", 0)

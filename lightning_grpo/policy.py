@@ -29,7 +29,7 @@ class Policy(nn.Module):
 
     The frozen reference (``beta > 0`` without LoRA) is a registered submodule, so it moves with the policy
     to its device and is sharded with it, but it is left out of the optimiser (``trainable_parameters``) and
-    out of checkpoints (``checkpoint_state``): it is the initial policy, rebuilt from ``model`` on resume.
+    out of the state dict, so of checkpoints (``left_out``): it is the initial policy, rebuilt from ``model``.
     Under LoRA there is no copy: the reference is the policy with its adapter disabled.
 
     Args:
@@ -68,6 +68,8 @@ class Policy(nn.Module):
         self.reference = _frozen_copy(self.model) if reference and not self.is_lora else None
         self.temperature, self.logprob_chunk_size = temperature, logprob_chunk_size
         self.synced_generation = False  # set by shard(): every forward is a collective
+        self.register_state_dict_post_hook(_drop_left_out)
+        self.register_load_state_dict_pre_hook(_fill_left_out)
 
     # ---- log-probs ----------------------------------------------------------------------------------------
 
@@ -130,30 +132,21 @@ class Policy(nn.Module):
         """Shard over ``mesh`` with FSDP2 (``None``: the strategy shards the module itself, as FSDP1 does).
         Either way generation is then synced across ranks, so ranks that finish early keep stepping."""
         if mesh is not None:
-            if self.is_lora:
-                raise ValueError("peft_config (LoRA) with ModelParallelStrategy is not supported: use strategy ddp")
-            shard_causal_lm(self.model, mesh)
+            shard_causal_lm(self.model, mesh)  # under LoRA the frozen base is sharded too; the adapter trains
             if self.reference is not None:
                 shard_causal_lm(self.reference, mesh, frozen=True)
         self.synced_generation = world_size > 1
 
-    def checkpoint_state(self, state: dict[str, Any], prefix: str) -> dict[str, Any]:
-        """``state`` (the module's state dict) less what is rebuilt from ``model`` on load: the reference, and
-        under LoRA the frozen base weights."""
-        kept = {f"{prefix}model.{n}" for n, p in self.model.named_parameters() if p.requires_grad}
-        own = f"{prefix}model."
-        return {
-            k: v
-            for k, v in state.items()
-            if not k.startswith(prefix + REFERENCE) and (not self.is_lora or k in kept or not k.startswith(own))
-        }
-
-    def restore_state(self, saved: dict[str, Any], prefix: str) -> dict[str, Any]:
-        """``saved`` completed with the current values of what ``checkpoint_state`` left out, so that strict
-        loading still catches a checkpoint that lacks weights that train."""
-        current = {f"{prefix}{k}": v for k, v in self.state_dict().items()}
-        left_out = current.keys() - self.checkpoint_state(current, prefix).keys()
-        return {**{k: current[k] for k in left_out}, **saved}
+    def left_out(self) -> Iterator[tuple[str, Tensor]]:
+        """(name, tensor) of what the Policy's state dict leaves out because it is rebuilt from ``model``: the
+        reference, and under LoRA the frozen base weights. Every checkpoint (a ``.ckpt`` file or a distributed
+        checkpoint directory, whose shards Lightning reads straight into ``state_dict()``'s keys) follows."""
+        if self.reference is not None:
+            yield from ((REFERENCE + n, t) for n, t in self.reference.state_dict(keep_vars=True).items())
+        if self.is_lora:
+            yield from (
+                ("model." + n, t) for n, t in self.model.state_dict(keep_vars=True).items() if not t.requires_grad
+            )
 
     def save_pretrained(self, path: str, is_global_zero: bool) -> None:
         """Hugging Face format (``AutoModelForCausalLM.from_pretrained(path)``). Every rank calls it: a sharded
@@ -161,6 +154,8 @@ class Policy(nn.Module):
         model, state = self.model, None
         if is_sharded(model):
             state = full_state_dict(model)
+            if self.is_lora and is_global_zero:
+                model, state = _merged_lora(model, state), None
         elif self.is_lora and is_global_zero:
             model = copy.deepcopy(model).merge_and_unload()
         if is_global_zero:
@@ -178,6 +173,32 @@ def _eval_mode(model: nn.Module) -> Iterator[None]:
         yield
     finally:
         model.train(was_training)
+
+
+def _drop_left_out(policy: Policy, state: dict[str, Any], prefix: str, local_metadata: Any) -> None:
+    for name, _ in policy.left_out():
+        state.pop(prefix + name, None)
+
+
+def _fill_left_out(policy: Policy, state: dict[str, Any], prefix: str, *args: Any) -> None:
+    """Loading puts the current values back in place of what was left out, so strict loading still catches a
+    checkpoint that lacks weights that train."""
+    for name, tensor in policy.left_out():
+        state.setdefault(prefix + name, tensor.detach())
+
+
+def _merged_lora(sharded: nn.Module, state: dict[str, Tensor]) -> nn.Module:
+    """An unsharded LoRA model built on the meta device, given ``state`` (the gathered weights, no second copy),
+    then merged: base + adapter as plain weights."""
+    from peft import get_peft_model
+    from transformers import AutoModelForCausalLM
+
+    with torch.device("meta"):
+        base = AutoModelForCausalLM.from_config(copy.deepcopy(sharded.get_base_model().config))
+        model = get_peft_model(base, sharded.peft_config[sharded.active_adapter])
+    model.load_state_dict(state, assign=True)
+    base.tie_weights()  # assign=True loaded a tied embedding and LM head as two tensors (PEFT would untie them)
+    return model.merge_and_unload()
 
 
 def _frozen_copy(model: nn.Module) -> nn.Module:

@@ -6,6 +6,14 @@
 - ``fsdp1``: 2 GPUs, Lightning's ``FSDPStrategy`` wrapping each decoder layer (FSDP1 refuses CPU).
 - ``replay``: 1 process, batch 2x, whose generation returns the two DDP ranks' rollouts of that step,
   concatenated in rank order: the same global batch as the DDP run, through a single process.
+- ``nodes``: DDP as 2 nodes x 1 process (``trainer.num_nodes=2``), started by 2 ``torchrun --nnodes 2`` calls.
+- ``ddp+lora``, ``fsdp2+lora``: the same with a LoRA adapter (``LORA``): only the adapter trains, the reference
+  is the adapter-off policy; each rank also exports the merged model to OUT/hf (rank 0 writes).
+
+``... MODE STEPS STOP [CKPT]`` (resume runs): AdamW, so that there is optimiser state to checkpoint; a run of
+STEPS steps, resumed from CKPT when given, stopped after step STOP (0: not stopped) with a checkpoint at
+OUT/last.ckpt (under FSDP2 a distributed checkpoint: a directory with each rank's shard).
+
 Lightning's launcher starts rank 1 by re-running this script.
 """
 
@@ -22,6 +30,7 @@ from lightning_grpo import GRPOModule, PromptDataModule
 from lightning_grpo.types import Rollout
 
 STEPS, PROMPTS_PER_RANK = 3, 2
+LORA = {"r": 4, "lora_alpha": 8, "target_modules": "all-linear"}
 
 
 def length_reward(completions, **kwargs):
@@ -38,6 +47,10 @@ class Recorder(L.Callback):
     def __init__(self):
         self.steps = []
         self.grads = []
+        self.start = None
+
+    def on_train_start(self, trainer, pl_module):
+        self.start = torch.cat([full(p).flatten().cpu() for p in pl_module.policy.model.parameters()])
 
     def on_before_optimizer_step(self, trainer, pl_module, optimizer):
         grads = [full(p.grad).flatten().cpu() for p in pl_module.policy.model.parameters() if p.grad is not None]
@@ -46,6 +59,19 @@ class Recorder(L.Callback):
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
         record = outputs["record"]
         self.steps.append({"rollout": record.rollout, "metrics": record.stats.metrics()})
+
+
+class StopAt(L.Callback):
+    """Saves OUT/last.ckpt after optimiser step ``step`` and stops, as a preemption would: mid-fit (the data
+    loader's position is saved too; after ``fit`` it is not) and with the schedule of the whole run."""
+
+    def __init__(self, step: int, path: Path):
+        self.step, self.path = step, path
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
+        if trainer.global_step == self.step:
+            trainer.save_checkpoint(self.path)
+            trainer.should_stop = True
 
 
 class Replay(GRPOModule):
@@ -76,8 +102,11 @@ def pad(t: torch.Tensor, width: int, value: int) -> torch.Tensor:
     return torch.nn.functional.pad(t, (0, width - t.shape[1]), value=value)
 
 
-def main(model_dir: str, data_path: str, out_dir: str, mode: str) -> None:
+def main(
+    model_dir: str, data_path: str, out_dir: str, mode: str, steps: str = "", stop: str = "0", ckpt: str = ""
+) -> None:
     torch.set_num_threads(1)
+    mode, _, lora = mode.partition("+")
     L.seed_everything(0)
     settings = dict(
         model=model_dir,
@@ -88,19 +117,23 @@ def main(model_dir: str, data_path: str, out_dir: str, mode: str) -> None:
         loss_type="dapo",  # normalised by the tokens of all ranks: the case that needs a global count
         micro_batch_size=5,  # micro-batches split differently per rank and in one process: same update
         max_grad_norm=None,  # compare raw gradients
-        optimizer=lambda params: torch.optim.SGD(params, lr=0.5),  # parameters move linearly with gradients
+        # SGD: parameters move linearly with gradients; resume runs: AdamW, whose state must be checkpointed
+        optimizer=(lambda p: torch.optim.AdamW(p, lr=1e-2)) if steps else (lambda p: torch.optim.SGD(p, lr=0.5)),
+        peft_config=LORA if lora else None,
     )
     module = Replay(out_dir.replace("replay", "ddp"), **settings) if mode == "replay" else GRPOModule(**settings)
     strategy = {
         "ddp": "ddp",
+        "nodes": "ddp",
         "fsdp2": ModelParallelStrategy(data_parallel_size=2, tensor_parallel_size=1),
         "fsdp1": FSDPStrategy(auto_wrap_policy={Qwen2DecoderLayer}),
     }
     recorder = Recorder()
     trainer = L.Trainer(
-        max_steps=STEPS,
+        max_steps=int(steps or STEPS),
         accelerator="gpu" if mode == "fsdp1" else "cpu",
-        devices=1 if mode == "replay" else 2,
+        devices=1 if mode in ("replay", "nodes") else 2,
+        num_nodes=2 if mode == "nodes" else 1,
         strategy=strategy.get(mode, "auto"),
         logger=False,
         enable_checkpointing=False,
@@ -108,14 +141,22 @@ def main(model_dir: str, data_path: str, out_dir: str, mode: str) -> None:
         enable_model_summary=False,
         limit_val_batches=0,
         default_root_dir=out_dir,
-        callbacks=[recorder],
+        callbacks=[recorder, *([StopAt(int(stop), Path(out_dir) / "last.ckpt")] if int(stop) else [])],
     )
     batch_size = PROMPTS_PER_RANK * (2 if mode == "replay" else 1)
-    trainer.fit(module, PromptDataModule(data_path, batch_size=batch_size, val_split=None))
+    trainer.fit(module, PromptDataModule(data_path, batch_size=batch_size, val_split=None), ckpt_path=ckpt or None)
     params = torch.cat([full(p).flatten().cpu() for p in module.policy.model.parameters()])
     Path(out_dir).mkdir(parents=True, exist_ok=True)
+    if lora:
+        module.save_pretrained(str(Path(out_dir) / "hf"))
     torch.save(
-        {"steps": recorder.steps, "grads": recorder.grads, "params": params, "global_step": trainer.global_step},
+        {
+            "steps": recorder.steps,
+            "grads": recorder.grads,
+            "start": recorder.start,
+            "params": params,
+            "global_step": trainer.global_step,
+        },
         Path(out_dir) / f"rank{trainer.global_rank}.pt",
     )
 

@@ -40,6 +40,7 @@ LAYERS = {
     "callbacks": 6,
     "cli": 6,
     "report": 6,
+    "selfcheck": 6,
     "__init__": 7,
     "__main__": 7,
 }

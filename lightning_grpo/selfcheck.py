@@ -1,0 +1,231 @@
+"""``lightning-grpo selfcheck``: every training path, run for a few steps on a tiny local model -> one table.
+
+Knows the module, the data module and Lightning's strategies; nothing is mocked. Each path is a real
+``Trainer.fit`` of ``STEPS`` steps on a 2-layer Qwen2 built in code (no downloads), in its own process, so a
+crash in one path still leaves the other rows. The CPU rows always run; the GPU rows say "no GPU" where there
+is none (they are not "passed"), or what they need (a second GPU, a package). Exit code 0 unless a path that
+could run failed: the first thing to run on a new cluster.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from importlib.util import find_spec
+from pathlib import Path
+from typing import Any
+
+import lightning as L
+import torch
+
+STEPS = 3  # the first step includes warm-up (allocations, vLLM's start): steps/s is timed over the others
+LORA = {"r": 4, "lora_alpha": 8, "target_modules": "all-linear"}
+TIMEOUT = 900  # seconds per path
+
+
+@dataclass(frozen=True)
+class Check:
+    key: str
+    path: str
+    gpus: int = 0  # GPUs it needs; 0: runs on CPU
+    processes: int = 1
+    settings: dict[str, Any] = field(default_factory=dict)  # GRPOModule arguments
+    trainer: dict[str, Any] = field(default_factory=dict)  # Trainer arguments
+    packages: tuple[str, ...] = ()
+
+
+CHECKS = [
+    Check("cpu", "CPU, 1 process"),
+    Check("ddp", "CPU, DDP 2 processes", processes=2, trainer={"strategy": "ddp"}),
+    Check("fsdp2", "CPU, FSDP2 2 processes", processes=2, trainer={"strategy": "fsdp2"}),
+    Check("lora", "CPU, LoRA", settings={"peft_config": LORA}),
+    Check(
+        "fsdp2_lora",
+        "CPU, FSDP2 + LoRA 2 processes",
+        processes=2,
+        settings={"peft_config": LORA},
+        trainer={"strategy": "fsdp2"},
+    ),
+    Check("bf16", "GPU, bf16-mixed", gpus=1, trainer={"precision": "bf16-mixed"}),
+    Check("fsdp1", "GPU, FSDP1 2 GPUs", gpus=2, processes=2, trainer={"strategy": "fsdp1"}),
+    Check(
+        "qlora",
+        "GPU, QLoRA 4-bit",
+        gpus=1,
+        settings={"load_in_4bit": True, "peft_config": LORA, "dtype": "bfloat16"},
+        packages=("bitsandbytes",),
+    ),
+    Check("vllm", "GPU, vLLM colocate", gpus=1, settings={"rollout_engine": "vllm"}, packages=("vllm",)),
+]
+BY_KEY = {check.key: check for check in CHECKS}
+
+
+def length_reward(completions: list[str], **kwargs: Any) -> list[float]:
+    return [len(c) / 8 for c in completions]
+
+
+def strategy(name: str, processes: int) -> Any:
+    """Strategy names of the table -> Lightning strategies (FSDP2 as ``templates/fsdp2_cpu.yaml`` sets it)."""
+    from lightning.pytorch.strategies import FSDPStrategy, ModelParallelStrategy
+    from transformers.models.qwen2.modeling_qwen2 import Qwen2DecoderLayer
+
+    if name == "fsdp2":
+        return ModelParallelStrategy(data_parallel_size=processes, tensor_parallel_size=1)
+    if name == "fsdp1":
+        return FSDPStrategy(auto_wrap_policy={Qwen2DecoderLayer})
+    return name
+
+
+class StepTimer(L.Callback):
+    def __init__(self) -> None:
+        self.start: float | None = None
+        self.steps = 0
+
+    def on_train_batch_end(self, trainer: L.Trainer, *args: Any) -> None:
+        if self.start is None:
+            self.start = time.perf_counter()  # after the first step
+        else:
+            self.steps += 1
+
+    def steps_per_second(self) -> float:
+        return self.steps / (time.perf_counter() - self.start) if self.steps else float("nan")
+
+
+def run_check(key: str, workdir: str) -> None:
+    """One path, in this process (and the ones Lightning's launcher starts): rank 0 writes KEY.json."""
+    from lightning_grpo.data import PromptDataModule
+    from lightning_grpo.engines import VLLMColocate
+    from lightning_grpo.module import GRPOModule
+
+    torch.set_num_threads(1)
+    check, work = BY_KEY[key], Path(workdir)
+    settings = dict(check.settings)
+    if settings.get("rollout_engine") == "vllm":
+        settings["rollout_engine"] = VLLMColocate(gpu_memory_utilization=0.2)
+    module = GRPOModule(
+        model=str(work / "model"),
+        reward_funcs=[length_reward],
+        num_generations=2,
+        max_completion_length=4,
+        learning_rate=1e-3,
+        beta=0.1,
+        **settings,
+    )
+    timer = StepTimer()
+    trainer = L.Trainer(
+        **{**check.trainer, "strategy": strategy(check.trainer.get("strategy", "auto"), check.processes)},
+        max_steps=STEPS,
+        accelerator="gpu" if check.gpus else "cpu",
+        devices=check.processes,
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        limit_val_batches=0,
+        default_root_dir=str(work / key),
+        callbacks=[timer],
+    )
+    trainer.fit(module, PromptDataModule(str(work / "train.jsonl"), batch_size=2, val_split=None))
+    if trainer.global_step != STEPS:
+        raise RuntimeError(f"took {trainer.global_step} optimiser steps of {STEPS}")
+    if trainer.global_rank == 0:
+        result = {"steps_per_s": timer.steps_per_second(), "peak_mb": peak_memory_mb(check)}
+        (work / f"{key}.json").write_text(json.dumps(result))
+
+
+def peak_memory_mb(check: Check) -> float:
+    if check.gpus:
+        return torch.cuda.max_memory_allocated() / 2**20
+    import resource
+
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # KiB on Linux: the process's peak RSS
+
+
+def unavailable(check: Check) -> str | None:
+    """Why ``check`` cannot run on this machine, or ``None``."""
+    found = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    if check.gpus and not found:
+        return "no GPU"
+    if check.gpus > found:
+        return f"needs {check.gpus} GPUs, {found} found"
+    missing = [p for p in check.packages if find_spec(p) is None]
+    return f"needs {', '.join(missing)} (pip install {' '.join(missing)})" if missing else None
+
+
+def row(check: Check, workdir: Path) -> tuple[str, str, str, str]:
+    """(path, result, steps/s, peak memory) of one path, run in a child process."""
+    reason = unavailable(check)
+    if reason:
+        return check.path, reason, "-", "-"
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    command = [sys.executable, "-m", "lightning_grpo.selfcheck", "--run", check.key, str(workdir)]
+    try:
+        proc = subprocess.run(command, capture_output=True, text=True, timeout=TIMEOUT, env=env)
+    except subprocess.TimeoutExpired:
+        return check.path, f"FAILED: no result after {TIMEOUT} s", "-", "-"
+    result = workdir / f"{check.key}.json"
+    if proc.returncode != 0 or not result.exists():
+        return check.path, f"FAILED: {last_error(proc.stderr)}", "-", "-"
+    numbers = json.loads(result.read_text())
+    unit = "GPU" if check.gpus else "RSS"
+    return check.path, "passed", f"{numbers['steps_per_s']:.2f}", f"{numbers['peak_mb']:.0f} MB {unit}"
+
+
+def last_error(stderr: str) -> str:
+    """The exception line of a traceback (a rank's prefix removed), else the last line."""
+    lines = [re.sub(r"^\[rank\d+\]:\s*", "", line).strip() for line in stderr.splitlines() if line.strip()]
+    errors = [line for line in lines if re.match(r"^[\w.]+(Error|Exception|Interrupt)\b", line)]
+    return ((errors or lines or ["exit code without output"])[-1])[:160]
+
+
+def table(rows: list[tuple[str, ...]]) -> str:
+    header = ("path", "result", "steps/s", "peak memory (rank 0)")
+    widths = [max(len(r[i]) for r in [header, *rows]) for i in range(len(header))]
+    lines = [" | ".join(cell.ljust(w) for cell, w in zip(r, widths)) for r in [header, *rows]]
+    lines.insert(1, "-+-".join("-" * w for w in widths))
+    return "\n".join(lines)
+
+
+def write_assets(workdir: Path) -> None:
+    """The tiny model and tokenizer (``lightning_grpo.demo``, random weights) and 16 prompts."""
+    from transformers.utils import logging
+
+    from lightning_grpo.demo import build_tiny_qwen2, build_tokenizer
+
+    logging.disable_progress_bar()  # "Writing model shards" would land in the middle of the table's output
+    tokenizer = build_tokenizer()
+    build_tiny_qwen2(tokenizer).save_pretrained(workdir / "model")
+    tokenizer.save_pretrained(workdir / "model")
+    rows = [{"prompt": f"{a}+{b}=", "answer": str(a + b)} for a in range(4) for b in range(4)]
+    (workdir / "train.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+
+
+def main(argv: list[str]) -> None:
+    """``lightning-grpo selfcheck``: prints the table; exits 1 when a path that could run failed."""
+    if argv[:1] == ["--run"]:
+        run_check(*argv[1:3])
+        return
+    if argv:
+        raise SystemExit(f"lightning-grpo selfcheck takes no arguments, got {argv}")
+    print(f"lightning-grpo selfcheck: {len(CHECKS)} paths, {STEPS} steps each on a tiny local model", flush=True)
+    with tempfile.TemporaryDirectory(prefix="lightning_grpo_selfcheck_") as tmp:
+        write_assets(Path(tmp))
+        rows = []
+        for check in CHECKS:
+            rows.append(row(check, Path(tmp)))
+            print(f"  {rows[-1][0]}: {rows[-1][1]}", flush=True)
+    print("\n" + table(rows))
+    if not torch.cuda.is_available():
+        print("\nNo CUDA GPU visible: the GPU rows were not run. Run `lightning-grpo selfcheck` on a GPU machine.")
+    if any(r[1].startswith("FAILED") for r in rows):
+        raise SystemExit(1)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])

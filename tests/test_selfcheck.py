@@ -1,0 +1,42 @@
+"""``lightning-grpo selfcheck`` on this CPU machine: the CPU rows pass, the GPU rows say "no GPU", exit 0."""
+
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from lightning_grpo.selfcheck import CHECKS, Check, last_error, unavailable
+
+
+def test_gpu_rows_say_what_they_need_here():
+    if torch.cuda.is_available():
+        pytest.skip("a GPU is visible")
+    assert unavailable(Check("x", "x", gpus=1)) == "no GPU"
+    assert unavailable(Check("x", "x")) is None
+    assert unavailable(Check("x", "x", packages=("no_such_package_xyz",))) == (
+        "needs no_such_package_xyz (pip install no_such_package_xyz)"
+    )
+
+
+def test_last_error_is_the_exception_line_of_any_rank():
+    stderr = "Traceback (most recent call last):\n[rank1]:   File 'x.py'\n[rank1]: ValueError: bad value\nbye\n"
+    assert last_error(stderr) == "ValueError: bad value"
+    assert last_error("") == "exit code without output"
+
+
+@pytest.mark.slow
+def test_selfcheck_on_cpu():
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    proc = subprocess.run(
+        [sys.executable, "-m", "lightning_grpo", "selfcheck"], capture_output=True, text=True, env=env, timeout=900
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr[-3000:]
+    table = proc.stdout.split("\n\n")[1].splitlines()
+    results = {line.split(" | ")[0].strip(): line.split(" | ")[1].strip() for line in table[2:]}
+    assert set(results) == {check.path for check in CHECKS}
+    for check in CHECKS:
+        expected = unavailable(check) or "passed"  # here: "no GPU" for every GPU row
+        assert results[check.path] == expected, (check.path, proc.stdout)
+    assert "No CUDA GPU visible" in proc.stdout or torch.cuda.is_available()
