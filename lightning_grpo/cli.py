@@ -175,6 +175,9 @@ def main(args: list[str] | None = None) -> None:
     importable_dirs(argv)
     # Lightning 2.6 with torch >= 2.10 warns about its own pytree call on every run; nothing a user can act on.
     warnings.filterwarnings("ignore", message=r"`isinstance\(treespec, LeafSpec\)` is deprecated")
+    # ModelCheckpoint(every_n_train_steps) under manual optimisation warns, with a code listing, that it saves the
+    # weights after the step: for GRPO that is what a checkpoint of step N should hold (resume is exact).
+    warnings.filterwarnings("ignore", message="Using ModelCheckpoint with manual optimization and every_n_train_steps")
     GRPOCLI(
         GRPOModule,
         PromptDataModule,

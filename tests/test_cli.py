@@ -216,3 +216,19 @@ def test_system_prompt_and_few_shot_from_yaml_reach_the_model(tmp_path):
     )
     sample = json.loads(next(tmp_path.glob("lightning_logs/version_*/samples.jsonl")).read_text().splitlines()[0])
     assert sample["prompt"].startswith("system: Answer with one digit.\nuser: max(1,2,3)=\nassistant: 3\nuser: max(")
+
+
+def test_a_step_checkpoint_run_prints_no_warning_a_user_cannot_act_on(tmp_path, recwarn):
+    every_step = '{"every_n_train_steps": 1}'
+    checkpoint = f'{{"class_path": "lightning.pytorch.callbacks.ModelCheckpoint", "init_args": {every_step}}}'
+    # (Python hides DeprecationWarnings raised inside libraries, e.g. jsonargparse's about Lightning's calls)
+    main(
+        ["fit", "--config", str(TINY), "--trainer.max_steps", "2", "--trainer.default_root_dir", str(tmp_path)]
+        + ["--trainer.callbacks", f"[{checkpoint}]", "--data.max_val_prompts", "8"]
+    )
+    # (and LightningCLI warns here only because pytest's own sys.argv sits beside the args given in Python)
+    shown = [
+        w for w in recwarn if not issubclass(w.category, DeprecationWarning) and "args parameter" not in str(w.message)
+    ]
+    assert not [f"{w.category.__name__}: {str(w.message)[:80]}" for w in shown]
+    assert list(tmp_path.glob("lightning_logs/version_*/checkpoints/*step=2.ckpt"))
