@@ -1,10 +1,13 @@
 """Rollout engines: implementations of ``lightning_grpo.rollout.RolloutEngine``, chosen by ``class_path``.
 
 - ``HFGenerate`` (default): Hugging Face ``generate`` on the policy itself.
+- ``LeanDecode``: a sampling loop over the policy's forward and KV cache, ``generate``'s distribution, faster
+  per decode step on CPU; the prompt prefilled once per group, ``generation_batch_size`` rows at a time.
 - ``VLLMColocate``: a vLLM engine inside each training process (CUDA, ``pip install vllm``).
 """
 
 from lightning_grpo.engines.hf import HFGenerate
+from lightning_grpo.engines.lean import LeanDecode
 from lightning_grpo.engines.vllm import VLLMColocate
 
-__all__ = ["HFGenerate", "VLLMColocate"]
+__all__ = ["HFGenerate", "LeanDecode", "VLLMColocate"]
