@@ -66,10 +66,10 @@ def hf_processors(sampling: SamplingConfig) -> LogitsProcessorList:
     [
         LeanDecode(),
         LeanDecode(share_prompt_cache=False),
-        LeanDecode(transposed_head=False),
+        LeanDecode(packed_weights=False),
         LeanDecode(generation_batch_size=4),  # 1 prompt x 3 per call (whole groups)
     ],
-    ids=["default", "unshared", "model_head", "batched"],
+    ids=["default", "unshared", "unpacked", "batched"],
 )
 def test_greedy_is_generate_token_for_token(policy, engine, penalty):
     sampling = SamplingConfig(max_completion_length=12, repetition_penalty=penalty)
