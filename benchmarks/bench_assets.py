@@ -69,15 +69,15 @@ def tiny_task() -> Task:
     )
 
 
-def qwen_vocab_tokenizer():
-    """Byte-level BPE without merges (like the demo's) padded with filler tokens ``w0, w1, ...`` to Qwen2.5's
-    151936 ids, so every id a randomly initialised model samples decodes. Byte-level, so ``AutoTokenizer``
-    loading it as ``Qwen2Tokenizer`` (transformers 5 does) encodes it unchanged."""
+def qwen_vocab_tokenizer(vocab_size: int = QWEN25_VOCAB):
+    """Byte-level BPE without merges (like the demo's) padded with filler tokens ``w0, w1, ...`` to
+    ``vocab_size`` ids (Qwen2.5's 151936 by default), so every id a randomly initialised model samples decodes.
+    Byte-level, so ``AutoTokenizer`` loading it as ``Qwen2Tokenizer`` (transformers 5 does) encodes it unchanged."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers
     from transformers import PreTrainedTokenizerFast
 
     tokens = ["<pad>", "<eos>", "<unk>", *sorted(pre_tokenizers.ByteLevel.alphabet())]
-    tokens += [f"w{i}" for i in range(QWEN25_VOCAB - len(tokens))]
+    tokens += [f"w{i}" for i in range(vocab_size - len(tokens))]
     tok = Tokenizer(models.BPE(vocab={t: i for i, t in enumerate(tokens)}, merges=[]))
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()
@@ -95,32 +95,64 @@ def qwen_100m(tokenizer, seed: int = 0) -> nn.Module:
     return build_tiny_qwen2(tokenizer, seed, vocab_size=QWEN25_VOCAB, max_position_embeddings=1024, **sizes)
 
 
-def synthetic_rows(n: int = 256, seed: int = 0) -> list[dict[str, str]]:
-    """Prompts of random lowercase letters and digits, all the same length in tokens."""
+GEN_VOCAB = 32000
+
+
+def gen_model(tokenizer, seed: int = 0) -> nn.Module:
+    """The generation-bound shape's model: Qwen2, 4 layers of width 256, vocabulary 32,000, tied embeddings
+    (12M parameters, 8.2M of them the embedding / LM head: 44.6 MB to read per decode step)."""
+    from lightning_grpo.demo import build_tiny_qwen2
+
+    sizes = dict(hidden_size=256, intermediate_size=1024, num_hidden_layers=4, num_attention_heads=4)
+    return build_tiny_qwen2(tokenizer, seed, vocab_size=GEN_VOCAB, max_position_embeddings=1024, **sizes)
+
+
+def synthetic_rows(n: int = 256, seed: int = 0, chars: int = SYNTHETIC_PROMPT_CHARS) -> list[dict[str, str]]:
+    """Prompts of random lowercase letters and digits, all ``chars`` tokens long."""
     rng = random.Random(seed)
     alphabet = "abcdefghijklmnopqrstuvwxyz0123456789"
-    return [{"prompt": "".join(rng.choices(alphabet, k=SYNTHETIC_PROMPT_CHARS))} for _ in range(n)]
+    return [{"prompt": "".join(rng.choices(alphabet, k=chars))} for _ in range(n)]
 
 
-def write_100m(path: Path) -> None:
-    tokenizer = qwen_vocab_tokenizer()
-    qwen_100m(tokenizer).save_pretrained(path / "model")
+def write_task(path: Path, tokenizer, model: nn.Module, rows: list[dict[str, str]]) -> None:
+    model.save_pretrained(path / "model")
     tokenizer.save_pretrained(path / "model")
     (path / "data").mkdir()
-    (path / "data" / "train.jsonl").write_text("".join(json.dumps(r) + "\n" for r in synthetic_rows()))
+    (path / "data" / "train.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
 
 
-def qwen_100m_task(home: Path) -> Task:
-    """The ~100M model and its prompts, written once under ``home`` (atomically: a rename)."""
-    target = home / "benchmarks" / "qwen2-vocab151936-90m"
+def cached_task(home: Path, name: str, write: Callable[[Path], None]) -> Task:
+    """A model and its prompts, written once under ``home`` (atomically: a rename)."""
+    target = home / "benchmarks" / name
     if not target.exists():
         target.parent.mkdir(parents=True, exist_ok=True)
         scratch = Path(tempfile.mkdtemp(dir=target.parent))
         (scratch / "out").mkdir()
-        write_100m(scratch / "out")
+        write(scratch / "out")
         (scratch / "out").rename(target)
         shutil.rmtree(scratch, ignore_errors=True)
     return Task(str(target / "model"), str(target / "data"), "char_length_reward")
+
+
+def qwen_100m_task(home: Path) -> Task:
+    """The ~100M model with Qwen2.5's vocabulary and 32-token prompts."""
+
+    def write(path: Path) -> None:
+        tokenizer = qwen_vocab_tokenizer()
+        write_task(path, tokenizer, qwen_100m(tokenizer), synthetic_rows())
+
+    return cached_task(home, "qwen2-vocab151936-90m", write)
+
+
+def gen_task(home: Path, prompt_tokens: int = SYNTHETIC_PROMPT_CHARS) -> Task:
+    """The generation-bound model (``gen_model``) with ``prompt_tokens``-token prompts: 32 for the
+    generation-bound shape, a few hundred for the prompt-heavy one."""
+
+    def write(path: Path) -> None:
+        tokenizer = qwen_vocab_tokenizer(GEN_VOCAB)
+        write_task(path, tokenizer, gen_model(tokenizer), synthetic_rows(chars=prompt_tokens))
+
+    return cached_task(home, f"qwen2-vocab32000-4x256-prompt{prompt_tokens}", write)
 
 
 def read_rows(data_dir: str, split: str) -> list[dict[str, Any]]:
@@ -170,6 +202,8 @@ class RunSpec:
     timed_steps: int
     seed: int
     eval_accuracy: bool  # greedy held-out accuracy after training (the tiny task's validation split)
+    engine: str = "hf"  # lightning-grpo only: "lean" (LeanDecode) or "hf" (HFGenerate)
+    share_prompt_prefix: bool = False  # lightning-grpo only
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> RunSpec:

@@ -13,6 +13,7 @@ import lightning as L
 from bench_assets import REWARDS, RunResult, RunSpec, StepLog, rss_mb, run_result
 
 from lightning_grpo import GRPOModule, PromptDataModule
+from lightning_grpo.engines import HFGenerate, LeanDecode
 
 
 class StepClock(L.Callback):
@@ -32,9 +33,7 @@ class StepClock(L.Callback):
             return
         record = outputs["record"]
         rollout = record.rollout
-        self.steps.step(
-            int(rollout.completion_mask.sum()), int(rollout.prompt_mask.sum()), record.stats.rewards.mean
-        )
+        self.steps.step(int(rollout.completion_mask.sum()), int(rollout.prompt_mask.sum()), record.stats.rewards.mean)
 
 
 def build(spec: RunSpec) -> tuple[GRPOModule, PromptDataModule]:
@@ -51,6 +50,8 @@ def build(spec: RunSpec) -> tuple[GRPOModule, PromptDataModule]:
         warmup_ratio=spec.warmup_ratio,
         lr_scheduler_type=spec.lr_scheduler_type,
         seed=spec.seed,
+        rollout_engine=LeanDecode() if spec.engine == "lean" else HFGenerate(),
+        share_prompt_prefix=spec.share_prompt_prefix,
     )
     data = PromptDataModule(dataset=spec.task.data_dir, batch_size=spec.prompts_per_step, val_split=None)
     return module, data

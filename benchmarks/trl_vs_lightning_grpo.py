@@ -2,6 +2,8 @@
 
     python benchmarks/trl_vs_lightning_grpo.py                    # tiny model, beta 0 and 0.1, 3 repeats x 20 steps
     python benchmarks/trl_vs_lightning_grpo.py --model both --json results.json
+    python benchmarks/trl_vs_lightning_grpo.py --model all --threads 2   # tiny, 100m, gen and prompt shapes
+    python benchmarks/trl_vs_lightning_grpo.py --decode-step      # one decode step vs the weight-read floor
     python benchmarks/trl_vs_lightning_grpo.py --logprob-memory   # chunked log-probs vs full logits, 151936 vocab
     python benchmarks/trl_vs_lightning_grpo.py --parity           # learning curves on the tiny task, 3 seeds
 
@@ -27,7 +29,7 @@ from typing import Any
 
 import torch
 import yaml
-from bench_assets import RunResult, RunSpec, Task, matmul_gflops, qwen_100m_task, tiny_task
+from bench_assets import RunResult, RunSpec, Task, gen_task, matmul_gflops, qwen_100m_task, tiny_task
 
 REPO = Path(__file__).resolve().parents[1]
 SIDES = ("ours", "trl")
@@ -45,13 +47,22 @@ class Settings:
     lr_scheduler_type: str = "cosine"
     warmup_ratio: float = 0.0
     max_prompt_length: int = 512  # lightning-grpo only; TRL 1.16 never truncates, and no prompt here is longer
+    engine: str = "lean"  # lightning-grpo only: its rollout engine, "lean" (LeanDecode) or "hf" (HFGenerate)
+    share_prompt_prefix: bool = True  # lightning-grpo only: the log-prob forward encodes a group's prompt once
 
 
-# tiny: templates/tiny_cpu.yaml's batch; 100m: 4 prompts x 8 completions = 32 completions of 32 tokens.
+# tiny: overhead-bound, 4 prompts x 8 = 32 completions of <= 16 tokens (most end after 1-2: the task's answer);
+# 100m: training-bound, 4 x 8 completions of 32 tokens, 151,936-token LM head;
+# gen: generation-bound, 2 x 8 completions of 128 tokens (a random model rarely samples EOS: they run to the end);
+# prompt: prompt-heavy, the gen model with 320-token prompts shared by groups of 8, 16-token completions.
 MODEL_DEFAULTS = {
-    "tiny": Settings(num_generations=8, prompts_per_step=16, max_completion_length=3, learning_rate=1e-3),
+    "tiny": Settings(num_generations=8, prompts_per_step=4, max_completion_length=16, learning_rate=1e-3),
     "100m": Settings(num_generations=8, prompts_per_step=4, max_completion_length=32, learning_rate=1e-6),
+    "gen": Settings(num_generations=8, prompts_per_step=2, max_completion_length=128, learning_rate=1e-6),
+    "prompt": Settings(num_generations=8, prompts_per_step=2, max_completion_length=16, learning_rate=1e-6),
 }
+PROMPT_HEAVY_TOKENS = 320
+MODELS = {"both": ["tiny", "100m"], "all": list(MODEL_DEFAULTS)}
 
 
 def template_settings(path: Path = REPO / "templates" / "tiny_cpu.yaml") -> tuple[Settings, float]:
@@ -98,7 +109,11 @@ class Runner:
 def worker(payload: str) -> None:
     """One measurement in this process; the result goes to the payload's ``out`` file as JSON."""
     job = json.loads(payload)
-    if job["kind"] == "logprob":
+    if job["kind"] == "decode":
+        from bench_decode import DecodeSpec, run
+
+        result = run(DecodeSpec(**job["spec"]))
+    elif job["kind"] == "logprob":
         from bench_logprobs import LogprobSpec, run
 
         result = run(LogprobSpec(**job["spec"]))
@@ -110,7 +125,7 @@ def worker(payload: str) -> None:
         from bench_trl import run
 
         result = run(RunSpec.from_dict(job["spec"]))
-    Path(job["out"]).write_text(json.dumps(asdict(result)))
+    Path(job["out"]).write_text(json.dumps(result if isinstance(result, dict) else asdict(result)))
 
 
 # ---- speed ------------------------------------------------------------------------------------------------
@@ -153,7 +168,11 @@ class Comparison:
 def task_for(model: str) -> Task:
     from lightning_grpo.demo import cache_home
 
-    return tiny_task() if model == "tiny" else qwen_100m_task(cache_home())
+    if model == "tiny":
+        return tiny_task()
+    if model == "100m":
+        return qwen_100m_task(cache_home())
+    return gen_task(cache_home(), PROMPT_HEAVY_TOKENS if model == "prompt" else 32)
 
 
 def speed_settings(args: argparse.Namespace, model: str) -> Settings:
@@ -165,6 +184,8 @@ def speed_settings(args: argparse.Namespace, model: str) -> Settings:
         "learning_rate": args.learning_rate,
         "loss_type": args.loss_type,
         "max_prompt_length": args.max_prompt_length,
+        "engine": args.engine,
+        "share_prompt_prefix": args.share_prompt_prefix,
     }
     return Settings(**{**asdict(MODEL_DEFAULTS[model]), **{k: v for k, v in given.items() if v is not None}})
 
@@ -209,7 +230,8 @@ def print_comparison(c: Comparison, gflops: float, repeats: int, steps: int) -> 
     print(
         f"\n== {c.model}: {params / 1e6:.2f}M matmul params, {s.prompts_per_step} prompts x {s.num_generations} = "
         f"{n} completions/step, <= {s.max_completion_length} completion tokens, beta {c.beta}, {s.loss_type} "
-        f"(median of {repeats} runs x {steps} steps) =="
+        f"(median of {repeats} runs x {steps} steps; ours: engine {s.engine}, share_prompt_prefix "
+        f"{s.share_prompt_prefix}) =="
     )
     print(f"{'side':6s}{'steps/s':>10s}{'tokens/s':>11s}{'peak RSS MB':>13s}{'floor s/step':>14s}{'of floor':>10s}")
     for side, m in c.medians(gflops).items():
@@ -219,11 +241,12 @@ def print_comparison(c: Comparison, gflops: float, repeats: int, steps: int) -> 
         )
     r = c.ratios(gflops)
     ratios = f"steps/s x{r['steps_per_s']:.2f}, tokens/s x{r['tokens_per_s']:.2f}, peak RSS x{r['peak_rss_mb']:.2f}"
-    print(f"ours/trl: {ratios}")
+    spread = {side: [f"{r.steps_per_s:.3f}" for r in runs] for side, runs in c.runs.items()}
+    print(f"ours/trl: {ratios}; steps/s of every run: {spread}")
 
 
 def speed(args: argparse.Namespace, runner: Runner, gflops: float) -> list[dict[str, Any]]:
-    models = ["tiny", "100m"] if args.model == "both" else [args.model]
+    models = [m for name in args.model for m in MODELS.get(name, [name])]
     comparisons = [compare(args, runner, model, beta) for model in models for beta in args.betas]
     for c in comparisons:
         print_comparison(c, gflops, args.repeats, args.steps)
@@ -263,6 +286,26 @@ def logprob_memory(args: argparse.Namespace, runner: Runner) -> list[dict[str, A
     for r in results:
         print(f"{r.label:14s}{r.peak_rss_mb:13.0f}{r.pass_mb:10.0f}{r.seconds:9.2f}{r.pass_mb / full:16.2f}")
     return [{**asdict(r), "pass_mb": r.pass_mb} for r in results]
+
+
+# ---- decode step ------------------------------------------------------------------------------------------
+
+
+def decode_step(args: argparse.Namespace, runner: Runner) -> dict[str, Any]:
+    """Per decode step of each engine on the gen model, and the floor: reading every weight once."""
+    from lightning_grpo.demo import cache_home
+
+    spec = {"model_dir": gen_task(cache_home()).model_dir, "rows": 16, "repeats": max(args.repeats, 3)}
+    result = runner("decode", spec)
+    print(
+        f"\n== one decode step, gen model (4 layers x 256, vocabulary 32,000), 16 rows, {result['threads']} threads =="
+    )
+    print(f"weights: {result['weight_mb']:.1f} MB, copied once in {result['floor_ms']:.2f} ms (the weight-read floor)")
+    for name in ("hf_generate", "lean_decode"):
+        ms = result[name]
+        print(f"{name:12s}{ms:8.2f} ms/step  {ms / result['floor_ms']:5.2f}x the floor")
+    print(f"lean / generate: {result['hf_generate'] / result['lean_decode']:.2f}x faster per step")
+    return result
 
 
 # ---- learning parity --------------------------------------------------------------------------------------
@@ -320,10 +363,31 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument(
         "--model",
-        choices=["tiny", "100m", "both"],
-        default="tiny",
+        choices=[*MODEL_DEFAULTS, *MODELS],
+        nargs="+",
+        default=["tiny"],
         help="tiny: the embedded 2-layer demo model on its max-of-three-digits task; 100m: a 90M Qwen2 "
-        "with Qwen2.5's 151936 vocabulary on random prompts with a length reward (default tiny)",
+        "with Qwen2.5's 151936 vocabulary on random prompts with a length reward; gen: Qwen2 4 layers x 256, "
+        "vocabulary 32,000, 128-token completions; prompt: the gen model with 320-token prompts and 16-token "
+        "completions; both: tiny and 100m; all: every shape (default tiny)",
+    )
+    p.add_argument(
+        "--engine",
+        choices=["lean", "hf"],
+        default="lean",
+        help="lightning-grpo's rollout engine: LeanDecode or HFGenerate (lean)",
+    )
+    p.add_argument(
+        "--share-prompt-prefix",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="lightning-grpo's share_prompt_prefix: the log-prob forward encodes each group's prompt once (on)",
+    )
+    p.add_argument(
+        "--decode-step",
+        action="store_true",
+        help="instead of the speed comparison: ms per decode step (16 rows on the gen model) of generate and "
+        "LeanDecode against the weight-read floor (copying the model's weights once)",
     )
     p.add_argument("--repeats", type=int, default=3, help="runs per side and beta; medians are reported (3)")
     p.add_argument("--steps", type=int, default=20, help="timed optimiser steps per run (20)")
@@ -411,7 +475,9 @@ def main(argv: list[str] | None = None) -> None:
         report["logprob_memory"] = logprob_memory(args, runner)
     if args.parity:
         report["parity"] = parity(args, runner)
-    if not (args.logprob_memory or args.parity):
+    if args.decode_step:
+        report["decode_step"] = decode_step(args, runner)
+    if not (args.logprob_memory or args.parity or args.decode_step):
         report["speed"] = speed(args, runner, gflops)
     if args.json:
         args.json.write_text(json.dumps(report, indent=2))

@@ -21,6 +21,8 @@ import torch
 from torch import Tensor, nn
 from torch.utils.checkpoint import checkpoint
 
+from lightning_grpo.prefix import shared_prefix_hidden
+
 
 @dataclass
 class TokenLogps:
@@ -137,6 +139,7 @@ def completion_logps(
     chunk_size: int | None = None,
     router_aux: bool = False,
     entropy_grad: bool = False,
+    shared_prefix: bool = False,
 ) -> TokenLogps:
     """Log-probs of the last ``completion_length`` tokens of each row.
 
@@ -149,18 +152,26 @@ def completion_logps(
         chunk_size: token positions per LM-head chunk; ``None`` sizes chunks to ~32M logits (128 MB fp32).
         router_aux: also return the MoE load-balancing loss (``router_aux_coef(config) != 0``).
         entropy_grad: return the entropies with their gradient (for the entropy bonus); detached otherwise.
+        shared_prefix: encode the prompt of each run of rows that share it once (``lightning_grpo.prefix``);
+            the same values and gradients, for P + G * T token positions a group instead of G * (P + T).
     """
     config = _text_config(getattr(model, "config", None))
-    outputs = model.get_decoder()(
-        input_ids=input_ids,
-        attention_mask=attention_mask,
-        position_ids=position_ids_from_mask(attention_mask),
-        use_cache=False,
-        **({"output_router_logits": True} if router_aux else {}),
-    )
-    aux_loss = router_aux_loss(outputs.router_logits, config, attention_mask) if router_aux else None
-    hidden = outputs.last_hidden_state  # [n, P+T, H]
-    hidden = hidden[:, -completion_length - 1 : -1]  # [n, T, H] the states that predict each completion token
+    positions = position_ids_from_mask(attention_mask)  # [n, P+T]
+    if shared_prefix:
+        if router_aux:
+            raise ValueError("shared_prefix does not return MoE router logits: use shared_prefix=False")
+        decoder, aux_loss = model.get_decoder(), None
+        hidden = shared_prefix_hidden(decoder, config, input_ids, attention_mask, positions, completion_length)
+    else:
+        outputs = model.get_decoder()(
+            input_ids=input_ids,
+            attention_mask=attention_mask,
+            position_ids=positions,
+            use_cache=False,
+            **({"output_router_logits": True} if router_aux else {}),
+        )
+        aux_loss = router_aux_loss(outputs.router_logits, config, attention_mask) if router_aux else None
+        hidden = outputs.last_hidden_state[:, -completion_length - 1 : -1]  # [n, T, H] predicting each completion token
     targets = input_ids[:, -completion_length:]  # [n, T]
     head = model.get_output_embeddings()
     softcap = getattr(config, "final_logit_softcapping", None)

@@ -42,6 +42,9 @@ class Policy(nn.Module):
         reference: keep the initial policy for a KL penalty.
         temperature: the sampling temperature; log-probs are computed from logits divided by it.
         logprob_chunk_size: token positions per LM-head chunk (``None``: ~32M logits a chunk).
+        shared_prefix: in the log-prob forward, encode each group's shared prompt once (Prefix Grouper,
+            ``lightning_grpo.prefix``): equal values and gradients, P + G * T token positions a group instead of
+            G * (P + T). Not with gradient checkpointing or FSDP2 sharding.
     """
 
     def __init__(
@@ -55,8 +58,14 @@ class Policy(nn.Module):
         reference: bool = False,
         temperature: float = 1.0,
         logprob_chunk_size: int | None = None,
+        shared_prefix: bool = False,
     ) -> None:
         super().__init__()
+        if shared_prefix and gradient_checkpointing:
+            raise ValueError(
+                "shared_prefix=True with gradient_checkpointing=True: checkpointed layers drop the KV cache that "
+                "carries the shared prompt; turn one of them off"
+            )
         self.name_or_path = model if isinstance(model, str) else None
         self.tokenizer = load_tokenizer(tokenizer if tokenizer is not None else model)
         self.model = load_policy(model, dtype, load_in_4bit).train()  # from_pretrained returns eval mode
@@ -67,6 +76,7 @@ class Policy(nn.Module):
             self.model = with_lora(self.model, peft_config)
         self.reference = _frozen_copy(self.model) if reference and not self.is_lora else None
         self.temperature, self.logprob_chunk_size = temperature, logprob_chunk_size
+        self.shared_prefix = shared_prefix
         self.synced_generation = False  # set by shard(): every forward is a collective
         self.register_state_dict_post_hook(_drop_left_out)
         self.register_load_state_dict_pre_hook(_fill_left_out)
@@ -76,9 +86,12 @@ class Policy(nn.Module):
     def token_logps(self, rollout: Rollout, rows: slice, model: nn.Module | None = None) -> TokenLogps:
         """[n, T] log-probs and entropies of ``rows``' completion tokens, with gradient when enabled."""
         model = self.model if model is None else model
-        fn = getattr(model, LOGPS_METHOD) if is_sharded(model) else lambda *a: completion_logps(model, *a)
         ids, mask, width = rollout.input_ids[rows], rollout.attention_mask[rows], rollout.completion_ids.shape[1]
-        return fn(ids, mask, width, self.temperature, self.logprob_chunk_size)
+        if is_sharded(model):
+            return getattr(model, LOGPS_METHOD)(ids, mask, width, self.temperature, self.logprob_chunk_size)
+        return completion_logps(
+            model, ids, mask, width, self.temperature, self.logprob_chunk_size, shared_prefix=self.shared_prefix
+        )
 
     @torch.no_grad()
     def logps(self, rollout: Rollout, micro_batches: list[slice]) -> Tensor:
@@ -132,6 +145,8 @@ class Policy(nn.Module):
         """Shard over ``mesh`` with FSDP2 (``None``: the strategy shards the module itself, as FSDP1 does).
         Either way generation is then synced across ranks, so ranks that finish early keep stepping."""
         if mesh is not None:
+            if self.shared_prefix:
+                raise ValueError("shared_prefix=True with ModelParallelStrategy (FSDP2) is not supported yet")
             shard_causal_lm(self.model, mesh)  # under LoRA the frozen base is sharded too; the adapter trains
             if self.reference is not None:
                 shard_causal_lm(self.reference, mesh, frozen=True)

@@ -22,6 +22,7 @@ LAYERS = {
     "data": 1,
     "rewards": 1,
     "logprobs": 1,
+    "prefix": 1,
     "models": 1,
     "sharding": 1,
     "policy": 2,

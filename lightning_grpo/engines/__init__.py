@@ -1,6 +1,8 @@
 """Rollout engines: implementations of ``lightning_grpo.rollout.RolloutEngine``, chosen by ``class_path``.
 
 - ``HFGenerate`` (default): Hugging Face ``generate`` on the policy itself.
+- ``LeanDecode``: a sampling loop over the policy's forward and KV cache, ``generate``'s distribution, faster
+  per decode step on CPU; the prompt prefilled once per group, ``generation_batch_size`` rows at a time.
 - ``VLLMColocate``: a vLLM engine inside each training process (CUDA, ``pip install vllm``).
 - ``ToolCalling``: multi-turn episodes with tools and environments (TRL's ``tools`` / ``environment_factory``).
 - ``RolloutFunction``: a user's own ``rollout_func`` (TRL's escape hatch).
@@ -9,6 +11,7 @@
 from lightning_grpo.engines.custom import RolloutFunction
 from lightning_grpo.engines.environments import environment_reward
 from lightning_grpo.engines.hf import HFGenerate
+from lightning_grpo.engines.lean import LeanDecode
 from lightning_grpo.engines.toolcalls import HermesParser, ToolCall
 from lightning_grpo.engines.tools import ToolCalling
 from lightning_grpo.engines.vllm import VLLMColocate
@@ -16,6 +19,7 @@ from lightning_grpo.engines.vllm import VLLMColocate
 __all__ = [
     "HFGenerate",
     "HermesParser",
+    "LeanDecode",
     "RolloutFunction",
     "ToolCall",
     "ToolCalling",

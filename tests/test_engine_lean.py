@@ -1,0 +1,196 @@
+"""LeanDecode against Hugging Face ``generate``: greedy token for token, the filters' distributions exactly,
+sampling statistically; early exit, generation batches, the shared prompt cache, LoRA, ranks in step."""
+
+from __future__ import annotations
+
+import os
+import socket
+
+import pytest
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+from helpers import fit, make_module
+from transformers.generation.logits_process import (
+    LogitsProcessorList,
+    MinPLogitsWarper,
+    RepetitionPenaltyLogitsProcessor,
+    TemperatureLogitsWarper,
+    TopKLogitsWarper,
+    TopPLogitsWarper,
+)
+
+from lightning_grpo import PromptDataModule
+from lightning_grpo.engines import HFGenerate, LeanDecode
+from lightning_grpo.engines import lean as lean_module
+from lightning_grpo.engines.sampling import sample_inverse_cdf, sampling_logits
+from lightning_grpo.policy import Policy
+from lightning_grpo.rollout import SamplingConfig
+
+PROMPTS = ["max(1,2,3)=", "max(9,2,3)= and a longer one", "a"]  # different lengths: left padding
+LORA = {"r": 4, "lora_alpha": 8, "target_modules": ["q_proj", "v_proj"], "lora_dropout": 0.0}
+FILTERS = {  # one filter at a time, then all together
+    "temperature": dict(temperature=0.6),
+    "top_k": dict(top_k=5),
+    "top_p": dict(top_p=0.7),
+    "min_p": dict(min_p=0.3),
+    "repetition_penalty": dict(repetition_penalty=1.8),
+    "all": dict(temperature=0.8, top_k=20, top_p=0.9, min_p=0.05, repetition_penalty=1.3),
+}
+
+
+@pytest.fixture(scope="module")
+def policy(tiny_model_dir):
+    return Policy(tiny_model_dir)
+
+
+def hf_processors(sampling: SamplingConfig) -> LogitsProcessorList:
+    """``generate``'s processors for these settings, in its order (transformers 5)."""
+    out = LogitsProcessorList()
+    if sampling.repetition_penalty != 1.0:
+        out.append(RepetitionPenaltyLogitsProcessor(sampling.repetition_penalty))
+    if sampling.temperature != 1.0:
+        out.append(TemperatureLogitsWarper(sampling.temperature))
+    if sampling.top_k:
+        out.append(TopKLogitsWarper(sampling.top_k))
+    if sampling.top_p < 1.0:
+        out.append(TopPLogitsWarper(sampling.top_p))
+    if sampling.min_p is not None:
+        out.append(MinPLogitsWarper(sampling.min_p))
+    return out
+
+
+@pytest.mark.parametrize("penalty", [1.0, 1.5])
+@pytest.mark.parametrize(
+    "engine",
+    [
+        LeanDecode(),
+        LeanDecode(share_prompt_cache=False),
+        LeanDecode(packed_weights=False),
+        LeanDecode(generation_batch_size=4),  # 1 prompt x 3 per call (whole groups)
+    ],
+    ids=["default", "unshared", "unpacked", "batched"],
+)
+def test_greedy_is_generate_token_for_token(policy, engine, penalty):
+    sampling = SamplingConfig(max_completion_length=12, repetition_penalty=penalty)
+    expected = HFGenerate().generate(policy, PROMPTS, 3, sampling, greedy=True)
+    got = engine.generate(policy, PROMPTS, 3, sampling, greedy=True)
+    assert torch.equal(got.completion_ids, expected.completion_ids)
+    assert torch.equal(got.completion_mask, expected.completion_mask)
+    assert torch.equal(got.prompt_ids, expected.prompt_ids) and got.completions == expected.completions
+
+
+def test_greedy_with_lora(tiny_model_dir):
+    policy = Policy(tiny_model_dir, peft_config=LORA)
+    with torch.no_grad():  # a non-zero adapter, so that it changes the output
+        for name, p in policy.model.named_parameters():
+            if "lora_B" in name:
+                p.normal_(std=0.5)
+    sampling = SamplingConfig(max_completion_length=10)
+    expected = HFGenerate().generate(policy, PROMPTS, 2, sampling, greedy=True)
+    got = LeanDecode().generate(policy, PROMPTS, 2, sampling, greedy=True)
+    assert torch.equal(got.completion_ids, expected.completion_ids)
+
+
+def test_stops_when_every_row_has_ended(policy, monkeypatch):
+    sampling = SamplingConfig(max_completion_length=12)
+    first = LeanDecode().generate(policy, PROMPTS, 2, sampling, greedy=True).completion_ids
+    eos = sorted(set(first[:, 2].tolist()))  # every row ends by its third token
+    monkeypatch.setattr(policy.model.generation_config, "eos_token_id", eos)
+    calls = []
+    original = lean_module.NextTokenLogits.__call__
+    monkeypatch.setattr(lean_module.NextTokenLogits, "__call__", lambda *a: calls.append(1) or original(*a))
+    got = LeanDecode().generate(policy, PROMPTS, 2, sampling, greedy=True)
+    expected = HFGenerate().generate(policy, PROMPTS, 2, sampling, greedy=True)
+    assert torch.equal(got.completion_ids, expected.completion_ids)
+    assert got.completion_ids.shape[1] <= 3 and len(calls) <= 3  # prefill + at most 2 decode steps, not 12
+
+
+@pytest.mark.parametrize("name", sorted(FILTERS))
+def test_filtered_distribution_equals_generates(name):
+    """Exact: the same ids filtered out, the same probabilities elsewhere; logits rounded to make ties."""
+    sampling = SamplingConfig(**FILTERS[name])
+    gen = torch.Generator().manual_seed(0)
+    logits = (torch.randn(6, 40, generator=gen) * 2).round(decimals=1)  # [N, V]
+    ids = torch.randint(0, 40, (6, 9), generator=gen)  # [N, L] each row's prompt and completion so far
+    seen = torch.zeros(6, 40, dtype=torch.bool).scatter_(1, ids, True)
+    expected = hf_processors(sampling)(ids, logits.clone())
+    got = sampling_logits(logits, sampling, greedy=False, seen=seen)
+    assert torch.equal(got.isinf(), expected.isinf())
+    torch.testing.assert_close(got.softmax(-1), expected.softmax(-1), rtol=0, atol=1e-6)
+
+
+def test_inverse_cdf_draws_from_the_softmax():
+    """200k draws from a 3-row distribution with a filtered (-inf) id: frequencies within 5 standard errors."""
+    torch.manual_seed(0)
+    logits = torch.tensor([[0.0, 1.0, 2.0, float("-inf")], [3.0, 0.0, 0.0, 0.0], [0.0, 0.0, 0.0, 0.0]])
+    n = 200_000
+    draws = sample_inverse_cdf(logits.repeat(n, 1)).view(n, 3)  # [n, 3]
+    p = logits.softmax(-1)  # [3, V]
+    freq = torch.stack([torch.bincount(draws[:, r], minlength=4) for r in range(3)]).float() / n
+    assert freq[0, 3] == 0  # never a filtered id
+    assert ((freq - p).abs() <= 5 * (p * (1 - p) / n).sqrt() + 1e-9).all()
+
+
+@pytest.mark.parametrize("name", sorted(FILTERS))
+def test_first_token_frequencies_match_generate(policy, name):
+    """Statistical, end to end: 4000 first tokens from one prompt, from each engine, against the exact
+    distribution (the model's logits through generate's own processors): every id within 5 standard errors."""
+    sampling = SamplingConfig(max_completion_length=1, **FILTERS[name])
+    prompt = ["max(1,2,3)="]
+    ids, _, _ = lean_module.tokenize_prompts(policy.tokenizer, prompt, None)
+    with torch.no_grad():
+        logits = policy.model(input_ids=ids).logits[:, -1].float()  # [1, V]
+    p = hf_processors(sampling)(ids, logits).softmax(-1)[0]  # [V]
+    n = 4000
+    for engine in (LeanDecode(), HFGenerate()):  # generate passes the same check: the tolerance is calibrated
+        torch.manual_seed(1)
+        first = engine.generate(policy, prompt, n, sampling, greedy=False).completion_ids[:, 0]
+        freq = torch.bincount(first, minlength=p.numel()).float() / n
+        assert ((freq - p).abs() <= 5 * (p * (1 - p) / n).sqrt() + 1.5 / n).all(), type(engine).__name__
+
+
+def test_generation_batches_cover_every_group(policy):
+    sampling = SamplingConfig(max_completion_length=6)
+    torch.manual_seed(0)
+    rollout = LeanDecode(generation_batch_size=5).generate(policy, PROMPTS, 2, sampling, greedy=False)
+    assert rollout.completion_ids.shape[0] == 6 and rollout.group_size == 2
+    assert rollout.prompts == [p for p in PROMPTS for _ in range(2)]
+    with pytest.raises(ValueError, match="generation_batch_size must be None or >= 1, got 0"):
+        LeanDecode(generation_batch_size=0)
+
+
+def test_module_trains_with_lean_decode(tiny_model_dir, arith_jsonl, tmp_path):
+    module = make_module(tiny_model_dir, rollout_engine=LeanDecode(generation_batch_size=8))
+    trainer = fit(module, PromptDataModule(arith_jsonl, batch_size=4, val_split=None), tmp_path, max_steps=2)
+    assert trainer.global_step == 2
+
+
+def _synced_rank(rank: int, port: int, model_dir: str, out: dict) -> None:
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    dist.init_process_group("gloo", rank=rank, world_size=2)
+    torch.set_num_threads(1)
+    policy = Policy(model_dir)
+    policy.synced_generation = True
+    sampling = SamplingConfig(max_completion_length=8)
+    first = LeanDecode().generate(policy, PROMPTS, 1, sampling, greedy=True).completion_ids
+    if rank == 0:  # rank 0's rows all end at their first token, rank 1's never
+        policy.model.generation_config.eos_token_id = sorted(set(first[:, 0].tolist()))
+    steps = []
+    original = lean_module.Decoder.all_done
+    lean_module.Decoder.all_done = lambda self, unfinished: steps.append(1) or original(self, unfinished)
+    rollout = LeanDecode().generate(policy, PROMPTS, 1, sampling, greedy=True)
+    out[rank] = (len(steps), rollout.completion_ids.shape[1])
+    dist.destroy_process_group()
+
+
+@pytest.mark.slow
+def test_ranks_keep_stepping_until_all_are_done(tiny_model_dir):
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    out = mp.Manager().dict()
+    mp.spawn(_synced_rank, args=(port, tiny_model_dir, out), nprocs=2)
+    # the rank that ended first took as many steps (collective forwards) as the other: 7 checks for 8 tokens
+    assert out[0][0] == out[1][0] == 7
+    assert out[0][1] == 1 and out[1][1] == 8
