@@ -19,6 +19,7 @@ import contextlib
 import functools
 from collections.abc import Iterator
 from contextlib import nullcontext
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -56,7 +57,13 @@ class LeanDecode(RolloutEngine):
 
     @override
     def generate(
-        self, policy: Policy, prompts: list[Prompt], num_generations: int, sampling: SamplingConfig, greedy: bool
+        self,
+        policy: Policy,
+        prompts: list[Prompt],
+        num_generations: int,
+        sampling: SamplingConfig,
+        greedy: bool,
+        columns: dict[str, list[Any]] | None = None,
     ) -> Rollout:
         tokenizer, device = policy.tokenizer, policy.device
         prompt_ids, prompt_mask, num_truncated = tokenize_prompts(tokenizer, prompts, sampling.max_prompt_length)
