@@ -8,6 +8,7 @@ import lightning as L
 import pytest
 import yaml
 from lightning.fabric.plugins.environments import SLURMEnvironment
+from lightning.pytorch.utilities import rank_zero_only
 
 TEMPLATE = Path(__file__).parents[1] / "templates" / "multinode.yaml"
 
@@ -43,6 +44,8 @@ def test_multinode_template_under_slurm(monkeypatch, node, local):
 
     # The template's trainer on CPU (no GPUs here): same strategy, devices and nodes; no process group started.
     settings = {**trainer, "accelerator": "cpu", "precision": "32-true", "logger": False}
+    # A Trainer of global rank k sets Lightning's process-wide rank_zero_only.rank; later tests need rank 0 back
+    monkeypatch.setattr(rank_zero_only, "rank", rank_zero_only.rank)
     built = L.Trainer(**settings)
     assert isinstance(built.strategy.cluster_environment, SLURMEnvironment)
     assert (built.world_size, built.node_rank, built.local_rank) == (16, node, local)
