@@ -59,7 +59,7 @@ class Probe(L.Callback):
         self.seen = []
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
-        self.seen.append({"turns_max": outputs["record"].stats.engine["turns/max"]})
+        self.seen.append({"turns_max": outputs["record"].stats.extra["turns/max"]})
 
 
 def main(model_dir: str, data_path: str, out_dir: str) -> None:
