@@ -333,11 +333,6 @@ def _gather(fns: list[RewardFunc], kwargs: dict[str, Any], n: int, policy: Polic
     return asyncio.run(gather())
 
 
-def call_reward(fn: RewardFunc, rollout: Rollout, columns: dict[str, list[Any]]) -> list[float]:
-    """One function over all N completions, its output checked."""
-    return call_rewards([fn], reward_kwargs(rollout, columns), len(rollout), Policy())[0]
-
-
 def call_rewards(
     reward_funcs: Sequence[RewardFunc], kwargs: dict[str, Any], n: int, policy: Policy
 ) -> list[list[float]]:
