@@ -69,6 +69,27 @@ def render_prompts(tokenizer: PreTrainedTokenizerBase, prompts: list[Prompt]) ->
     ]
 
 
+def pad_rows(
+    rows: list[list], value: float, left: bool = False, dtype: torch.dtype = torch.long, min_width: int = 0
+) -> tuple[Tensor, Tensor]:
+    """[n] lists of different lengths -> [n, W] values padded with ``value`` (on the left or the right) and the
+    [n, W] mask of real entries; ``W`` is the longest row, at least ``min_width``.
+
+    >>> pad_rows([[7], [8, 9]], 0, left=True)
+    (tensor([[0, 7],
+            [8, 9]]), tensor([[0, 1],
+            [1, 1]]))
+    """
+    width = max(max((len(r) for r in rows), default=0), min_width)
+    values = torch.full((len(rows), width), value, dtype=dtype)
+    mask = torch.zeros((len(rows), width), dtype=torch.long)
+    for i, r in enumerate(rows):
+        if len(r):
+            cols = slice(width - len(r), width) if left else slice(0, len(r))
+            values[i, cols], mask[i, cols] = torch.tensor(r, dtype=dtype), 1
+    return values, mask
+
+
 def tokenize_prompts(
     tokenizer: PreTrainedTokenizerBase, prompts: list[Prompt], max_prompt_length: int | None
 ) -> tuple[Tensor, Tensor, int]:
@@ -78,13 +99,7 @@ def tokenize_prompts(
     too_long = [ids for ids in encoded if max_prompt_length and len(ids) > max_prompt_length]
     if max_prompt_length:
         encoded = [ids[-max_prompt_length:] for ids in encoded]
-    width = max(len(ids) for ids in encoded)
-    ids = torch.full((len(encoded), width), tokenizer.pad_token_id, dtype=torch.long)
-    mask = torch.zeros((len(encoded), width), dtype=torch.long)
-    for row, seq in enumerate(encoded):
-        if seq:
-            ids[row, -len(seq) :] = torch.tensor(seq)
-            mask[row, -len(seq) :] = 1
+    ids, mask = pad_rows(encoded, tokenizer.pad_token_id, left=True)
     return ids, mask, len(too_long)
 
 

@@ -14,7 +14,7 @@ from typing_extensions import override
 
 from lightning_grpo.engines.toolcalls import resolve_tool
 from lightning_grpo.policy import Policy
-from lightning_grpo.rollout import RolloutEngine, SamplingConfig, is_conversational
+from lightning_grpo.rollout import RolloutEngine, SamplingConfig, is_conversational, pad_rows
 from lightning_grpo.types import Prompt, Rollout
 
 REQUIRED = ("prompt_ids", "completion_ids", "logprobs")
@@ -81,23 +81,13 @@ class RolloutFunction(RolloutEngine):
         return _rollout(policy, prompts, output, num_generations, extra)
 
 
-def _pad(rows: list[list], value: float, left: bool, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
-    width = max(max(len(r) for r in rows), 1)
-    values = torch.full((len(rows), width), value, dtype=dtype)
-    mask = torch.zeros((len(rows), width), dtype=torch.long)
-    for i, r in enumerate(rows):
-        cols = slice(width - len(r), width) if left else slice(0, len(r))
-        if r:
-            values[i, cols], mask[i, cols] = torch.tensor(r, dtype=dtype), 1
-    return values, mask
-
-
 def _rollout(policy: Policy, prompts: list[Prompt], output: dict, group_size: int, extra: dict) -> Rollout:
     tokenizer, device, eos = policy.tokenizer, policy.device, policy.eos_token_ids
-    prompt_ids, prompt_mask = _pad(output["prompt_ids"], tokenizer.pad_token_id, True, torch.long)
-    completion_ids, completion_mask = _pad(output["completion_ids"], tokenizer.pad_token_id, False, torch.long)
-    logps = None if output["logprobs"] is None else _pad(output["logprobs"], 0.0, False, torch.float32)[0]
-    tool_mask = None if output.get("env_mask") is None else _pad(output["env_mask"], 0, False, torch.long)[0]
+    pad = tokenizer.pad_token_id
+    prompt_ids, prompt_mask = pad_rows(output["prompt_ids"], pad, left=True, min_width=1)
+    completion_ids, completion_mask = pad_rows(output["completion_ids"], pad, min_width=1)
+    logps = None if output["logprobs"] is None else pad_rows(output["logprobs"], 0.0, False, torch.float32, 1)[0]
+    tool_mask = None if output.get("env_mask") is None else pad_rows(output["env_mask"], 0, min_width=1)[0]
     texts = tokenizer.batch_decode(completion_ids, skip_special_tokens=True)
     chat = is_conversational(prompts[0])
     return Rollout(

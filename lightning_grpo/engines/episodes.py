@@ -12,6 +12,7 @@ from typing import Any
 import torch
 from transformers import PreTrainedTokenizerBase
 
+from lightning_grpo.rollout import pad_rows
 from lightning_grpo.types import Rollout
 
 PROBE = "lightning_grpo_probe_tool"
@@ -100,20 +101,9 @@ class EpisodeStats:
         """Left-padded prompts, right-padded completions; ``completion_mask`` 1 on every episode token,
         ``tool_mask`` 1 on the model's own; truncated = the token budget ran out mid-turn (no EOS)."""
         pad = tokenizer.pad_token_id
-        p_width = max(len(e.prompt_ids) for e in episodes)
-        t_width = max(max(len(e.ids) for e in episodes), 1)
-        n = len(episodes)
-        prompt_ids = torch.full((n, p_width), pad, dtype=torch.long)
-        prompt_mask = torch.zeros((n, p_width), dtype=torch.long)
-        completion_ids = torch.full((n, t_width), pad, dtype=torch.long)
-        completion_mask = torch.zeros((n, t_width), dtype=torch.long)
-        tool_mask = torch.zeros((n, t_width), dtype=torch.long)
-        for row, e in enumerate(episodes):
-            p, t = len(e.prompt_ids), len(e.ids)
-            prompt_ids[row, p_width - p :], prompt_mask[row, p_width - p :] = torch.tensor(e.prompt_ids), 1
-            if t:
-                completion_ids[row, :t], completion_mask[row, :t] = torch.tensor(e.ids), 1
-                tool_mask[row, :t] = torch.tensor(e.model_mask)
+        prompt_ids, prompt_mask = pad_rows([e.prompt_ids for e in episodes], pad, left=True)
+        completion_ids, completion_mask = pad_rows([e.ids for e in episodes], pad, min_width=1)
+        tool_mask, _ = pad_rows([e.model_mask for e in episodes], 0, min_width=1)
         return Rollout(
             prompt_ids=prompt_ids.to(device),
             prompt_mask=prompt_mask.to(device),

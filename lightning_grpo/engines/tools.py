@@ -21,7 +21,7 @@ from lightning_grpo.engines.environments import Environments, environment_tools,
 from lightning_grpo.engines.episodes import EpisodeStats, check_tool_template, tool_suffix_ids
 from lightning_grpo.engines.toolcalls import HermesParser, ToolResult, resolve_tool, run_call, tool_schema
 from lightning_grpo.policy import Policy
-from lightning_grpo.rollout import RolloutEngine, SamplingConfig, is_conversational
+from lightning_grpo.rollout import RolloutEngine, SamplingConfig, is_conversational, pad_rows
 from lightning_grpo.types import Prompt, Rollout
 
 
@@ -169,12 +169,7 @@ class ToolCalling(RolloutEngine):
     ) -> list[list[int]]:
         """One batched, left-padded generate call; each row cut after its first EOS and to its own budget."""
         tokenizer, eos = policy.tokenizer, policy.eos_token_ids
-        sequences = [e.prompt_ids + e.ids for e in episodes]
-        width = max(len(s) for s in sequences)
-        ids = torch.full((len(sequences), width), tokenizer.pad_token_id, dtype=torch.long)
-        mask = torch.zeros_like(ids)
-        for row, seq in enumerate(sequences):
-            ids[row, width - len(seq) :], mask[row, width - len(seq) :] = torch.tensor(seq), 1
+        ids, mask = pad_rows([e.prompt_ids + e.ids for e in episodes], tokenizer.pad_token_id, left=True)
         config = sampling.generation_config(tokenizer, greedy=greedy)
         config.eos_token_id = eos
         config.max_new_tokens = 1 if dummy else max(e.budget for e in episodes)
@@ -186,7 +181,7 @@ class ToolCalling(RolloutEngine):
                 synced_gpus=policy.synced_generation,
             )
         turns = []
-        for episode, row in zip(episodes, out[:, width:].tolist()):
+        for episode, row in zip(episodes, out[:, ids.shape[1] :].tolist()):
             cut = next((i + 1 for i, t in enumerate(row) if t in eos), len(row))
             turns.append(row[: min(cut, episode.budget)])
         return turns

@@ -14,7 +14,7 @@ from typing_extensions import override
 
 from lightning_grpo.models import cuda_package_problems
 from lightning_grpo.policy import Policy
-from lightning_grpo.rollout import RolloutEngine, SamplingConfig, build_rollout, tokenize_prompts
+from lightning_grpo.rollout import RolloutEngine, SamplingConfig, build_rollout, pad_rows, tokenize_prompts
 from lightning_grpo.types import Prompt, Rollout
 
 
@@ -91,14 +91,9 @@ class VLLMColocate(RolloutEngine):
             logprobs=0,  # the sampled token's own log-prob
         )
         outputs = [c for request in self.llm.generate(requests, params, use_tqdm=False) for c in request.outputs]
-        width = max(max(len(c.token_ids) for c in outputs), 1)
-        completion_ids = torch.full((len(outputs), width), tokenizer.pad_token_id, dtype=torch.long)
-        sampling_logps = torch.zeros(len(outputs), width)
-        for i, c in enumerate(outputs):
-            completion_ids[i, : len(c.token_ids)] = torch.tensor(c.token_ids)
-            sampling_logps[i, : len(c.token_ids)] = torch.tensor(
-                [lp[t].logprob for t, lp in zip(c.token_ids, c.logprobs)]
-            )
+        completion_ids, _ = pad_rows([list(c.token_ids) for c in outputs], tokenizer.pad_token_id, min_width=1)
+        logps = [[lp[t].logprob for t, lp in zip(c.token_ids, c.logprobs)] for c in outputs]
+        sampling_logps, _ = pad_rows(logps, 0.0, dtype=torch.float32, min_width=1)
         device = policy.device
         return build_rollout(
             tokenizer,
