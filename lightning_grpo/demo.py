@@ -137,10 +137,15 @@ def write_tiny_qwen2(path: Path) -> None:
 def write_tiny_max(path: Path) -> None:
     """Train/validation JSONL of the largest-digit task; the 200 validation triples never appear in training."""
     rows = max_rows()
+    write_splits(path, {"train": rows[200:], "validation": rows[:200]})
+
+
+def write_splits(path: Path, splits: dict[str, list[dict]]) -> None:
+    """``<path>/<split>.jsonl`` for each split, as ``PromptDataModule`` reads a directory of files."""
     path.mkdir(parents=True, exist_ok=True)
-    for split, part in (("train", rows[200:]), ("validation", rows[:200])):
+    for split, rows in splits.items():
         with open(path / f"{split}.jsonl", "w") as f:
-            f.writelines(json.dumps(r) + "\n" for r in part)
+            f.writelines(json.dumps(r) + "\n" for r in rows)
 
 
 def _tools_demo(name: str) -> Callable[[Path], None]:

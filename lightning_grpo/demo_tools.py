@@ -12,12 +12,11 @@ of replies answer directly), so that GRPO has to teach *when* to call. 300 steps
 
 from __future__ import annotations
 
-import json
 import random
 from pathlib import Path
 from typing import Any
 
-from lightning_grpo.demo import TOOL_CHAT_TEMPLATE, materialize
+from lightning_grpo.demo import TOOL_CHAT_TEMPLATE, materialize, write_splits
 
 CALL_RATE = 0.05  # share of the format pretraining's replies that start with a tool call
 
@@ -117,7 +116,4 @@ def write_tiny_qwen2_tools(path: Path) -> None:
 def write_tiny_mul(path: Path) -> None:
     """Train/validation JSONL; the 150 validation products never appear in training or pretraining."""
     rows = mul_rows()
-    path.mkdir(parents=True, exist_ok=True)
-    for split, part in (("train", rows[150:]), ("validation", rows[:150])):
-        with open(path / f"{split}.jsonl", "w") as f:
-            f.writelines(json.dumps(r) + "\n" for r in part)
+    write_splits(path, {"train": rows[150:], "validation": rows[:150]})
