@@ -7,7 +7,6 @@ steps on it, each accumulating gradients over micro-batches of ``micro_batch_siz
 
 from __future__ import annotations
 
-import dataclasses
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -262,14 +261,10 @@ class GRPOModule(L.LightningModule):
             return self.engine.generate(self.policy, prompts, num_generations, self.sampling, greedy, columns=columns)
 
     def _score(self, rollout: Rollout, batch: PromptBatch) -> RewardScores:
-        """Dataset columns hold B values and are repeated G times; the engine's own columns hold N already."""
-        hp, group = self.hparams, rollout.group_size
-        columns = {k: [v for v in values for _ in range(group)] for k, values in batch.columns.items()}
-        columns |= rollout.columns
-        per_row = dataclasses.replace(rollout, group_size=1)  # every column is per completion now
+        hp = self.hparams
         state = trl_trainer_state(self.global_step, self.trainer.max_steps, self.current_epoch)  # as TRL passes it
         return score_rollout(
-            self.reward_funcs, self.reward_weights, per_row, columns, hp.on_reward_error, hp.reward_timeout, state
+            self.reward_funcs, self.reward_weights, rollout, batch.columns, hp.on_reward_error, hp.reward_timeout, state
         )
 
     def _cuda_devices(self) -> list[torch.device]:

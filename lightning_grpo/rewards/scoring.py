@@ -380,7 +380,8 @@ def score_rollout(
     timeout: float | None = None,
     trainer_state: Any = None,
 ) -> RewardScores:
-    """Score N completions; ``columns`` hold B values each and are repeated G times to line up.
+    """Score N completions; ``columns`` hold B values each and are repeated G times to line up; the rollout's own
+    ``columns`` (an engine's, e.g. an environment's reward) hold N already.
 
     Args:
         reward_funcs: the functions; metrics name them by ``reward_names`` (distinct, suffixed ``_2`` ...).
@@ -395,6 +396,7 @@ def score_rollout(
     """
     policy = Policy(on_error, timeout)
     repeated = {k: [v for v in values for _ in range(rollout.group_size)] for k, values in columns.items()}
+    repeated |= rollout.columns
     kwargs = reward_kwargs(rollout, repeated)
     if trainer_state is not None:
         kwargs["trainer_state"] = trainer_state
