@@ -6,6 +6,8 @@ logs ``StepStats.metrics()``, which names them as TRL does.
 
 from __future__ import annotations
 
+import math
+
 from torch import Tensor
 
 from lightning_grpo.advantages import nanstd, zero_std_fraction
@@ -77,3 +79,19 @@ def _range(weights: Tensor | None, mask: Tensor) -> tuple[float, float, float] |
     if not active.numel():
         return None
     return active.min().item(), active.mean().item(), active.max().item()
+
+
+def pass_at_k(correct: Tensor, k: int) -> float:
+    """The unbiased pass@k (Chen et al. 2021, arXiv:2107.03374) over prompts: [B, n] full marks of n samples
+    per prompt -> the mean over prompts of ``1 - C(n - c, k) / C(n, k)``, c the prompt's correct samples.
+
+    >>> import torch
+    >>> one_of_four = torch.tensor([[True, False, False, False], [False, False, False, False]])
+    >>> pass_at_k(one_of_four, 1), pass_at_k(one_of_four, 4)
+    (0.125, 0.5)
+    """
+    n = correct.shape[1]
+    if not 1 <= k <= n:
+        raise ValueError(f"pass@k needs 1 <= k <= n = {n} samples per prompt, got k={k}")
+    wrong = (~correct).sum(dim=1).tolist()  # [B]
+    return sum(1.0 - math.comb(w, k) / math.comb(n, k) for w in wrong) / len(wrong)

@@ -28,6 +28,13 @@ class Ranks:
             return t
         return self.strategy.all_gather(t).reshape(-1, *t.shape[1:])
 
+    def gather_padded(self, t: Tensor) -> Tensor:
+        """[N, T_rank] on each rank -> [W*N, max T] in rank order, right-padded with zeros."""
+        if self.world_size == 1:
+            return t
+        width = int(self.strategy.all_gather(torch.tensor(t.shape[1], device=t.device)).max())
+        return self.gather_rows(torch.nn.functional.pad(t, (0, width - t.shape[1])))
+
     def own_rows(self, t: Tensor) -> Tensor:
         """This rank's [N, ...] of a [W*N, ...] tensor gathered with ``gather_rows``."""
         n = t.shape[0] // self.world_size

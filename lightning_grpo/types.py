@@ -201,7 +201,7 @@ class StepRecord:
 
     rollout: Rollout  # this rank's N completions
     scores: RewardScores  # [N, F] this rank's
-    advantages: Tensor  # [N]
+    advantages: Tensor  # [N], or [N, T] per token (REINFORCE++)
     stats: StepStats  # of the global batch
 
 
