@@ -49,8 +49,11 @@ def length_stats(lengths: Tensor, is_truncated: Tensor) -> LengthStats:
     )
 
 
-def update_stats(loss: LossOutput, sampling_weights: Tensor | None, mask: Tensor) -> UpdateStats:
-    """The loss and its token means (entropy, clip ratios, KL when computed), and the sampler correction's range."""
+def update_stats(
+    loss: LossOutput, sampling_weights: Tensor | None, mask: Tensor, trained_entropy: bool = False
+) -> UpdateStats:
+    """The loss and its token means (entropy, clip ratios, KL when computed), the sampler correction's range, and
+    with ``trained_entropy`` the entropy of the tokens trained on (``top_entropy_quantile`` < 1)."""
     means = loss.metrics()
     return UpdateStats(
         loss=loss.loss.item(),
@@ -61,6 +64,7 @@ def update_stats(loss: LossOutput, sampling_weights: Tensor | None, mask: Tensor
         loss_tokens=float(loss.num_tokens),
         kl=means.get("kl"),
         sampling_ratio=_range(sampling_weights, mask),
+        trained_entropy=means.get("entropy/trained_mean") if trained_entropy else None,
     )
 
 

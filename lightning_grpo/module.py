@@ -260,7 +260,9 @@ class GRPOModule(L.LightningModule):
         stats = StepStats(
             rewards=reward_stats(all_scores, scores.weights, scores.names, rollout.group_size, self.accuracy_reward),
             lengths=length_stats(*ranks.lengths(rollout)),
-            update=update_stats(ranks.loss(loss), targets.sampling_weights, targets.mask),
+            update=update_stats(
+                ranks.loss(loss), targets.sampling_weights, targets.mask, self.loss_config.top_entropy_quantile < 1
+            ),
             num_tokens=self.num_tokens_seen,
             learning_rate=self.optimizers().param_groups[0]["lr"],
             skipped_steps=self.skipped_steps,
@@ -386,7 +388,7 @@ class GRPOModule(L.LightningModule):
                 loss = loss + self.router_aux_coef * token.aux_loss * len(token.logps) / step.normalizer.num_sequences
             self.manual_backward(loss)
             self.entropy.observe(out.trained_entropy, out.trained_tokens)
-            out = LossOutput(out.loss.detach(), out.token_sums, out.num_tokens)
+            out = dataclasses.replace(out, loss=out.loss.detach())
             total = out if total is None else total + out
         # fp16 AMP: gradients are unscaled inside optimizer.step (clipped there, in on_before_optimizer_step), and
         # the GradScaler skips steps with overflowing gradients and lowers its scale by itself

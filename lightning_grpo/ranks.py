@@ -51,9 +51,10 @@ class Ranks:
         if self.world_size == 1:
             return out
         names = sorted(out.token_sums)
-        local = torch.stack([out.token_sums[k].float() for k in names] + [out.num_tokens.float(), out.loss.float()])
-        total = self.sum(local)  # [M + 2] one all-reduce
-        return LossOutput(total[-1] / self.world_size, dict(zip(names, total[:-2])), total[-2])
+        counts = [out.trained_entropy, out.trained_tokens, out.num_tokens, out.loss]
+        local = torch.stack([out.token_sums[k].float() for k in names] + [torch.as_tensor(c).float() for c in counts])
+        total = self.sum(local)  # [M + 4] one all-reduce
+        return LossOutput(total[-1] / self.world_size, dict(zip(names, total[:-4])), total[-2], total[-4], total[-3])
 
     def lengths(self, rollout: Rollout) -> tuple[Tensor, Tensor]:
         """[W*N] completion lengths and truncation flags of every rank."""

@@ -144,6 +144,7 @@ class UpdateStats:
     loss_tokens: float = 0.0  # tokens in the loss, all ranks (the dapo normaliser's count)
     kl: float | None = None  # to the reference; None when beta = 0 (not computed)
     sampling_ratio: tuple[float, float, float] | None = None  # min, mean, max of the sampler correction
+    trained_entropy: float | None = None  # entropy of the tokens trained on, with top_entropy_quantile < 1
 
     def metrics(self) -> dict[str, float]:
         out = {
@@ -155,6 +156,8 @@ class UpdateStats:
         }
         if self.kl is not None:
             out["kl"] = self.kl
+        if self.trained_entropy is not None:
+            out["entropy/trained_mean"] = self.trained_entropy
         if self.sampling_ratio is not None:
             for name, value in zip(("min", "mean", "max"), self.sampling_ratio):
                 out[f"sampling/importance_ratio/{name}"] = value
