@@ -204,6 +204,8 @@ class RunSpec:
     eval_accuracy: bool  # greedy held-out accuracy after training (the tiny task's validation split)
     engine: str = "hf"  # lightning-grpo only: "lean" (LeanDecode) or "hf" (HFGenerate)
     share_prompt_prefix: bool = False  # lightning-grpo only
+    device: str = "cpu"  # or "cuda"
+    vllm: bool = False  # generation by a colocated vLLM engine (CUDA)
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> RunSpec:
@@ -225,6 +227,7 @@ class RunResult:
     setup_s: float  # building the trainer and loading the model(s)
     matmul_params: int
     accuracy: float | None = None
+    peak_gpu_mb: float | None = None  # torch.cuda.max_memory_allocated on a GPU run
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> RunResult:
@@ -261,6 +264,7 @@ class RunResult:
             "peak_rss_mb": self.peak_rss_mb,
             "floor_s_per_step": floor,
             "floor_fraction": floor * self.steps_per_s,
+            **({"peak_gpu_mb": self.peak_gpu_mb} if self.peak_gpu_mb is not None else {}),
         }
 
 
@@ -269,6 +273,7 @@ def run_result(
 ) -> RunResult:
     """A finished run's result: peak memory read first (training only), then the optional greedy accuracy."""
     peak = peak_rss_mb()
+    peak_gpu = torch.cuda.max_memory_allocated() / 2**20 if spec.device == "cuda" else None
     accuracy = None
     if spec.eval_accuracy:
         rows = read_rows(spec.task.data_dir, "validation")
@@ -285,6 +290,7 @@ def run_result(
         setup_s=setup_s,
         matmul_params=matmul_params(model),
         accuracy=accuracy,
+        peak_gpu_mb=peak_gpu,
     )
 
 

@@ -14,6 +14,7 @@ from bench_assets import REWARDS, RunResult, RunSpec, StepLog, rss_mb, run_resul
 
 from lightning_grpo import GRPOModule, PromptDataModule
 from lightning_grpo.engines import HFGenerate, LeanDecode
+from lightning_grpo.rollout import RolloutEngine
 
 
 class StepClock(L.Callback):
@@ -36,13 +37,21 @@ class StepClock(L.Callback):
         self.steps.step(int(rollout.completion_mask.sum()), int(rollout.prompt_mask.sum()), record.stats.rewards.mean)
 
 
+def engine(spec: RunSpec) -> RolloutEngine:
+    if spec.vllm:
+        from lightning_grpo.engines import VLLMColocate
+
+        return VLLMColocate(gpu_memory_utilization=0.3)
+    return LeanDecode() if spec.engine == "lean" else HFGenerate()
+
+
 def build(spec: RunSpec) -> tuple[GRPOModule, PromptDataModule]:
     module = GRPOModule(
         model=spec.task.model_dir,
         reward_funcs=[REWARDS[spec.task.reward]],
         num_generations=spec.num_generations,
         seed=spec.seed,
-        rollout_engine=LeanDecode() if spec.engine == "lean" else HFGenerate(),
+        rollout_engine=engine(spec),
         share_prompt_prefix=spec.share_prompt_prefix,
         sampling={
             "max_prompt_length": spec.max_prompt_length,
@@ -64,7 +73,7 @@ def trainer(spec: RunSpec, clock: StepClock, root: str) -> L.Trainer:
     """Lightning with everything but the loop switched off: no logger, checkpoints, progress bar or validation."""
     return L.Trainer(
         max_steps=spec.warmup_steps + spec.timed_steps,
-        accelerator="cpu",
+        accelerator=spec.device,
         devices=1,
         logger=False,
         enable_checkpointing=False,

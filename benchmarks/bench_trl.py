@@ -63,11 +63,12 @@ class StepClock(TrainerCallback):
 def config(spec: RunSpec, output_dir: str) -> GRPOConfig:
     return GRPOConfig(
         output_dir=output_dir,
-        use_cpu=True,
+        use_cpu=spec.device == "cpu",
         bf16=False,
         fp16=False,
         gradient_checkpointing=False,
-        use_vllm=False,
+        use_vllm=spec.vllm,
+        **({"vllm_mode": "colocate", "vllm_gpu_memory_utilization": 0.3} if spec.vllm else {}),
         per_device_train_batch_size=spec.prompts_per_step * spec.num_generations,
         gradient_accumulation_steps=1,
         steps_per_generation=1,

@@ -6,6 +6,7 @@
     python benchmarks/trl_vs_lightning_grpo.py --decode-step      # one decode step vs the weight-read floor
     python benchmarks/trl_vs_lightning_grpo.py --logprob-memory   # chunked log-probs vs full logits, 151936 vocab
     python benchmarks/trl_vs_lightning_grpo.py --parity           # learning curves on the tiny task, 3 seeds
+    python benchmarks/trl_vs_lightning_grpo.py --model all --device cuda [--vllm]   # the GPU mode
 
 Every measured run is a fresh subprocess (this file with ``--worker``): peak RSS is per run and neither side
 carries the other's imports. Ours and TRL's runs alternate, the first side swapping every repeat. A run takes
@@ -49,6 +50,8 @@ class Settings:
     max_prompt_length: int = 512  # lightning-grpo only; TRL 1.16 never truncates, and no prompt here is longer
     engine: str = "lean"  # lightning-grpo only: its rollout engine, "lean" (LeanDecode) or "hf" (HFGenerate)
     share_prompt_prefix: bool = True  # lightning-grpo only: the log-prob forward encodes a group's prompt once
+    device: str = "cpu"  # "cuda": both sides on one GPU (the GPU mode); peak GPU memory is reported too
+    vllm: bool = False  # both sides generate with a colocated vLLM engine (CUDA, ``pip install vllm``)
 
 
 # tiny: overhead-bound, 4 prompts x 8 = 32 completions of <= 16 tokens (most end after 1-2: the task's answer);
@@ -152,7 +155,8 @@ class Comparison:
     def ratios(self, gflops: float) -> dict[str, float]:
         """ours / TRL of the medians: above 1 is faster for rates, below 1 is leaner for memory."""
         m = self.medians(gflops)
-        return {k: m["ours"][k] / m["trl"][k] for k in ("steps_per_s", "tokens_per_s", "peak_rss_mb")}
+        keys = ("steps_per_s", "tokens_per_s", "peak_rss_mb", *(("peak_gpu_mb",) if "peak_gpu_mb" in m["ours"] else ()))
+        return {k: m["ours"][k] / m["trl"][k] for k in keys}
 
     def to_json(self, gflops: float) -> dict[str, Any]:
         runs = {side: [{**asdict(r), "summary": r.summary(gflops)} for r in rs] for side, rs in self.runs.items()}
@@ -187,6 +191,8 @@ def speed_settings(args: argparse.Namespace, model: str) -> Settings:
         "max_prompt_length": args.max_prompt_length,
         "engine": args.engine,
         "share_prompt_prefix": args.share_prompt_prefix,
+        "device": args.device,
+        "vllm": args.vllm or None,
     }
     return Settings(**{**asdict(MODEL_DEFAULTS[model]), **{k: v for k, v in given.items() if v is not None}})
 
@@ -231,8 +237,8 @@ def print_comparison(c: Comparison, gflops: float, repeats: int, steps: int) -> 
     print(
         f"\n== {c.model}: {params / 1e6:.2f}M matmul params, {s.prompts_per_step} prompts x {s.num_generations} = "
         f"{n} completions/step, <= {s.max_completion_length} completion tokens, beta {c.beta}, {s.loss_type} "
-        f"(median of {repeats} runs x {steps} steps; ours: engine {s.engine}, share_prompt_prefix "
-        f"{s.share_prompt_prefix}) =="
+        f"(median of {repeats} runs x {steps} steps on {s.device}{', vLLM colocate' if s.vllm else ''}; ours: engine "
+        f"{s.engine}, share_prompt_prefix {s.share_prompt_prefix}) =="
     )
     print(f"{'side':6s}{'steps/s':>10s}{'tokens/s':>11s}{'peak RSS MB':>13s}{'floor s/step':>14s}{'of floor':>10s}")
     for side, m in c.medians(gflops).items():
@@ -242,6 +248,8 @@ def print_comparison(c: Comparison, gflops: float, repeats: int, steps: int) -> 
         )
     r = c.ratios(gflops)
     ratios = f"steps/s x{r['steps_per_s']:.2f}, tokens/s x{r['tokens_per_s']:.2f}, peak RSS x{r['peak_rss_mb']:.2f}"
+    if "peak_gpu_mb" in r:
+        ratios += f", peak GPU memory x{r['peak_gpu_mb']:.2f}"
     spread = {side: [f"{r.steps_per_s:.3f}" for r in runs] for side, runs in c.runs.items()}
     print(f"ours/trl: {ratios}; steps/s of every run: {spread}")
 
@@ -413,6 +421,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "--loss-type", choices=["dapo", "grpo", "bnpo", "dr_grpo"], help="loss aggregation on both sides (dapo)"
     )
     p.add_argument("--seed", type=int, default=0, help="seed of every speed run (0)")
+    p.add_argument(
+        "--device",
+        choices=("cpu", "cuda"),
+        default="cpu",
+        help="cuda: the GPU mode, both sides on one GPU, peak GPU memory reported (cpu)",
+    )
+    p.add_argument("--vllm", action="store_true", help="GPU mode: both sides generate with a colocated vLLM engine")
     p.add_argument(
         "--threads",
         type=int,
