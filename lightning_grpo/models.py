@@ -52,6 +52,22 @@ def load_policy(model: str | nn.Module, dtype: str = "float32", load_in_4bit: bo
     return prepare_model_for_kbit_training(loaded, use_gradient_checkpointing=False)
 
 
+def empty_init_files(model: str | nn.Module, load_in_4bit: bool) -> list:
+    """The checkpoint files to load the weights from later when the policy is being built on the meta device
+    (``torch.device("meta")``, as Lightning's ``trainer.init_module(empty_init=True)`` sets it under FSDP2), so
+    that each rank reads only its shard; empty otherwise (and for a built model, which has its weights)."""
+    if torch.empty(0).device.type != "meta" or not isinstance(model, str):
+        return []
+    if load_in_4bit:
+        raise ValueError(
+            "load_in_4bit=True with meta-device initialisation (trainer.init_module(empty_init=True)): bitsandbytes "
+            "quantises while loading; build the module outside init_module"
+        )
+    from lightning_grpo.materialize import weight_files
+
+    return weight_files(resolve_pretrained(model))
+
+
 def load_tokenizer(tokenizer: str | PreTrainedTokenizerBase) -> PreTrainedTokenizerBase:
     """Left-padding tokenizer with a pad token (EOS stands in for a missing one, as in TRL)."""
     if isinstance(tokenizer, str):

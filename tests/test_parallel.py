@@ -1,5 +1,6 @@
 """Multi-process runs on CPU (gloo): DDP equals one process on the same global batch; FSDP2 equals DDP, with and
-without LoRA; FSDP2 resumes exactly from a distributed checkpoint; 2 nodes x 1 process equal 1 node x 2."""
+without LoRA, and built on the meta device equals loading whole models; FSDP2 resumes exactly from a distributed
+checkpoint; 2 nodes x 1 process equal 1 node x 2."""
 
 import socket
 import subprocess
@@ -94,6 +95,26 @@ def test_fsdp2_with_lora_matches_ddp_with_lora(tiny_model_dir, arith_jsonl, tmp_
     for name, weight in merged[0].state_dict().items():
         torch.testing.assert_close(merged[1].state_dict()[name], weight, rtol=1e-4, atol=1e-6, msg=name)
     assert any(not torch.equal(w, base[n]) for n, w in merged[1].state_dict().items())  # the adapter was merged
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("lora", ["", "+lora"])
+def test_fsdp2_meta_device_init_equals_loading_whole_models(lora, tiny_model_dir, arith_jsonl, tmp_path):
+    """Built under ``trainer.init_module(empty_init=True)``: no weights until each rank reads its own shard, then
+    the same run to the bit (the reference for beta > 0, and a LoRA adapter drawn as PEFT draws it)."""
+    whole = run("fsdp2" + lora, tiny_model_dir, arith_jsonl, tmp_path)
+    meta = run("fsdp2meta" + lora, tiny_model_dir, arith_jsonl, tmp_path)
+    assert meta[0]["built_on_meta"] and not whole[0]["built_on_meta"]
+    for rank in (0, 1):
+        torch.testing.assert_close(meta[rank]["start"], whole[rank]["start"], rtol=0, atol=0)
+        for step in range(3):
+            a, b = whole[rank]["steps"][step], meta[rank]["steps"][step]
+            assert a["rollout"].completions == b["rollout"].completions
+            assert b["metrics"]["kl"] == a["metrics"]["kl"], (rank, step)  # the reference was loaded too
+            torch.testing.assert_close(meta[rank]["grads"][step], whole[rank]["grads"][step], rtol=0, atol=0)
+        torch.testing.assert_close(meta[rank]["params"], whole[rank]["params"], rtol=0, atol=0)
+    assert whole[0]["steps"][2]["metrics"]["kl"] > 0  # the policy moved away from the reference
+    assert not torch.equal(meta[0]["params"], meta[0]["start"])
 
 
 @pytest.mark.slow
