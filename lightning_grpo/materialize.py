@@ -32,7 +32,7 @@ LORA_INITS_WITHOUT_BASE = (True, False, "gaussian")
 
 
 def empty_causal_lm(model_dir: str, dtype: Any) -> nn.Module:
-    """``AutoModelForCausalLM`` of ``model_dir``'s config on the meta device, in ``dtype`` (``"auto"``: the config's)."""
+    """``AutoModelForCausalLM`` of ``model_dir``'s config on the meta device, in ``dtype`` (``"auto"``: config's)."""
     from transformers import AutoConfig, AutoModelForCausalLM, GenerationConfig
 
     config = AutoConfig.from_pretrained(model_dir)
@@ -149,7 +149,9 @@ def _fill(tensor: Tensor, read_rows: Any) -> None:
     start = 0
     if isinstance(tensor, DTensor):
         if tuple(tensor.placements) != (Shard(0),):
-            raise NotImplementedError(f"meta-device loading handles 1-D FSDP2 sharding (Shard(0)), got {tensor.placements}")
+            raise NotImplementedError(
+                f"meta-device loading handles 1-D FSDP2 sharding (Shard(0)), got {tensor.placements}"
+            )
         rows, world = tensor.shape[0], tensor.device_mesh.size()
         start = tensor.device_mesh.get_local_rank() * -(-rows // world)
     if local.numel() == 0:

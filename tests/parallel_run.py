@@ -149,7 +149,7 @@ def main(
     meta = trainer.init_module(empty_init=True) if mode == "fsdp2meta" else contextlib.nullcontext()
     with meta:  # the meta device: each rank loads only its own shard, in configure_model
         module = Replay(out_dir.replace("replay", "ddp"), **settings) if mode == "replay" else GRPOModule(**settings)
-    built_on_meta = all(p.is_meta for p in module.policy.model.parameters())
+    built_on_meta = all(p.is_meta for n, p in module.policy.model.named_parameters() if "lora_" not in n)
     batch_size = PROMPTS_PER_RANK * (2 if mode == "replay" else 1)
     trainer.fit(module, PromptDataModule(data_path, batch_size=batch_size, val_split=None), ckpt_path=ckpt or None)
     params = torch.cat([full(p).flatten().cpu() for p in module.policy.model.parameters()])
