@@ -22,6 +22,9 @@ Columns, MB of resident memory per rank:
     peak RSS    ``getrusage(RUSAGE_SELF).ru_maxrss``, the process's high-water mark. Linux carries it across
                 ``exec``: a process started by a bigger one (rank 1, started by rank 0 once rank 0 has built its
                 models) reports at least its parent's RSS at that moment. Here rank 1 builds as much itself.
+    setup peak  this process's own high-water mark (``VmHWM``) when training starts: building or loading the
+                models and sharding them. Meta-device initialisation lowers this one: no rank ever holds a whole
+                model, where loading whole models peaks at the policy and its reference copy in full.
     train peak  the high-water mark since training started (``VmHWM``, reset through ``/proc/self/clear_refs``
                 after the models were built, sharded and wrapped): equal to the peak when training, not model
                 construction, set it.
@@ -262,6 +265,7 @@ def peak_probe() -> Any:
                 "own_peak_mb": max(self.start["own_peak_mb"], end["own_peak_mb"]),
                 "train_peak_mb": end["own_peak_mb"] if self.reset else None,
                 "rss_at_train_start_mb": self.start["rss_mb"],
+                "setup_peak_mb": self.start["own_peak_mb"],  # building, loading and sharding the models
             }
 
     return PeakProbe()
@@ -359,7 +363,7 @@ def mb(value: float | None) -> str:
 def print_runs(runs: dict[str, dict[str, Any]], idle_mb: float | None) -> None:
     """One row per rank of each run, under its label."""
     print(
-        f"{'run':11s}{'rank':>5s}{'peak RSS':>10s}{'train peak':>12s}{'at start':>10s}{'- idle':>8s}"
+        f"{'run':11s}{'rank':>5s}{'peak RSS':>10s}{'setup peak':>12s}{'train peak':>12s}{'at start':>10s}{'- idle':>8s}"
         f"{'expected':>10s}{'params':>9s}{'trainable':>11s}{'seconds':>9s}"
     )
     for label, result in runs.items():
@@ -369,7 +373,8 @@ def print_runs(runs: dict[str, dict[str, Any]], idle_mb: float | None) -> None:
         for r in result["ranks"]:
             above = None if idle_mb is None else r["ru_maxrss_mb"] - idle_mb
             print(
-                f"{label:11s}{r['rank']:5d}{r['ru_maxrss_mb']:10.0f}{mb(r['train_peak_mb']):>12s}"
+                f"{label:11s}{r['rank']:5d}{r['ru_maxrss_mb']:10.0f}{mb(r.get('setup_peak_mb')):>12s}"
+                f"{mb(r['train_peak_mb']):>12s}"
                 f"{r['rss_at_train_start_mb']:10.0f}{mb(above):>8s}{expected_mb(r, result['run']):10.0f}"
                 f"{r['params'] / 1e6:8.2f}M{r['trainable'] / 1e6:10.2f}M{result['seconds']:9.0f}"
             )

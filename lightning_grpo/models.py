@@ -26,7 +26,10 @@ DTYPES = {"auto": "auto", "float32": torch.float32, "bfloat16": torch.bfloat16, 
 
 def resolve_pretrained(name: str) -> str:
     """A Hugging Face name or local path; embedded names (``lightning-grpo/...``) are written locally first."""
-    return str(demo.materialize(name)) if name in demo.EMBEDDED else name
+    if name not in demo.EMBEDDED:
+        return name
+    with torch.device("cpu"):  # written for real even while a policy is being built on the meta device
+        return str(demo.materialize(name))
 
 
 def load_policy(model: str | nn.Module, dtype: str = "float32", load_in_4bit: bool = False) -> nn.Module:
