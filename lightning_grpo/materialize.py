@@ -6,8 +6,8 @@ nothing about GRPO. Meta-device initialisation in three moves, as torchtitan doe
 1. ``empty_causal_lm``: the architecture from the config on the meta device: no memory, no random init.
 2. the caller shards it (``fully_shard``: each parameter becomes a meta DTensor holding this rank's rows).
 3. ``load_weights``: ``to_empty`` allocates this rank's rows only, then each is filled from the files with
-   ``safe_open(...).get_slice``, which reads those rows and no others. A plain (unsharded) model takes the whole
-   tensors. Peak memory per rank: its shard plus one tensor's rows, not the model.
+   ``safe_open(...).get_slice``, which reads those rows and no others (the file mapped for that one read). A
+   plain (unsharded) model takes the whole tensors. Peak memory per rank: its shard plus one tensor's rows.
 
 Two kinds of tensors are not in the files: the non-persistent buffers (RoPE's ``inv_freq``), recomputed by the
 model's own ``_init_weights``, and values the caller made for real before sharding (a LoRA adapter's
@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterator
-from contextlib import ExitStack
 from pathlib import Path
 from typing import Any
 
@@ -94,28 +93,43 @@ def is_empty(model: nn.Module) -> bool:
 def load_weights(model: nn.Module, files: list[Path], real_tensors: dict[str, Tensor] | None = None) -> None:
     """Allocate ``model``'s tensors on CPU (``to_empty``) and fill them: each parameter's own rows from ``files``
     (from ``real_tensors`` where named there), non-persistent buffers recomputed. Every name must be found."""
-    from safetensors import safe_open
-
     real_tensors = real_tensors or {}
     tied = _tied_names(model)
     model.to_empty(device="cpu")
     for name, first in tied.items():  # to_empty gave each module its own tensor: tie them again
         owner, _, leaf = name.rpartition(".")
         setattr(model.get_submodule(owner), leaf, model.get_parameter(first))
-    with ExitStack() as stack:
-        handles = [stack.enter_context(safe_open(str(f), framework="pt")) for f in files]
-        where = {key: h for h in handles for key in h.keys()}  # noqa: SIM118 (safe_open is not a mapping)
-        missing = []
-        for name, tensor in _tensors_to_fill(model):
-            if name in real_tensors:
-                _fill(tensor, lambda rows, n=name: real_tensors[n][rows])
-            elif (key := checkpoint_key(name)) in where:
-                _fill(tensor, lambda rows, h=where[key], k=key: h.get_slice(k)[rows])
-            else:
-                missing.append(name)
+    where = _file_of_each_key(files)
+    missing = []
+    for name, tensor in _tensors_to_fill(model):
+        if name in real_tensors:
+            _fill(tensor, lambda rows, n=name: real_tensors[n][rows])
+        elif (key := checkpoint_key(name)) in where:
+            _fill(tensor, lambda rows, k=key: _read_rows(where[k], k, rows))
+        else:
+            missing.append(name)
     if missing:
         raise KeyError(f"meta-device initialisation: {len(missing)} tensors not in {files[0].parent}: {missing[:5]}")
     _recompute_non_persistent_buffers(model)
+
+
+def _file_of_each_key(files: list[Path]) -> dict[str, Path]:
+    from safetensors import safe_open
+
+    where = {}
+    for file in files:
+        with safe_open(str(file), framework="pt") as handle:
+            where.update(dict.fromkeys(handle.keys(), file))
+    return where
+
+
+def _read_rows(file: Path, key: str, rows: slice) -> Tensor:
+    """``rows`` of one tensor. The file is mapped for this one read: pages of a mapping count in RSS while it
+    stays open, so a file held open through the whole load would add the rows read so far to the peak."""
+    from safetensors import safe_open
+
+    with safe_open(str(file), framework="pt") as handle:
+        return handle.get_slice(key)[rows]
 
 
 def checkpoint_key(name: str) -> str:
