@@ -3,14 +3,18 @@
     python benchmarks/memory.py                      # the deep model: 5 runs, ~2.5 minutes on 2 CPU cores
     python benchmarks/memory.py --model 100m         # Qwen2.5's 151936-token vocabulary: the embedding dominates
     python benchmarks/memory.py --json memory.json   # also every rank's raw figures and the ratios
+    python benchmarks/memory.py --model wide --runs single meta   # meta-device init: per-rank peak, 1 vs 2 ranks
     python benchmarks/memory.py --quick              # the tiny demo architecture, 1 step: checks the plumbing
 
-Five runs, each a fresh process (this file with ``--worker``; a 2-process run's rank 1 is started by Lightning's
+Six runs, each a fresh process (this file with ``--worker``; a 2-process run's rank 1 is started by Lightning's
 launcher re-running the same command), all GRPO with beta > 0 on the same model and per-rank batch:
     idle        imports torch, transformers, lightning, peft and lightning_grpo, and stops: the floor
     1 process   full fine-tuning; the reference is a frozen copy of the policy
     DDP x2      the same on 2 ranks: every rank holds all weights, gradients, AdamW moments and the reference
     FSDP2 x2    ``ModelParallelStrategy(data_parallel_size=2)``: policy and reference sharded, half on each rank
+    FSDP2 meta  the same, the module built under ``trainer.init_module(empty_init=True)``: on the meta device, then
+                each rank reads only its own rows of the weights from the model's safetensors files (written
+                first, by a ``save`` process), so no rank ever holds the whole model
     LoRA r16    1 process, adapters on every linear layer; the reference is the policy with its adapter off
 Each rank writes its figures to a file; the tables are assembled from them.
 
@@ -18,6 +22,9 @@ Columns, MB of resident memory per rank:
     peak RSS    ``getrusage(RUSAGE_SELF).ru_maxrss``, the process's high-water mark. Linux carries it across
                 ``exec``: a process started by a bigger one (rank 1, started by rank 0 once rank 0 has built its
                 models) reports at least its parent's RSS at that moment. Here rank 1 builds as much itself.
+    setup peak  this process's own high-water mark (``VmHWM``) when training starts: building or loading the
+                models and sharding them. Meta-device initialisation lowers this one: no rank ever holds a whole
+                model, where loading whole models peaks at the policy and its reference copy in full.
     train peak  the high-water mark since training started (``VmHWM``, reset through ``/proc/self/clear_refs``
                 after the models were built, sharded and wrapped): equal to the peak when training, not model
                 construction, set it.
@@ -43,6 +50,7 @@ deep model that retained more than sharding saved: FSDP2 ranks peaked above DDP'
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import shlex
@@ -63,15 +71,21 @@ MODELS = {
     "100m": "bench_assets.qwen_100m: Qwen2, 4 layers x 512, Qwen2.5's 151936-token vocabulary, tied: 90M "
     "parameters, 78M of them the embedding / LM head: FSDP2's root unit, gathered whole from a forward to the end of "
     "its backward (the reference's, which has no backward, stays gathered)",
+    "wide": "Qwen2, 16 layers x 1024 (MLP 2816, 2 KV heads), the demo's 262-token byte vocabulary, tied: 176M "
+    "parameters (673 MB of fp32 weights), all but 0.3M in decoder layers: sharded, one layer gathered at a time",
     "tiny": "the demo model lightning-grpo/tiny-qwen2's architecture (2 layers x 64), random weights: 0.14M",
 }
 DEEP = {"hidden_size": 512, "intermediate_size": 1536, "num_hidden_layers": 24}
-RUNS = ("single", "ddp", "fsdp2", "lora")  # 1 process, 2 with DDP, 2 with FSDP2, then 1 process with LoRA
-LABELS = {"single": "1 process", "ddp": "DDP x2", "fsdp2": "FSDP2 x2", "lora": "LoRA r16"}
+WIDE = {"hidden_size": 1024, "intermediate_size": 2816, "num_hidden_layers": 16, "num_attention_heads": 16}
+RUNS = ("single", "ddp", "fsdp2", "meta", "lora")  # 1 process, 2 with DDP, 2 with FSDP2 (whole, meta), 1 with LoRA
+LABELS = {"single": "1 process", "ddp": "DDP x2", "fsdp2": "FSDP2 x2", "meta": "FSDP2 meta", "lora": "LoRA r16"}
+TWO_RANKS = ("ddp", "fsdp2", "meta")
 RATIOS = {  # name -> (numerator run, denominator run)
     "DDP / 1 process": ("ddp", "single"),
     "FSDP2 / DDP": ("fsdp2", "ddp"),
     "FSDP2 / 1 process": ("fsdp2", "single"),
+    "FSDP2 meta / 1 process": ("meta", "single"),
+    "FSDP2 meta / FSDP2": ("meta", "fsdp2"),
     "LoRA / full": ("lora", "single"),
 }
 FIGURES = ("peak_rss_mb", "above_idle_mb", "expected_mb")
@@ -145,7 +159,15 @@ def build_model(name: str) -> tuple[Any, Any]:
         tokenizer = qwen_vocab_tokenizer()
         return qwen_100m(tokenizer), tokenizer
     tokenizer = build_tokenizer()
-    return build_tiny_qwen2(tokenizer, **(DEEP if name == "deep" else {})), tokenizer
+    return build_tiny_qwen2(tokenizer, **{"deep": DEEP, "wide": WIDE}.get(name, {})), tokenizer
+
+
+def save_model(job: dict[str, Any]) -> dict[str, Any]:
+    """The model written in Hugging Face format to ``model_dir``, for the meta run to read its shards from."""
+    model, tokenizer = build_model(job["model"])
+    model.save_pretrained(job["model_dir"])
+    tokenizer.save_pretrained(job["model_dir"])
+    return {"rank": 0, "world_size": 1, **memory_now()}
 
 
 def write_prompts(out_dir: Path) -> str:
@@ -163,28 +185,18 @@ def write_prompts(out_dir: Path) -> str:
 def train(job: dict[str, Any]) -> dict[str, Any]:
     """One GRPO run on this rank; the figures this rank measured."""
     import lightning as L
-    from bench_assets import char_length_reward
     from lightning.pytorch.strategies import ModelParallelStrategy
 
-    from lightning_grpo import GRPOModule, PromptDataModule
+    from lightning_grpo import PromptDataModule
 
     s, run = Settings(**job["settings"]), job["run"]
     L.seed_everything(0, verbose=False)
-    model, tokenizer = build_model(job["model"])
-    module = GRPOModule(
-        model=model,
-        tokenizer=tokenizer,
-        reward_funcs=[char_length_reward],
-        num_generations=s.num_generations,
-        micro_batch_size=s.micro_batch_size,
-        peft_config=LORA if run == "lora" else None,
-        sampling={"max_completion_length": s.max_completion_length},
-        loss={"beta": s.beta},
-        optim={"learning_rate": 1e-6},
-    )
-    params = sum(p.numel() for p in module.policy.model.parameters())
-    trainable = sum(p.numel() for p in module.policy.model.parameters() if p.requires_grad)
-    strategy = {"ddp": "ddp", "fsdp2": ModelParallelStrategy(data_parallel_size=2, tensor_parallel_size=1)}
+    # meta: nothing built here; each rank reads its own shard of the saved model in configure_model
+    model, tokenizer = (job["model_dir"], job["model_dir"]) if run == "meta" else build_model(job["model"])
+    strategy = {
+        "ddp": "ddp",
+        **dict.fromkeys(("fsdp2", "meta"), ModelParallelStrategy(data_parallel_size=2, tensor_parallel_size=1)),
+    }
     probe = peak_probe()
     trainer = L.Trainer(
         max_steps=s.steps,
@@ -200,6 +212,10 @@ def train(job: dict[str, Any]) -> dict[str, Any]:
         callbacks=[probe],
         default_root_dir=job["out_dir"],
     )
+    with trainer.init_module(empty_init=True) if run == "meta" else contextlib.nullcontext():
+        module = grpo_module(model, tokenizer, s, lora=run == "lora")
+    params = sum(p.numel() for p in module.policy.model.parameters())
+    trainable = sum(p.numel() for p in module.policy.model.parameters() if p.requires_grad)
     data = PromptDataModule(write_prompts(Path(job["out_dir"])), batch_size=s.prompts_per_rank, val_split=None)
     trainer.fit(module, data)
     return {
@@ -211,6 +227,24 @@ def train(job: dict[str, Any]) -> dict[str, Any]:
         "steps": trainer.global_step,
         **probe.figures(),
     }
+
+
+def grpo_module(model: Any, tokenizer: Any, s: Settings, lora: bool) -> Any:
+    from bench_assets import char_length_reward
+
+    from lightning_grpo import GRPOModule
+
+    return GRPOModule(
+        model=model,
+        tokenizer=tokenizer,
+        reward_funcs=[char_length_reward],
+        num_generations=s.num_generations,
+        micro_batch_size=s.micro_batch_size,
+        peft_config=LORA if lora else None,
+        sampling={"max_completion_length": s.max_completion_length},
+        loss={"beta": s.beta},
+        optim={"learning_rate": 1e-6},
+    )
 
 
 def peak_probe() -> Any:
@@ -231,6 +265,7 @@ def peak_probe() -> Any:
                 "own_peak_mb": max(self.start["own_peak_mb"], end["own_peak_mb"]),
                 "train_peak_mb": end["own_peak_mb"] if self.reset else None,
                 "rss_at_train_start_mb": self.start["rss_mb"],
+                "setup_peak_mb": self.start["own_peak_mb"],  # building, loading and sharding the models
             }
 
     return PeakProbe()
@@ -244,6 +279,8 @@ def worker(payload: str) -> None:
     if job["run"] == "idle":
         figures = {"rank": 0, "world_size": 1, **memory_now()}
         figures["train_peak_mb"] = figures["own_peak_mb"]
+    elif job["run"] == "save":
+        figures = save_model(job)
     else:
         figures = train(job)
     Path(job["out_dir"], f"rank{figures['rank']}.json").write_text(json.dumps(figures))
@@ -270,14 +307,16 @@ def run_command(command: list[str], env: dict[str, str], timeout: float) -> str 
     return f"exit code {proc.returncode}:\n{tail(output)}" if proc.returncode != 0 else None
 
 
-def launch(run: str, model: str, settings: Settings, env: dict[str, str], timeout: float) -> dict[str, Any]:
+def launch(
+    run: str, model: str, settings: Settings, env: dict[str, str], timeout: float, model_dir: str
+) -> dict[str, Any]:
     """One run in fresh processes: its ranks' figures, or the error that stopped it."""
     start = time.perf_counter()
     with tempfile.TemporaryDirectory() as out:
-        job = {"run": run, "model": model, "settings": asdict(settings), "out_dir": out}
+        job = {"run": run, "model": model, "settings": asdict(settings), "out_dir": out, "model_dir": model_dir}
         error = run_command([sys.executable, str(Path(__file__).resolve()), "--worker", json.dumps(job)], env, timeout)
         ranks = [json.loads(p.read_text()) for p in sorted(Path(out).glob("rank*.json"))]
-    expected_ranks = 2 if run in ("ddp", "fsdp2") else 1
+    expected_ranks = 2 if run in TWO_RANKS else 1
     if error is None and len(ranks) != expected_ranks:
         error = f"{len(ranks)} of {expected_ranks} ranks reported"
     return {"run": run, "model": model, "ranks": ranks, "error": error, "seconds": time.perf_counter() - start}
@@ -287,7 +326,7 @@ def expected_mb(rank: dict[str, Any], run: str) -> float:
     """Model state per rank by arithmetic, fp32: weights, gradients, AdamW's two moments, the reference copy."""
     params, trainable = rank["params"], rank["trainable"]
     total = 4 * params + (4 + 8) * trainable + (4 * params if rank["reference_copy"] else 0)
-    return total / (rank["world_size"] if run == "fsdp2" else 1) / 2**20
+    return total / (rank["world_size"] if run in ("fsdp2", "meta") else 1) / 2**20
 
 
 def figures(result: dict[str, Any], idle_mb: float | None) -> dict[str, float | None] | None:
@@ -306,6 +345,8 @@ def ratios(runs: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
     """name -> the two runs compared and the ratio of each of their figures (``None`` if either failed)."""
     out = {}
     for name, (a, b) in RATIOS.items():
+        if a not in runs or b not in runs:
+            continue
         fa, fb = runs[a]["figures"], runs[b]["figures"]
         both = fa is not None and fb is not None
         out[name] = {"of": [a, b], **{k: fa[k] / fb[k] if both and fb[k] else None for k in FIGURES}}
@@ -322,7 +363,7 @@ def mb(value: float | None) -> str:
 def print_runs(runs: dict[str, dict[str, Any]], idle_mb: float | None) -> None:
     """One row per rank of each run, under its label."""
     print(
-        f"{'run':11s}{'rank':>5s}{'peak RSS':>10s}{'train peak':>12s}{'at start':>10s}{'- idle':>8s}"
+        f"{'run':11s}{'rank':>5s}{'peak RSS':>10s}{'setup peak':>12s}{'train peak':>12s}{'at start':>10s}{'- idle':>8s}"
         f"{'expected':>10s}{'params':>9s}{'trainable':>11s}{'seconds':>9s}"
     )
     for label, result in runs.items():
@@ -332,7 +373,8 @@ def print_runs(runs: dict[str, dict[str, Any]], idle_mb: float | None) -> None:
         for r in result["ranks"]:
             above = None if idle_mb is None else r["ru_maxrss_mb"] - idle_mb
             print(
-                f"{label:11s}{r['rank']:5d}{r['ru_maxrss_mb']:10.0f}{mb(r['train_peak_mb']):>12s}"
+                f"{label:11s}{r['rank']:5d}{r['ru_maxrss_mb']:10.0f}{mb(r.get('setup_peak_mb')):>12s}"
+                f"{mb(r['train_peak_mb']):>12s}"
                 f"{r['rss_at_train_start_mb']:10.0f}{mb(above):>8s}{expected_mb(r, result['run']):10.0f}"
                 f"{r['params'] / 1e6:8.2f}M{r['trainable'] / 1e6:10.2f}M{result['seconds']:9.0f}"
             )
@@ -374,6 +416,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     )
     p.add_argument("--quick", action="store_true", help="the tiny model, completions of <= 4 tokens, 1 step (~1 min)")
     p.add_argument("--steps", type=int, help="optimiser steps per run (2; --quick 1)")
+    p.add_argument("--runs", nargs="+", choices=RUNS, default=list(RUNS), help="which runs (all of them)")
     p.add_argument(
         "--malloc",
         choices=["mmap", "glibc"],
@@ -410,16 +453,24 @@ def print_header(command: str, model: str, s: Settings, malloc: str) -> None:
     print(f"every process: 1 torch thread, malloc {allocator}; {versions}", flush=True)
 
 
-def measure(model: str, settings: Settings, env: dict[str, str], timeout: float) -> tuple[dict, dict]:
-    """The idle run, then every run of RUNS with its figures; progress printed as each one ends."""
-    idle = launch("idle", model, settings, env, timeout)
-    idle_mb = None if idle["error"] is not None else idle["ranks"][0]["ru_maxrss_mb"]
-    runs = {}
-    for run in RUNS:
-        runs[run] = result = launch(run, model, settings, env, timeout)
-        result["figures"] = figures(result, idle_mb)
-        status = result["error"] or f"{result['figures']['peak_rss_mb']:.0f} MB peak RSS, largest rank"
-        print(f"  {LABELS[run]}: {status} ({result['seconds']:.0f} s)", flush=True)
+def measure(
+    model: str, settings: Settings, env: dict[str, str], timeout: float, selected: list[str]
+) -> tuple[dict, dict]:
+    """The idle run, then every selected run of RUNS with its figures; progress printed as each one ends. The meta
+    run reads the model from files that a ``save`` process writes first."""
+    with tempfile.TemporaryDirectory() as model_dir:
+        idle = launch("idle", model, settings, env, timeout, model_dir)
+        idle_mb = None if idle["error"] is not None else idle["ranks"][0]["ru_maxrss_mb"]
+        saved = launch("save", model, settings, env, timeout, model_dir) if "meta" in selected else None
+        runs = {}
+        for run in (r for r in RUNS if r in selected):
+            if run == "meta" and saved["error"] is not None:
+                runs[run] = result = {**saved, "run": run, "ranks": [], "error": f"saving the model: {saved['error']}"}
+            else:
+                runs[run] = result = launch(run, model, settings, env, timeout, model_dir)
+            result["figures"] = figures(result, idle_mb)
+            status = result["error"] or f"{result['figures']['peak_rss_mb']:.0f} MB peak RSS, largest rank"
+            print(f"  {LABELS[run]}: {status} ({result['seconds']:.0f} s)", flush=True)
     return idle, runs
 
 
@@ -429,10 +480,11 @@ def print_report(idle: dict[str, Any], runs: dict[str, dict[str, Any]], settings
     print(
         f"idle process, libraries imported: {mb(idle_mb)} MB" + (f" FAILED: {idle['error']}" if idle["error"] else "")
     )
-    print_runs({LABELS[run]: runs[run] for run in ("single", "ddp", "fsdp2")}, idle_mb)
-    print("\n== 2. LoRA (reference = the policy, adapter off) vs full fine-tuning (a frozen reference copy), 1 process")
-    print_runs({"full, copy": runs["single"], "LoRA r16": runs["lora"]}, idle_mb)
-    print_lora_arithmetic(runs["single"], runs["lora"])
+    print_runs({LABELS[run]: runs[run] for run in ("single", "ddp", "fsdp2", "meta") if run in runs}, idle_mb)
+    if "single" in runs and "lora" in runs:
+        print("\n== 2. LoRA (reference = the policy, adapter off) vs full fine-tuning (a reference copy), 1 process")
+        print_runs({"full, copy": runs["single"], "LoRA r16": runs["lora"]}, idle_mb)
+        print_lora_arithmetic(runs["single"], runs["lora"])
     print()
     print_ratios(ratios(runs))
 
@@ -448,7 +500,7 @@ def main(argv: list[str] | None = None) -> None:
         settings = replace(settings, steps=args.steps)
     command = shlex.join(sys.orig_argv)
     print_header(command, model, settings, args.malloc)
-    idle, runs = measure(model, settings, worker_env(args.malloc), args.timeout)
+    idle, runs = measure(model, settings, worker_env(args.malloc), args.timeout, args.runs)
     print_report(idle, runs, settings)
     seconds = time.perf_counter() - start
     print(f"\n{seconds:.0f} s in all")

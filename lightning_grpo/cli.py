@@ -1,8 +1,8 @@
 """``lightning-grpo fit --config config.yaml``: LightningCLI over GRPOModule and PromptDataModule.
 
 ``lightning-grpo report RUN_DIR``: training curves as PNG and HTML.
-``lightning-grpo selfcheck``: every training path (CPU, DDP, FSDP2, LoRA; on GPUs bf16, FSDP1, QLoRA, vLLM) for a
-few steps on a tiny local model, as one table.
+``lightning-grpo selfcheck [--vllm-server URL]``: every training path (CPU, DDP, FSDP2, LoRA; on GPUs bf16, FSDP1,
+QLoRA, vLLM colocate and server) for a few steps on a tiny local model, as one table.
 ``python -m lightning_grpo`` runs the same CLI when the console script is not on PATH.
 
 Every constructor argument is a config key with its docstring as ``--help``. Always on, each with its own

@@ -7,13 +7,14 @@ Validation rows are never training rows: without a validation split, some traini
 
 from __future__ import annotations
 
+import os
 import warnings
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import lightning as L
 from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
-from torch.utils.data import DataLoader
+from torch.utils.data import DataLoader, DistributedSampler
 from torchdata.stateful_dataloader import StatefulDataLoader
 
 from lightning_grpo import demo
@@ -224,16 +225,31 @@ class PromptDataModule(L.LightningDataModule):
     def train_dataloader(self) -> StatefulDataLoader:
         # Stateful: a checkpoint holds the position in the epoch and the shuffling generator, so a resumed
         # run continues with the very next batch instead of restarting the epoch.
+        sampler = self._distributed_sampler()
         with warnings.catch_warnings():  # torchdata calls a deprecated torch API when built: not the user's concern
             warnings.filterwarnings("ignore", message="'set_vital' is deprecated", category=UserWarning)
             return StatefulDataLoader(
                 self.train_data,
                 batch_size=self.hparams.batch_size,
-                shuffle=True,
+                shuffle=sampler is None,
+                sampler=sampler,
                 drop_last=len(self.train_data) >= self.hparams.batch_size,
                 collate_fn=self.collate,
                 num_workers=self.hparams.num_workers,
             )
+
+    def _distributed_sampler(self) -> DistributedSampler | None:
+        """Each rank's share of a permutation that depends only on the seed and the epoch, so that a run resumed
+        mid-epoch on several ranks draws the same one and skips what it had taken (torchdata counts the samples
+        yielded). Lightning would otherwise wrap torchdata's shuffling sampler, not a ``RandomSampler``, in a
+        ``DistributedSamplerWrapper`` whose permutation comes from the global RNG: another one after a resume."""
+        trainer = self.trainer
+        if trainer is None or trainer.world_size == 1:
+            return None
+        seed = int(os.environ.get("PL_GLOBAL_SEED", 0))  # Lightning's own choice for the samplers it makes
+        return DistributedSampler(
+            self.train_data, num_replicas=trainer.world_size, rank=trainer.global_rank, shuffle=True, seed=seed
+        )
 
     def val_dataloader(self) -> DataLoader | list:
         return [] if self.val_data is None else self._evaluation_loader(self.val_data)

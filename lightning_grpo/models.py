@@ -26,7 +26,10 @@ DTYPES = {"auto": "auto", "float32": torch.float32, "bfloat16": torch.bfloat16, 
 
 def resolve_pretrained(name: str) -> str:
     """A Hugging Face name or local path; embedded names (``lightning-grpo/...``) are written locally first."""
-    return str(demo.materialize(name)) if name in demo.EMBEDDED else name
+    if name not in demo.EMBEDDED:
+        return name
+    with torch.device("cpu"):  # written for real even while a policy is being built on the meta device
+        return str(demo.materialize(name))
 
 
 def load_policy(
@@ -60,6 +63,22 @@ def load_policy(
     )
     loaded = AutoModelForCausalLM.from_pretrained(resolve_pretrained(model), quantization_config=quantization, **kwargs)
     return prepare_model_for_kbit_training(loaded, use_gradient_checkpointing=False)
+
+
+def empty_init_files(model: str | nn.Module, load_in_4bit: bool) -> list:
+    """The checkpoint files to load the weights from later when the policy is being built on the meta device
+    (``torch.device("meta")``, as Lightning's ``trainer.init_module(empty_init=True)`` sets it under FSDP2), so
+    that each rank reads only its shard; empty otherwise (and for a built model, which has its weights)."""
+    if torch.empty(0).device.type != "meta" or not isinstance(model, str):
+        return []
+    if load_in_4bit:
+        raise ValueError(
+            "load_in_4bit=True with meta-device initialisation (trainer.init_module(empty_init=True)): bitsandbytes "
+            "quantises while loading; build the module outside init_module"
+        )
+    from lightning_grpo.materialize import weight_files
+
+    return weight_files(resolve_pretrained(model))
 
 
 def load_tokenizer(tokenizer: str | PreTrainedTokenizerBase) -> PreTrainedTokenizerBase:

@@ -491,6 +491,8 @@ class GRPOModule(L.LightningModule):
             self.policy.shard(mesh["data_parallel"], trainer.world_size)
         elif isinstance(strategy, FSDPStrategy):
             self.policy.shard(None, trainer.world_size)
+        else:
+            self.policy.materialize()  # built on the meta device: whole weights from the files
 
     def _attached_trainer(self) -> L.Trainer | None:
         try:

@@ -17,7 +17,8 @@ from torch import Tensor, nn
 from transformers import PreTrainedTokenizerBase
 
 from lightning_grpo.logprobs import TokenLogps, completion_logps
-from lightning_grpo.models import load_policy, load_tokenizer, with_lora
+from lightning_grpo.materialize import empty_causal_lm, is_empty, load_weights, materialize_lora_adapters
+from lightning_grpo.models import DTYPES, empty_init_files, load_policy, load_tokenizer, resolve_pretrained, with_lora
 from lightning_grpo.sharding import LOGPS_METHOD, full_state_dict, is_sharded, shard_causal_lm
 from lightning_grpo.types import Rollout
 
@@ -72,14 +73,21 @@ class Policy(nn.Module):
             )
         self.name_or_path = model if isinstance(model, str) else None
         self.tokenizer = load_tokenizer(tokenizer if tokenizer is not None else model)
-        self.model = load_policy(model, dtype, load_in_4bit, init_kwargs).train()  # from_pretrained: eval mode
+        self.weight_files = empty_init_files(model, load_in_4bit)  # none unless built on the meta device
+        if self.weight_files:
+            self.model = empty_causal_lm(resolve_pretrained(model), DTYPES[dtype], init_kwargs).train()
+        else:
+            self.model = load_policy(model, dtype, load_in_4bit, init_kwargs).train()  # from_pretrained: eval mode
         if disable_dropout:
             _disable_dropout(self.model)
         if gradient_checkpointing:
             _checkpointing(self.model, True)
         self.is_lora = peft_config is not None
+        rng = torch.get_rng_state()
         if self.is_lora:
             self.model = with_lora(self.model, peft_config)
+        # values made before the weights are loaded (an adapter's initialisation), kept through materialize()
+        self.real_tensors = materialize_lora_adapters(self.model, rng) if self.weight_files and self.is_lora else {}
         self.reference = _frozen_copy(self.model) if reference and not self.is_lora else None
         self.temperature, self.logprob_chunk_size = temperature, logprob_chunk_size
         self.shared_prefix = shared_prefix
@@ -182,6 +190,16 @@ class Policy(nn.Module):
             if self.reference is not None:
                 shard_causal_lm(self.reference, mesh, frozen=True)
         self.synced_generation = world_size > 1
+        self.materialize()  # after sharding: each rank reads only its own rows
+
+    def materialize(self) -> None:
+        """Load the weights of a policy built on the meta device (Lightning's ``trainer.init_module(empty_init=True)``
+        under FSDP2) from its checkpoint files: each rank's own shards once ``shard`` has run, else whole tensors.
+        A no-op for a policy that has its weights."""
+        for model in (self.model, self.reference):
+            if model is not None and is_empty(model):
+                load_weights(model, self.weight_files, self.real_tensors)
+        self.real_tensors = {}
 
     def left_out(self) -> Iterator[tuple[str, Tensor]]:
         """(name, tensor) of what the Policy's state dict leaves out because it is rebuilt from ``model``: the

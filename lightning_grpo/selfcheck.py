@@ -3,8 +3,9 @@
 Knows the module, the data module and Lightning's strategies; nothing is mocked. Each path is a real
 ``Trainer.fit`` of ``STEPS`` steps on a 2-layer Qwen2 built in code (no downloads), in its own process, so a
 crash in one path still leaves the other rows. The CPU rows always run; the GPU rows say "no GPU" where there
-is none (they are not "passed"), or what they need (a second GPU, a package). Exit code 0 unless a path that
-could run failed: the first thing to run on a new cluster.
+is none (they are not "passed"), or what they need (a second GPU, a package). The vLLM server row runs with
+``--vllm-server URL`` (a ``trl vllm-serve`` endpoint; it trains the model served there), else it says "no server
+given". Exit code 0 unless a path that could run failed: the first thing to run on a new cluster.
 """
 
 from __future__ import annotations
@@ -38,6 +39,7 @@ class Check:
     settings: dict[str, Any] = field(default_factory=dict)  # GRPOModule arguments
     trainer: dict[str, Any] = field(default_factory=dict)  # Trainer arguments
     packages: tuple[str, ...] = ()
+    server: bool = False  # needs a `trl vllm-serve` endpoint (--vllm-server URL); trains the model it serves
 
 
 CHECKS = [
@@ -62,6 +64,7 @@ CHECKS = [
         packages=("bitsandbytes",),
     ),
     Check("vllm", "GPU, vLLM colocate", gpus=1, settings={"rollout_engine": "vllm"}, packages=("vllm",)),
+    Check("vllm_server", "GPU, vLLM server", gpus=1, packages=("vllm",), server=True),
 ]
 BY_KEY = {check.key: check for check in CHECKS}
 
@@ -97,19 +100,22 @@ class StepTimer(L.Callback):
         return self.steps / (time.perf_counter() - self.start) if self.steps else float("nan")
 
 
-def run_check(key: str, workdir: str) -> None:
+def run_check(key: str, workdir: str, server: str | None = None) -> None:
     """One path, in this process (and the ones Lightning's launcher starts): rank 0 writes KEY.json."""
     from lightning_grpo.data import PromptDataModule
-    from lightning_grpo.engines import VLLMColocate
+    from lightning_grpo.engines import VLLMColocate, VLLMServer
     from lightning_grpo.module import GRPOModule
 
     torch.set_num_threads(1)
     check, work = BY_KEY[key], Path(workdir)
-    settings = dict(check.settings)
+    settings, model = dict(check.settings), str(work / "model")
     if settings.get("rollout_engine") == "vllm":
         settings["rollout_engine"] = VLLMColocate(gpu_memory_utilization=0.2)
+    if check.server:  # the policy is the model the server serves: the same vocabulary, the same weights
+        settings["rollout_engine"] = VLLMServer(base_url=server, connection_timeout=60)
+        model = served_model(server)
     module = GRPOModule(
-        model=str(work / "model"),
+        model=model,
         reward_funcs=[length_reward],
         num_generations=2,
         **settings,
@@ -139,6 +145,13 @@ def run_check(key: str, workdir: str) -> None:
         (work / f"{key}.json").write_text(json.dumps(result))
 
 
+def served_model(url: str) -> str:
+    """The name or path the vLLM server at ``url`` serves (``/v1/models``)."""
+    import requests
+
+    return requests.get(f"{url}/v1/models", timeout=30).json()["data"][0]["id"]
+
+
 def peak_memory_mb(check: Check) -> float:
     if check.gpus:
         return torch.cuda.max_memory_allocated() / 2**20
@@ -147,8 +160,10 @@ def peak_memory_mb(check: Check) -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # KiB on Linux: the process's peak RSS
 
 
-def unavailable(check: Check) -> str | None:
-    """Why ``check`` cannot run on this machine, or ``None``."""
+def unavailable(check: Check, server: str | None = None) -> str | None:
+    """Why ``check`` cannot run on this machine (or without a ``server`` URL), or ``None``."""
+    if check.server and not server:
+        return "no server given (--vllm-server URL)"
     found = torch.cuda.device_count() if torch.cuda.is_available() else 0
     if check.gpus and not found:
         return "no GPU"
@@ -158,13 +173,14 @@ def unavailable(check: Check) -> str | None:
     return f"needs {', '.join(missing)} (pip install {' '.join(missing)})" if missing else None
 
 
-def row(check: Check, workdir: Path) -> tuple[str, str, str, str]:
+def row(check: Check, workdir: Path, server: str | None = None) -> tuple[str, str, str, str]:
     """(path, result, steps/s, peak memory) of one path, run in a child process."""
-    reason = unavailable(check)
+    reason = unavailable(check, server)
     if reason:
         return check.path, reason, "-", "-"
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     command = [sys.executable, "-m", "lightning_grpo.selfcheck", "--run", check.key, str(workdir)]
+    command += [server] if check.server else []
     try:
         proc = subprocess.run(command, capture_output=True, text=True, timeout=TIMEOUT, env=env)
     except subprocess.TimeoutExpired:
@@ -206,19 +222,31 @@ def write_assets(workdir: Path) -> None:
     (workdir / "train.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
 
 
+def parse_server(argv: list[str]) -> str | None:
+    """``--vllm-server URL`` (the only option), checked before anything runs."""
+    if not argv:
+        return None
+    if len(argv) != 2 or argv[0] != "--vllm-server" or not re.match(r"^https?://[^/:]+(:\d+)?/?$", argv[1]):
+        raise SystemExit(
+            f"lightning-grpo selfcheck takes only --vllm-server http://host:port (a `trl vllm-serve` endpoint "
+            f"serving a small model, which the check then trains), got {argv}"
+        )
+    return argv[1].rstrip("/")
+
+
 def main(argv: list[str]) -> None:
-    """``lightning-grpo selfcheck``: prints the table; exits 1 when a path that could run failed."""
+    """``lightning-grpo selfcheck [--vllm-server URL]``: prints the table; exits 1 when a path that could run
+    failed."""
     if argv[:1] == ["--run"]:
-        run_check(*argv[1:3])
+        run_check(*argv[1:4])
         return
-    if argv:
-        raise SystemExit(f"lightning-grpo selfcheck takes no arguments, got {argv}")
+    server = parse_server(argv)
     print(f"lightning-grpo selfcheck: {len(CHECKS)} paths, {STEPS} steps each on a tiny local model", flush=True)
     with tempfile.TemporaryDirectory(prefix="lightning_grpo_selfcheck_") as tmp:
         write_assets(Path(tmp))
         rows = []
         for check in CHECKS:
-            rows.append(row(check, Path(tmp)))
+            rows.append(row(check, Path(tmp), server))
             print(f"  {rows[-1][0]}: {rows[-1][1]}", flush=True)
     print("\n" + table(rows))
     if not torch.cuda.is_available():

@@ -35,3 +35,9 @@ def arith_jsonl(tmp_path_factory) -> str:
     rows = [{"prompt": f"{a}+{b}=", "answer": str(a + b)} for a in range(4) for b in range(4)]
     path.write_text("".join(json.dumps(r) + "\n" for r in rows))
     return str(path)
+
+
+# Not test modules: the fake vLLM server puts the vllm stand-in on sys.path when imported, which would make every
+# later test see a "vllm" package (tests/test_vllm_server.py runs both in their own processes).
+collect_ignore = ["vllm_fake_server.py"]
+collect_ignore_glob = ["vllm_stand_in/*"]

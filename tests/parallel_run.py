@@ -7,8 +7,10 @@
 - ``replay``: 1 process, batch 2x, whose generation returns the two DDP ranks' rollouts of that step,
   concatenated in rank order: the same global batch as the DDP run, through a single process.
 - ``nodes``: DDP as 2 nodes x 1 process (``trainer.num_nodes=2``), started by 2 ``torchrun --nnodes 2`` calls.
-- ``ddp+lora``, ``fsdp2+lora``: the same with a LoRA adapter (``LORA``): only the adapter trains, the reference
-  is the adapter-off policy; each rank also exports the merged model to OUT/hf (rank 0 writes).
+- ``fsdp2meta``: FSDP2 with the module built under ``trainer.init_module(empty_init=True)``: on the meta device,
+  each rank then reads only its own shard of the weights from MODEL's files.
+- ``ddp+lora``, ``fsdp2+lora``, ``fsdp2meta+lora``: the same with a LoRA adapter (``LORA``): only the adapter
+  trains, the reference is the adapter-off policy; each rank also exports the merged model to OUT/hf (rank 0 writes).
 
 ``... MODE STEPS STOP [CKPT]`` (resume runs): AdamW, so that there is optimiser state to checkpoint; a run of
 STEPS steps, resumed from CKPT when given, stopped after step STOP (0: not stopped) with a checkpoint at
@@ -17,6 +19,7 @@ OUT/last.ckpt (under FSDP2 a distributed checkpoint: a directory with each rank'
 Lightning's launcher starts rank 1 by re-running this script.
 """
 
+import contextlib
 import sys
 from pathlib import Path
 
@@ -120,11 +123,11 @@ def main(
         optimizer=(lambda p: torch.optim.AdamW(p, lr=1e-2)) if steps else (lambda p: torch.optim.SGD(p, lr=0.5)),
         peft_config=LORA if lora else None,
     )
-    module = Replay(out_dir.replace("replay", "ddp"), **settings) if mode == "replay" else GRPOModule(**settings)
     strategy = {
         "ddp": "ddp",
         "nodes": "ddp",
         "fsdp2": ModelParallelStrategy(data_parallel_size=2, tensor_parallel_size=1),
+        "fsdp2meta": ModelParallelStrategy(data_parallel_size=2, tensor_parallel_size=1),
         "fsdp1": FSDPStrategy(auto_wrap_policy={Qwen2DecoderLayer}),
     }
     recorder = Recorder()
@@ -142,6 +145,10 @@ def main(
         default_root_dir=out_dir,
         callbacks=[recorder, *([StopAt(int(stop), Path(out_dir) / "last.ckpt")] if int(stop) else [])],
     )
+    meta = trainer.init_module(empty_init=True) if mode == "fsdp2meta" else contextlib.nullcontext()
+    with meta:  # the meta device: each rank loads only its own shard, in configure_model
+        module = Replay(out_dir.replace("replay", "ddp"), **settings) if mode == "replay" else GRPOModule(**settings)
+    built_on_meta = all(p.is_meta for n, p in module.policy.model.named_parameters() if "lora_" not in n)
     batch_size = PROMPTS_PER_RANK * (2 if mode == "replay" else 1)
     trainer.fit(module, PromptDataModule(data_path, batch_size=batch_size, val_split=None), ckpt_path=ckpt or None)
     params = torch.cat([full(p).flatten().cpu() for p in module.policy.model.parameters()])
@@ -155,6 +162,7 @@ def main(
             "start": recorder.start,
             "params": params,
             "global_step": trainer.global_step,
+            "built_on_meta": built_on_meta,
         },
         Path(out_dir) / f"rank{trainer.global_rank}.pt",
     )

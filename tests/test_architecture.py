@@ -26,6 +26,7 @@ LAYERS = {
     "prefix": 1,
     "models": 1,
     "sharding": 1,
+    "materialize": 1,
     "policy": 2,
     "rollout": 3,
     "engines": 3,

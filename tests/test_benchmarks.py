@@ -40,7 +40,7 @@ def test_tiny_comparison_reports_both_sides(tmp_path):
 MEMORY_SCRIPT = SCRIPT.with_name("memory.py")
 
 
-@pytest.mark.slow  # ~45 s: 5 runs of the tiny architecture (2 of them 2-process), one optimiser step each
+@pytest.mark.slow  # ~60 s: 6 runs of the tiny architecture (3 of them 2-process), one optimiser step each
 def test_memory_quick_reports_every_run_and_ratios_of_its_figures(tmp_path):
     report_path = tmp_path / "memory.json"
     command = [sys.executable, str(MEMORY_SCRIPT), "--quick", "--json", str(report_path)]
@@ -49,10 +49,10 @@ def test_memory_quick_reports_every_run_and_ratios_of_its_figures(tmp_path):
 
     report = json.loads(report_path.read_text())
     assert report["idle"]["error"] is None and report["idle"]["ranks"][0]["ru_maxrss_mb"] > 0
-    assert set(report["runs"]) == {"single", "ddp", "fsdp2", "lora"}
+    assert set(report["runs"]) == {"single", "ddp", "fsdp2", "meta", "lora"}
     for name, run in report["runs"].items():
         assert run["error"] is None, (name, run["error"])
-        assert [r["rank"] for r in run["ranks"]] == ([0, 1] if name in ("ddp", "fsdp2") else [0])
+        assert [r["rank"] for r in run["ranks"]] == ([0, 1] if name in ("ddp", "fsdp2", "meta") else [0])
         for rank in run["ranks"]:
             assert rank["world_size"] == len(run["ranks"]) and rank["steps"] == 1
             assert rank["ru_maxrss_mb"] > 0 and rank["rss_at_train_start_mb"] > 0
@@ -65,3 +65,4 @@ def test_memory_quick_reports_every_run_and_ratios_of_its_figures(tmp_path):
         for figure in ("peak_rss_mb", "above_idle_mb", "expected_mb"):
             assert ratio[figure] == pytest.approx(numerator[figure] / denominator[figure]), (name, figure)
     assert report["ratios"]["FSDP2 / DDP"]["expected_mb"] == pytest.approx(0.5)  # each rank holds half
+    assert report["ratios"]["FSDP2 meta / FSDP2"]["expected_mb"] == pytest.approx(1.0)  # the same state, loaded apart

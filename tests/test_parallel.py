@@ -1,5 +1,6 @@
 """Multi-process runs on CPU (gloo): DDP equals one process on the same global batch; FSDP2 equals DDP, with and
-without LoRA; FSDP2 resumes exactly from a distributed checkpoint; 2 nodes x 1 process equal 1 node x 2."""
+without LoRA, and built on the meta device equals loading whole models; FSDP2 resumes exactly from a distributed
+checkpoint; 2 nodes x 1 process equal 1 node x 2."""
 
 import socket
 import subprocess
@@ -97,7 +98,27 @@ def test_fsdp2_with_lora_matches_ddp_with_lora(tiny_model_dir, arith_jsonl, tmp_
 
 
 @pytest.mark.slow
-def test_fsdp2_sharded_checkpoint_resume_equals_the_uninterrupted_run(tiny_model_dir, tmp_path):
+@pytest.mark.parametrize("lora", ["", "+lora"])
+def test_fsdp2_meta_device_init_equals_loading_whole_models(lora, tiny_model_dir, arith_jsonl, tmp_path):
+    """Built under ``trainer.init_module(empty_init=True)``: no weights until each rank reads its own shard, then
+    the same run to the bit (the reference for beta > 0, and a LoRA adapter drawn as PEFT draws it)."""
+    whole = run("fsdp2" + lora, tiny_model_dir, arith_jsonl, tmp_path)
+    meta = run("fsdp2meta" + lora, tiny_model_dir, arith_jsonl, tmp_path)
+    assert meta[0]["built_on_meta"] and not whole[0]["built_on_meta"]
+    for rank in (0, 1):
+        torch.testing.assert_close(meta[rank]["start"], whole[rank]["start"], rtol=0, atol=0)
+        for step in range(3):
+            a, b = whole[rank]["steps"][step], meta[rank]["steps"][step]
+            assert a["rollout"].completions == b["rollout"].completions
+            assert b["metrics"]["kl"] == a["metrics"]["kl"], (rank, step)  # the reference was loaded too
+            torch.testing.assert_close(meta[rank]["grads"][step], whole[rank]["grads"][step], rtol=0, atol=0)
+        torch.testing.assert_close(meta[rank]["params"], whole[rank]["params"], rtol=0, atol=0)
+    assert whole[0]["steps"][2]["metrics"]["kl"] > 0  # the policy moved away from the reference
+    assert not torch.equal(meta[0]["params"], meta[0]["start"])
+
+
+@pytest.mark.slow
+def test_fsdp2_sharded_checkpoint_resume_equals_the_uninterrupted_run(tiny_model_dir, arith_jsonl, tmp_path):
     """4 steps in one go equal 2 steps, a distributed checkpoint (each rank writes its shard), and 2 more steps
     resumed from it: weights, AdamW state, schedule, counters. The frozen reference is not in the checkpoint.
     The checkpoint exports to Hugging Face format a tensor at a time, in files of at most 100 kB here."""
@@ -106,22 +127,20 @@ def test_fsdp2_sharded_checkpoint_resume_equals_the_uninterrupted_run(tiny_model
 
     from lightning_grpo.sharding import export_distributed_checkpoint
 
-    # One prompt repeated: the order the data loader resumes in cannot matter (2-process mid-epoch resume
-    # of the shuffled loader does not continue the same order yet: a data-module issue, not a checkpoint one).
-    data = tmp_path / "same.jsonl"
-    data.write_text('{"prompt": "1+2=", "answer": "3"}\n' * 16)
-    full = run("fsdp2", tiny_model_dir, str(data), tmp_path, "4", name="full")
-    first = run("fsdp2", tiny_model_dir, str(data), tmp_path, "4", "2", name="first")
+    data = arith_jsonl  # 16 shuffled prompts, 2 per rank: the stop falls mid-epoch
+    full = run("fsdp2", tiny_model_dir, data, tmp_path, "4", name="full")
+    first = run("fsdp2", tiny_model_dir, data, tmp_path, "4", "2", name="first")
     ckpt = tmp_path / "first" / "last.ckpt"
     assert sorted(p.name for p in ckpt.iterdir()) == [".metadata", "__0_0.distcp", "__1_0.distcp", "meta.pt"]
     keys = FileSystemReader(ckpt).read_metadata().state_dict_metadata
     assert any(k.startswith("optimizer_0.state.") for k in keys) and not any("reference" in k for k in keys)
-    resumed = run("fsdp2", tiny_model_dir, str(data), tmp_path, "4", "0", str(ckpt), name="resumed")
+    resumed = run("fsdp2", tiny_model_dir, data, tmp_path, "4", "0", str(ckpt), name="resumed")
     assert first[0]["global_step"] == 2 and resumed[0]["global_step"] == full[0]["global_step"] == 4
     for rank in (0, 1):
         torch.testing.assert_close(resumed[rank]["start"], first[rank]["params"], rtol=0, atol=0)
         for step in (2, 3):
             a, b = full[rank]["steps"][step], resumed[rank]["steps"][step - 2]
+            assert a["rollout"].prompts == b["rollout"].prompts
             assert a["rollout"].completions == b["rollout"].completions
             for key in ("loss", "reward", "kl", "entropy", "lr", "num_tokens"):
                 assert b["metrics"][key] == pytest.approx(a["metrics"][key], abs=1e-6), (rank, step, key)
@@ -132,6 +151,26 @@ def test_fsdp2_sharded_checkpoint_resume_equals_the_uninterrupted_run(tiny_model
     model = AutoModelForCausalLM.from_pretrained(exported)
     params = torch.cat([p.detach().flatten() for p in model.parameters()])
     torch.testing.assert_close(params, first[0]["params"], rtol=0, atol=0)
+
+
+@pytest.mark.slow
+def test_ddp_resumed_mid_epoch_sees_the_same_prompts_in_the_same_order(tiny_model_dir, arith_jsonl, tmp_path):
+    """6 steps in one go equal 3 steps, a checkpoint, and 3 more resumed from it, on 2 ranks: 16 shuffled prompts,
+    2 per rank and step, so the stop falls mid-epoch and the resumed run crosses into the next epoch. Each rank
+    continues its own share of the same permutation (the data module's DistributedSampler, seed and epoch)."""
+    full = run("ddp", tiny_model_dir, arith_jsonl, tmp_path, "6", name="full")
+    first = run("ddp", tiny_model_dir, arith_jsonl, tmp_path, "6", "3", name="first")
+    ckpt = str(tmp_path / "first" / "last.ckpt")
+    resumed = run("ddp", tiny_model_dir, arith_jsonl, tmp_path, "6", "0", ckpt, name="resumed")
+    prompts = [[[s["rollout"].prompts for s in r["steps"]] for r in ranks] for ranks in (full, first, resumed)]
+    for rank in (0, 1):
+        assert prompts[1][rank] + prompts[2][rank] == prompts[0][rank]
+        rewards = [s["metrics"]["reward"] for s in resumed[rank]["steps"]]
+        assert rewards == pytest.approx([s["metrics"]["reward"] for s in full[rank]["steps"][3:]], abs=1e-6)
+        torch.testing.assert_close(resumed[rank]["params"], full[rank]["params"], rtol=0, atol=1e-6)
+    # the first epoch (4 steps): each rank's 8 prompts, the two shares disjoint: the 16 prompts once each
+    epoch = [set(sum(prompts[0][rank][:4], [])) for rank in (0, 1)]
+    assert len(epoch[0]) == len(epoch[1]) == 8 and epoch[0].isdisjoint(epoch[1])
 
 
 def free_port() -> int:

@@ -7,7 +7,7 @@ import sys
 import pytest
 import torch
 
-from lightning_grpo.selfcheck import CHECKS, Check, last_error, unavailable
+from lightning_grpo.selfcheck import CHECKS, Check, last_error, parse_server, unavailable
 
 
 def test_gpu_rows_say_what_they_need_here():
@@ -18,6 +18,17 @@ def test_gpu_rows_say_what_they_need_here():
     assert unavailable(Check("x", "x", packages=("no_such_package_xyz",))) == (
         "needs no_such_package_xyz (pip install no_such_package_xyz)"
     )
+
+
+def test_the_vllm_server_row_runs_only_with_a_server_url():
+    (check,) = [c for c in CHECKS if c.server]
+    assert unavailable(check) == "no server given (--vllm-server URL)"
+    if not torch.cuda.is_available():
+        assert unavailable(check, "http://127.0.0.1:8000") == "no GPU"
+    assert parse_server(["--vllm-server", "http://gpu-7:8000/"]) == "http://gpu-7:8000"
+    for bad in (["--vllm-server", "gpu-7:8000"], ["--vllm-server"], ["--gpus", "2"]):
+        with pytest.raises(SystemExit, match="takes only --vllm-server http://host:port"):
+            parse_server(bad)
 
 
 def test_last_error_is_the_exception_line_of_any_rank():

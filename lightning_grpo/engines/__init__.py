@@ -4,6 +4,7 @@
 - ``LeanDecode``: a sampling loop over the policy's forward and KV cache, ``generate``'s distribution, faster
   per decode step on CPU; the prompt prefilled once per group, ``generation_batch_size`` rows at a time.
 - ``VLLMColocate``: a vLLM engine inside each training process (CUDA, ``pip install vllm``).
+- ``VLLMServer``: a separate ``trl vllm-serve`` process through TRL's client; weights pushed after each step.
 - ``ToolCalling``: multi-turn episodes with tools and environments (TRL's ``tools`` / ``environment_factory``).
 - ``RolloutFunction``: a user's own ``rollout_func`` (TRL's escape hatch).
 """
@@ -15,6 +16,7 @@ from lightning_grpo.engines.lean import LeanDecode
 from lightning_grpo.engines.toolcalls import HermesParser, ToolCall
 from lightning_grpo.engines.tools import ToolCalling
 from lightning_grpo.engines.vllm import VLLMColocate
+from lightning_grpo.engines.vllm_server import VLLMServer
 
 __all__ = [
     "HFGenerate",
@@ -24,5 +26,6 @@ __all__ = [
     "ToolCall",
     "ToolCalling",
     "VLLMColocate",
+    "VLLMServer",
     "environment_reward",
 ]

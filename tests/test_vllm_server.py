@@ -1,0 +1,97 @@
+"""vLLM server mode (``VLLMServer``) against a real server process speaking vLLM's HTTP protocol
+(``tests/vllm_fake_server.py``: Hugging Face ``generate`` behind the endpoints TRL 1.16's client calls), through
+TRL's real ``VLLMClient``, in a real 2-process DDP run. vLLM's NCCL weight stream is a TCP stream here
+(``tests/vllm_stand_in``), the one part that needs CUDA."""
+
+import os
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import requests
+import torch
+
+from lightning_grpo.engines import VLLMServer
+
+HERE = Path(__file__).parent
+STAND_IN = HERE / "vllm_stand_in"
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture
+def server(tiny_model_dir):
+    port = free_port()
+    proc = subprocess.Popen([sys.executable, str(HERE / "vllm_fake_server.py"), tiny_model_dir, str(port)])
+    url = f"http://127.0.0.1:{port}"
+    try:
+        for _ in range(600):
+            try:
+                requests.get(f"{url}/health", timeout=1)
+                break
+            except requests.ConnectionError:
+                time.sleep(0.1)
+        yield url
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
+
+
+@pytest.mark.slow  # ~40 s: the server process and a 2-process DDP run of 3 steps
+def test_ddp_generates_on_the_server_through_rank_zero_and_pushes_weights_every_step(
+    server, tiny_model_dir, arith_jsonl, tmp_path
+):
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(STAND_IN), str(HERE.parent)]), "OMP_NUM_THREADS": "1"}
+    command = [sys.executable, str(HERE / "vllm_server_run.py"), tiny_model_dir, arith_jsonl, str(tmp_path), server]
+    proc = subprocess.run([*command, str(free_port())], capture_output=True, text=True, timeout=600, env=env)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    ranks = [torch.load(tmp_path / f"rank{r}.pt", weights_only=False) for r in (0, 1)]
+    stats = requests.get(f"{server}/stats", timeout=10).json()
+
+    assert stats["models_requests"] == 1  # one client: rank 0's
+    assert stats["generate_requests"] == [{"prompts": 4, "n": 4}] * 3  # both ranks' 2 prompts, in one request
+    for rank in ranks:
+        assert rank["global_step"] == 3
+        for batch, step in zip(rank["batches"], rank["steps"]):
+            assert step["rollout"].prompts == [p for p in batch for _ in range(4)]  # this rank's own share
+            assert step["rollout"].completion_mask.sum() > 0
+    assert set(ranks[0]["batches"][0]).isdisjoint(ranks[1]["batches"][0])
+
+    state = ranks[0]["state"]
+    assert stats["weight_updates"] == 3 and stats["tensors_received"] == 3 * len(state)  # after every step
+    requests.post(f"{server}/save", json={"path": str(tmp_path / "server.pt")}, timeout=10)
+    served = torch.load(tmp_path / "server.pt", weights_only=True)
+    for name, tensor in state.items():
+        torch.testing.assert_close(served[name], tensor, rtol=0, atol=0, msg=name)  # the trained weights
+    # The server sampled from the policy's current weights at every step: its log-probs are the policy's, so the
+    # importance ratio of the sampling correction stays 1 (stale weights after step 1 would move it)
+    for rank in ranks:
+        for step in rank["steps"]:
+            ratio = {k: v for k, v in step["metrics"].items() if k.startswith("sampling/importance_ratio")}
+            assert ratio and all(v == pytest.approx(1.0, abs=1e-3) for v in ratio.values()), ratio
+
+
+@pytest.mark.parametrize(
+    "kwargs,match",
+    [
+        ({"base_url": "localhost:8000"}, "base_url must be an http"),
+        ({"connection_timeout": -1}, "connection_timeout must be >= 0"),
+    ],
+)
+def test_bad_settings_are_refused_when_built(kwargs, match):
+    with pytest.raises(ValueError, match=match):
+        VLLMServer(**kwargs)
+
+
+def test_refused_where_it_cannot_push_weights():
+    if torch.cuda.is_available():
+        pytest.skip("a CUDA machine can push weights")
+    with pytest.raises(ValueError, match="VLLMServer cannot run on this machine: .*no CUDA GPU"):
+        VLLMServer()

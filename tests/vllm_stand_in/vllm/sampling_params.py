@@ -1,0 +1,3 @@
+from vllm import _Unavailable
+
+StructuredOutputsParams = _Unavailable
