@@ -422,10 +422,11 @@ class GRPOModule(L.LightningModule):
         self.num_tokens_seen = counters.get("num_tokens_seen", 0)
         self.skipped_steps = counters.get("skipped_steps", 0)
 
-    def save_pretrained(self, path: str) -> None:
+    def save_pretrained(self, path: str, merged: bool = False) -> None:
         """The policy and tokenizer in Hugging Face format: ``AutoModelForCausalLM.from_pretrained(path)``.
 
-        Every rank calls it; global rank 0 writes. A LoRA policy is saved merged (base + adapter in full
-        weights), from a copy: training can go on. An FSDP2-sharded policy is gathered first (a collective).
+        Every rank calls it; global rank 0 writes. A LoRA policy writes its adapter
+        (``PeftModel.from_pretrained(base, path)``) and, with ``merged``, the merged model (base + adapter in
+        full weights) in ``path/merged``. An FSDP2-sharded policy is gathered first (a collective).
         """
-        self.policy.save_pretrained(path, self.global_rank == 0)
+        self.policy.save_pretrained(path, self.global_rank == 0, merged)
