@@ -8,9 +8,10 @@ few steps on a tiny local model, as one table.
 Every constructor argument is a config key with its docstring as ``--help``. Always on, each with its own
 config section: the run summary (``summary:``), the Hugging Face export (``export:``), the reward monitor
 (``reward_monitor:``), the mode-collapse and KL alerts (``collapse_alert:``, ``kl_alert:``, action ``warn``),
-the sample logger (``samples:``), the preemption checkpoint (``preemption:``: SIGTERM or Ctrl+C save
-``checkpoints/last.ckpt`` and exit) and torch's threads per process (``threads:``). Other callbacks go under
-``trainer.callbacks``.
+the sample logger (``samples:``), ``metrics.jsonl`` for ``report`` (``metrics_file:``), the preemption
+checkpoint (``preemption:``: SIGTERM or Ctrl+C save ``checkpoints/last.ckpt`` and exit) and torch's threads per
+process (``threads:``). All of them write into the run's own directory, whatever the logger. Other callbacks go
+under ``trainer.callbacks``.
 
 Import paths in a config (``class_path: my_rewards.MyReward``, ``reward_funcs: [my_rewards.f]``) also find
 modules in the working directory and next to each ``--config`` file, as ``python script.py`` would; they come
@@ -34,6 +35,7 @@ from lightning_grpo.callbacks import (
     CompletionSampleLogger,
     HFExport,
     KLAlert,
+    MetricsFile,
     ModeCollapseAlert,
     PreemptionCheckpoint,
     RewardMonitor,
@@ -141,6 +143,7 @@ class GRPOCLI(LightningCLI):
         parser.add_lightning_class_args(ModeCollapseAlert, "collapse_alert")
         parser.add_lightning_class_args(KLAlert, "kl_alert")
         parser.add_lightning_class_args(CompletionSampleLogger, "samples")
+        parser.add_lightning_class_args(MetricsFile, "metrics_file")
         parser.add_lightning_class_args(PreemptionCheckpoint, "preemption")
         parser.add_lightning_class_args(TorchThreads, "threads")
         parser.add_lightning_class_args(ValidateAtEnd, "validate_at_end")
