@@ -1,5 +1,8 @@
 """``lightning-grpo fit --config config.yaml``: LightningCLI over GRPOModule and PromptDataModule.
 
+``lightning-grpo fit --config tiny_cpu``: a ``--config`` that is not a file but names a template shipped with the
+package (``lightning_grpo/templates/*.yaml``: tiny_cpu, lora_cpu, ddp_cpu ...) runs that template, so the embedded
+default runs from any directory after ``pip install``.
 ``lightning-grpo report RUN_DIR``: training curves as PNG and HTML.
 ``lightning-grpo selfcheck``: every training path (CPU, DDP, FSDP2, LoRA; on GPUs bf16, FSDP1, QLoRA, vLLM) for a
 few steps on a tiny local model, as one table.
@@ -124,6 +127,52 @@ def importable_dirs(argv: list[str]) -> list[str]:
     return added
 
 
+TEMPLATES = Path(__file__).parent / "templates"
+
+
+def bundled_templates() -> list[str]:
+    return sorted(p.stem for p in TEMPLATES.glob("*.yaml"))
+
+
+def resolve_configs(argv: list[str]) -> list[str]:
+    """``argv`` with every ``--config NAME`` that is not an existing file but names a shipped template (``tiny_cpu``
+    or ``tiny_cpu.yaml``) replaced by that template's path; a missing file that names none is an error listing them.
+    """
+    out = list(argv)
+    for i, arg in enumerate(out):
+        flag, eq, value = arg.partition("=")
+        if flag not in ("--config", "-c") or (not eq and i + 1 == len(out)):
+            continue
+        value = value if eq else out[i + 1]
+        if Path(value).exists():
+            continue
+        template = TEMPLATES / f"{Path(value).name.removesuffix('.yaml')}.yaml"
+        if not template.is_file() or Path(value).parent not in (Path("."), Path("templates")):
+            raise SystemExit(
+                f"lightning-grpo: error: --config {value!r} is neither a file nor a shipped template; the templates "
+                f"are {', '.join(bundled_templates())} (e.g. --config tiny_cpu)"
+            )
+        if eq:
+            out[i] = f"{flag}={template}"
+        else:
+            out[i + 1] = str(template)
+    return out
+
+
+def check_not_bare(argv: list[str]) -> None:
+    """``lightning-grpo fit`` with neither a config nor a dataset: say what to run instead of failing on the first
+    missing setting."""
+    if argv[:1] != ["fit"] or any(a.startswith(("-h", "--help", "--print_config", "--config", "-c")) for a in argv):
+        return
+    if not any(a.startswith("--data.dataset") or a.startswith("--data=") for a in argv):
+        raise SystemExit(
+            "lightning-grpo fit needs a config: `lightning-grpo fit --config tiny_cpu` trains the embedded tiny "
+            f"model (shipped templates: {', '.join(bundled_templates())}), or `--config my_run.yaml`, or the "
+            "settings on the command line (--data.dataset and --model.reward_funcs at least). "
+            "`lightning-grpo fit --help` lists every setting."
+        )
+
+
 def parser_kwargs() -> dict[str, Any]:
     return {"description": DESCRIPTION, "prog": "lightning-grpo", "usage": None}  # None: subcommands in usage
 
@@ -175,6 +224,8 @@ def main(args: list[str] | None = None) -> None:
     if argv[:1] == ["selfcheck"]:
         selfcheck_main(argv[1:])
         return
+    check_not_bare(argv)
+    argv = resolve_configs(argv)
     importable_dirs(argv)
     # Lightning 2.6 with torch >= 2.10 warns about its own pytree call on every run; nothing a user can act on.
     warnings.filterwarnings("ignore", message=r"`isinstance\(treespec, LeafSpec\)` is deprecated")
@@ -189,7 +240,7 @@ def main(args: list[str] | None = None) -> None:
         parser_class=GRPOArgumentParser,
         parser_kwargs=parser_kwargs(),
         auto_configure_optimizers=False,  # the module builds its own: see model.optimizer
-        args=args,  # None: LightningCLI reads sys.argv itself
+        args=argv,
     )
 
 
