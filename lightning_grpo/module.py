@@ -29,7 +29,7 @@ from lightning_grpo.metrics import accuracy, length_stats, reward_stats, update_
 from lightning_grpo.optim import clip_gradients, param_groups, scheduler
 from lightning_grpo.policy import Policy
 from lightning_grpo.ranks import Ranks
-from lightning_grpo.rewards.combine import reward_set
+from lightning_grpo.rewards.combine import import_paths, reward_set
 from lightning_grpo.rewards.scoring import default_accuracy_reward, score_rollout, trl_trainer_state
 from lightning_grpo.rollout import RolloutEngine, SamplingConfig
 from lightning_grpo.settings import check_settings
@@ -166,6 +166,9 @@ class GRPOModule(L.LightningModule):
         # Only config values: LightningCLI parses them back when resuming with --ckpt_path.
         objects = [k for k in ("model", "tokenizer") if not isinstance(settings[k], str | None)]
         self.save_hyperparameters(ignore=["reward_funcs", "optimizer", "rollout_engine", *objects])
+        restorable = import_paths(reward_funcs or [])
+        if restorable:  # by import path, so that load_from_checkpoint(path) imports them again
+            self.hparams["reward_funcs"] = restorable
         self.automatic_optimization = False
         self.optimizer_factory = optimizer
         self.engine = rollout_engine or HFGenerate()

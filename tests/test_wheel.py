@@ -61,9 +61,9 @@ def test_the_wheel_installed_in_a_fresh_venv_runs_the_default_from_an_empty_dire
     env |= {"OMP_NUM_THREADS": "1", "LIGHTNING_GRPO_HOME": str(tmp_path / "cache")}
     where = subprocess.run(
         [python, "-c", "import lightning_grpo; print(lightning_grpo.__file__)"], cwd=empty, env=env,
-        capture_output=True, text=True, check=True,
-    ).stdout  # fmt: skip
-    assert where.startswith(site), where  # the wheel's copy, not this checkout
+        capture_output=True, text=True,
+    )  # fmt: skip
+    assert where.stdout.startswith(site), where.stderr[-3000:]  # the wheel's copy, not this checkout
     command = [venv / "bin" / "lightning-grpo", "fit", "--config", "tiny_cpu", "--trainer.max_steps", "2",
                "--trainer.val_check_interval", "2", "--data.max_val_prompts", "8"]  # fmt: skip
     proc = subprocess.run(command, cwd=empty, env=env, capture_output=True, text=True, timeout=900)
