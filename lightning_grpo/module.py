@@ -107,7 +107,7 @@ class GRPOModule(L.LightningModule):
             runs a vLLM engine per rank (CUDA, ``pip install vllm``; weights copied in after each training step).
         sampling_correction: when another engine sampled (vLLM), re-weight the loss by the policy/sampler
             probability ratio: token_truncate, token_mask, sequence_truncate, sequence_mask (TRL's default) or
-            ``None`` (off). Logged as ``train/sampling/importance_ratio/*``.
+            ``None`` (off). Logged as ``train/sampling/importance_sampling_ratio/*`` (TRL's name).
         sampling_correction_max: the ratio's upper bound (clamped for ``*_truncate``, zeroed for ``*_mask``).
         seed: base of the per-rank, per-step sampling seed.
     """
@@ -200,6 +200,7 @@ class GRPOModule(L.LightningModule):
         self.num_tokens_seen = 0
         self.skipped_steps = 0
         self.bad_steps_in_a_row = 0
+        self.grad_norm = torch.tensor(float("nan"))  # the last optimiser step's, before clipping: train/grad_norm
 
     @override
     def setup(self, stage: str) -> None:
@@ -236,7 +237,7 @@ class GRPOModule(L.LightningModule):
         stats = StepStats(
             rewards=reward_stats(all_scores, scores.weights, scores.names, rollout.group_size, self.accuracy_reward),
             lengths=length_stats(*ranks.lengths(rollout)),
-            update=update_stats(ranks.loss(loss), targets.sampling_weights, targets.mask),
+            update=update_stats(ranks.loss(loss), targets.sampling_weights, targets.mask, self.grad_norm.item()),
             num_tokens=self.num_tokens_seen,
             learning_rate=self.optimizers().param_groups[0]["lr"],
             skipped_steps=self.skipped_steps,
@@ -296,7 +297,9 @@ class GRPOModule(L.LightningModule):
             )
             self.manual_backward(out.loss)
             entropy = (token.entropy * targets.mask[rows]).sum()
-            out = LossOutput(out.loss.detach(), {**out.token_sums, "entropy": entropy}, out.num_tokens)
+            out = LossOutput(
+                out.loss.detach(), {**out.token_sums, "entropy": entropy}, out.num_tokens, extremes=out.extremes
+            )
             total = out if total is None else total + out
         # fp16 AMP: gradients are unscaled inside optimizer.step (clipped there, in on_before_optimizer_step), and
         # the GradScaler skips steps with overflowing gradients and lowers its scale by itself
@@ -316,10 +319,12 @@ class GRPOModule(L.LightningModule):
         return getattr(self.trainer.precision_plugin, "scaler", None)
 
     def _clip_gradients(self) -> Tensor:
-        """The pre-clip global gradient norm (``max_grad_norm``), the same on every rank."""
+        """Clip to ``max_grad_norm``; the pre-clip global gradient norm, the same on every rank, logged as TRL's
+        (and Hugging Face Trainer's) ``grad_norm``."""
         strategy = self.trainer.strategy
         root = strategy.model if isinstance(strategy, FSDPStrategy) else None  # FSDP1 clips at its root
-        return clip_gradients(self.policy.trainable_parameters(), self.hparams.max_grad_norm, root)
+        self.grad_norm = clip_gradients(self.policy.trainable_parameters(), self.hparams.max_grad_norm, root).detach()
+        return self.grad_norm
 
     def _skip_step(self, reason: str) -> None:
         """Skip an optimiser step with a warning; ``max_bad_steps`` in a row stop training, a checkpoint kept."""

@@ -6,11 +6,13 @@ same point of its step. Under DDP and FSDP2 with ``tensor_parallel_size: 1``, ra
 
 from __future__ import annotations
 
+import functools
+
 import lightning as L
 import torch
 from torch import Tensor
 
-from lightning_grpo.loss import LossOutput
+from lightning_grpo.loss import EXTREMES, LossOutput
 from lightning_grpo.types import Rollout
 
 
@@ -46,7 +48,11 @@ class Ranks:
         names = sorted(out.token_sums)
         local = torch.stack([out.token_sums[k].float() for k in names] + [out.num_tokens.float(), out.loss.float()])
         total = self.sum(local)  # [M + 2] one all-reduce
-        return LossOutput(total[-1] / self.world_size, dict(zip(names, total[:-2])), total[-2])
+        extremes, combined = sorted(out.extremes), {}
+        if extremes:
+            every = self.gather_rows(torch.stack([out.extremes[k].float() for k in extremes]).unsqueeze(0))  # [W, E]
+            combined = {k: functools.reduce(EXTREMES[k][2], every[:, i]) for i, k in enumerate(extremes)}
+        return LossOutput(total[-1] / self.world_size, dict(zip(names, total[:-2])), total[-2], extremes=combined)
 
     def lengths(self, rollout: Rollout) -> tuple[Tensor, Tensor]:
         """[W*N] completion lengths and truncation flags of every rank."""

@@ -4,6 +4,7 @@ bare ``lightning-grpo fit`` says what to run, and a built wheel installed in a f
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
 import sysconfig
@@ -43,9 +44,13 @@ def test_bare_fit_says_what_to_run():
 def test_the_wheel_installed_in_a_fresh_venv_runs_the_default_from_an_empty_directory(tmp_path):
     """``pip wheel`` of this checkout, installed (without dependencies) in a new venv that sees this venv's
     packages through a ``.pth`` line (not its editable install of the checkout), then the documented command."""
-    wheels = tmp_path / "wheels"
-    build = [sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-w", str(wheels), str(ROOT)]
-    subprocess.run(build, check=True, capture_output=True, timeout=600)
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV")}  # the checkout unseen
+    env |= {"OMP_NUM_THREADS": "1", "LIGHTNING_GRPO_HOME": str(tmp_path / "cache")}
+    source, wheels = tmp_path / "source", tmp_path / "wheels"  # a copy: building writes build/ and *.egg-info
+    ignore = shutil.ignore_patterns(".git", "build", "runs", "lightning_logs", "*.egg-info", "__pycache__", ".*cache")
+    shutil.copytree(ROOT, source, symlinks=True, ignore=ignore)
+    build = [sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-w", str(wheels), str(source)]
+    subprocess.run(build, check=True, capture_output=True, timeout=600, env=env)
     wheel = next(wheels.glob("lightning_grpo-*.whl"))
     venv = tmp_path / "venv"
     subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True, timeout=300)
@@ -54,11 +59,10 @@ def test_the_wheel_installed_in_a_fresh_venv_runs_the_default_from_an_empty_dire
         [python, "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"], capture_output=True, text=True
     ).stdout.strip()
     Path(site, "outer_venv.pth").write_text(sysconfig.get_paths()["purelib"] + "\n")
-    subprocess.run([python, "-m", "pip", "install", "--no-deps", "--no-index", str(wheel)], check=True, timeout=600)
+    install = [python, "-m", "pip", "install", "--no-deps", "--no-index", str(wheel)]
+    subprocess.run(install, check=True, timeout=600, env=env, capture_output=True)
     empty = tmp_path / "empty"
     empty.mkdir()
-    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV")}
-    env |= {"OMP_NUM_THREADS": "1", "LIGHTNING_GRPO_HOME": str(tmp_path / "cache")}
     where = subprocess.run(
         [python, "-c", "import lightning_grpo; print(lightning_grpo.__file__)"], cwd=empty, env=env,
         capture_output=True, text=True,
