@@ -9,7 +9,18 @@ from lightning_grpo.loss import SAMPLING_CORRECTIONS, loss_config_problems
 from lightning_grpo.models import DTYPES, cuda_package_problems
 from lightning_grpo.rewards.scoring import ON_ERROR
 
-LR_SCHEDULERS = ("cosine", "linear", "constant", "constant_with_warmup")
+# transformers.get_scheduler's schedules that need more than the warm-up and step counts GRPOModule passes.
+NEEDS_MORE = {
+    "cosine_with_min_lr": "min_lr or min_lr_rate (transformers' lr_scheduler_kwargs)",
+    "cosine_warmup_with_min_lr": "min_lr or min_lr_rate (transformers' lr_scheduler_kwargs)",
+    "warmup_stable_decay": "num_decay_steps (transformers' lr_scheduler_kwargs)",
+    "reduce_lr_on_plateau": "a monitored metric at each step",
+    "greedy": "a monitored metric at each step",
+}
+# Every other one (transformers.SchedulerType, which imports peft: listed here, checked by tests/test_library.py).
+LR_SCHEDULERS = (
+    "linear", "cosine", "cosine_with_restarts", "polynomial", "constant", "constant_with_warmup", "inverse_sqrt",
+)  # fmt: skip
 
 
 def _is_in(name: str, value: Any, allowed: tuple | list) -> str | None:
@@ -20,6 +31,15 @@ def _at_least(name: str, value: Any, low: float, optional: bool = False) -> str 
     if value is None and optional:
         return None
     return None if value is not None and value >= low else f"{name} must be >= {low}, got {value!r}"
+
+
+def _scheduler(name: str) -> str | None:
+    if name in NEEDS_MORE:
+        return (
+            f"lr_scheduler_type {name!r} needs {NEEDS_MORE[name]}, which GRPOModule does not pass; "
+            f"choose one of {sorted(LR_SCHEDULERS)}"
+        )
+    return _is_in("lr_scheduler_type", name, LR_SCHEDULERS)
 
 
 def _qlora_runs_here(load_in_4bit: bool, peft_config: dict | None) -> str | None:
@@ -47,7 +67,7 @@ def settings_problems(s: dict[str, Any]) -> list[str]:
         _qlora_runs_here(s["load_in_4bit"], s["peft_config"]),
         _at_least("repetition_penalty", s["repetition_penalty"], 1e-6),
         _is_in("scale_rewards", s["scale_rewards"], SCALE_REWARDS),
-        _is_in("lr_scheduler_type", s["lr_scheduler_type"], LR_SCHEDULERS),
+        _scheduler(s["lr_scheduler_type"]),
         _is_in("dtype", s["dtype"], list(DTYPES)),
         None if s["temperature"] > 0 else f"temperature must be > 0, got {s['temperature']!r}",
         None if 0 < s["top_p"] <= 1 else f"top_p must be in (0, 1], got {s['top_p']!r}",
