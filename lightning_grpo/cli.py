@@ -32,6 +32,7 @@ from pathlib import Path
 from typing import Any, NoReturn
 
 from jsonargparse import DefaultHelpFormatter
+from lightning.pytorch.callbacks import ProgressBar
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
 
 from lightning_grpo.callbacks import (
@@ -45,6 +46,7 @@ from lightning_grpo.callbacks import (
     RunSummary,
 )
 from lightning_grpo.callbacks.final import ValidateAtEnd
+from lightning_grpo.callbacks.progress import StepProgressBar
 from lightning_grpo.callbacks.threads import TorchThreads
 from lightning_grpo.data import PromptDataModule
 from lightning_grpo.module import GRPOModule
@@ -184,6 +186,14 @@ class GRPOCLI(LightningCLI):
             super().instantiate_classes()
         except (ValueError, TypeError, FileNotFoundError) as err:
             self.parser.error(str(err))
+
+    def instantiate_trainer(self, **kwargs: Any) -> Any:
+        """The trainer, with ``StepProgressBar`` unless the progress bar is off or another one is configured."""
+        config = self.config_init[self.subcommand]["trainer"] if self.subcommand else self.config_init["trainer"]
+        callbacks = list(config.get("callbacks") or [])
+        if config.get("enable_progress_bar") is not False and not any(isinstance(c, ProgressBar) for c in callbacks):
+            kwargs["callbacks"] = [*callbacks, StepProgressBar()]
+        return super().instantiate_trainer(**kwargs)
 
     def add_arguments_to_parser(self, parser: LightningArgumentParser) -> None:
         parser.add_lightning_class_args(RunSummary, "summary")

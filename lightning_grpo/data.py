@@ -133,6 +133,8 @@ class PromptDataModule(L.LightningDataModule):
             ``trainer.predict`` completes (it falls back to the validation rows when the split is missing).
         num_workers: DataLoader workers.
         split_seed: shuffling seed for the held-out split.
+        shuffle_dataset: shuffle the training prompts every epoch (TRL's ``shuffle_dataset``); ``false`` takes
+            them in the dataset's order (a curriculum).
     """
 
     def __init__(
@@ -150,6 +152,7 @@ class PromptDataModule(L.LightningDataModule):
         test_split: str = "test",
         num_workers: int = 0,
         split_seed: int = 0,
+        shuffle_dataset: bool = True,
     ) -> None:
         super().__init__()
         if batch_size < 1:
@@ -229,7 +232,7 @@ class PromptDataModule(L.LightningDataModule):
             return StatefulDataLoader(
                 self.train_data,
                 batch_size=self.hparams.batch_size,
-                shuffle=True,
+                shuffle=self.hparams.shuffle_dataset,
                 drop_last=len(self.train_data) >= self.hparams.batch_size,
                 collate_fn=self.collate,
                 num_workers=self.hparams.num_workers,
