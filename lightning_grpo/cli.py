@@ -11,7 +11,7 @@ few steps on a tiny local model, as one table.
 Every constructor argument is a config key with its docstring as ``--help``. Always on, each with its own
 config section: the run summary (``summary:``), the Hugging Face export (``export:``), the reward monitor
 (``reward_monitor:``), the mode-collapse and KL alerts (``collapse_alert:``, ``kl_alert:``, action ``warn``),
-the sample logger (``samples:``), ``metrics.jsonl`` for ``report`` (``metrics_file:``), the preemption
+the sample logger (``samples:``), ``metrics.jsonl`` for ``report`` (``MetricsFile``, no settings), the preemption
 checkpoint (``preemption:``: SIGTERM or Ctrl+C save ``checkpoints/last.ckpt`` and exit) and torch's threads per
 process (``threads:``). All of them write into the run's own directory, whatever the logger. Other callbacks go
 under ``trainer.callbacks``.
@@ -188,12 +188,13 @@ class GRPOCLI(LightningCLI):
             self.parser.error(str(err))
 
     def instantiate_trainer(self, **kwargs: Any) -> Any:
-        """The trainer, with ``StepProgressBar`` unless the progress bar is off or another one is configured."""
+        """The trainer, with ``MetricsFile`` (no settings) and ``StepProgressBar`` unless the progress bar is off or
+        another one is configured."""
         config = self.config_init[self.subcommand]["trainer"] if self.subcommand else self.config_init["trainer"]
-        callbacks = list(config.get("callbacks") or [])
+        callbacks = [*(config.get("callbacks") or []), MetricsFile()]
         if config.get("enable_progress_bar") is not False and not any(isinstance(c, ProgressBar) for c in callbacks):
-            kwargs["callbacks"] = [*callbacks, StepProgressBar()]
-        return super().instantiate_trainer(**kwargs)
+            callbacks.append(StepProgressBar())
+        return super().instantiate_trainer(**kwargs, callbacks=callbacks)
 
     def add_arguments_to_parser(self, parser: LightningArgumentParser) -> None:
         parser.add_lightning_class_args(RunSummary, "summary")
@@ -202,7 +203,6 @@ class GRPOCLI(LightningCLI):
         parser.add_lightning_class_args(ModeCollapseAlert, "collapse_alert")
         parser.add_lightning_class_args(KLAlert, "kl_alert")
         parser.add_lightning_class_args(CompletionSampleLogger, "samples")
-        parser.add_lightning_class_args(MetricsFile, "metrics_file")
         parser.add_lightning_class_args(PreemptionCheckpoint, "preemption")
         parser.add_lightning_class_args(TorchThreads, "threads")
         parser.add_lightning_class_args(ValidateAtEnd, "validate_at_end")
@@ -236,6 +236,8 @@ def main(args: list[str] | None = None) -> None:
         return
     check_not_bare(argv)
     argv = resolve_configs(argv)
+    if args is None:
+        sys.argv[1:] = argv  # LightningCLI reads sys.argv itself (given both, it warns)
     importable_dirs(argv)
     # Lightning 2.6 with torch >= 2.10 warns about its own pytree call on every run; nothing a user can act on.
     warnings.filterwarnings("ignore", message=r"`isinstance\(treespec, LeafSpec\)` is deprecated")
@@ -250,7 +252,7 @@ def main(args: list[str] | None = None) -> None:
         parser_class=GRPOArgumentParser,
         parser_kwargs=parser_kwargs(),
         auto_configure_optimizers=False,  # the module builds its own: see model.optimizer
-        args=argv,
+        args=None if args is None else argv,
     )
 
 

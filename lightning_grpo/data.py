@@ -133,8 +133,8 @@ class PromptDataModule(L.LightningDataModule):
             ``trainer.predict`` completes (it falls back to the validation rows when the split is missing).
         num_workers: DataLoader workers.
         split_seed: shuffling seed for the held-out split.
-        shuffle_dataset: shuffle the training prompts every epoch (TRL's ``shuffle_dataset``); ``false`` takes
-            them in the dataset's order (a curriculum).
+        shuffle_dataset: shuffle the training prompts each epoch (TRL's option). ``false`` takes them in the
+            dataset's order (a curriculum).
     """
 
     def __init__(

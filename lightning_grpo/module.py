@@ -84,8 +84,8 @@ class GRPOModule(L.LightningModule):
         learning_rate: AdamW learning rate (TRL's default 1e-6 suits pretrained models; tiny ones want 1e-3).
         weight_decay: AdamW weight decay of weight matrices; biases, norm weights and embeddings take none.
         warmup_ratio: fraction of optimiser steps with linear warm-up.
-        lr_scheduler_type: a ``transformers.get_scheduler`` schedule: cosine (default), linear, constant,
-            constant_with_warmup, cosine_with_restarts, polynomial, inverse_sqrt (``settings.LR_SCHEDULERS``).
+        lr_scheduler_type: a ``transformers.get_scheduler`` schedule (``settings.LR_SCHEDULERS``). Cosine by
+            default; linear, constant, constant_with_warmup, cosine_with_restarts, polynomial, inverse_sqrt.
         optimizer: optional optimiser factory ``params -> Optimizer`` replacing AdamW (``class_path`` in YAML).
         max_grad_norm: clip the gradient norm; ``None`` disables clipping.
         accuracy_reward: name of the reward function whose full marks (>= 1.0) count as ``accuracy`` (train and

@@ -19,12 +19,12 @@ class HFExport(L.Callback):
     ``<dirpath>/merged``.
 
     Args:
-        dirpath: where to write; default ``<run dir>/hf_model``: the run's own directory (see
+        dirpath: where to write. Default ``<run dir>/hf_model``: the run's own directory (see
             ``callbacks/rundir.py``). When that already holds files (no logger, or a logger version set by
             hand), ``hf_model-2``, ``hf_model-3`` ... is used instead, with a warning.
         overwrite: replace the files of an existing, non-empty ``dirpath``; otherwise the run refuses to
             start, so a trained model is never overwritten by surprise.
-        merged: a LoRA run also writes the merged model (base + adapter in full weights) in ``<dirpath>/merged``.
+        merged: a LoRA run also writes the merged model in ``<dirpath>/merged``. Base + adapter in full weights.
     """
 
     def __init__(self, dirpath: str | None = None, overwrite: bool = False, merged: bool = False) -> None:
