@@ -41,17 +41,20 @@ def build(spec: RunSpec) -> tuple[GRPOModule, PromptDataModule]:
         model=spec.task.model_dir,
         reward_funcs=[REWARDS[spec.task.reward]],
         num_generations=spec.num_generations,
-        max_prompt_length=spec.max_prompt_length,
-        max_completion_length=spec.max_completion_length,
-        temperature=1.0,
-        loss_type=spec.loss_type,
-        beta=spec.beta,
-        learning_rate=spec.learning_rate,
-        warmup_ratio=spec.warmup_ratio,
-        lr_scheduler_type=spec.lr_scheduler_type,
         seed=spec.seed,
         rollout_engine=LeanDecode() if spec.engine == "lean" else HFGenerate(),
         share_prompt_prefix=spec.share_prompt_prefix,
+        sampling={
+            "max_prompt_length": spec.max_prompt_length,
+            "max_completion_length": spec.max_completion_length,
+            "temperature": 1.0,
+        },
+        loss={"loss_type": spec.loss_type, "beta": spec.beta},
+        optim={
+            "learning_rate": spec.learning_rate,
+            "warmup_ratio": spec.warmup_ratio,
+            "lr_scheduler_type": spec.lr_scheduler_type,
+        },
     )
     data = PromptDataModule(dataset=spec.task.data_dir, batch_size=spec.prompts_per_step, val_split=None)
     return module, data

@@ -176,11 +176,11 @@ def train(job: dict[str, Any]) -> dict[str, Any]:
         tokenizer=tokenizer,
         reward_funcs=[char_length_reward],
         num_generations=s.num_generations,
-        max_completion_length=s.max_completion_length,
         micro_batch_size=s.micro_batch_size,
-        beta=s.beta,
         peft_config=LORA if run == "lora" else None,
-        learning_rate=1e-6,
+        sampling={"max_completion_length": s.max_completion_length},
+        loss={"beta": s.beta},
+        optim={"learning_rate": 1e-6},
     )
     params = sum(p.numel() for p in module.policy.model.parameters())
     trainable = sum(p.numel() for p in module.policy.model.parameters() if p.requires_grad)

@@ -69,16 +69,17 @@ def template_settings(path: Path = REPO / "templates" / "tiny_cpu.yaml") -> tupl
     """The parity run's settings and beta, read from the shipped tiny template so the two cannot drift."""
     config = yaml.safe_load(path.read_text())
     model = config["model"]
+    sampling, loss, optim = model["sampling"], model["loss"], model["optim"]
     settings = Settings(
         num_generations=model["num_generations"],
         prompts_per_step=config["data"]["batch_size"],
-        max_completion_length=model["max_completion_length"],
-        learning_rate=model["learning_rate"],
-        loss_type=model["loss_type"],
-        lr_scheduler_type=model["lr_scheduler_type"],
-        warmup_ratio=model["warmup_ratio"],
+        max_completion_length=sampling["max_completion_length"],
+        learning_rate=optim["learning_rate"],
+        loss_type=loss["loss_type"],
+        lr_scheduler_type=optim["lr_scheduler_type"],
+        warmup_ratio=optim["warmup_ratio"],
     )
-    return settings, model["beta"]
+    return settings, loss["beta"]
 
 
 # ---- workers ----------------------------------------------------------------------------------------------

@@ -25,7 +25,7 @@ import re
 
 import lightning as L
 
-from lightning_grpo import GRPOModule, PromptDataModule
+from lightning_grpo import GRPOModule, LossConfig, OptimConfig, PromptDataModule, SamplingConfig
 from lightning_grpo.callbacks import RewardMonitor
 from lightning_grpo.rewards import completion_text
 
@@ -77,9 +77,9 @@ def main(argv: list[str] | None = None) -> GRPOModule:
         reward_weights=[1.0, 0.1, 0.5],  # the total is the weighted sum of the functions that apply
         accuracy_reward="judge_reward",
         num_generations=8,
-        max_completion_length=3,
-        learning_rate=1e-3,
-        beta=0.1,
+        sampling=SamplingConfig(max_completion_length=3),
+        optim=OptimConfig(learning_rate=1e-3),
+        loss=LossConfig(beta=0.1),
     )
     trainer = L.Trainer(
         max_steps=args.max_steps,

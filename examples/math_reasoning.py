@@ -25,7 +25,7 @@ import argparse
 
 import lightning as L
 
-from lightning_grpo import GRPOModule, PromptDataModule
+from lightning_grpo import GRPOModule, LossConfig, OptimConfig, PromptDataModule, SamplingConfig
 from lightning_grpo.callbacks import ModeCollapseAlert, RunSummary
 
 
@@ -44,10 +44,9 @@ def main(argv: list[str] | None = None) -> RunSummary:
         reward_preset="math_reasoning",  # adds the four functions above with their weights
         accuracy_reward="math_verify_reward",  # val/accuracy = share of completions math-verify accepts
         num_generations=8,
-        max_completion_length=args.max_completion_length,
-        learning_rate=args.learning_rate,
-        warmup_ratio=0.05,
-        beta=0.1,
+        sampling=SamplingConfig(max_completion_length=args.max_completion_length),
+        optim=OptimConfig(learning_rate=args.learning_rate, warmup_ratio=0.05),
+        loss=LossConfig(beta=0.1),
     )
     print("rewards:", dict(zip([f.__name__ for f in module.reward_funcs], module.reward_weights)))
     summary = RunSummary()

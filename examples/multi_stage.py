@@ -25,7 +25,7 @@ from pathlib import Path
 import lightning as L
 from lightning.pytorch.loggers import CSVLogger
 
-from lightning_grpo import GRPOModule, PromptDataModule
+from lightning_grpo import GRPOModule, LossConfig, OptimConfig, PromptDataModule, SamplingConfig
 from lightning_grpo.callbacks import HFExport, RunSummary
 from lightning_grpo.rewards import completion_text, exact_match_reward, length_bounds_reward
 
@@ -44,9 +44,9 @@ def run_stage(name: str, model: str, reward_funcs: list, weights: list[float], s
         reward_weights=weights,
         accuracy_reward="exact_match_reward",
         num_generations=8,
-        max_completion_length=3,
-        learning_rate=1e-3,
-        beta=0.1,
+        sampling=SamplingConfig(max_completion_length=3),
+        optim=OptimConfig(learning_rate=1e-3),
+        loss=LossConfig(beta=0.1),
     )
     summary, export = RunSummary(), HFExport()
     trainer = L.Trainer(

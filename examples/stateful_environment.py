@@ -22,7 +22,7 @@ from pathlib import Path
 
 import lightning as L
 
-from lightning_grpo import GRPOModule, PromptDataModule
+from lightning_grpo import GRPOModule, OptimConfig, PromptDataModule, SamplingConfig
 from lightning_grpo.demo import TOOL_CHAT_TEMPLATE, build_tokenizer
 from lightning_grpo.engines import ToolCalling, environment_reward
 
@@ -69,9 +69,9 @@ def main() -> None:
         tokenizer=tokenizer,
         reward_funcs=[environment_reward],
         num_generations=4,
-        max_completion_length=48,
-        learning_rate=2e-3,
         rollout_engine=engine,
+        sampling=SamplingConfig(max_completion_length=48),
+        optim=OptimConfig(learning_rate=2e-3),
     )
     data = PromptDataModule(write_data(Path(tempfile.mkdtemp()) / "guess.jsonl"), batch_size=4, val_split=None)
     trainer = L.Trainer(

@@ -1,19 +1,24 @@
 """lightning_grpo: GRPO fine-tuning of language models as a PyTorch Lightning module, callbacks and CLI."""
 
-from lightning_grpo.advantages import compute_advantages, group_advantages
+from lightning_grpo.advantages import AdvantageConfig, compute_advantages, group_advantages
 from lightning_grpo.data import PromptDataModule
 from lightning_grpo.loss import LossConfig, LossNormalizer, grpo_loss
 from lightning_grpo.module import GRPOModule
+from lightning_grpo.optim import OptimConfig
+from lightning_grpo.rollout import SamplingConfig
 from lightning_grpo.types import PromptBatch, RewardScores, Rollout
 
 __all__ = [
+    "AdvantageConfig",
     "GRPOModule",
     "LossConfig",
     "LossNormalizer",
+    "OptimConfig",
     "PromptBatch",
     "PromptDataModule",
     "RewardScores",
     "Rollout",
+    "SamplingConfig",
     "compute_advantages",
     "grpo_loss",
     "group_advantages",

@@ -26,14 +26,89 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Literal
 
 import torch
 from torch import Tensor
+
+from lightning_grpo.checks import raise_problems
 
 SCALE_REWARDS = ("group", "batch", "none")
 MULTI_OBJECTIVE_AGGREGATIONS = ("sum_then_normalize", "normalize_then_sum")
 STD_EPS = 1e-4  # TRL's constant: keeps a near-constant group from blowing up
 WHITEN_EPS = 1e-8  # verl's masked_whiten
+
+
+@dataclass(frozen=True)
+class AdvantageConfig:
+    """How rewards become advantages. ``advantages:`` in YAML; TRL's names, verl's for what TRL lacks.
+
+    Attributes:
+        adv_estimator: grpo (group baseline, TRL), rloo (leave-one-out baseline), reinforce_plus_plus (batch-
+            whitened returns), reinforce_plus_plus_baseline (group baseline, then batch whitening); verl's names.
+        scale_rewards: grpo's normalisation: group (each group's std), batch (the batch's std) or none (Dr. GRPO).
+        multi_objective_aggregation: several reward functions: sum_then_normalize (their weighted sum is the
+            reward) or normalize_then_sum (GDPO: each normalised in its group, then summed).
+        kl_coef: REINFORCE++'s KL in the reward: each token's return is penalised by kl_coef * KL(policy ||
+            reference) (verl's use_kl_in_reward with kl_ctrl.kl_coef); 0 leaves it out. Needs a reference (> 0
+            keeps one, as loss.beta does).
+        gamma: REINFORCE++'s discount of the per-token returns.
+        filter_groups: DAPO's dynamic sampling (verl's filter_groups): groups whose rewards are all equal carry no
+            signal and are dropped; generation batches are added until the batch has its prompts' worth of
+            groups with signal, then one update is taken on them.
+        max_num_gen_batches: at most this many generation batches are drawn for one update with filter_groups;
+            then the update takes the groups it has (with a warning). 0: no limit.
+    """
+
+    adv_estimator: Literal["grpo", "rloo", "reinforce_plus_plus", "reinforce_plus_plus_baseline"] = "grpo"
+    scale_rewards: Literal["group", "batch", "none"] = "group"
+    multi_objective_aggregation: Literal["sum_then_normalize", "normalize_then_sum"] = "sum_then_normalize"
+    kl_coef: float = 0.0
+    gamma: float = 1.0
+    filter_groups: bool = False
+    max_num_gen_batches: int = 10
+
+    def __post_init__(self) -> None:
+        a = self
+        raise_problems(
+            "advantages",
+            [
+                (
+                    a.adv_estimator in ADV_ESTIMATORS,
+                    f"advantages.adv_estimator must be one of {sorted(ADV_ESTIMATORS)}, got {a.adv_estimator!r}",
+                ),
+                (
+                    a.scale_rewards in SCALE_REWARDS,
+                    f"advantages.scale_rewards must be one of {list(SCALE_REWARDS)}, got {a.scale_rewards!r}",
+                ),
+                (
+                    a.multi_objective_aggregation in MULTI_OBJECTIVE_AGGREGATIONS,
+                    f"advantages.multi_objective_aggregation must be one of {list(MULTI_OBJECTIVE_AGGREGATIONS)}, "
+                    f"got {a.multi_objective_aggregation!r}",
+                ),
+                (
+                    a.multi_objective_aggregation == "sum_then_normalize" or a.adv_estimator == "grpo",
+                    "advantages.multi_objective_aggregation 'normalize_then_sum' (GDPO) works with adv_estimator "
+                    f"'grpo' only, got {a.adv_estimator!r}",
+                ),
+                (a.kl_coef >= 0, f"advantages.kl_coef must be >= 0, got {a.kl_coef!r}"),
+                (
+                    a.kl_coef == 0 or a.adv_estimator.startswith("reinforce_plus_plus"),
+                    f"advantages.kl_coef={a.kl_coef} puts the KL in the reward of reinforce_plus_plus* estimators "
+                    f"only, got adv_estimator {a.adv_estimator!r}: use loss.beta for a KL loss",
+                ),
+                (0 < a.gamma <= 1, f"advantages.gamma must be in (0, 1], got {a.gamma!r}"),
+                (
+                    a.max_num_gen_batches >= 0,
+                    f"advantages.max_num_gen_batches must be >= 0, got {a.max_num_gen_batches!r}",
+                ),
+            ],
+        )
+
+    @property
+    def token_level(self) -> bool:
+        """Whether the estimator gives one advantage per token ([N, T]) and needs the completion mask."""
+        return self.adv_estimator.startswith("reinforce_plus_plus")
 
 
 @dataclass

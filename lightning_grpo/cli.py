@@ -63,15 +63,19 @@ DESCRIPTION = (
 KNOWN_SUBCLASSES = re.compile(r", known subclasses: [^)]*")
 TYPE = re.compile(r"type: .*?(, default: |\)$)")
 RST = re.compile(r":\w+:`~?([^`]+)`|``([^`]+)``")  # :class:`x` and ``x`` -> `x`
-FIRST_SENTENCE = re.compile(r"(?<=[.!?])\s+(?=[^a-z(])")
+FIRST_SENTENCE = re.compile(r"(?<=[.!?])\s+(?=[^a-z(])|;\s")  # a sentence's first clause
 HELP_OPTION = "Show the help for the given subclass of "
 USAGE = "%(prog)s [-h] [-c CONFIG] [--print_config] [--SECTION.KEY VALUE ...]"
 
 
 class HelpFormatter(DefaultHelpFormatter):
-    """``--help`` that fits on a few screens: each option's first sentence and default (choices show in the
+    """``--help`` that fits on a few screens: each option's first clause and default (choices show in the
     metavar), no lists of known subclasses (``--model.model.help CLASS`` still shows a class's options). The
     docstrings hold the rest."""
+
+    def _format_action(self, action: Any) -> str:
+        nested_file = action.help == "Path to a configuration file." and action.option_strings != ["--config"]
+        return "" if nested_file else super()._format_action(action)  # every section takes a file: said once
 
     def _get_help_string(self, action: Any) -> str:
         text = KNOWN_SUBCLASSES.sub("", super()._get_help_string(action))

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
+from typing import Any
 
 import torch
 from torch import Tensor
@@ -65,6 +66,18 @@ class EntropyController:
     last_entropy: float = float("inf")
     window_sum: float = 0.0  # entropy summed over the trained tokens of this step's micro-batches so far
     window_tokens: float = 0.0
+
+    @classmethod
+    def from_config(cls, c: Any) -> EntropyController:
+        """From a ``LossConfig``'s entropy options."""
+        return cls(
+            c.entropy_coef,
+            c.use_adaptive_entropy,
+            c.entropy_coef_min,
+            c.entropy_coef_max,
+            c.entropy_coef_delta,
+            c.entropy_target,
+        )
 
     @property
     def enabled(self) -> bool:

@@ -6,6 +6,8 @@ logs ``StepStats.metrics()``, which names them as TRL does.
 
 from __future__ import annotations
 
+import math
+
 from torch import Tensor
 
 from lightning_grpo.advantages import nanstd, zero_std_fraction
@@ -50,10 +52,15 @@ def length_stats(lengths: Tensor, is_truncated: Tensor) -> LengthStats:
 
 
 def update_stats(
-    loss: LossOutput, sampling_weights: Tensor | None, mask: Tensor, grad_norm: float = float("nan")
+    loss: LossOutput,
+    sampling_weights: Tensor | None,
+    mask: Tensor,
+    trained_entropy: bool = False,
+    grad_norm: float = float("nan"),
 ) -> UpdateStats:
     """The loss and its token means (entropy, clip ratios, KL when computed), the completions' extreme clip shares,
-    the pre-clip gradient norm, and the sampler correction's range."""
+    the pre-clip gradient norm, the sampler correction's range, and with ``trained_entropy`` the entropy of the
+    tokens trained on (``top_entropy_quantile`` < 1)."""
     means = loss.metrics()
     return UpdateStats(
         loss=loss.loss.item(),
@@ -67,6 +74,7 @@ def update_stats(
         loss_tokens=float(loss.num_tokens),
         kl=means.get("kl"),
         sampling_ratio=_range(sampling_weights, mask),
+        trained_entropy=means.get("entropy/trained_mean") if trained_entropy else None,
     )
 
 
@@ -85,3 +93,19 @@ def _range(weights: Tensor | None, mask: Tensor) -> tuple[float, float, float] |
     if not active.numel():
         return None
     return active.min().item(), active.mean().item(), active.max().item()
+
+
+def pass_at_k(correct: Tensor, k: int) -> float:
+    """The unbiased pass@k (Chen et al. 2021, arXiv:2107.03374) over prompts: [B, n] full marks of n samples
+    per prompt -> the mean over prompts of ``1 - C(n - c, k) / C(n, k)``, c the prompt's correct samples.
+
+    >>> import torch
+    >>> one_of_four = torch.tensor([[True, False, False, False], [False, False, False, False]])
+    >>> pass_at_k(one_of_four, 1), pass_at_k(one_of_four, 4)
+    (0.125, 0.5)
+    """
+    n = correct.shape[1]
+    if not 1 <= k <= n:
+        raise ValueError(f"pass@k needs 1 <= k <= n = {n} samples per prompt, got k={k}")
+    wrong = (~correct).sum(dim=1).tolist()  # [B]
+    return sum(1.0 - math.comb(w, k) / math.comb(n, k) for w in wrong) / len(wrong)

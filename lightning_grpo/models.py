@@ -29,8 +29,13 @@ def resolve_pretrained(name: str) -> str:
     return str(demo.materialize(name)) if name in demo.EMBEDDED else name
 
 
-def load_policy(model: str | nn.Module, dtype: str = "float32", load_in_4bit: bool = False) -> nn.Module:
+def load_policy(
+    model: str | nn.Module, dtype: str = "float32", load_in_4bit: bool = False, init_kwargs: dict | None = None
+) -> nn.Module:
     """``AutoModelForCausalLM.from_pretrained`` for a name or path; a built model is used as is.
+
+    ``init_kwargs``: more ``from_pretrained`` arguments (TRL's ``model_init_kwargs``: ``trust_remote_code``,
+    ``attn_implementation``, ``revision`` ...).
 
     ``load_in_4bit``: QLoRA's NF4 weights with ``dtype`` compute (bitsandbytes, CUDA), prepared for training
     an adapter on top (the 4-bit base stays frozen).
@@ -39,8 +44,13 @@ def load_policy(model: str | nn.Module, dtype: str = "float32", load_in_4bit: bo
         return model
     if dtype not in DTYPES:
         raise ValueError(f"dtype must be one of {sorted(DTYPES)}, got {dtype!r}")
+    kwargs = dict(init_kwargs or {})
+    if {"dtype", "torch_dtype", "quantization_config"} & kwargs.keys():
+        raise ValueError(
+            f"model_init_kwargs {sorted(kwargs)} set dtype or quantization: use the dtype and load_in_4bit settings"
+        )
     if not load_in_4bit:
-        return AutoModelForCausalLM.from_pretrained(resolve_pretrained(model), dtype=DTYPES[dtype])
+        return AutoModelForCausalLM.from_pretrained(resolve_pretrained(model), dtype=DTYPES[dtype], **kwargs)
     from peft import prepare_model_for_kbit_training
     from transformers import BitsAndBytesConfig
 
@@ -48,7 +58,7 @@ def load_policy(model: str | nn.Module, dtype: str = "float32", load_in_4bit: bo
     quantization = BitsAndBytesConfig(
         load_in_4bit=True, bnb_4bit_quant_type="nf4", bnb_4bit_use_double_quant=True, bnb_4bit_compute_dtype=compute
     )
-    loaded = AutoModelForCausalLM.from_pretrained(resolve_pretrained(model), quantization_config=quantization)
+    loaded = AutoModelForCausalLM.from_pretrained(resolve_pretrained(model), quantization_config=quantization, **kwargs)
     return prepare_model_for_kbit_training(loaded, use_gradient_checkpointing=False)
 
 

@@ -7,10 +7,11 @@ steps on it, each accumulating gradients over micro-batches of ``micro_batch_siz
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import lightning as L
 import torch
@@ -22,31 +23,41 @@ from torch.distributed.tensor import DTensor
 from transformers import PreTrainedTokenizerBase
 from typing_extensions import override
 
-from lightning_grpo.advantages import compute_advantages
+from lightning_grpo.advantages import AdvantageConfig, TokenRewards, kl_penalty, multi_objective_advantages
+from lightning_grpo.dynamic import GroupBuffer
 from lightning_grpo.engines import HFGenerate
-from lightning_grpo.loss import LossOutput, grpo_loss
-from lightning_grpo.metrics import accuracy, length_stats, reward_stats, update_stats
-from lightning_grpo.optim import clip_gradients, param_groups, scheduler
+from lightning_grpo.entropy import EntropyController
+from lightning_grpo.logprobs import router_aux_coef
+from lightning_grpo.loss import LossConfig, LossOutput, grpo_loss
+from lightning_grpo.metrics import accuracy, length_stats, pass_at_k, reward_stats, update_stats
+from lightning_grpo.optim import OptimConfig, clip_gradients, param_groups, scheduler
 from lightning_grpo.policy import Policy
 from lightning_grpo.ranks import Ranks
 from lightning_grpo.rewards.combine import import_paths, reward_set
 from lightning_grpo.rewards.scoring import default_accuracy_reward, score_rollout, trl_trainer_state
 from lightning_grpo.rollout import RolloutEngine, SamplingConfig
 from lightning_grpo.settings import check_settings
-from lightning_grpo.targets import Targets, TargetSettings, build_targets, rows_of
+from lightning_grpo.targets import OptimiserStep, Targets, TargetSettings, build_targets, optimiser_steps, rows_of
 from lightning_grpo.types import PromptBatch, RewardScores, Rollout, StepRecord, StepStats
 
-LOSS_SETTINGS = ("beta", "loss_type", "epsilon", "epsilon_high", "delta", "importance_sampling_level")
 PROGRESS_BAR = ("reward", "reward_std", "kl")
+SECTIONS = {"sampling": SamplingConfig, "loss": LossConfig, "advantages": AdvantageConfig, "optim": OptimConfig}
+
+
+def section(kind: type, value: Any) -> Any:
+    """A settings section given as the dataclass, or as the dict a checkpoint's hyper-parameters hold."""
+    return kind(**value) if isinstance(value, dict) else value
 
 
 class GRPOModule(L.LightningModule):
-    """Fine-tune a causal LM with GRPO and its variants (DAPO, Dr. GRPO, GSPO, BNPO).
+    """Fine-tune a causal LM with GRPO and its family (DAPO, Dr. GRPO, GSPO, CISPO, SAPO, RLOO, REINFORCE++ ...).
 
     A step on one rank takes B prompts from the data module, samples ``num_generations`` (G) completions for
     each, scores them with ``reward_funcs``, and updates the policy. With the default ``num_iterations=1`` the
     importance ratio is exactly 1, so the logged ``loss`` stays near 0 while its gradient does not: watch
-    ``reward``, not ``loss``.
+    ``reward``, not ``loss``. Settings come in sections (``sampling``, ``loss``, ``advantages``, ``optim``) with
+    TRL's names inside them; YAML nests them (``model: {loss: {beta: 0.04}}``), the command line dots them
+    (``--model.loss.beta 0.04``).
 
     Args:
         model: Hugging Face model name or local path (``AutoModelForCausalLM``), or a built model.
@@ -55,47 +66,47 @@ class GRPOModule(L.LightningModule):
         reward_weights: one weight per reward function; the reward is their weighted sum (default all 1.0).
         reward_preset: a named set of weighted reward functions added to ``reward_funcs``: math_reasoning,
             code_generation, summarization or qa (``lightning_grpo.rewards.PRESETS``).
+        accuracy_reward: name of the reward function whose full marks (>= 1.0) count as ``accuracy`` (train and
+            validation); ``None`` picks the correctness reward when exactly one of ``reward_funcs`` is one.
         tokenizer: name, path or tokenizer; defaults to ``model``'s.
         dtype: weights dtype when loading by name: float32, bfloat16, float16 or auto.
+        model_init_kwargs: more ``from_pretrained`` arguments (``{trust_remote_code: true, attn_implementation:
+            sdpa}``).
         num_generations: completions per prompt (G), >= 2.
-        max_prompt_length: prompts longer than this keep their last tokens; ``None`` keeps all.
-        max_completion_length: most tokens sampled per completion.
-        temperature: sampling temperature; log-probs use the same temperature.
-        top_p: nucleus sampling mass.
-        top_k: top-k sampling; 0 disables it.
-        min_p: min-p sampling; ``None`` disables it.
-        repetition_penalty: 1.0 disables it.
-        loss_type: aggregation of per-token losses: dapo (TRL's default), grpo, bnpo, dr_grpo.
-        scale_rewards: advantage normalisation: group (std of the group), batch, none (Dr. GRPO).
-        beta: KL penalty weight; > 0 loads a frozen reference copy of the initial policy.
-        epsilon: lower clip of the ratio, 1 - epsilon.
-        epsilon_high: upper clip, 1 + epsilon_high; defaults to epsilon (DAPO recommends 0.28).
-        delta: optional cap on the unclipped ratio (two-sided clipping); > 1 + epsilon_high.
-        importance_sampling_level: token (GRPO) or sequence (GSPO).
-        num_iterations: optimiser steps per generation batch (mu); > 1 stores the sampling log-probs.
+        num_generations_eval: completions per validation prompt, sampled; logs ``val/pass@k`` and ``val/mean@k``
+            besides the means. ``None``: one greedy completion per prompt.
+        sampling: how completions are sampled (``SamplingConfig``: temperature, top_p, top_k, min_p,
+            repetition_penalty, max_completion_length, max_prompt_length, generation_kwargs,
+            chat_template_kwargs).
+        loss: the policy loss (``LossConfig``: loss_type, beta, epsilon, epsilon_high, importance_sampling_level,
+            entropy options ...).
+        advantages: how rewards become advantages (``AdvantageConfig``: adv_estimator, scale_rewards,
+            multi_objective_aggregation, filter_groups ...).
+        optim: AdamW and its schedule (``OptimConfig``: learning_rate, weight_decay, warmup, lr_scheduler_type,
+            max_grad_norm).
+        num_iterations: passes over each generation batch (mu); > 1 stores the sampling log-probs.
+        steps_per_generation: optimiser steps per generation batch, each on its share of the batch's groups
+            (TRL's option; rollouts reused, the later steps off-policy); ``data.batch_size`` must be a multiple.
         mask_truncated_completions: drop completions without EOS from the loss (DAPO).
         micro_batch_size: completions per forward/backward pass; gradients accumulate over the step.
-            ``None`` takes all ``B * G`` at once. Any value gives the same update.
+            ``None`` takes all at once. Any value gives the same update.
         logprob_chunk_size: token positions per LM-head chunk when computing log-probs; ``None`` sizes chunks
             to ~32M logits (128 MB in fp32): 220 positions at Qwen2.5's 151,936-token vocabulary.
         share_prompt_prefix: the log-prob forward encodes each group's shared prompt once (Prefix Grouper):
             the same log-probs and gradients for P + G * T token positions a group instead of G * (P + T); a
             large saving when prompts are long and completions short. Not with gradient checkpointing or FSDP2.
-        learning_rate: AdamW learning rate (TRL's default 1e-6 suits pretrained models; tiny ones want 1e-3).
-        weight_decay: AdamW weight decay of weight matrices; biases, norm weights and embeddings take none.
-        warmup_ratio: fraction of optimiser steps with linear warm-up.
-        lr_scheduler_type: a ``transformers.get_scheduler`` schedule (``settings.LR_SCHEDULERS``). Cosine by
-            default; linear, constant, constant_with_warmup, cosine_with_restarts, polynomial, inverse_sqrt.
-        optimizer: optional optimiser factory ``params -> Optimizer`` replacing AdamW (``class_path`` in YAML).
-        max_grad_norm: clip the gradient norm; ``None`` disables clipping.
-        accuracy_reward: name of the reward function whose full marks (>= 1.0) count as ``accuracy`` (train and
-            validation); ``None`` picks the correctness reward when exactly one of ``reward_funcs`` is one.
         gradient_checkpointing: recompute activations in the backward pass (off while generating).
         peft_config: LoRA settings (``peft.LoraConfig`` arguments, e.g. ``{r: 16, lora_alpha: 32,
             target_modules: all-linear}``): only the adapter trains; the reference for ``beta > 0`` is the
             policy with its adapter disabled (no second model in memory); checkpoints hold only the adapter.
         load_in_4bit: QLoRA: load the base model in 4-bit NF4 (bitsandbytes, CUDA) under a ``peft_config``
             adapter; ``dtype`` is the compute dtype. Refused at config time where it cannot run.
+        disable_dropout: dropout off in the policy and reference (TRL's option; on-policy ratios are then
+            exactly 1 for ``num_iterations > 1`` too).
+        sync_ref_model: TR-DPO: every ``ref_model_sync_steps`` optimiser steps the reference moves towards the
+            policy, ``ref = alpha * policy + (1 - alpha) * ref`` (needs loss.beta > 0, no LoRA).
+        ref_model_mixup_alpha: that alpha.
+        ref_model_sync_steps: optimiser steps between reference updates.
         on_reward_error: a reward function that raises: ``raise`` (naming the function and the sample),
             ``skip`` (failing rows count as not applicable) or ``zero`` (they score 0); counted in
             ``train/reward_errors/<fn>``.
@@ -104,12 +115,13 @@ class GRPOModule(L.LightningModule):
         max_bad_steps: a step whose rewards, advantages or gradients are not finite is skipped (counted in
             ``train/skipped_steps``); this many in a row stop training with an error and a checkpoint.
         rollout_engine: what turns prompts into completions (``class_path`` in YAML): ``None`` is
-            ``lightning_grpo.engines.HFGenerate`` (``generate`` on the policy); ``lightning_grpo.engines.VLLMColocate``
-            runs a vLLM engine per rank (CUDA, ``pip install vllm``; weights copied in after each training step).
+            ``lightning_grpo.engines.HFGenerate``; see ``lightning_grpo.engines`` for the others (LeanDecode,
+            ToolCalling, RolloutFunction, VLLMColocate).
         sampling_correction: when another engine sampled (vLLM), re-weight the loss by the policy/sampler
             probability ratio: token_truncate, token_mask, sequence_truncate, sequence_mask (TRL's default) or
-            ``None`` (off). Logged as ``train/sampling/importance_sampling_ratio/*`` (TRL's name).
+            ``None`` (off). Logged as ``train/sampling/importance_sampling_ratio/*``.
         sampling_correction_max: the ratio's upper bound (clamped for ``*_truncate``, zeroed for ``*_mask``).
+        optimizer: optional optimiser factory ``params -> Optimizer`` replacing AdamW (``class_path`` in YAML).
         seed: base of the per-rank, per-step sampling seed.
     """
 
@@ -118,50 +130,50 @@ class GRPOModule(L.LightningModule):
         model: str | nn.Module = "lightning-grpo/tiny-qwen2",
         reward_funcs: Sequence[Callable] | None = None,
         reward_weights: list[float] | None = None,
-        reward_preset: str | None = None,
+        reward_preset: Literal["math_reasoning", "code_generation", "summarization", "qa"] | None = None,
+        accuracy_reward: str | None = None,
         tokenizer: str | PreTrainedTokenizerBase | None = None,
-        dtype: str = "float32",
+        dtype: Literal["float32", "bfloat16", "float16", "auto"] = "float32",
+        model_init_kwargs: dict[str, Any] | None = None,
         num_generations: int = 8,
-        max_prompt_length: int | None = 512,
-        max_completion_length: int = 256,
-        temperature: float = 1.0,
-        top_p: float = 1.0,
-        top_k: int = 0,
-        min_p: float | None = None,
-        repetition_penalty: float = 1.0,
-        loss_type: str = "dapo",
-        scale_rewards: str = "group",
-        beta: float = 0.0,
-        epsilon: float = 0.2,
-        epsilon_high: float | None = None,
-        delta: float | None = None,
-        importance_sampling_level: str = "token",
+        num_generations_eval: int | None = None,
+        sampling: SamplingConfig = SamplingConfig(),
+        loss: LossConfig = LossConfig(),
+        advantages: AdvantageConfig = AdvantageConfig(),
+        optim: OptimConfig = OptimConfig(),
         num_iterations: int = 1,
+        steps_per_generation: int = 1,
         mask_truncated_completions: bool = False,
         micro_batch_size: int | None = None,
         logprob_chunk_size: int | None = None,
         share_prompt_prefix: bool = False,
-        learning_rate: float = 1e-6,
-        weight_decay: float = 0.0,
-        warmup_ratio: float = 0.0,
-        lr_scheduler_type: str = "cosine",
-        optimizer: OptimizerCallable | None = None,
-        max_grad_norm: float | None = 1.0,
-        accuracy_reward: str | None = None,
         gradient_checkpointing: bool = False,
         peft_config: dict[str, Any] | None = None,
         load_in_4bit: bool = False,
-        on_reward_error: str = "raise",
+        disable_dropout: bool = False,
+        sync_ref_model: bool = False,
+        ref_model_mixup_alpha: float = 0.6,
+        ref_model_sync_steps: int = 512,
+        on_reward_error: Literal["raise", "skip", "zero"] = "raise",
         reward_timeout: float | None = None,
         max_bad_steps: int = 3,
         rollout_engine: RolloutEngine | None = None,
-        sampling_correction: str | None = "sequence_mask",
+        sampling_correction: Literal["token_truncate", "token_mask", "sequence_truncate", "sequence_mask"]
+        | None = "sequence_mask",
         sampling_correction_max: float = 3.0,
+        optimizer: OptimizerCallable | None = None,
         seed: int = 0,
     ) -> None:
         super().__init__()
         settings = {k: v for k, v in locals().items() if k not in ("self", "__class__")}
-        check_settings(settings)
+        section_problems = []
+        for name, kind in SECTIONS.items():
+            try:
+                settings[name] = section(kind, settings[name])
+            except ValueError as err:  # listed with every other problem
+                section_problems.append(str(err))
+                settings[name] = kind()
+        check_settings(settings, section_problems)
         self.reward_funcs, self.reward_weights = reward_set(reward_funcs, reward_weights, reward_preset)
         self.accuracy_reward = default_accuracy_reward(self.reward_funcs, accuracy_reward)
         # Only config values: LightningCLI parses them back when resuming with --ckpt_path.
@@ -170,21 +182,21 @@ class GRPOModule(L.LightningModule):
         restorable = import_paths(reward_funcs or [])
         if restorable:  # by import path, so that load_from_checkpoint(path) imports them again
             self.hparams["reward_funcs"] = restorable
+        self.hparams.update({name: dataclasses.asdict(settings[name]) for name in SECTIONS})  # plain values
         self.automatic_optimization = False
         self.optimizer_factory = optimizer
         self.engine = rollout_engine or HFGenerate()
-        self.sampling = SamplingConfig(
-            temperature, top_p, top_k, min_p, repetition_penalty, max_completion_length, max_prompt_length
-        )
-        self.loss_settings = {k: settings[k] for k in LOSS_SETTINGS}
+        self.sampling, self.loss_config = settings["sampling"], settings["loss"]
+        self.advantage_config, self.optim_config = settings["advantages"], settings["optim"]
         self.target_settings = TargetSettings(
-            beta,
-            num_iterations,
-            mask_truncated_completions,
-            micro_batch_size,
-            max_completion_length,
-            sampling_correction,
-            sampling_correction_max,
+            reference=self.loss_config.beta > 0 or self.advantage_config.kl_coef > 0,
+            num_iterations=num_iterations,
+            steps_per_generation=steps_per_generation,
+            mask_truncated_completions=mask_truncated_completions,
+            micro_batch_size=micro_batch_size,
+            max_completion_length=self.sampling.max_completion_length,
+            sampling_correction=sampling_correction,
+            sampling_correction_max=sampling_correction_max,
         )
         self.policy = Policy(
             model,
@@ -193,11 +205,16 @@ class GRPOModule(L.LightningModule):
             load_in_4bit,
             peft_config,
             gradient_checkpointing,
-            reference=beta > 0,
-            temperature=temperature,
+            reference=self.target_settings.reference,
+            temperature=self.sampling.temperature,
             logprob_chunk_size=logprob_chunk_size,
             shared_prefix=share_prompt_prefix,
+            init_kwargs=model_init_kwargs,
+            disable_dropout=disable_dropout,
         )
+        self.entropy = EntropyController.from_config(self.loss_config)
+        self.router_aux_coef = router_aux_coef(self.policy.model.config, self.loss_config.router_aux_loss_coef)
+        self.group_buffer = GroupBuffer(self.policy.tokenizer.pad_token_id)
         self.num_tokens_seen = 0
         self.skipped_steps = 0
         self.bad_steps_in_a_row = 0
@@ -222,33 +239,106 @@ class GRPOModule(L.LightningModule):
         start, hp, ranks = time.perf_counter(), self.hparams, Ranks(self.trainer)
         rollout = self.sample(batch.prompts, hp.num_generations, columns=batch.columns)  # the step's RNG is seeded
         scores = self._score(rollout, batch)
+        extra: dict[str, float] = {}
+        if self.advantage_config.filter_groups:
+            filtered = self._filter_groups(rollout, scores, len(batch), ranks)
+            if filtered is None:
+                return None  # waiting for more groups with signal: no update this batch
+            rollout, scores, extra = filtered
         all_scores = ranks.gather_rows(scores.per_function)  # [W*N, F] identical on every rank: a batch std is global
-        totals = RewardScores(all_scores, scores.names, scores.weights).total  # [W*N]
-        advantages = ranks.own_rows(compute_advantages(totals, hp.num_generations, hp.scale_rewards).advantages)
-        if all_scores.isinf().any() or not advantages.isfinite().all():  # NaN rewards are "not applicable"
-            return self._skip_step("rewards or advantages are infinite or NaN")
-        targets = build_targets(self.policy, rollout, advantages, self.target_settings, ranks)
+        if all_scores.isinf().any():  # NaN rewards are "not applicable"
+            return self._skip_step("rewards are infinite")
+        targets = build_targets(self.policy, rollout, self.target_settings, ranks)
+        targets = targets.with_advantages(self._advantages(all_scores, scores.weights, rollout, targets, ranks))
+        if not targets.advantages.isfinite().all():
+            return self._skip_step("advantages are infinite or NaN")
+        steps = optimiser_steps(targets, hp.num_generations, self.target_settings, ranks)
         for _ in range(hp.num_iterations):
-            loss = self._optimizer_step(rollout, targets)
-            if loss is None:
-                return self._skip_step("gradients are infinite or NaN")
+            for step in steps:
+                loss = self._optimizer_step(rollout, targets, step)
+                if loss is None:
+                    return self._skip_step("gradients are infinite or NaN")
         self.engine.sync_weights(self.policy)
         self.bad_steps_in_a_row = 0
         self.num_tokens_seen += int(ranks.sum(rollout.attention_mask.sum()))
         stats = StepStats(
             rewards=reward_stats(all_scores, scores.weights, scores.names, rollout.group_size, self.accuracy_reward),
             lengths=length_stats(*ranks.lengths(rollout)),
-            update=update_stats(ranks.loss(loss), targets.sampling_weights, targets.mask, self.grad_norm.item()),
+            update=update_stats(
+                ranks.loss(loss),
+                targets.sampling_weights,
+                targets.mask,
+                self.loss_config.top_entropy_quantile < 1,
+                self.grad_norm.item(),
+            ),
             num_tokens=self.num_tokens_seen,
             learning_rate=self.optimizers().param_groups[0]["lr"],
             skipped_steps=self.skipped_steps,
             truncated_prompts=rollout.num_truncated_prompts,
             step_time=time.perf_counter() - start,
             reward_errors=scores.errors,
-            extra={**rollout.metrics, **scores.metrics},
+            extra={**rollout.metrics, **scores.metrics, **extra, **self._entropy_metrics()},
         )
         self._log_step(stats)
-        return {"loss": torch.tensor(stats.update.loss), "record": StepRecord(rollout, scores, advantages, stats)}
+        return {
+            "loss": torch.tensor(stats.update.loss),
+            "record": StepRecord(rollout, scores, targets.advantages, stats),
+        }
+
+    def _advantages(
+        self, all_scores: Tensor, weights: Tensor, rollout: Rollout, targets: Targets, ranks: Ranks
+    ) -> Tensor:
+        """This rank's advantages from every rank's rewards ([N], or [N, T] for REINFORCE++'s token returns)."""
+        a, tokens = self.advantage_config, None
+        if a.token_level:  # batch whitening is global: every rank's tokens are gathered
+            kl = None
+            if a.kl_coef > 0:
+                old = targets.old_logps
+                if old is None:
+                    old = self.policy.logps(rollout, targets.micro_batches)
+                kl = kl_penalty(old, targets.ref_logps)
+            mask, kl = ranks.gather_padded(targets.mask), None if kl is None else ranks.gather_padded(kl)
+            tokens = TokenRewards(mask, kl, a.kl_coef, a.gamma)
+        out = multi_objective_advantages(
+            all_scores,
+            weights.to(all_scores),
+            self.hparams.num_generations,
+            a.multi_objective_aggregation,
+            a.scale_rewards,
+            a.adv_estimator,
+            tokens,
+        ).advantages
+        out = ranks.own_rows(out)
+        return out[:, : targets.mask.shape[1]] if out.ndim == 2 else out
+
+    def _filter_groups(
+        self, rollout: Rollout, scores: RewardScores, num_prompts: int, ranks: Ranks
+    ) -> tuple[Rollout, RewardScores, dict[str, float]] | None:
+        """DAPO's dynamic sampling: keep the groups with signal; an update's worth (``num_prompts`` groups on
+        every rank), or what there is after ``max_num_gen_batches`` batches; ``None`` while the buffer fills."""
+        buffer, cap = self.group_buffer, self.advantage_config.max_num_gen_batches
+        buffer.add(rollout, scores)
+        have = int(ranks.gather_rows(torch.tensor([buffer.num_groups], device=self.device)).min())
+        if have >= num_prompts:
+            return buffer.take(num_prompts)
+        if not cap or buffer.num_gen_batches < cap:
+            self.log("train/filter_groups/num_gen_batches", float(buffer.num_gen_batches), batch_size=1)
+            return None
+        if have == 0:  # no signal at all: no update (the collapse alert's no_learning_signal also sees it)
+            buffer.take(0)
+            rank_zero_warn(
+                f"filter_groups: {cap} generation batches (max_num_gen_batches) gave no group with differing "
+                f"rewards on some rank; no update at global step {self.global_step}"
+            )
+            return None
+        rank_zero_warn(
+            f"filter_groups: after max_num_gen_batches={cap} generation batches only {have} of {num_prompts} "
+            "groups per rank have differing rewards; updating on those. The prompts may be too easy or too hard"
+        )
+        return buffer.take(have)
+
+    def _entropy_metrics(self) -> dict[str, float]:
+        return {"entropy_coef": self.entropy.coef} if self.entropy.enabled else {}
 
     def sample(
         self,
@@ -276,31 +366,37 @@ class GRPOModule(L.LightningModule):
         return [self.device] if self.device.type == "cuda" else []
 
     def _step_seed(self) -> int:
-        return (self.hparams.seed * 1_000_003 + self.global_rank * 7_919 + self.global_step) % 2**63
+        waited = self.group_buffer.num_gen_batches  # filter_groups: batches drawn without an update yet
+        return (self.hparams.seed * 1_000_003 + self.global_rank * 7_919 + self.global_step + waited * 104_729) % 2**63
 
-    def _optimizer_step(self, rollout: Rollout, targets: Targets) -> LossOutput | None:
-        """One optimiser step over the generation batch, gradients accumulated across micro-batches; ``None``
-        when the gradients are not finite and the step was not taken."""
+    def _optimizer_step(self, rollout: Rollout, targets: Targets, step: OptimiserStep) -> LossOutput | None:
+        """One optimiser step over ``step``'s rows, gradients accumulated across micro-batches; ``None`` when the
+        gradients are not finite and the step was not taken."""
         optimizer = self.optimizers()
         optimizer.zero_grad()
         total: LossOutput | None = None
-        for rows in targets.micro_batches:
-            token = self.policy.token_logps(rollout, rows)
+        for rows in step.micro_batches:
+            token = self.policy.token_logps(
+                rollout, rows, router_aux=self.router_aux_coef != 0, entropy_grad=self.entropy.enabled
+            )
             out = grpo_loss(
                 token.logps,
                 rows_of(targets.old_logps, rows),
                 targets.advantages[rows],
                 targets.mask[rows],
+                self.loss_config,
                 ref_logps=rows_of(targets.ref_logps, rows),
-                normalizer=targets.normalizer,
+                normalizer=step.normalizer,
                 sampling_weights=rows_of(targets.sampling_weights, rows),
-                **self.loss_settings,
+                entropies=token.entropy,
+                entropy_coef=self.entropy.coef_to_apply(),
             )
-            self.manual_backward(out.loss)
-            entropy = (token.entropy * targets.mask[rows]).sum()
-            out = LossOutput(
-                out.loss.detach(), {**out.token_sums, "entropy": entropy}, out.num_tokens, extremes=out.extremes
-            )
+            loss = out.loss
+            if token.aux_loss is not None:  # weighted by the micro-batch's share, so micro-batching changes nothing
+                loss = loss + self.router_aux_coef * token.aux_loss * len(token.logps) / step.normalizer.num_sequences
+            self.manual_backward(loss)
+            self.entropy.observe(out.trained_entropy, out.trained_tokens)
+            out = dataclasses.replace(out, loss=out.loss.detach())
             total = out if total is None else total + out
         # fp16 AMP: gradients are unscaled inside optimizer.step (clipped there, in on_before_optimizer_step), and
         # the GradScaler skips steps with overflowing gradients and lowers its scale by itself
@@ -309,6 +405,9 @@ class GRPOModule(L.LightningModule):
             return None
         optimizer.step()
         self.lr_schedulers().step()
+        self.entropy.update(Ranks(self.trainer).sum)  # the adaptive bonus moves once per optimiser step
+        if self.hparams.sync_ref_model and self.global_step % self.hparams.ref_model_sync_steps == 0:
+            self.policy.sync_reference(self.hparams.ref_model_mixup_alpha)  # TR-DPO, as TRL's callback
         return total
 
     @override
@@ -324,7 +423,7 @@ class GRPOModule(L.LightningModule):
         (and Hugging Face Trainer's) ``grad_norm``."""
         strategy = self.trainer.strategy
         root = strategy.model if isinstance(strategy, FSDPStrategy) else None  # FSDP1 clips at its root
-        self.grad_norm = clip_gradients(self.policy.trainable_parameters(), self.hparams.max_grad_norm, root).detach()
+        self.grad_norm = clip_gradients(self.policy.trainable_parameters(), self.optim_config.max_grad_norm, root)
         return self.grad_norm
 
     def _skip_step(self, reason: str) -> None:
@@ -368,14 +467,20 @@ class GRPOModule(L.LightningModule):
         return [{"prompt": p, "completion": c} for p, c in zip(rollout.prompts, rollout.completions)]
 
     def _evaluate(self, batch: PromptBatch, stage: str) -> None:
-        """Greedy completion per held-out prompt: mean reward, per-function means and accuracy."""
-        rollout = self.sample(batch.prompts, num_generations=1, greedy=True, columns=batch.columns)
+        """Per held-out prompt one greedy completion, or ``num_generations_eval`` sampled ones: mean reward,
+        per-function means, accuracy, and with several samples pass@k / mean@k of the accuracy reward."""
+        k = self.hparams.num_generations_eval
+        rollout = self.sample(batch.prompts, num_generations=k or 1, greedy=k is None, columns=batch.columns)
         scores = self._score(rollout, batch)
         metrics = {"reward": scores.total.nanmean().nan_to_num(0.0).item()}
         for i, name in enumerate(scores.names):
             metrics[f"rewards/{name}/mean"] = scores.per_function[:, i].nanmean().item()  # NaN: never applied
         if self.accuracy_reward:
             metrics["accuracy"] = accuracy(scores.per_function, scores.names, self.accuracy_reward)
+            if k:
+                full_marks = scores.per_function[:, scores.names.index(self.accuracy_reward)] >= 1.0  # [B*k]
+                metrics[f"pass@{k}"] = pass_at_k(full_marks.view(-1, k).cpu(), k)
+                metrics[f"mean@{k}"] = metrics["accuracy"]
         metrics["completions/mean_length"] = rollout.completion_mask.sum(1).float().mean().item()
         self.log_dict({f"{stage}/{k}": v for k, v in metrics.items()}, batch_size=len(batch), sync_dist=True)
 
@@ -405,8 +510,8 @@ class GRPOModule(L.LightningModule):
 
     @override
     def configure_optimizers(self) -> dict[str, Any]:
-        hp = self.hparams
-        groups = param_groups(self.policy.model, hp.weight_decay)  # no decay on biases, norms, embeddings
+        hp, o = self.hparams, self.optim_config
+        groups = param_groups(self.policy.model, o.weight_decay)  # no decay on biases, norms, embeddings
         if self.optimizer_factory is not None:
             optimizer = self.optimizer_factory(groups)
         else:
@@ -414,22 +519,25 @@ class GRPOModule(L.LightningModule):
             # sharded DTensor parameters, and fp16 AMP (it unscales before clipping), take the default one.
             params = self.policy.trainable_parameters()
             fused = not any(isinstance(p, DTensor) for p in params) and self._grad_scaler() is None
-            optimizer = torch.optim.AdamW(groups, lr=hp.learning_rate, fused=fused)
+            optimizer = torch.optim.AdamW(groups, lr=o.learning_rate, fused=fused)
         steps = self.trainer.estimated_stepping_batches
-        if self.trainer.max_steps == -1:  # counted in batches; each batch takes num_iterations optimiser steps
-            steps *= hp.num_iterations
-        schedule = scheduler(optimizer, hp.lr_scheduler_type, hp.warmup_ratio, steps)
+        if self.trainer.max_steps == -1:  # counted in batches; each takes num_iterations * steps_per_generation
+            steps *= hp.num_iterations * hp.steps_per_generation
+        schedule = scheduler(optimizer, o, steps)
         return {"optimizer": optimizer, "lr_scheduler": {"scheduler": schedule, "interval": "step"}}
 
     @override
     def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         checkpoint["grpo_counters"] = {"num_tokens_seen": self.num_tokens_seen, "skipped_steps": self.skipped_steps}
+        checkpoint["entropy_controller"] = self.entropy.state_dict()
 
     @override
     def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         counters = checkpoint.get("grpo_counters", {})
         self.num_tokens_seen = counters.get("num_tokens_seen", 0)
         self.skipped_steps = counters.get("skipped_steps", 0)
+        if "entropy_controller" in checkpoint:
+            self.entropy.load_state_dict(checkpoint["entropy_controller"])
 
     def save_pretrained(self, path: str, merged: bool = False) -> None:
         """The policy and tokenizer in Hugging Face format: ``AutoModelForCausalLM.from_pretrained(path)``.

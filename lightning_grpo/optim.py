@@ -10,13 +10,75 @@ any parameter whose name says norm: RMSNorm classes of every family), plus, unli
 from __future__ import annotations
 
 import math
-from typing import Any
+from dataclasses import dataclass
+from typing import Any, Literal
 
 import torch
 from torch import Tensor, nn
 from torch.distributed.tensor import DTensor
 from transformers.pytorch_utils import ALL_LAYERNORM_LAYERS
 from transformers.trainer_pt_utils import get_parameter_names
+
+from lightning_grpo.checks import raise_problems
+
+# transformers.get_scheduler's schedules, less the two that step on a monitored metric (reduce_lr_on_plateau, greedy)
+LR_SCHEDULERS = (
+    "linear",
+    "cosine",
+    "cosine_with_restarts",
+    "polynomial",
+    "constant",
+    "constant_with_warmup",
+    "inverse_sqrt",
+    "cosine_with_min_lr",
+    "cosine_warmup_with_min_lr",
+    "warmup_stable_decay",
+)
+
+
+@dataclass(frozen=True)
+class OptimConfig:
+    """The optimiser and its schedule, Hugging Face ``TrainingArguments``' names. ``optim:`` in YAML.
+
+    Attributes:
+        learning_rate: AdamW learning rate (TRL's default 1e-6 suits pretrained models; tiny ones want 1e-3).
+        weight_decay: AdamW weight decay of weight matrices; biases, norm weights and embeddings take none.
+        warmup_ratio: fraction of optimiser steps with linear warm-up.
+        warmup_steps: optimiser steps of linear warm-up; > 0 overrides warmup_ratio.
+        lr_scheduler_type: a ``transformers.get_scheduler`` schedule (cosine here; linear in TRL).
+        lr_scheduler_kwargs: the schedule's own arguments, e.g. ``{min_lr_rate: 0.1}`` for cosine_with_min_lr or
+            ``{num_decay_steps: 100}`` for warmup_stable_decay.
+        max_grad_norm: clip the global gradient norm (logged before clipping as ``train/grad_norm``); ``None``
+            disables clipping.
+    """
+
+    learning_rate: float = 1e-6
+    weight_decay: float = 0.0
+    warmup_ratio: float = 0.0
+    warmup_steps: int = 0
+    lr_scheduler_type: Literal[LR_SCHEDULERS] = "cosine"
+    lr_scheduler_kwargs: dict[str, Any] | None = None
+    max_grad_norm: float | None = 1.0
+
+    def __post_init__(self) -> None:
+        raise_problems(
+            "optim",
+            [
+                (self.learning_rate > 0, f"optim.learning_rate must be > 0, got {self.learning_rate!r}"),
+                (self.weight_decay >= 0, f"optim.weight_decay must be >= 0, got {self.weight_decay!r}"),
+                (0 <= self.warmup_ratio < 1, f"optim.warmup_ratio must be in [0, 1), got {self.warmup_ratio!r}"),
+                (self.warmup_steps >= 0, f"optim.warmup_steps must be >= 0, got {self.warmup_steps!r}"),
+                (
+                    self.lr_scheduler_type in LR_SCHEDULERS,
+                    f"optim.lr_scheduler_type must be one of {list(LR_SCHEDULERS)}, got {self.lr_scheduler_type!r}",
+                ),
+                (
+                    self.max_grad_norm is None or self.max_grad_norm > 0,
+                    f"optim.max_grad_norm must be None or > 0, got {self.max_grad_norm!r}",
+                ),
+            ],
+        )
+
 
 # Hugging Face Trainer's patterns (transformers 5.x ``get_decay_parameter_names``)
 NO_DECAY_NAME_PATTERNS = [r"bias", r"layernorm", r"rmsnorm", r"(?:^|\.)norm(?:$|\.)", r"_norm(?:$|\.)"]
@@ -60,9 +122,16 @@ def clip_gradients(params: list[nn.Parameter], max_norm: float | None, root: Any
     return norm.full_tensor() if isinstance(norm, DTensor) else norm
 
 
-def scheduler(optimizer: torch.optim.Optimizer, name: str, warmup_ratio: float, steps: int) -> Any:
-    """``transformers.get_scheduler``'s ``name`` schedule over ``steps`` optimiser steps, warm-up first."""
+def scheduler(optimizer: torch.optim.Optimizer, config: OptimConfig, steps: int) -> Any:
+    """``transformers.get_scheduler``'s ``config.lr_scheduler_type`` schedule over ``steps`` optimiser steps."""
     from transformers.optimization import get_scheduler  # imports peft: not before it is needed
 
     steps = max(int(steps), 1)
-    return get_scheduler(name, optimizer, num_warmup_steps=math.ceil(warmup_ratio * steps), num_training_steps=steps)
+    warmup = config.warmup_steps or math.ceil(config.warmup_ratio * steps)
+    return get_scheduler(
+        config.lr_scheduler_type,
+        optimizer,
+        num_warmup_steps=warmup,
+        num_training_steps=steps,
+        scheduler_specific_kwargs=config.lr_scheduler_kwargs,
+    )

@@ -45,6 +45,8 @@ class Policy(nn.Module):
         shared_prefix: in the log-prob forward, encode each group's shared prompt once (Prefix Grouper,
             ``lightning_grpo.prefix``): equal values and gradients, P + G * T token positions a group instead of
             G * (P + T). Not with gradient checkpointing or FSDP2 sharding.
+        init_kwargs: more ``from_pretrained`` arguments (TRL's ``model_init_kwargs``).
+        disable_dropout: set every dropout probability of the policy (and reference) to 0, as TRL's option does.
     """
 
     def __init__(
@@ -59,6 +61,8 @@ class Policy(nn.Module):
         temperature: float = 1.0,
         logprob_chunk_size: int | None = None,
         shared_prefix: bool = False,
+        init_kwargs: dict[str, Any] | None = None,
+        disable_dropout: bool = False,
     ) -> None:
         super().__init__()
         if shared_prefix and gradient_checkpointing:
@@ -68,7 +72,9 @@ class Policy(nn.Module):
             )
         self.name_or_path = model if isinstance(model, str) else None
         self.tokenizer = load_tokenizer(tokenizer if tokenizer is not None else model)
-        self.model = load_policy(model, dtype, load_in_4bit).train()  # from_pretrained returns eval mode
+        self.model = load_policy(model, dtype, load_in_4bit, init_kwargs).train()  # from_pretrained: eval mode
+        if disable_dropout:
+            _disable_dropout(self.model)
         if gradient_checkpointing:
             _checkpointing(self.model, True)
         self.is_lora = peft_config is not None
@@ -83,14 +89,30 @@ class Policy(nn.Module):
 
     # ---- log-probs ----------------------------------------------------------------------------------------
 
-    def token_logps(self, rollout: Rollout, rows: slice, model: nn.Module | None = None) -> TokenLogps:
-        """[n, T] log-probs and entropies of ``rows``' completion tokens, with gradient when enabled."""
+    def token_logps(
+        self,
+        rollout: Rollout,
+        rows: slice | Tensor,
+        model: nn.Module | None = None,
+        router_aux: bool = False,
+        entropy_grad: bool = False,
+    ) -> TokenLogps:
+        """[n, T] log-probs and entropies of ``rows``' completion tokens, with gradient when enabled;
+        ``router_aux``: with the MoE load-balancing loss; ``entropy_grad``: entropies with their gradient."""
         model = self.model if model is None else model
         ids, mask, width = rollout.input_ids[rows], rollout.attention_mask[rows], rollout.completion_ids.shape[1]
+        options = {"router_aux": router_aux, "entropy_grad": entropy_grad}
         if is_sharded(model):
-            return getattr(model, LOGPS_METHOD)(ids, mask, width, self.temperature, self.logprob_chunk_size)
+            return getattr(model, LOGPS_METHOD)(ids, mask, width, self.temperature, self.logprob_chunk_size, **options)
         return completion_logps(
-            model, ids, mask, width, self.temperature, self.logprob_chunk_size, shared_prefix=self.shared_prefix
+            model,
+            ids,
+            mask,
+            width,
+            self.temperature,
+            self.logprob_chunk_size,
+            shared_prefix=self.shared_prefix,
+            **options,
         )
 
     @torch.no_grad()
@@ -138,6 +160,15 @@ class Policy(nn.Module):
 
     # ---- training, sharding, checkpoints, export ----------------------------------------------------------
 
+    @torch.no_grad()
+    def sync_reference(self, alpha: float) -> None:
+        """TR-DPO's reference update (TRL's ``sync_ref_model``): ``reference = alpha * policy + (1 - alpha) *
+        reference``, parameter by parameter (shard by shard under FSDP2)."""
+        if self.reference is None:
+            raise ValueError("sync_reference needs a reference copy: loss.beta > 0 without LoRA")
+        for ref, param in zip(self.reference.parameters(), self.model.parameters(), strict=True):
+            ref.mul_(1.0 - alpha).add_(param.detach().to(ref.dtype), alpha=alpha)
+
     def trainable_parameters(self) -> list[nn.Parameter]:
         return [p for p in self.model.parameters() if p.requires_grad]
 
@@ -179,6 +210,16 @@ class Policy(nn.Module):
             whole = _merged_lora(model, state) if state is not None else copy.deepcopy(model).merge_and_unload()
             whole.save_pretrained(f"{path}/merged")
             self.tokenizer.save_pretrained(f"{path}/merged")
+
+
+def _disable_dropout(model: nn.Module) -> None:
+    """Every ``nn.Dropout`` to p = 0, as TRL's ``disable_dropout_in_model``; also attention dropout, which
+    Hugging Face attention layers keep as a float attribute (``attention_dropout``) rather than a module."""
+    for module in model.modules():
+        if isinstance(module, nn.Dropout):
+            module.p = 0.0
+        if isinstance(getattr(module, "attention_dropout", None), float):
+            module.attention_dropout = 0.0
 
 
 @contextlib.contextmanager

@@ -30,6 +30,13 @@ class Ranks:
             return t
         return self.strategy.all_gather(t).reshape(-1, *t.shape[1:])
 
+    def gather_padded(self, t: Tensor) -> Tensor:
+        """[N, T_rank] on each rank -> [W*N, max T] in rank order, right-padded with zeros."""
+        if self.world_size == 1:
+            return t
+        width = int(self.strategy.all_gather(torch.tensor(t.shape[1], device=t.device)).max())
+        return self.gather_rows(torch.nn.functional.pad(t, (0, width - t.shape[1])))
+
     def own_rows(self, t: Tensor) -> Tensor:
         """This rank's [N, ...] of a [W*N, ...] tensor gathered with ``gather_rows``."""
         n = t.shape[0] // self.world_size
@@ -46,13 +53,16 @@ class Ranks:
         if self.world_size == 1:
             return out
         names = sorted(out.token_sums)
-        local = torch.stack([out.token_sums[k].float() for k in names] + [out.num_tokens.float(), out.loss.float()])
-        total = self.sum(local)  # [M + 2] one all-reduce
+        counts = [out.trained_entropy, out.trained_tokens, out.num_tokens, out.loss]
+        local = torch.stack([out.token_sums[k].float() for k in names] + [torch.as_tensor(c).float() for c in counts])
+        total = self.sum(local)  # [M + 4] one all-reduce
         extremes, combined = sorted(out.extremes), {}
         if extremes:
             every = self.gather_rows(torch.stack([out.extremes[k].float() for k in extremes]).unsqueeze(0))  # [W, E]
             combined = {k: functools.reduce(EXTREMES[k][2], every[:, i]) for i, k in enumerate(extremes)}
-        return LossOutput(total[-1] / self.world_size, dict(zip(names, total[:-2])), total[-2], extremes=combined)
+        return LossOutput(
+            total[-1] / self.world_size, dict(zip(names, total[:-4])), total[-2], total[-4], total[-3], combined
+        )
 
     def lengths(self, rollout: Rollout) -> tuple[Tensor, Tensor]:
         """[W*N] completion lengths and truncation flags of every rank."""

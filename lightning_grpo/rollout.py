@@ -14,21 +14,60 @@ import torch
 from torch import Tensor
 from transformers import GenerationConfig, PreTrainedTokenizerBase
 
+from lightning_grpo.checks import raise_problems
 from lightning_grpo.policy import Policy
 from lightning_grpo.types import Prompt, Rollout
 
 
-@dataclass
+@dataclass(frozen=True)
 class SamplingConfig:
-    """How completions are sampled (TRL's names); every engine honours all of them."""
+    """How completions are sampled, TRL's names; every engine honours all of them. ``sampling:`` in YAML.
+
+    Attributes:
+        temperature: sampling temperature (> 0); log-probs are computed at the same temperature.
+        top_p: nucleus sampling mass, in (0, 1].
+        top_k: top-k sampling; 0 disables it.
+        min_p: min-p sampling; ``None`` disables it.
+        repetition_penalty: 1.0 disables it.
+        max_completion_length: most tokens sampled per completion (for tool episodes: every token the model wrote).
+        max_prompt_length: prompts longer than this keep their last tokens (counted in
+            ``train/truncated_prompts``); ``None`` keeps all (TRL 1.16 has no such limit).
+        generation_kwargs: extra keyword arguments of the engine's sampler (``transformers.GenerationConfig`` for
+            Hugging Face ``generate``, ``vllm.SamplingParams`` for vLLM), e.g. ``{no_repeat_ngram_size: 3}``.
+        chat_template_kwargs: extra keyword arguments of the tokenizer's chat template for chat prompts, e.g.
+            Qwen3's ``{enable_thinking: false}``.
+    """
 
     temperature: float = 1.0
     top_p: float = 1.0
-    top_k: int = 0  # 0 disables top-k
+    top_k: int = 0
     min_p: float | None = None
     repetition_penalty: float = 1.0
     max_completion_length: int = 256
-    max_prompt_length: int | None = None  # longer prompts keep their last tokens
+    max_prompt_length: int | None = 512
+    generation_kwargs: dict[str, Any] | None = None
+    chat_template_kwargs: dict[str, Any] | None = None
+
+    def __post_init__(self) -> None:
+        checks = [
+            (self.temperature > 0, f"sampling.temperature must be > 0, got {self.temperature!r}"),
+            (0 < self.top_p <= 1, f"sampling.top_p must be in (0, 1], got {self.top_p!r}"),
+            (self.top_k >= 0, f"sampling.top_k must be >= 0 (0 disables it), got {self.top_k!r}"),
+            (
+                self.min_p is None or 0 <= self.min_p <= 1,
+                f"sampling.min_p must be None or in [0, 1], got {self.min_p!r}",
+            ),
+            (self.repetition_penalty > 0, f"sampling.repetition_penalty must be > 0, got {self.repetition_penalty!r}"),
+            (
+                self.max_completion_length >= 1,
+                f"sampling.max_completion_length must be >= 1, got {self.max_completion_length!r}",
+            ),
+            (
+                self.max_prompt_length is None or self.max_prompt_length >= 1,
+                f"sampling.max_prompt_length must be None or >= 1, got {self.max_prompt_length!r}",
+            ),
+        ]
+        raise_problems("sampling", checks)
 
     def generation_config(self, tokenizer: PreTrainedTokenizerBase, greedy: bool = False) -> GenerationConfig:
         sampling = (
@@ -49,6 +88,7 @@ class SamplingConfig:
             eos_token_id=tokenizer.eos_token_id,
             use_cache=True,
             **sampling,
+            **(self.generation_kwargs or {}),
         )
 
 
@@ -56,17 +96,22 @@ def is_conversational(prompt: Prompt) -> bool:
     return isinstance(prompt, list)
 
 
-def render_prompts(tokenizer: PreTrainedTokenizerBase, prompts: list[Prompt]) -> list[str]:
-    """Chat messages go through the tokenizer's chat template; plain text is used as is."""
-    if is_conversational(prompts[0]) and tokenizer.chat_template is None:
+def render_prompts(
+    tokenizer: PreTrainedTokenizerBase, prompts: list[Prompt], chat_template_kwargs: dict[str, Any] | None = None
+) -> list[str]:
+    """Chat messages go through the tokenizer's chat template (TRL's ``maybe_apply_chat_template``, with
+    ``chat_template_kwargs``); plain text is used as is."""
+    if not is_conversational(prompts[0]):
+        return list(prompts)
+    if tokenizer.chat_template is None:
         raise ValueError(
             "prompts are chat messages but the tokenizer has no chat_template: give plain-text prompts or a "
             "tokenizer with a chat template"
         )
-    return [
-        tokenizer.apply_chat_template(p, tokenize=False, add_generation_prompt=True) if is_conversational(p) else p
-        for p in prompts
-    ]
+    from trl.data_utils import maybe_apply_chat_template  # pyarrow and datasets: only for chat prompts
+
+    kwargs = chat_template_kwargs or {}
+    return [maybe_apply_chat_template({"prompt": p}, tokenizer, **kwargs)["prompt"] for p in prompts]
 
 
 def pad_rows(
@@ -91,14 +136,15 @@ def pad_rows(
 
 
 def tokenize_prompts(
-    tokenizer: PreTrainedTokenizerBase, prompts: list[Prompt], max_prompt_length: int | None
+    tokenizer: PreTrainedTokenizerBase, prompts: list[Prompt], sampling: SamplingConfig
 ) -> tuple[Tensor, Tensor, int]:
-    """Left-padded [B, P] ids and mask; prompts longer than max_prompt_length keep their last tokens."""
-    texts = render_prompts(tokenizer, prompts)
+    """Left-padded [B, P] ids and mask; prompts longer than ``sampling.max_prompt_length`` keep their last tokens."""
+    texts = render_prompts(tokenizer, prompts, sampling.chat_template_kwargs)
     encoded = tokenizer(texts, add_special_tokens=not is_conversational(prompts[0]))["input_ids"]
-    too_long = [ids for ids in encoded if max_prompt_length and len(ids) > max_prompt_length]
-    if max_prompt_length:
-        encoded = [ids[-max_prompt_length:] for ids in encoded]
+    limit = sampling.max_prompt_length
+    too_long = [ids for ids in encoded if limit and len(ids) > limit]
+    if limit:
+        encoded = [ids[-limit:] for ids in encoded]
     ids, mask = pad_rows(encoded, tokenizer.pad_token_id, left=True)
     return ids, mask, len(too_long)
 

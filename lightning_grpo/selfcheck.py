@@ -112,10 +112,10 @@ def run_check(key: str, workdir: str) -> None:
         model=str(work / "model"),
         reward_funcs=[length_reward],
         num_generations=2,
-        max_completion_length=4,
-        learning_rate=1e-3,
-        beta=0.1,
         **settings,
+        sampling={"max_completion_length": 4},
+        optim={"learning_rate": 1e-3},
+        loss={"beta": 0.1},
     )
     timer = StepTimer()
     trainer = L.Trainer(

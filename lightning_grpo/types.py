@@ -151,6 +151,7 @@ class UpdateStats:
     loss_tokens: float = 0.0  # tokens in the loss, all ranks (the dapo normaliser's count)
     kl: float | None = None  # to the reference; None when beta = 0 (not computed)
     sampling_ratio: tuple[float, float, float] | None = None  # min, mean, max of the sampler correction
+    trained_entropy: float | None = None  # entropy of the tokens trained on, with top_entropy_quantile < 1
 
     def metrics(self) -> dict[str, float]:
         out = {
@@ -165,6 +166,8 @@ class UpdateStats:
         }
         if self.kl is not None:
             out["kl"] = self.kl
+        if self.trained_entropy is not None:
+            out["entropy/trained_mean"] = self.trained_entropy
         if self.sampling_ratio is not None:
             for name, value in zip(("min", "mean", "max"), self.sampling_ratio):
                 out[f"sampling/importance_sampling_ratio/{name}"] = value  # TRL's name
@@ -211,7 +214,7 @@ class StepRecord:
 
     rollout: Rollout  # this rank's N completions
     scores: RewardScores  # [N, F] this rank's
-    advantages: Tensor  # [N]
+    advantages: Tensor  # [N], or [N, T] per token (REINFORCE++)
     stats: StepStats  # of the global batch
 
 

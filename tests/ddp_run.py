@@ -49,10 +49,10 @@ def main(model_dir: str, data_path: str, out_dir: str, scale_rewards: str) -> No
         model=model_dir,
         reward_funcs=[length_reward],
         num_generations=4,
-        max_completion_length=6,
-        learning_rate=1e-2,
-        scale_rewards=scale_rewards,
         micro_batch_size=5,
+        sampling={"max_completion_length": 6},
+        optim={"learning_rate": 1e-2},
+        advantages={"scale_rewards": scale_rewards},
     )
     probe, alert = Probe(), RankZeroAlert(patience=2, action="stop")
     trainer = L.Trainer(

@@ -19,13 +19,18 @@ def length_reward(completions, **kwargs):
 
 
 def make_module(model_dir, **kw):
+    """The tiny model with test settings; a section given as a dict (``loss={"beta": 0.1}``) updates the
+    test defaults of that section."""
     settings = dict(
         reward_funcs=[exact_match_reward, length_reward],
         num_generations=4,
-        max_completion_length=8,
-        learning_rate=1e-2,
+        sampling={"max_completion_length": 8},
+        optim={"learning_rate": 1e-2},
         accuracy_reward="exact_match_reward",
     )
+    for name in ("sampling", "optim"):
+        if isinstance(kw.get(name), dict):
+            kw[name] = {**settings[name], **kw[name]}
     return GRPOModule(model=model_dir, **{**settings, **kw})
 
 

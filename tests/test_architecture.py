@@ -17,6 +17,7 @@ PACKAGE = Path(lightning_grpo.__file__).parent
 # new one has to be placed deliberately.
 LAYERS = {
     "types": 0,
+    "checks": 0,
     "demo": 0,
     "demo_tools": 0,
     "data": 1,
@@ -36,6 +37,7 @@ LAYERS = {
     "metrics": 4,
     "ranks": 4,
     "targets": 4,
+    "dynamic": 4,
     "settings": 5,
     "module": 5,
     "callbacks": 6,

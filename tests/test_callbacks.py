@@ -53,7 +53,7 @@ def test_collapse_is_caught_within_patience_and_stops(tiny_model_dir, arith_json
 
 def test_near_zero_temperature_collapses_completions(tiny_model_dir, arith_jsonl, tmp_path):
     alert = ModeCollapseAlert(warmup_steps=1, patience=2, action="raise")
-    module = make_module(tiny_model_dir, temperature=1e-4)
+    module = make_module(tiny_model_dir, sampling={"temperature": 1e-4})
     with pytest.raises(GRPOAlertError, match=r"distinct_completions = 0 < 0.05 for 2 consecutive steps"):
         fit(module, data(arith_jsonl), tmp_path, max_steps=20, callbacks=[alert])
 
@@ -79,7 +79,7 @@ def test_a_constant_reward_at_the_ceiling_without_one_set_is_zero_signal(tiny_mo
 
 def test_kl_alert_on_a_runaway_policy(tiny_model_dir, arith_jsonl, tmp_path):
     alert = KLAlert(max_kl=1e-3, patience=2, action="stop")
-    module = make_module(tiny_model_dir, beta=0.01, learning_rate=0.3)
+    module = make_module(tiny_model_dir, loss={"beta": 0.01}, optim={"learning_rate": 0.3})
     trainer = fit(module, data(arith_jsonl), tmp_path, max_steps=30, callbacks=[alert])
     assert trainer.global_step < 30 and alert.firings[0].signal == "kl"
     assert "a higher beta" in alert.firings[0].message
@@ -185,7 +185,7 @@ TRL_METRICS = {
 
 def test_the_step_record_names_metrics_as_trl_and_every_one_is_monitorable(tiny_model_dir, arith_jsonl, tmp_path):
     probe = Records()
-    module = make_module(tiny_model_dir, beta=0.1)
+    module = make_module(tiny_model_dir, loss={"beta": 0.1})
     trainer = fit(module, data(arith_jsonl), tmp_path, max_steps=2, callbacks=[probe], log_every_n_steps=50)
     record = probe.records[-1]
     names = set(record.stats.metrics())

@@ -138,7 +138,7 @@ def test_first_token_frequencies_match_generate(policy, name):
     distribution (the model's logits through generate's own processors): every id within 5 standard errors."""
     sampling = SamplingConfig(max_completion_length=1, **FILTERS[name])
     prompt = ["max(1,2,3)="]
-    ids, _, _ = lean_module.tokenize_prompts(policy.tokenizer, prompt, None)
+    ids, _, _ = lean_module.tokenize_prompts(policy.tokenizer, prompt, SamplingConfig(max_prompt_length=None))
     with torch.no_grad():
         logits = policy.model(input_ids=ids).logits[:, -1].float()  # [1, V]
     p = hf_processors(sampling)(ids, logits).softmax(-1)[0]  # [V]

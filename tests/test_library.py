@@ -9,11 +9,9 @@ from torchmetrics.functional.text.rouge import rouge_score
 from transformers import SchedulerType, get_scheduler
 from trl.trainer.utils import nanstd as trl_nanstd
 
-from lightning_grpo import GRPOModule
 from lightning_grpo.advantages import nanstd
-from lightning_grpo.optim import scheduler
-from lightning_grpo.rewards import exact_match_reward, rouge_l_reward
-from lightning_grpo.settings import LR_SCHEDULERS, NEEDS_MORE
+from lightning_grpo.optim import LR_SCHEDULERS, OptimConfig, scheduler
+from lightning_grpo.rewards import rouge_l_reward
 
 NAN = float("nan")
 
@@ -24,23 +22,26 @@ def test_nanstd_is_trls(dim):
     torch.testing.assert_close(nanstd(x, dim=dim), trl_nanstd(x, dim=dim), equal_nan=True)
 
 
-def test_every_get_scheduler_schedule_that_needs_no_more_settings_is_offered():
-    assert {"cosine_with_restarts", "polynomial", "inverse_sqrt"} <= set(LR_SCHEDULERS)  # beyond the first four
-    assert set(LR_SCHEDULERS) | set(NEEDS_MORE) == {s.value for s in SchedulerType}
+KWARGS = {"cosine_with_min_lr": {"min_lr_rate": 0.1}, "cosine_warmup_with_min_lr": {"min_lr_rate": 0.1},
+          "warmup_stable_decay": {"num_decay_steps": 3}}  # fmt: skip
+
+
+def test_every_get_scheduler_schedule_is_offered_and_is_transformers_own():
+    # all but the two that step on a monitored metric
+    assert set(LR_SCHEDULERS) | {"reduce_lr_on_plateau", "greedy"} == {s.value for s in SchedulerType}
     for name in LR_SCHEDULERS:
         ours_opt, theirs_opt = (torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=1.0) for _ in range(2))
-        ours = scheduler(ours_opt, name, warmup_ratio=0.2, steps=10)
-        theirs = get_scheduler(name, theirs_opt, num_warmup_steps=2, num_training_steps=10)
+        config = OptimConfig(lr_scheduler_type=name, warmup_ratio=0.2, lr_scheduler_kwargs=KWARGS.get(name))
+        ours = scheduler(ours_opt, config, steps=10)
+        theirs = get_scheduler(name, theirs_opt, 2, 10, scheduler_specific_kwargs=KWARGS.get(name))
         for _ in range(10):
             ours_opt.step(), theirs_opt.step(), ours.step(), theirs.step()
             assert ours_opt.param_groups[0]["lr"] == theirs_opt.param_groups[0]["lr"], name
 
 
-def test_a_schedule_that_needs_more_settings_is_refused_before_loading(tiny_model_dir):
-    with pytest.raises(ValueError, match=r"lr_scheduler_type 'warmup_stable_decay' needs num_decay_steps .*one of"):
-        GRPOModule(tiny_model_dir, reward_funcs=[exact_match_reward], lr_scheduler_type="warmup_stable_decay")
-    with pytest.raises(ValueError, match=r"lr_scheduler_type must be one of \[.*'polynomial'.*\], got 'cosinus'"):
-        GRPOModule(tiny_model_dir, reward_funcs=[exact_match_reward], lr_scheduler_type="cosinus")
+def test_a_schedule_on_a_metric_is_refused_with_the_choices():
+    with pytest.raises(ValueError, match=r"optim.lr_scheduler_type must be one of \[.*'polynomial'.*\], got 'greedy'"):
+        OptimConfig(lr_scheduler_type="greedy")
 
 
 def test_rouge_l_is_torchmetrics_and_keeps_non_ascii_words():

@@ -36,7 +36,7 @@ TRL_METRICS = [
 
 
 def test_fit_updates_the_policy_and_logs_every_metric(tiny_model_dir, arith_jsonl, tmp_path):
-    module = make_module(tiny_model_dir, beta=0.1)
+    module = make_module(tiny_model_dir, loss={"beta": 0.1})
     before = {k: v.clone() for k, v in module.policy.model.state_dict().items()}
     trainer = fit(module, PromptDataModule(arith_jsonl, batch_size=4, val_split=None), tmp_path, max_steps=3)
     assert trainer.global_step == 3
@@ -55,10 +55,10 @@ def test_micro_batches_give_the_same_update(tiny_model_dir, arith_jsonl, tmp_pat
     for micro in (None, 3):  # 16 completions in one pass, or in passes of 3, 3, 3, 3, 3, 1
         module = make_module(
             tiny_model_dir,
-            loss_type=loss_type,
             micro_batch_size=micro,
-            max_grad_norm=None,
             optimizer=lambda p: torch.optim.SGD(p, lr=1.0),
+            loss={"loss_type": loss_type},
+            optim={"max_grad_norm": None},
         )  # update = gradient, unnormalised
         fit(module, PromptDataModule(arith_jsonl, batch_size=4, val_split=None), tmp_path, max_steps=1)
         params.append(torch.cat([p.detach().flatten() for p in module.policy.model.parameters()]))
@@ -66,7 +66,7 @@ def test_micro_batches_give_the_same_update(tiny_model_dir, arith_jsonl, tmp_pat
 
 
 def test_num_iterations_reuses_a_generation_batch(tiny_model_dir, arith_jsonl, tmp_path):
-    module = make_module(tiny_model_dir, num_iterations=3, epsilon=0.01)
+    module = make_module(tiny_model_dir, num_iterations=3, loss={"epsilon": 0.01})
     trainer = fit(module, PromptDataModule(arith_jsonl, batch_size=4, val_split=None), tmp_path, max_steps=6)
     assert trainer.global_step == 6 and trainer.fit_loop.total_batch_idx + 1 == 2  # 2 batches x 3 steps
     # later iterations see a policy that moved: ratios leave [0.99, 1.01] and get clipped
@@ -74,7 +74,7 @@ def test_num_iterations_reuses_a_generation_batch(tiny_model_dir, arith_jsonl, t
 
 
 def test_reference_stays_frozen_and_out_of_checkpoints(tiny_model_dir, arith_jsonl, tmp_path):
-    module = make_module(tiny_model_dir, beta=0.05)
+    module = make_module(tiny_model_dir, loss={"beta": 0.05})
     ref_before = {k: v.clone() for k, v in module.policy.reference.state_dict().items()}
     trainer = fit(
         module,
@@ -139,7 +139,7 @@ def test_trl_reward_functions_work_unchanged(tiny_model_dir, tmp_path):
         model=tiny_model_dir,
         reward_funcs=[think_format_reward, accuracy_reward],
         num_generations=2,
-        max_completion_length=6,
+        sampling={"max_completion_length": 6},
     )
     trainer = fit(module, PromptDataModule(str(path), batch_size=2, val_split=None), tmp_path)
     metrics = logged(trainer)
@@ -202,7 +202,7 @@ def test_gradient_checkpointing_gives_the_same_update(tiny_model_dir, arith_json
     """Activations recomputed in backward (off while generating, so sampling keeps its KV cache)."""
     modules = []
     for checkpointing in (False, True):
-        module = make_module(tiny_model_dir, gradient_checkpointing=checkpointing, beta=0.1)
+        module = make_module(tiny_model_dir, gradient_checkpointing=checkpointing, loss={"beta": 0.1})
         fit(module, PromptDataModule(arith_jsonl, batch_size=4, val_split=None), tmp_path / str(checkpointing))
         modules.append(module)
     assert modules[1].policy.model.is_activation_checkpointing and modules[1].policy.model.training
@@ -217,7 +217,7 @@ def test_gradient_checkpointing_gives_the_same_update(tiny_model_dir, arith_json
 def test_bf16_precisions_train_on_cpu(tiny_model_dir, arith_jsonl, tmp_path, precision):
     """bf16 autocast and bf16 weights train on CPU (log-probs and the softmax stay in fp32). fp16 AMP is GPU-only:
     Lightning switches ``16-mixed`` to ``bf16-mixed`` on CPU with a warning saying so."""
-    module = make_module(tiny_model_dir, beta=0.1)
+    module = make_module(tiny_model_dir, loss={"beta": 0.1})
     before = module.policy.model.model.embed_tokens.weight.detach().float().clone()
     trainer = fit(module, PromptDataModule(arith_jsonl, batch_size=4, val_split=None), tmp_path, precision=precision)
     metrics = logged(trainer)
@@ -232,7 +232,7 @@ def test_sample_outside_a_trainer(tiny_model_dir):
 
 
 def test_weight_decay_spares_biases_norms_and_embeddings(tiny_model_dir, arith_jsonl, tmp_path):
-    module = make_module(tiny_model_dir, weight_decay=0.1)
+    module = make_module(tiny_model_dir, optim={"weight_decay": 0.1})
     trainer = fit(module, PromptDataModule(arith_jsonl, batch_size=4, val_split=None), tmp_path, max_steps=1)
     names = {id(p): n for n, p in module.policy.model.named_parameters()}
     decay = {g["weight_decay"]: [names[id(p)] for p in g["params"]] for g in trainer.optimizers[0].param_groups}

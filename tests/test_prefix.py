@@ -109,7 +109,7 @@ def test_module_trains_with_a_shared_prompt_prefix(tiny_model_dir, arith_jsonl, 
 
     trained = []
     for shared in (False, True):
-        module = make_module(tiny_model_dir, share_prompt_prefix=shared, beta=0.1)
+        module = make_module(tiny_model_dir, share_prompt_prefix=shared, loss={"beta": 0.1})
         fit(module, PromptDataModule(arith_jsonl, batch_size=4, val_split=None), tmp_path / str(shared), max_steps=2)
         trained.append(module.policy.model)
     # Adam divides by sqrt(v): where a gradient is at rounding level, rounding can move a weight by up to

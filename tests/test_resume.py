@@ -39,7 +39,7 @@ def data(arith_jsonl):
 
 def module(model_dir, dropout: float):
     """The tiny policy, with attention dropout: the training pass itself draws random numbers."""
-    grpo = make_module(model_dir, beta=0.1)
+    grpo = make_module(model_dir, loss={"beta": 0.1})
     for layer in grpo.policy.model.model.layers:
         layer.self_attn.attention_dropout = dropout
     return grpo

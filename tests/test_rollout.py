@@ -17,7 +17,7 @@ def test_mask_covers_up_to_and_including_first_eos():
 
 def test_long_prompts_keep_their_last_tokens(tiny_model_dir):
     tok = load_tokenizer(tiny_model_dir)
-    ids, mask, truncated = tokenize_prompts(tok, ["1234567", "12"], max_prompt_length=4)
+    ids, mask, truncated = tokenize_prompts(tok, ["1234567", "12"], SamplingConfig(max_prompt_length=4))
     assert truncated == 1
     assert tok.decode(ids[0]) == "4567"
     assert mask.tolist() == [[1, 1, 1, 1], [0, 0, 1, 1]]  # left padding
@@ -44,7 +44,7 @@ def test_logps_match_the_samplers_scores(tiny_model_dir):
     for p in model.parameters():
         p.data.normal_(0, 0.5)  # a peaked distribution, so a mismatch would show
     tok = AutoTokenizer.from_pretrained(tiny_model_dir)
-    ids, mask, _ = tokenize_prompts(tok, ["3+4=", "12+345=", "9="], None)
+    ids, mask, _ = tokenize_prompts(tok, ["3+4=", "12+345=", "9="], SamplingConfig(max_prompt_length=None))
     torch.manual_seed(0)
     out = model.generate(
         input_ids=ids,

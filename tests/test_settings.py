@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from lightning_grpo import GRPOModule
+from lightning_grpo import GRPOModule, SamplingConfig
 from lightning_grpo.rewards import exact_match_reward
 
 NOT_A_MODEL = "/nonexistent/model/never/loaded"  # loading it would fail: the checks must come first
@@ -13,35 +13,50 @@ NOT_A_MODEL = "/nonexistent/model/never/loaded"  # loading it would fail: the ch
     "setting,value,message",
     [
         ("num_generations", 1, "num_generations must be >= 2, got 1"),
-        ("max_completion_length", 0, "max_completion_length must be >= 1, got 0"),
+        ("sampling.max_completion_length", 0, "sampling.max_completion_length must be >= 1, got 0"),
         (
-            "loss_type",
+            "loss.loss_type",
             "ppo",
             "loss_type must be one of ['bnpo', 'cispo', 'dapo', 'dr_grpo', 'grpo', 'luspo', 'sapo', 'vespo'], "
             "got 'ppo'",
         ),
-        ("scale_rewards", "std", "scale_rewards must be one of ['batch', 'group', 'none'], got 'std'"),
-        ("importance_sampling_level", "seq", "importance_sampling_level must be one of"),
-        ("temperature", 0.0, "temperature must be > 0, got 0.0"),
-        ("top_p", 1.5, "top_p must be in (0, 1], got 1.5"),
-        ("delta", 1.1, "delta must be None or > 1 + epsilon_high"),
-        ("micro_batch_size", 0, "micro_batch_size must be >= 1, got 0"),
-        ("lr_scheduler_type", "step", "lr_scheduler_type must be one of"),
+        ("advantages.scale_rewards", "std", "scale_rewards must be one of ['group', 'batch', 'none'], got 'std'"),
+        ("advantages.adv_estimator", "ppo", "advantages.adv_estimator must be one of"),
+        ("loss.importance_sampling_level", "seq", "importance_sampling_level must be one of"),
+        ("sampling.temperature", 0.0, "sampling.temperature must be > 0, got 0.0"),
+        ("sampling.top_p", 1.5, "sampling.top_p must be in (0, 1], got 1.5"),
+        ("loss.delta", 1.1, "delta must be None or > 1 + epsilon_high"),
+        ("micro_batch_size", 0, "micro_batch_size must be None or >= 1, got 0"),
+        ("steps_per_generation", 0, "steps_per_generation must be >= 1, got 0"),
+        ("optim.lr_scheduler_type", "step", "optim.lr_scheduler_type must be one of"),
+        ("optim.learning_rate", 0.0, "optim.learning_rate must be > 0, got 0.0"),
         ("dtype", "fp8", "dtype must be one of"),
         ("reward_timeout", 0, "reward_timeout must be None or > 0 seconds, got 0"),
+        ("sync_ref_model", True, "sync_ref_model=True updates a reference copy: it needs loss.beta > 0"),
     ],
 )
 def test_bad_setting_is_named(setting, value, message):
+    section, _, name = setting.rpartition(".")
+    kwargs = {section: {name: value}} if section else {setting: value}
     with pytest.raises(ValueError) as err:
-        GRPOModule(model=NOT_A_MODEL, reward_funcs=[exact_match_reward], **{setting: value})
+        GRPOModule(model=NOT_A_MODEL, reward_funcs=[exact_match_reward], **kwargs)
     assert message in str(err.value)
+
+
+def test_a_section_checks_itself_when_built():
+    with pytest.raises(ValueError) as err:
+        SamplingConfig(temperature=0, top_k=-1)
+    text = str(err.value)
+    assert text.startswith("invalid sampling settings:") and "temperature" in text and "top_k" in text
 
 
 def test_every_problem_is_listed_at_once():
     with pytest.raises(ValueError) as err:
-        GRPOModule(model=NOT_A_MODEL, reward_funcs=[exact_match_reward], num_generations=1, loss_type="x", beta=-1)
+        GRPOModule(
+            model=NOT_A_MODEL, reward_funcs=[exact_match_reward], num_generations=1, loss={"loss_type": "x", "beta": -1}
+        )
     text = str(err.value)
-    assert "num_generations" in text and "loss_type" in text and "beta" in text
+    assert "num_generations" in text and "loss_type" in text and "beta" in text  # every section's, at once
 
 
 def test_reward_settings_are_checked():

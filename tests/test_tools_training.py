@@ -120,8 +120,8 @@ def tool_module(model_dir):
         model_dir,
         reward_funcs=[last_answer_reward],
         accuracy_reward=None,
-        max_completion_length=10,
         rollout_engine=engine(),
+        sampling={"max_completion_length": 10},
     )
 
 

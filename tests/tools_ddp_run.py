@@ -70,9 +70,9 @@ def main(model_dir: str, data_path: str, out_dir: str) -> None:
         model=model_dir,
         reward_funcs=[last_length_reward],
         num_generations=2,
-        max_completion_length=16,
-        learning_rate=1e-3,
         rollout_engine=engine,
+        sampling={"max_completion_length": 16},
+        optim={"learning_rate": 1e-3},
     )
     probe = Probe()
     trainer = L.Trainer(

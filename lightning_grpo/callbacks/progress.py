@@ -24,7 +24,8 @@ class StepProgressBar(TQDMProgressBar):
         trainer = self.trainer
         if trainer.max_steps is None or trainer.max_steps < 0:
             return trainer.num_training_batches
-        steps_per_batch = getattr(trainer.lightning_module.hparams, "num_iterations", 1) or 1
+        hparams = trainer.lightning_module.hparams  # optimiser steps per batch: mu passes of steps_per_generation
+        steps_per_batch = max(hparams.get("num_iterations", 1) * hparams.get("steps_per_generation", 1), 1)
         left = math.ceil((trainer.max_steps - trainer.global_step) / steps_per_batch)
         return min(trainer.num_training_batches, left)
 

@@ -14,6 +14,7 @@ from typing import Any
 
 import lightning as L
 from lightning.pytorch.loggers import CSVLogger, TensorBoardLogger
+from torch import Tensor
 from typing_extensions import override
 
 from lightning_grpo.callbacks.rundir import run_dir
@@ -48,7 +49,7 @@ class CompletionSampleLogger(L.Callback):
                 "completion": completion_text(rollout.completions[i]),
             }
             row |= {name: _num(scores.per_function[i, j].item()) for j, name in enumerate(scores.names)}
-            row |= {"reward": _num(scores.total[i].item()), "advantage": round(advantages[i].item(), 4)}
+            row |= {"reward": _num(scores.total[i].item()), "advantage": round(_first_token(advantages[i]), 4)}
             out.append(row)
         return out
 
@@ -91,3 +92,8 @@ class CompletionSampleLogger(L.Callback):
 
 def _num(x: float) -> float | None:
     return None if x != x else round(x, 4)  # NaN (not applicable) -> null in JSON
+
+
+def _first_token(advantage: Tensor) -> float:
+    """A completion's advantage: its own, or its first token's for token-level estimators (REINFORCE++)."""
+    return advantage.flatten()[0].item()

@@ -29,7 +29,7 @@ class HFGenerate(RolloutEngine):
         columns: dict[str, list[Any]] | None = None,
     ) -> Rollout:
         tokenizer, device = policy.tokenizer, policy.device
-        prompt_ids, prompt_mask, num_truncated = tokenize_prompts(tokenizer, prompts, sampling.max_prompt_length)
+        prompt_ids, prompt_mask, num_truncated = tokenize_prompts(tokenizer, prompts, sampling)
         prompt_ids = prompt_ids.repeat_interleave(num_generations, dim=0).to(device)  # [N, P]
         prompt_mask = prompt_mask.repeat_interleave(num_generations, dim=0).to(device)  # [N, P]
         config = sampling.generation_config(tokenizer, greedy=greedy)

@@ -66,7 +66,7 @@ class LeanDecode(RolloutEngine):
         columns: dict[str, list[Any]] | None = None,
     ) -> Rollout:
         tokenizer, device = policy.tokenizer, policy.device
-        prompt_ids, prompt_mask, num_truncated = tokenize_prompts(tokenizer, prompts, sampling.max_prompt_length)
+        prompt_ids, prompt_mask, num_truncated = tokenize_prompts(tokenizer, prompts, sampling)
         prompt_ids, prompt_mask = prompt_ids.to(device), prompt_mask.to(device)  # [B, P]
         per_call = max(1, (self.generation_batch_size or len(prompts) * num_generations) // num_generations)
         with policy.generating() as model:

@@ -78,7 +78,7 @@ class VLLMColocate(RolloutEngine):
         from vllm import SamplingParams
 
         tokenizer = policy.tokenizer
-        prompt_ids, prompt_mask, num_truncated = tokenize_prompts(tokenizer, prompts, sampling.max_prompt_length)
+        prompt_ids, prompt_mask, num_truncated = tokenize_prompts(tokenizer, prompts, sampling)
         requests = [{"prompt_token_ids": ids[mask.bool()].tolist()} for ids, mask in zip(prompt_ids, prompt_mask)]
         params = SamplingParams(
             n=num_generations,

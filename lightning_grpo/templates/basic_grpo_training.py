@@ -22,7 +22,7 @@ import argparse
 import lightning as L
 from lightning.pytorch.loggers import CSVLogger
 
-from lightning_grpo import GRPOModule, PromptDataModule
+from lightning_grpo import GRPOModule, LossConfig, OptimConfig, PromptDataModule, SamplingConfig
 from lightning_grpo.callbacks import (
     CompletionSampleLogger,
     HFExport,
@@ -57,10 +57,9 @@ def build(args: argparse.Namespace) -> tuple[GRPOModule, PromptDataModule, L.Tra
         reward_funcs=[exact_match_reward],
         accuracy_reward="exact_match_reward",  # validation reports the share of full marks as val/accuracy
         num_generations=args.num_generations,
-        max_completion_length=args.max_completion_length,
-        learning_rate=args.learning_rate,
-        beta=args.beta,
-        warmup_ratio=0.05,
+        sampling=SamplingConfig(max_completion_length=args.max_completion_length),
+        optim=OptimConfig(learning_rate=args.learning_rate, warmup_ratio=0.05),
+        loss=LossConfig(beta=args.beta),
     )
     data = PromptDataModule(
         args.dataset, batch_size=args.batch_size, prompt_column=args.prompt_column, max_val_prompts=200

@@ -1,0 +1,304 @@
+"""The GRPO family's module-level options in real Trainer.fit runs on the tiny model: rollout reuse, dynamic
+sampling, TR-DPO reference sync, advantage estimators, entropy control, the MoE router loss, pass@k, and
+TRL's model and sampling knobs."""
+
+from __future__ import annotations
+
+import dataclasses
+import typing
+
+import pytest
+import torch
+from helpers import fit, logged, make_module, make_rollout
+from transformers import AutoTokenizer, MixtralConfig, MixtralForCausalLM
+
+from lightning_grpo import AdvantageConfig, LossConfig, OptimConfig, PromptDataModule, SamplingConfig
+from lightning_grpo.demo import build_tokenizer
+from lightning_grpo.dynamic import GroupBuffer, concat, groups_with_signal, select_groups
+from lightning_grpo.loss import LOSS_TYPES, LossNormalizer
+from lightning_grpo.rollout import render_prompts
+from lightning_grpo.targets import Targets, TargetSettings, optimiser_steps
+from lightning_grpo.types import RewardScores
+
+
+def data(path, batch_size=4, **kw):
+    return PromptDataModule(path, batch_size=batch_size, val_split=None, **kw)
+
+
+# ---- rollout reuse: steps_per_generation ------------------------------------------------------------------
+
+
+class OneRank:
+    world_size = 1
+
+    def sum(self, t):
+        return t
+
+
+def test_optimiser_steps_split_the_batch_into_shuffled_whole_groups():
+    mask = torch.ones(12, 5)
+    mask[3, 2:] = 0
+    targets = Targets(None, mask, LossNormalizer.from_mask(mask), [slice(0, 12)], None, None, None)
+    torch.manual_seed(0)
+    steps = optimiser_steps(targets, 2, TargetSettings(steps_per_generation=3, micro_batch_size=3), OneRank())
+    rows = [s.rows.tolist() for s in steps]
+    assert sorted(r for part in rows for r in part) == list(range(12))  # every row once
+    assert all(len(part) == 4 and all(part[i] // 2 == part[i + 1] // 2 for i in (0, 2)) for part in rows)
+    assert rows != [[0, 1, 2, 3], [4, 5, 6, 7], [8, 9, 10, 11]]  # shuffled groups, as TRL shuffles
+    for step in steps:  # each step is normalised by its own tokens, in micro-batches of at most 3 rows
+        assert step.normalizer.num_tokens == mask[step.rows].sum().item()
+        assert [len(m) for m in step.micro_batches] == [3, 1]
+    with pytest.raises(ValueError, match=r"steps_per_generation=4 must divide the prompts .* \(6\)"):
+        optimiser_steps(targets, 2, TargetSettings(steps_per_generation=4), OneRank())
+
+
+def test_steps_per_generation_takes_several_optimiser_steps_per_generation_batch(tiny_model_dir, arith_jsonl, tmp_path):
+    module = make_module(tiny_model_dir, steps_per_generation=2, num_iterations=2, loss={"epsilon": 0.01})
+    trainer = fit(module, data(arith_jsonl), tmp_path, max_steps=8)
+    assert trainer.global_step == 8 and trainer.fit_loop.total_batch_idx + 1 == 2  # 2 batches x 2 x 2 steps
+    assert max(logged(trainer)["train/clip_ratio/region_mean"]) > 0  # later steps are off-policy and clip
+
+
+# ---- dynamic sampling: filter_groups ------------------------------------------------------------------------
+
+
+def scores_of(totals):
+    return RewardScores(torch.tensor(totals).unsqueeze(1), ["r"], torch.ones(1))
+
+
+def test_groups_with_equal_rewards_are_dropped_and_batches_concatenate():
+    a = make_rollout(["x", "y", "z", "z"])  # groups: (x, y) and (z, z)
+    kept, scores = select_groups(
+        a, scores_of([1.0, 0.0, 1.0, 1.0]), groups_with_signal(torch.tensor([1.0, 0, 1, 1]), 2)
+    )
+    assert kept.completions == ["x", "y"] and scores.per_function.squeeze(1).tolist() == [1.0, 0.0]
+    b = make_rollout(["long", "er"])
+    b.completion_ids, b.completion_mask = torch.ones(2, 5, dtype=torch.long), torch.ones(2, 5, dtype=torch.long)
+    both = concat(kept, b, pad_id=9)
+    assert both.completion_ids.shape == (4, 5) and both.completion_mask[:2].sum().item() == 4  # right-padded
+    assert both.completions == ["x", "y", "long", "er"]
+
+
+def test_group_buffer_fills_across_generation_batches():
+    buffer = GroupBuffer(pad_id=0)
+    buffer.add(make_rollout(["a", "a", "b", "c"]), scores_of([1.0, 1.0, 0.0, 1.0]))
+    assert buffer.num_groups == 1
+    buffer.add(make_rollout(["d", "e", "f", "f"]), scores_of([0.0, 1.0, 1.0, 1.0]))
+    rollout, scores, metrics = buffer.take(2)
+    assert rollout.completions == ["b", "c", "d", "e"] and buffer.num_groups == 0
+    assert metrics == {"filter_groups/num_gen_batches": 2.0, "filter_groups/kept_fraction": 0.5}
+
+
+def signal_on_even_sums(prompts, completions, **kwargs):
+    """Differing rewards only for prompts whose two digits add to an even number: the others are flat."""
+    return [len(c) / 8 if (int(p[0]) + int(p[2])) % 2 == 0 else 1.0 for p, c in zip(prompts, completions)]
+
+
+def test_filter_groups_updates_only_on_groups_with_signal(tiny_model_dir, arith_jsonl, tmp_path):
+    module = make_module(
+        tiny_model_dir,
+        reward_funcs=[signal_on_even_sums],
+        accuracy_reward=None,
+        advantages={"filter_groups": True},
+    )
+    records = []
+
+    class Keep(__import__("lightning").Callback):
+        def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
+            records.append(outputs["record"] if outputs else None)
+
+    trainer = fit(module, data(arith_jsonl), tmp_path, max_steps=2, callbacks=[Keep()])
+    trained = [r for r in records if r is not None]
+    assert trainer.global_step == 2 and len(records) > 2  # some batches only filled the buffer
+    for record in trained:
+        assert len(record.rollout) == 4 * 4  # a full batch of 4 groups
+        assert record.stats.rewards.frac_zero_std == 0.0
+        assert all((int(p[0]) + int(p[2])) % 2 == 0 for p in record.rollout.prompts)
+    assert logged(trainer)["train/filter_groups/kept_fraction"][0] < 1.0
+
+
+def test_filter_groups_gives_up_after_max_num_gen_batches(tiny_model_dir, arith_jsonl, tmp_path):
+    flat = lambda prompts, completions, **kw: [1.0] * len(completions)  # noqa: E731
+    module = make_module(
+        tiny_model_dir,
+        reward_funcs=[flat],
+        accuracy_reward=None,
+        advantages={"filter_groups": True, "max_num_gen_batches": 2},
+    )
+    with pytest.warns(UserWarning, match="max_num_gen_batches.*gave no group with differing rewards"):
+        trainer = fit(module, data(arith_jsonl), tmp_path, max_steps=1, max_epochs=1)
+    assert trainer.global_step == 0  # no signal, no update: nothing was trained on flat rewards
+
+
+# ---- reference sync (TR-DPO) -----------------------------------------------------------------------------
+
+
+def test_sync_ref_model_mixes_the_policy_into_the_reference(tiny_model_dir, arith_jsonl, tmp_path):
+    module = make_module(
+        tiny_model_dir, loss={"beta": 0.1}, sync_ref_model=True, ref_model_sync_steps=2, ref_model_mixup_alpha=0.25
+    )
+    mixed = []
+
+    class Watch(__import__("lightning").Callback):
+        def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
+            mixed.append([p.detach().clone() for p in pl_module.policy.reference.parameters()])
+
+        def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
+            ref = [p.detach().clone() for p in pl_module.policy.reference.parameters()]
+            pol = [p.detach().clone() for p in pl_module.policy.model.parameters()]
+            mixed[-1] = (mixed[-1], ref, pol, trainer.global_step)
+
+    fit(module, data(arith_jsonl), tmp_path, max_steps=2, callbacks=[Watch()])
+    (before1, after1, _, step1), (before2, after2, policy2, step2) = mixed
+    assert step1 == 1 and all(torch.equal(a, b) for a, b in zip(before1, after1))  # not a sync step
+    assert step2 == 2
+    for old, new, pol in zip(before2, after2, policy2):
+        torch.testing.assert_close(new, 0.25 * pol + 0.75 * old)
+
+
+# ---- advantage estimators, entropy, router loss -----------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "advantages,loss",
+    [
+        ({"adv_estimator": "rloo"}, {}),
+        ({"adv_estimator": "reinforce_plus_plus", "kl_coef": 0.05}, {}),
+        ({"adv_estimator": "reinforce_plus_plus_baseline"}, {"beta": 0.05}),
+        ({"multi_objective_aggregation": "normalize_then_sum"}, {}),
+    ],
+)
+def test_advantage_estimators_train(tiny_model_dir, arith_jsonl, tmp_path, advantages, loss):
+    module = make_module(tiny_model_dir, advantages=advantages, loss=loss)
+    before = [p.detach().clone() for p in module.policy.model.parameters()]
+    trainer = fit(module, data(arith_jsonl), tmp_path, max_steps=2)
+    assert module.policy.reference is not None or not (loss or advantages.get("kl_coef"))
+    assert all(torch.isfinite(torch.tensor(v)).all() for v in logged(trainer)["train/loss"])
+    assert any(not torch.equal(a, b) for a, b in zip(before, module.policy.model.parameters()))
+
+
+def test_adaptive_entropy_moves_its_coefficient_and_is_saved(tiny_model_dir, arith_jsonl, tmp_path):
+    module = make_module(
+        tiny_model_dir,
+        loss={"use_adaptive_entropy": True, "entropy_coef": 0.1, "entropy_target": 100.0, "entropy_coef_delta": 0.05},
+    )
+    trainer = fit(module, data(arith_jsonl), tmp_path, max_steps=2, enable_checkpointing=True)
+    assert logged(trainer)["train/entropy_coef"] == pytest.approx([0.15, 0.2])  # below target: more bonus
+    ckpt = torch.load(trainer.checkpoint_callback.best_model_path, weights_only=False)
+    assert ckpt["entropy_controller"]["coef"] == pytest.approx(0.2)
+
+
+def test_top_entropy_quantile_trains(tiny_model_dir, arith_jsonl, tmp_path):
+    module = make_module(tiny_model_dir, loss={"top_entropy_quantile": 0.2})
+    trainer = fit(module, data(arith_jsonl), tmp_path, max_steps=1)
+    metrics = logged(trainer)
+    assert metrics["train/entropy/trained_mean"][0] > metrics["train/entropy"][0]  # the top 20% by entropy
+
+
+def tiny_mixtral(tokenizer_dir):
+    torch.manual_seed(0)
+    vocab = len(AutoTokenizer.from_pretrained(tokenizer_dir))
+    config = MixtralConfig(
+        vocab_size=vocab,
+        hidden_size=16,
+        intermediate_size=32,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        num_local_experts=4,
+        num_experts_per_tok=2,
+        router_aux_loss_coef=0.0,
+    )
+    return MixtralForCausalLM(config)
+
+
+def test_router_aux_loss_is_added_for_moe_models(tiny_model_dir, arith_jsonl, tmp_path):
+    gates = []
+    for coef in (0.0, 10.0):
+        module = make_module(
+            tiny_mixtral(tiny_model_dir),
+            tokenizer=tiny_model_dir,
+            loss={"router_aux_loss_coef": coef},
+            optimizer=lambda p: torch.optim.SGD(p, lr=1.0),
+        )
+        fit(module, data(arith_jsonl), tmp_path, max_steps=1)
+        gates.append([p.detach().clone() for n, p in module.policy.model.named_parameters() if "gate.weight" in n])
+    assert gates[0] and any(not torch.allclose(a, b) for a, b in zip(*gates))  # only the router loss differs
+
+
+def test_router_aux_loss_coef_needs_an_moe_model(tiny_model_dir):
+    with pytest.raises(ValueError, match="router_aux_loss_coef=0.1 needs a Mixture-of-Experts model"):
+        make_module(tiny_model_dir, loss={"router_aux_loss_coef": 0.1})
+
+
+# ---- evaluation: pass@k -----------------------------------------------------------------------------------
+
+
+def test_num_generations_eval_logs_pass_at_k(tiny_model_dir, arith_jsonl, tmp_path):
+    module = make_module(tiny_model_dir, num_generations_eval=4)
+    trainer = fit(
+        module,
+        PromptDataModule(arith_jsonl, batch_size=4, val_size=4),
+        tmp_path,
+        max_steps=1,
+        limit_val_batches=1.0,
+        val_check_interval=1,
+        num_sanity_val_steps=0,
+    )
+    metrics = trainer.callback_metrics
+    assert {"val/pass@4", "val/mean@4", "val/accuracy"} <= set(metrics)
+    assert metrics["val/pass@4"] >= metrics["val/mean@4"] == metrics["val/accuracy"]
+
+
+# ---- TRL's model and sampling knobs ------------------------------------------------------------------------
+
+
+def test_model_init_kwargs_and_disable_dropout(tiny_model_dir):
+    module = make_module(
+        tiny_model_dir,
+        model_init_kwargs={"attn_implementation": "eager", "attention_dropout": 0.3},
+        disable_dropout=True,
+        loss={"beta": 0.1},
+    )
+    model = module.policy.model
+    assert model.config._attn_implementation == "eager"  # passed to from_pretrained
+    for m in [*model.modules(), *module.policy.reference.modules()]:
+        assert getattr(m, "attention_dropout", 0.0) == 0.0 and getattr(m, "p", 0.0) == 0.0
+    with pytest.raises(ValueError, match="use the dtype and load_in_4bit settings"):
+        make_module(tiny_model_dir, model_init_kwargs={"torch_dtype": "bfloat16"})
+
+
+def test_chat_template_kwargs_reach_the_template():
+    tokenizer = build_tokenizer()
+    tokenizer.chat_template = (
+        "{% for m in messages %}{{ m['content'] }}{% endfor %}{% if enable_thinking %}<think>{% endif %}"
+    )
+    chat = [[{"role": "user", "content": "1+1="}]]
+    assert render_prompts(tokenizer, chat, {"enable_thinking": True}) == ["1+1=<think>"]
+    assert render_prompts(tokenizer, chat, None) == ["1+1="]
+
+
+def test_generation_kwargs_reach_the_sampler(tiny_model_dir):
+    tokenizer = AutoTokenizer.from_pretrained(tiny_model_dir)
+    config = SamplingConfig(generation_kwargs={"no_repeat_ngram_size": 1}).generation_config(tokenizer)
+    assert config.no_repeat_ngram_size == 1
+    module = make_module(tiny_model_dir, sampling={"generation_kwargs": {"no_repeat_ngram_size": 1}})
+    rollout = module.sample(["3+4="], num_generations=4, seed=0)
+    for ids, mask in zip(rollout.completion_ids, rollout.completion_mask):
+        tokens = ids[mask.bool()].tolist()[:-1]  # a token may only repeat as the final EOS
+        assert len(tokens) == len(set(tokens))
+
+
+# ---- the sections ----------------------------------------------------------------------------------------
+
+
+def test_loss_type_choices_are_the_registry():
+    hints = typing.get_type_hints(LossConfig)
+    assert set(typing.get_args(hints["loss_type"])) == set(LOSS_TYPES)
+
+
+@pytest.mark.parametrize("kind", [SamplingConfig, LossConfig, AdvantageConfig, OptimConfig])
+def test_every_section_option_has_help(kind):
+    documented = kind.__doc__.split("Attributes:")[1]
+    for field in dataclasses.fields(kind):
+        assert f"        {field.name}: " in documented, f"{kind.__name__}.{field.name} has no help text"
