@@ -128,13 +128,15 @@ class TokenRewards:
 
 
 def nanstd(x: Tensor, dim: int | None = None, keepdim: bool = False) -> Tensor:
-    """Unbiased std ignoring NaN; NaN where fewer than two values are present."""
-    count = (~x.isnan()).sum(dim=dim, keepdim=True) if dim is not None else (~x.isnan()).sum()
-    mean = x.nanmean(dim=dim, keepdim=True) if dim is not None else x.nanmean()
-    var = ((x - mean) ** 2).nansum(dim=dim, keepdim=True) if dim is not None else ((x - mean) ** 2).nansum()
-    std = (var / (count - 1)).sqrt()
-    std = torch.where(count > 1, std, torch.nan)
-    return std if keepdim or dim is None else std.squeeze(dim)
+    """Unbiased std ignoring NaN; NaN where fewer than two values are present: TRL's ``trl.trainer.utils.nanstd``,
+    imported on first use so that ``import lightning_grpo`` does not load TRL.
+
+    >>> nanstd(torch.tensor([[1.0, 3.0, float("nan")], [2.0, float("nan"), float("nan")]]), dim=1)
+    tensor([1.4142,    nan])
+    """
+    from trl.trainer.utils import nanstd as trl_nanstd
+
+    return trl_nanstd(x, dim=dim, keepdim=keepdim)
 
 
 def zero_std_fraction(grouped_rewards: Tensor) -> float:

@@ -1,5 +1,8 @@
 """``lightning-grpo fit --config config.yaml``: LightningCLI over GRPOModule and PromptDataModule.
 
+``lightning-grpo fit --config tiny_cpu``: a ``--config`` that is not a file but names a template shipped with the
+package (``lightning_grpo/templates/*.yaml``: tiny_cpu, lora_cpu, ddp_cpu ...) runs that template, so the embedded
+default runs from any directory after ``pip install``.
 ``lightning-grpo report RUN_DIR``: training curves as PNG and HTML.
 ``lightning-grpo selfcheck [--vllm-server URL]``: every training path (CPU, DDP, FSDP2, LoRA; on GPUs bf16, FSDP1,
 QLoRA, vLLM colocate and server) for a few steps on a tiny local model, as one table.
@@ -8,9 +11,10 @@ QLoRA, vLLM colocate and server) for a few steps on a tiny local model, as one t
 Every constructor argument is a config key with its docstring as ``--help``. Always on, each with its own
 config section: the run summary (``summary:``), the Hugging Face export (``export:``), the reward monitor
 (``reward_monitor:``), the mode-collapse and KL alerts (``collapse_alert:``, ``kl_alert:``, action ``warn``),
-the sample logger (``samples:``), the preemption checkpoint (``preemption:``: SIGTERM or Ctrl+C save
-``checkpoints/last.ckpt`` and exit) and torch's threads per process (``threads:``). Other callbacks go under
-``trainer.callbacks``.
+the sample logger (``samples:``), ``metrics.jsonl`` for ``report`` (``MetricsFile``, no settings), the preemption
+checkpoint (``preemption:``: SIGTERM or Ctrl+C save ``checkpoints/last.ckpt`` and exit) and torch's threads per
+process (``threads:``). All of them write into the run's own directory, whatever the logger. Other callbacks go
+under ``trainer.callbacks``.
 
 Import paths in a config (``class_path: my_rewards.MyReward``, ``reward_funcs: [my_rewards.f]``) also find
 modules in the working directory and next to each ``--config`` file, as ``python script.py`` would; they come
@@ -28,18 +32,21 @@ from pathlib import Path
 from typing import Any, NoReturn
 
 from jsonargparse import DefaultHelpFormatter
+from lightning.pytorch.callbacks import ProgressBar
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
 
 from lightning_grpo.callbacks import (
     CompletionSampleLogger,
     HFExport,
     KLAlert,
+    MetricsFile,
     ModeCollapseAlert,
     PreemptionCheckpoint,
     RewardMonitor,
     RunSummary,
 )
 from lightning_grpo.callbacks.final import ValidateAtEnd
+from lightning_grpo.callbacks.progress import StepProgressBar
 from lightning_grpo.callbacks.threads import TorchThreads
 from lightning_grpo.data import PromptDataModule
 from lightning_grpo.module import GRPOModule
@@ -126,6 +133,52 @@ def importable_dirs(argv: list[str]) -> list[str]:
     return added
 
 
+TEMPLATES = Path(__file__).parent / "templates"
+
+
+def bundled_templates() -> list[str]:
+    return sorted(p.stem for p in TEMPLATES.glob("*.yaml"))
+
+
+def resolve_configs(argv: list[str]) -> list[str]:
+    """``argv`` with every ``--config NAME`` that is not an existing file but names a shipped template (``tiny_cpu``
+    or ``tiny_cpu.yaml``) replaced by that template's path; a missing file that names none is an error listing them.
+    """
+    out = list(argv)
+    for i, arg in enumerate(out):
+        flag, eq, value = arg.partition("=")
+        if flag not in ("--config", "-c") or (not eq and i + 1 == len(out)):
+            continue
+        value = value if eq else out[i + 1]
+        if Path(value).exists():
+            continue
+        template = TEMPLATES / f"{Path(value).name.removesuffix('.yaml')}.yaml"
+        if not template.is_file() or Path(value).parent not in (Path("."), Path("templates")):
+            raise SystemExit(
+                f"lightning-grpo: error: --config {value!r} is neither a file nor a shipped template; the templates "
+                f"are {', '.join(bundled_templates())} (e.g. --config tiny_cpu)"
+            )
+        if eq:
+            out[i] = f"{flag}={template}"
+        else:
+            out[i + 1] = str(template)
+    return out
+
+
+def check_not_bare(argv: list[str]) -> None:
+    """``lightning-grpo fit`` with neither a config nor a dataset: say what to run instead of failing on the first
+    missing setting."""
+    if argv[:1] != ["fit"] or any(a.startswith(("-h", "--help", "--print_config", "--config", "-c")) for a in argv):
+        return
+    if not any(a.startswith("--data.dataset") or a.startswith("--data=") for a in argv):
+        raise SystemExit(
+            "lightning-grpo fit needs a config: `lightning-grpo fit --config tiny_cpu` trains the embedded tiny "
+            f"model (shipped templates: {', '.join(bundled_templates())}), or `--config my_run.yaml`, or the "
+            "settings on the command line (--data.dataset and --model.reward_funcs at least). "
+            "`lightning-grpo fit --help` lists every setting."
+        )
+
+
 def parser_kwargs() -> dict[str, Any]:
     return {"description": DESCRIPTION, "prog": "lightning-grpo", "usage": None}  # None: subcommands in usage
 
@@ -137,6 +190,15 @@ class GRPOCLI(LightningCLI):
             super().instantiate_classes()
         except (ValueError, TypeError, FileNotFoundError) as err:
             self.parser.error(str(err))
+
+    def instantiate_trainer(self, **kwargs: Any) -> Any:
+        """The trainer, with ``MetricsFile`` (no settings) and ``StepProgressBar`` unless the progress bar is off or
+        another one is configured."""
+        config = self.config_init[self.subcommand]["trainer"] if self.subcommand else self.config_init["trainer"]
+        callbacks = [*(config.get("callbacks") or []), MetricsFile()]
+        if config.get("enable_progress_bar") is not False and not any(isinstance(c, ProgressBar) for c in callbacks):
+            callbacks.append(StepProgressBar())
+        return super().instantiate_trainer(**kwargs, callbacks=callbacks)
 
     def add_arguments_to_parser(self, parser: LightningArgumentParser) -> None:
         parser.add_lightning_class_args(RunSummary, "summary")
@@ -176,6 +238,10 @@ def main(args: list[str] | None = None) -> None:
     if argv[:1] == ["selfcheck"]:
         selfcheck_main(argv[1:])
         return
+    check_not_bare(argv)
+    argv = resolve_configs(argv)
+    if args is None:
+        sys.argv[1:] = argv  # LightningCLI reads sys.argv itself (given both, it warns)
     importable_dirs(argv)
     # Lightning 2.6 with torch >= 2.10 warns about its own pytree call on every run; nothing a user can act on.
     warnings.filterwarnings("ignore", message=r"`isinstance\(treespec, LeafSpec\)` is deprecated")
@@ -190,7 +256,7 @@ def main(args: list[str] | None = None) -> None:
         parser_class=GRPOArgumentParser,
         parser_kwargs=parser_kwargs(),
         auto_configure_optimizers=False,  # the module builds its own: see model.optimizer
-        args=args,  # None: LightningCLI reads sys.argv itself
+        args=None if args is None else argv,
     )
 
 

@@ -134,6 +134,8 @@ class PromptDataModule(L.LightningDataModule):
             ``trainer.predict`` completes (it falls back to the validation rows when the split is missing).
         num_workers: DataLoader workers.
         split_seed: shuffling seed for the held-out split.
+        shuffle_dataset: shuffle the training prompts each epoch (TRL's option). ``false`` takes them in the
+            dataset's order (a curriculum).
     """
 
     def __init__(
@@ -151,6 +153,7 @@ class PromptDataModule(L.LightningDataModule):
         test_split: str = "test",
         num_workers: int = 0,
         split_seed: int = 0,
+        shuffle_dataset: bool = True,
     ) -> None:
         super().__init__()
         if batch_size < 1:
@@ -231,7 +234,7 @@ class PromptDataModule(L.LightningDataModule):
             return StatefulDataLoader(
                 self.train_data,
                 batch_size=self.hparams.batch_size,
-                shuffle=sampler is None,
+                shuffle=self.hparams.shuffle_dataset if sampler is None else None,
                 sampler=sampler,
                 drop_last=len(self.train_data) >= self.hparams.batch_size,
                 collate_fn=self.collate,
@@ -248,7 +251,11 @@ class PromptDataModule(L.LightningDataModule):
             return None
         seed = int(os.environ.get("PL_GLOBAL_SEED", 0))  # Lightning's own choice for the samplers it makes
         return DistributedSampler(
-            self.train_data, num_replicas=trainer.world_size, rank=trainer.global_rank, shuffle=True, seed=seed
+            self.train_data,
+            num_replicas=trainer.world_size,
+            rank=trainer.global_rank,
+            shuffle=self.hparams.shuffle_dataset,
+            seed=seed,
         )
 
     def val_dataloader(self) -> DataLoader | list:

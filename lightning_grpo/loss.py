@@ -221,6 +221,14 @@ LOSS_TYPES: dict[str, LossType] = {
 REDUCTIONS = {name: kind.reduce for name, kind in LOSS_TYPES.items()}  # loss_type -> reduction
 
 
+# metric -> (the token flag it is taken over, its reduction over completions, how micro-batches and ranks
+# combine it: NaN-ignoring, as TRL's nanmin / nanmax)
+EXTREMES = {
+    "clip_ratio/low_min": ("clip_ratio/low_mean", torch.amin, torch.fmin),
+    "clip_ratio/high_max": ("clip_ratio/high_mean", torch.amax, torch.fmax),
+}
+
+
 @dataclass
 class LossOutput:
     loss: Tensor  # scalar, carries the gradient
@@ -228,16 +236,21 @@ class LossOutput:
     num_tokens: Tensor = field(default_factory=lambda: torch.tensor(0.0))  # masked tokens summed over
     trained_entropy: Tensor = field(default_factory=lambda: torch.tensor(0.0))  # entropy summed over trained tokens
     trained_tokens: Tensor = field(default_factory=lambda: torch.tensor(0.0))  # tokens the policy term trains on
+    extremes: dict[str, Tensor] = field(default_factory=dict)  # ``EXTREMES`` name -> min or max over sequences
 
     def __add__(self, other: LossOutput) -> LossOutput:
-        """Combine micro-batches: losses and token sums add."""
+        """Combine micro-batches: losses and token sums add, extremes take the min or max (NaN: none)."""
         sums = {k: self.token_sums.get(k, 0.0) + v for k, v in other.token_sums.items()}
+        extremes = {
+            k: EXTREMES[k][2](self.extremes[k], v) if k in self.extremes else v for k, v in other.extremes.items()
+        }
         return LossOutput(
             self.loss + other.loss,
             sums,
             self.num_tokens + other.num_tokens,
             self.trained_entropy + other.trained_entropy,
             self.trained_tokens + other.trained_tokens,
+            extremes,
         )
 
     def metrics(self) -> dict[str, float]:
@@ -246,6 +259,7 @@ class LossOutput:
         and some token was trained on."""
         n = max(float(self.num_tokens), 1.0)
         out = {name: float(total) / n for name, total in self.token_sums.items()}
+        out |= {name: float(value) for name, value in self.extremes.items()}
         if "entropy" in self.token_sums and float(self.trained_tokens) > 0:
             out["entropy/trained_mean"] = float(self.trained_entropy) / float(self.trained_tokens)
         return out
@@ -340,10 +354,30 @@ def grpo_loss(
         loss = loss - coef * entropy_bonus(_need(entropies, "entropy_coef"), trained, norm, bonus_tokens)
     for name, flag in flags.items():
         sums[name] = (flag.to(mask.dtype).expand_as(mask) * mask).sum().detach()
-    out = LossOutput(loss, sums, mask.sum().detach(), trained_tokens=trained.sum().detach())
+    extremes = sequence_extremes(flags, mask)
+    out = LossOutput(loss, sums, mask.sum().detach(), trained_tokens=trained.sum().detach(), extremes=extremes)
     if entropies is not None:
         sums["entropy"] = (entropies.detach() * mask).sum()  # over all loss tokens, as TRL logs it
         out.trained_entropy = (entropies.detach() * trained).sum()  # what the adaptive controller measures
+    return out
+
+
+def sequence_extremes(flags: dict[str, Tensor], mask: Tensor) -> dict[str, Tensor]:
+    """TRL's ``clip_ratio/low_min`` and ``clip_ratio/high_max``: the lowest share of low-clipped tokens and the
+    highest share of high-clipped tokens of one completion ([n, T] or [n, 1] flags over the [n, T] ``mask``);
+    NaN when no completion has a loss token.
+
+    >>> low = torch.tensor([[True, False], [False, False]])
+    >>> sequence_extremes({"clip_ratio/low_mean": low, "clip_ratio/high_mean": low}, torch.ones(2, 2))
+    {'clip_ratio/low_min': tensor(0.), 'clip_ratio/high_max': tensor(0.5000)}
+    """
+    out = {}
+    counts = mask.sum(-1)  # [n]
+    for name, (source, reduce, _) in EXTREMES.items():
+        if source in flags:
+            shares = (flags[source].to(mask.dtype).expand_as(mask) * mask).sum(-1) / counts.clamp(min=1.0)  # [n]
+            shares = shares[counts > 0].detach()
+            out[name] = reduce(shares) if shares.numel() else torch.tensor(float("nan"))
     return out
 
 

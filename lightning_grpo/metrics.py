@@ -39,21 +39,28 @@ def _function_std(column: Tensor) -> float:
 def length_stats(lengths: Tensor, is_truncated: Tensor) -> LengthStats:
     """Statistics of [N] completion lengths (tokens up to and including EOS); terminated = ended with EOS."""
     lengths = lengths.float()
-    terminated = lengths[~is_truncated]
+    terminated = lengths[~is_truncated] if (~is_truncated).any() else lengths.new_zeros(1)  # none: 0, as TRL
     return LengthStats(
         mean=lengths.mean().item(),
         min=lengths.min().item(),
         max=lengths.max().item(),
         clipped_ratio=is_truncated.float().mean().item(),
-        mean_terminated=terminated.mean().item() if terminated.numel() else 0.0,
+        mean_terminated=terminated.mean().item(),
+        min_terminated=terminated.min().item(),
+        max_terminated=terminated.max().item(),
     )
 
 
 def update_stats(
-    loss: LossOutput, sampling_weights: Tensor | None, mask: Tensor, trained_entropy: bool = False
+    loss: LossOutput,
+    sampling_weights: Tensor | None,
+    mask: Tensor,
+    trained_entropy: bool = False,
+    grad_norm: float = float("nan"),
 ) -> UpdateStats:
-    """The loss and its token means (entropy, clip ratios, KL when computed), the sampler correction's range, and
-    with ``trained_entropy`` the entropy of the tokens trained on (``top_entropy_quantile`` < 1)."""
+    """The loss and its token means (entropy, clip ratios, KL when computed), the completions' extreme clip shares,
+    the pre-clip gradient norm, the sampler correction's range, and with ``trained_entropy`` the entropy of the
+    tokens trained on (``top_entropy_quantile`` < 1)."""
     means = loss.metrics()
     return UpdateStats(
         loss=loss.loss.item(),
@@ -61,6 +68,9 @@ def update_stats(
         clip_low=means["clip_ratio/low_mean"],
         clip_high=means["clip_ratio/high_mean"],
         clip_region=means["clip_ratio/region_mean"],
+        clip_low_min=means.get("clip_ratio/low_min", float("nan")),
+        clip_high_max=means.get("clip_ratio/high_max", float("nan")),
+        grad_norm=grad_norm,
         loss_tokens=float(loss.num_tokens),
         kl=means.get("kl"),
         sampling_ratio=_range(sampling_weights, mask),

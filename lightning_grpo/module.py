@@ -33,7 +33,7 @@ from lightning_grpo.metrics import accuracy, length_stats, pass_at_k, reward_sta
 from lightning_grpo.optim import OptimConfig, clip_gradients, param_groups, scheduler
 from lightning_grpo.policy import Policy
 from lightning_grpo.ranks import Ranks
-from lightning_grpo.rewards.combine import reward_set
+from lightning_grpo.rewards.combine import import_paths, reward_set
 from lightning_grpo.rewards.scoring import default_accuracy_reward, score_rollout, trl_trainer_state
 from lightning_grpo.rollout import RolloutEngine, SamplingConfig
 from lightning_grpo.settings import check_settings
@@ -179,6 +179,9 @@ class GRPOModule(L.LightningModule):
         # Only config values: LightningCLI parses them back when resuming with --ckpt_path.
         objects = [k for k in ("model", "tokenizer") if not isinstance(settings[k], str | None)]
         self.save_hyperparameters(ignore=["reward_funcs", "optimizer", "rollout_engine", *objects])
+        restorable = import_paths(reward_funcs or [])
+        if restorable:  # by import path, so that load_from_checkpoint(path) imports them again
+            self.hparams["reward_funcs"] = restorable
         self.hparams.update({name: dataclasses.asdict(settings[name]) for name in SECTIONS})  # plain values
         self.automatic_optimization = False
         self.optimizer_factory = optimizer
@@ -215,6 +218,7 @@ class GRPOModule(L.LightningModule):
         self.num_tokens_seen = 0
         self.skipped_steps = 0
         self.bad_steps_in_a_row = 0
+        self.grad_norm = torch.tensor(float("nan"))  # the last optimiser step's, before clipping: train/grad_norm
 
     @override
     def setup(self, stage: str) -> None:
@@ -261,7 +265,11 @@ class GRPOModule(L.LightningModule):
             rewards=reward_stats(all_scores, scores.weights, scores.names, rollout.group_size, self.accuracy_reward),
             lengths=length_stats(*ranks.lengths(rollout)),
             update=update_stats(
-                ranks.loss(loss), targets.sampling_weights, targets.mask, self.loss_config.top_entropy_quantile < 1
+                ranks.loss(loss),
+                targets.sampling_weights,
+                targets.mask,
+                self.loss_config.top_entropy_quantile < 1,
+                self.grad_norm.item(),
             ),
             num_tokens=self.num_tokens_seen,
             learning_rate=self.optimizers().param_groups[0]["lr"],
@@ -411,10 +419,12 @@ class GRPOModule(L.LightningModule):
         return getattr(self.trainer.precision_plugin, "scaler", None)
 
     def _clip_gradients(self) -> Tensor:
-        """The pre-clip global gradient norm (``max_grad_norm``), the same on every rank."""
+        """Clip to ``max_grad_norm``; the pre-clip global gradient norm, the same on every rank, logged as TRL's
+        (and Hugging Face Trainer's) ``grad_norm``."""
         strategy = self.trainer.strategy
         root = strategy.model if isinstance(strategy, FSDPStrategy) else None  # FSDP1 clips at its root
-        return clip_gradients(self.policy.trainable_parameters(), self.optim_config.max_grad_norm, root)
+        self.grad_norm = clip_gradients(self.policy.trainable_parameters(), self.optim_config.max_grad_norm, root)
+        return self.grad_norm
 
     def _skip_step(self, reason: str) -> None:
         """Skip an optimiser step with a warning; ``max_bad_steps`` in a row stop training, a checkpoint kept."""
@@ -531,10 +541,11 @@ class GRPOModule(L.LightningModule):
         if "entropy_controller" in checkpoint:
             self.entropy.load_state_dict(checkpoint["entropy_controller"])
 
-    def save_pretrained(self, path: str) -> None:
+    def save_pretrained(self, path: str, merged: bool = False) -> None:
         """The policy and tokenizer in Hugging Face format: ``AutoModelForCausalLM.from_pretrained(path)``.
 
-        Every rank calls it; global rank 0 writes. A LoRA policy is saved merged (base + adapter in full
-        weights), from a copy: training can go on. An FSDP2-sharded policy is gathered first (a collective).
+        Every rank calls it; global rank 0 writes. A LoRA policy writes its adapter
+        (``PeftModel.from_pretrained(base, path)``) and, with ``merged``, the merged model (base + adapter in
+        full weights) in ``path/merged``. An FSDP2-sharded policy is gathered first (a collective).
         """
-        self.policy.save_pretrained(path, self.global_rank == 0)
+        self.policy.save_pretrained(path, self.global_rank == 0, merged)

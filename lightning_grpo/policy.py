@@ -212,19 +212,22 @@ class Policy(nn.Module):
                 ("model." + n, t) for n, t in self.model.state_dict(keep_vars=True).items() if not t.requires_grad
             )
 
-    def save_pretrained(self, path: str, is_global_zero: bool) -> None:
-        """Hugging Face format (``AutoModelForCausalLM.from_pretrained(path)``). Every rank calls it: a sharded
-        policy is gathered first (a collective); rank 0 writes. A LoRA policy is saved merged, from a copy."""
+    def save_pretrained(self, path: str, is_global_zero: bool, merged: bool = False) -> None:
+        """Hugging Face format. Every rank calls it: a sharded policy is gathered first (a collective); rank 0
+        writes. A full model: ``AutoModelForCausalLM.from_pretrained(path)``. A LoRA policy: its adapter, as TRL
+        and PEFT save it (``PeftModel.from_pretrained(base, path)``), and with ``merged`` also the merged model
+        (base + adapter in full weights, from a copy: training can go on) in ``path/merged``."""
         model, state = self.model, None
         if is_sharded(model):
             state = full_state_dict(model)
-            if self.is_lora and is_global_zero:
-                model, state = _merged_lora(model, state), None
-        elif self.is_lora and is_global_zero:
-            model = copy.deepcopy(model).merge_and_unload()
-        if is_global_zero:
-            model.save_pretrained(path, state_dict=state)
-            self.tokenizer.save_pretrained(path)
+        if not is_global_zero:
+            return
+        model.save_pretrained(path, state_dict=state)
+        self.tokenizer.save_pretrained(path)
+        if self.is_lora and merged:
+            whole = _merged_lora(model, state) if state is not None else copy.deepcopy(model).merge_and_unload()
+            whole.save_pretrained(f"{path}/merged")
+            self.tokenizer.save_pretrained(f"{path}/merged")
 
 
 def _disable_dropout(model: nn.Module) -> None:

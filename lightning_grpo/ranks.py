@@ -6,11 +6,13 @@ same point of its step. Under DDP and FSDP2 with ``tensor_parallel_size: 1``, ra
 
 from __future__ import annotations
 
+import functools
+
 import lightning as L
 import torch
 from torch import Tensor
 
-from lightning_grpo.loss import LossOutput
+from lightning_grpo.loss import EXTREMES, LossOutput
 from lightning_grpo.types import Rollout
 
 
@@ -54,7 +56,13 @@ class Ranks:
         counts = [out.trained_entropy, out.trained_tokens, out.num_tokens, out.loss]
         local = torch.stack([out.token_sums[k].float() for k in names] + [torch.as_tensor(c).float() for c in counts])
         total = self.sum(local)  # [M + 4] one all-reduce
-        return LossOutput(total[-1] / self.world_size, dict(zip(names, total[:-4])), total[-2], total[-4], total[-3])
+        extremes, combined = sorted(out.extremes), {}
+        if extremes:
+            every = self.gather_rows(torch.stack([out.extremes[k].float() for k in extremes]).unsqueeze(0))  # [W, E]
+            combined = {k: functools.reduce(EXTREMES[k][2], every[:, i]) for i, k in enumerate(extremes)}
+        return LossOutput(
+            total[-1] / self.world_size, dict(zip(names, total[:-4])), total[-2], total[-4], total[-3], combined
+        )
 
     def lengths(self, rollout: Rollout) -> tuple[Tensor, Tensor]:
         """[W*N] completion lengths and truncation flags of every rank."""

@@ -1,6 +1,7 @@
 """A run directory's logs -> ``report.png`` and a self-contained ``report.html``.
 
-Reads the run's own logs (TensorBoard event files, or ``metrics.csv`` from a CSVLogger) and ``alerts.jsonl``
+Reads the run's own logs (``metrics.jsonl``, written by the ``MetricsFile`` callback whatever the logger: CSV,
+TensorBoard, MLflow, W&B; else ``metrics.csv`` from a CSVLogger or TensorBoard event files) and ``alerts.jsonl``
 written by the alert callbacks; knows nothing about models. ``lightning-grpo report RUN_DIR`` calls it.
 """
 
@@ -31,21 +32,45 @@ class Report:
 
 
 def read_series(run_dir: Path) -> dict[str, list[tuple[int, float]]]:
-    """Every scalar the run logged, from ``metrics.csv`` or TensorBoard event files."""
-    csv_path = run_dir / "metrics.csv"
-    series: dict[str, list[tuple[int, float]]] = {}
-    if csv_path.exists():
-        with open(csv_path) as f:
-            for row in csv.DictReader(f):
-                for key, value in row.items():
-                    if key != "step" and value not in ("", None):
-                        series.setdefault(key, []).append((int(float(row["step"])), float(value)))
-        return series
+    """Every scalar the run logged, from ``metrics.jsonl``, ``metrics.csv`` or TensorBoard event files."""
+    if (run_dir / "metrics.jsonl").exists():
+        return _from_jsonl(run_dir / "metrics.jsonl")
+    if (run_dir / "metrics.csv").exists():
+        return _from_csv(run_dir / "metrics.csv")
     events = sorted(run_dir.glob("events.out.tfevents.*"))
     if not events:
-        raise FileNotFoundError(f"{run_dir} holds neither metrics.csv nor TensorBoard event files")
+        raise FileNotFoundError(
+            f"{run_dir} holds neither metrics.jsonl (the MetricsFile callback's) nor metrics.csv nor TensorBoard "
+            "event files: give the run's own directory (lightning_logs/version_N, mlruns/<experiment>/<run>, "
+            "<wandb project>/<run id>)"
+        )
+    return _from_tensorboard(events)
+
+
+def _from_jsonl(path: Path) -> dict[str, list[tuple[int, float]]]:
+    series: dict[str, list[tuple[int, float]]] = {}
+    for line in path.read_text().splitlines():
+        row = json.loads(line)
+        for key, value in row.items():
+            if key != "step":
+                series.setdefault(key, []).append((int(row["step"]), float(value)))
+    return series
+
+
+def _from_csv(path: Path) -> dict[str, list[tuple[int, float]]]:
+    series: dict[str, list[tuple[int, float]]] = {}
+    with open(path) as f:
+        for row in csv.DictReader(f):
+            for key, value in row.items():
+                if key != "step" and value not in ("", None):
+                    series.setdefault(key, []).append((int(float(row["step"])), float(value)))
+    return series
+
+
+def _from_tensorboard(events: list[Path]) -> dict[str, list[tuple[int, float]]]:
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
+    series: dict[str, list[tuple[int, float]]] = {}
     for path in events:
         acc = EventAccumulator(str(path), size_guidance={"scalars": 0})
         acc.Reload()

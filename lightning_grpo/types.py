@@ -120,7 +120,9 @@ class LengthStats:
     min: float
     max: float
     clipped_ratio: float  # completions that never emitted EOS
-    mean_terminated: float  # mean length of those that did (0 when none did)
+    mean_terminated: float  # mean length of those that did (0 when none did, as in TRL)
+    min_terminated: float = 0.0
+    max_terminated: float = 0.0
 
     def metrics(self) -> dict[str, float]:
         return {
@@ -129,6 +131,8 @@ class LengthStats:
             "completions/max_length": self.max,
             "completions/clipped_ratio": self.clipped_ratio,
             "completions/mean_terminated_length": self.mean_terminated,
+            "completions/min_terminated_length": self.min_terminated,
+            "completions/max_terminated_length": self.max_terminated,
         }
 
 
@@ -141,6 +145,9 @@ class UpdateStats:
     clip_low: float  # tokens clipped below 1 - epsilon with a negative advantage
     clip_high: float  # tokens clipped above 1 + epsilon_high with a positive advantage
     clip_region: float  # either
+    clip_low_min: float = float("nan")  # the lowest share of low-clipped tokens of one completion (TRL's low_min)
+    clip_high_max: float = float("nan")  # the highest share of high-clipped tokens of one completion
+    grad_norm: float = float("nan")  # the global gradient norm before clipping (last optimiser step of the step)
     loss_tokens: float = 0.0  # tokens in the loss, all ranks (the dapo normaliser's count)
     kl: float | None = None  # to the reference; None when beta = 0 (not computed)
     sampling_ratio: tuple[float, float, float] | None = None  # min, mean, max of the sampler correction
@@ -153,6 +160,9 @@ class UpdateStats:
             "clip_ratio/low_mean": self.clip_low,
             "clip_ratio/high_mean": self.clip_high,
             "clip_ratio/region_mean": self.clip_region,
+            "clip_ratio/low_min": self.clip_low_min,
+            "clip_ratio/high_max": self.clip_high_max,
+            "grad_norm": self.grad_norm,
         }
         if self.kl is not None:
             out["kl"] = self.kl
@@ -160,7 +170,7 @@ class UpdateStats:
             out["entropy/trained_mean"] = self.trained_entropy
         if self.sampling_ratio is not None:
             for name, value in zip(("min", "mean", "max"), self.sampling_ratio):
-                out[f"sampling/importance_ratio/{name}"] = value
+                out[f"sampling/importance_sampling_ratio/{name}"] = value  # TRL's name
         return out
 
 

@@ -154,7 +154,7 @@ def main(
     params = torch.cat([full(p).flatten().cpu() for p in module.policy.model.parameters()])
     Path(out_dir).mkdir(parents=True, exist_ok=True)
     if lora:
-        module.save_pretrained(str(Path(out_dir) / "hf"))
+        module.save_pretrained(str(Path(out_dir) / "hf"), merged=True)
     torch.save(
         {
             "steps": recorder.steps,

@@ -47,6 +47,7 @@ LAYERS = {
     "selfcheck": 6,
     "__init__": 7,
     "__main__": 7,
+    "templates": 8,  # shipped example scripts: they use the public API, like a user's program
 }
 MODULE_INTERNALS = {"module", "targets", "policy", "engines", "ranks", "settings"}  # callbacks read the record
 
@@ -56,6 +57,11 @@ def stage(path: Path) -> str:
     return path.relative_to(PACKAGE).parts[0].removesuffix(".py")
 
 
+def is_stage(name: str) -> bool:
+    """``from lightning_grpo import loss`` imports a stage; ``from lightning_grpo import GRPOModule`` a name."""
+    return (PACKAGE / f"{name}.py").exists() or (PACKAGE / name).is_dir()
+
+
 def package_imports(path: Path) -> set[str]:
     """Stages of lightning_grpo that ``path`` imports (``from lightning_grpo.x import`` and ``import ...``)."""
     found = set()
@@ -63,7 +69,9 @@ def package_imports(path: Path) -> set[str]:
         names = []
         if isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
             names = [node.module] + (
-                [f"{node.module}.{a.name}" for a in node.names] if node.module == "lightning_grpo" else []
+                [f"{node.module}.{a.name}" for a in node.names if is_stage(a.name)]
+                if node.module == "lightning_grpo"
+                else []
             )
         elif isinstance(node, ast.Import):
             names = [a.name for a in node.names]

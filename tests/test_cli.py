@@ -234,3 +234,34 @@ def test_a_step_checkpoint_run_prints_no_warning_a_user_cannot_act_on(tmp_path, 
     ]
     assert not [f"{w.category.__name__}: {str(w.message)[:80]}" for w in shown]
     assert list(tmp_path.glob("lightning_logs/version_*/checkpoints/*step=2.ckpt"))
+
+
+def template_checkpoints() -> list[dict]:
+    """The ``ModelCheckpoint`` settings the shipped templates show."""
+    found = []
+    for config in CONFIGS:
+        callbacks = (yaml.safe_load(config.read_text()).get("trainer") or {}).get("callbacks") or []
+        found += [c.get("init_args", {}) for c in callbacks if c["class_path"].endswith("ModelCheckpoint")]
+    return found
+
+
+def test_the_templates_show_a_checkpoint_filename_that_makes_no_folders(tiny_model_dir, arith_jsonl, tmp_path):
+    from helpers import fit, make_module
+    from lightning.pytorch.callbacks import ModelCheckpoint
+
+    from lightning_grpo import PromptDataModule
+    from lightning_grpo.callbacks import ValidateAtEnd
+
+    shown = [c for c in template_checkpoints() if "/" in c.get("monitor", "") and "{" in c.get("filename", "")]
+    assert shown, "a template shows a ModelCheckpoint that monitors a metric and names it in the filename"
+    for settings in shown:
+        metrics = {"step": 250, "epoch": 0, settings["monitor"]: 0.5}
+        name = ModelCheckpoint(**settings).format_checkpoint_name(metrics)
+        assert "/" not in name, name
+    checkpoint = ModelCheckpoint(**{**shown[0], "monitor": "val/accuracy"})
+    data = PromptDataModule(arith_jsonl, batch_size=4, val_size=4)
+    fit(make_module(tiny_model_dir), data, tmp_path, max_steps=2, callbacks=[checkpoint, ValidateAtEnd()],
+        enable_checkpointing=True, limit_val_batches=1)  # fmt: skip
+    saved = sorted(p.relative_to(tmp_path) for p in tmp_path.rglob("*.ckpt"))
+    assert len(saved) == 2 and all(p.parent.name == "checkpoints" for p in saved), saved
+    assert any(p.name.startswith("step=2-accuracy=") for p in saved), saved

@@ -55,7 +55,7 @@ def run(tiny_model_dir, arith_jsonl, tmp_path, shift, **kw):
 def test_sampling_correction_weights_the_policy_term(tiny_model_dir, arith_jsonl, tmp_path, mode, shift, expected):
     module, metrics = run(tiny_model_dir, arith_jsonl, tmp_path, shift, sampling_correction=mode)
     for stat in ("min", "mean", "max"):
-        assert metrics[f"train/sampling/importance_ratio/{stat}"] == pytest.approx([expected] * 2, rel=1e-3)
+        assert metrics[f"train/sampling/importance_sampling_ratio/{stat}"] == pytest.approx([expected] * 2, rel=1e-3)
     assert module.engine.synced == 2  # weights pushed to the sampler after every training step
 
 

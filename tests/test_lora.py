@@ -3,6 +3,7 @@
 import pytest
 import torch
 from helpers import fit, logged, make_module
+from peft import PeftModel
 from transformers import AutoModelForCausalLM
 
 from lightning_grpo import GRPOModule, PromptDataModule
@@ -17,7 +18,7 @@ def test_lora_run(tiny_model_dir, arith_jsonl, tmp_path):
     assert module.policy.reference is None  # no second model: the reference is the adapter-off policy
     base = {n: p.detach().clone() for n, p in module.policy.model.named_parameters() if "lora_" not in n}
     lora = {n: p.detach().clone() for n, p in module.policy.model.named_parameters() if "lora_B" in n}
-    export = HFExport()
+    export = HFExport(merged=True)
     trainer = fit(
         module,
         PromptDataModule(arith_jsonl, batch_size=4, val_split=None),
@@ -34,7 +35,14 @@ def test_lora_run(tiny_model_dir, arith_jsonl, tmp_path):
     ckpt = torch.load(trainer.checkpoint_callback.best_model_path, weights_only=False)
     assert ckpt["state_dict"] and all("lora_" in k for k in ckpt["state_dict"])
 
-    merged = AutoModelForCausalLM.from_pretrained(export.path)
+    # the adapter, as PEFT and TRL save it, and the merged model beside it: both give the trained policy's logits
+    assert (export.path / "adapter_config.json").exists() and not (export.path / "model.safetensors").exists()
+    ids = torch.tensor([[3, 5, 7, 2]])
+    trained = module.policy.model.eval()(ids).logits
+    adapter = PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(tiny_model_dir), export.path)
+    merged = AutoModelForCausalLM.from_pretrained(export.path / "merged")
+    torch.testing.assert_close(adapter.eval()(ids).logits, trained)
+    torch.testing.assert_close(merged.eval()(ids).logits, trained, rtol=1e-4, atol=1e-5)
     original = AutoModelForCausalLM.from_pretrained(tiny_model_dir)
     q_merged = merged.model.layers[0].self_attn.q_proj.weight
     assert not torch.equal(q_merged, original.model.layers[0].self_attn.q_proj.weight)

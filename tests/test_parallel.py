@@ -90,7 +90,9 @@ def test_fsdp2_with_lora_matches_ddp_with_lora(tiny_model_dir, arith_jsonl, tmp_
     assert fsdp_ranks[0]["grads"][0].numel() < sum(v.numel() for v in base.values()) / 10  # only the adapter
     assert ddp_ranks[0]["steps"][0]["metrics"]["kl"] == 0.0 < ddp_ranks[0]["steps"][2]["metrics"]["kl"]
     torch.testing.assert_close(fsdp_ranks[0]["params"], ddp_ranks[0]["params"], rtol=1e-4, atol=1e-5)
-    merged = [AutoModelForCausalLM.from_pretrained(tmp_path / mode / "hf") for mode in ("ddp+lora", "fsdp2+lora")]
+    merged = [
+        AutoModelForCausalLM.from_pretrained(tmp_path / mode / "hf" / "merged") for mode in ("ddp+lora", "fsdp2+lora")
+    ]
     assert merged[1].lm_head.weight is merged[1].model.embed_tokens.weight  # still tied, as the base is
     for name, weight in merged[0].state_dict().items():
         torch.testing.assert_close(merged[1].state_dict()[name], weight, rtol=1e-4, atol=1e-6, msg=name)

@@ -5,6 +5,7 @@ from lightning_grpo.callbacks.collapse import ModeCollapseAlert
 from lightning_grpo.callbacks.divergence import KLAlert
 from lightning_grpo.callbacks.export import HFExport
 from lightning_grpo.callbacks.final import ValidateAtEnd
+from lightning_grpo.callbacks.metricsfile import MetricsFile
 from lightning_grpo.callbacks.monitor import RewardMonitor
 from lightning_grpo.callbacks.preemption import PreemptionCheckpoint
 from lightning_grpo.callbacks.samples import CompletionSampleLogger
@@ -16,6 +17,7 @@ __all__ = [
     "GRPOAlertError",
     "HFExport",
     "KLAlert",
+    "MetricsFile",
     "ModeCollapseAlert",
     "PreemptionCheckpoint",
     "RewardMonitor",

@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import lightning as L
+from lightning.pytorch.utilities import rank_zero_warn
 from typing_extensions import override
 
 from lightning_grpo.callbacks.rundir import run_dir
@@ -13,21 +14,29 @@ from lightning_grpo.callbacks.rundir import run_dir
 class HFExport(L.Callback):
     """Writes ``save_pretrained`` output so ``AutoModelForCausalLM.from_pretrained(dirpath)`` loads it.
 
+    A LoRA run writes its adapter (``PeftModel.from_pretrained(base, dirpath)`` loads it, with
+    ``adapter_config.json`` naming the base model) and, with ``merged: true``, the merged model in
+    ``<dirpath>/merged``.
+
     Args:
-        dirpath: where to write; default ``<log_dir>/hf_model`` (a new directory for every run).
+        dirpath: where to write. Default ``<run dir>/hf_model``: the run's own directory (see
+            ``callbacks/rundir.py``). When that already holds files (no logger, or a logger version set by
+            hand), ``hf_model-2``, ``hf_model-3`` ... is used instead, with a warning.
         overwrite: replace the files of an existing, non-empty ``dirpath``; otherwise the run refuses to
             start, so a trained model is never overwritten by surprise.
+        merged: a LoRA run also writes the merged model in ``<dirpath>/merged``. Base + adapter in full weights.
     """
 
-    def __init__(self, dirpath: str | None = None, overwrite: bool = False) -> None:
+    def __init__(self, dirpath: str | None = None, overwrite: bool = False, merged: bool = False) -> None:
         self.dirpath = dirpath
         self.overwrite = overwrite
+        self.merged = merged
         self.path: Path | None = None
 
     @override
     def on_fit_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         target = Path(self.dirpath) if self.dirpath else None
-        if target is not None and not self.overwrite and target.is_dir() and any(target.iterdir()):
+        if target is not None and not self.overwrite and _holds_files(target):
             raise FileExistsError(
                 f"export.dirpath {str(target)!r} already holds files: choose a new directory or set "
                 "export.overwrite: true"
@@ -35,6 +44,23 @@ class HFExport(L.Callback):
 
     @override
     def on_fit_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        self.path = Path(self.dirpath) if self.dirpath else run_dir(trainer) / "hf_model"
-        pl_module.save_pretrained(str(self.path))  # every rank: a sharded policy is gathered; rank 0 writes
+        path = Path(self.dirpath) if self.dirpath else _unused(run_dir(trainer) / "hf_model", self.overwrite)
+        self.path = Path(trainer.strategy.broadcast(str(path)))  # rank 0's choice: it writes
+        pl_module.save_pretrained(str(self.path), merged=self.merged)  # every rank: a sharded policy is gathered
         trainer.strategy.barrier("hf_export")
+
+
+def _holds_files(path: Path) -> bool:
+    return path.is_dir() and any(path.iterdir())
+
+
+def _unused(path: Path, overwrite: bool) -> Path:
+    """``path``, or when it already holds files, the first free ``path-2``, ``path-3`` ..., said in a warning."""
+    if overwrite or not _holds_files(path):
+        return path
+    n = 2
+    while _holds_files(path.with_name(f"{path.name}-{n}")):
+        n += 1
+    free = path.with_name(f"{path.name}-{n}")
+    rank_zero_warn(f"{path} already holds an exported model (another run's): this run's export goes to {free}")
+    return free

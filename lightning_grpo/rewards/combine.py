@@ -7,6 +7,7 @@ Each function keeps its own ``rewards/<name>/mean`` metric that way; ``combine``
 
 from __future__ import annotations
 
+import importlib
 import math
 from collections.abc import Sequence
 from typing import Any
@@ -153,10 +154,45 @@ def preset(name: str) -> tuple[list[RewardFunc], list[float]]:
 def reward_set(
     reward_funcs: Sequence[RewardFunc] | None, reward_weights: Sequence[float] | None, reward_preset: str | None
 ) -> tuple[list[RewardFunc], list[float]]:
-    """``reward_funcs`` with their weights (1.0 each by default), then the preset's; refused when empty."""
-    funcs = list(reward_funcs or [])
+    """``reward_funcs`` (callables or import paths) with their weights (1.0 each by default), then the preset's;
+    refused when empty."""
+    funcs = [resolved(fn) for fn in reward_funcs or []]
     weights = check_reward_weights(funcs, reward_weights) if funcs else []
     if reward_preset is not None:
         preset_funcs, preset_weights = preset(reward_preset)
         funcs, weights = funcs + preset_funcs, weights + preset_weights
     return funcs, check_reward_weights(funcs, weights)
+
+
+def resolved(fn: RewardFunc | str) -> RewardFunc:
+    """A reward function, or the one its import path (``trl.rewards.accuracy_reward``) names."""
+    if not isinstance(fn, str):
+        return fn
+    module, _, name = fn.rpartition(".")
+    try:
+        return getattr(importlib.import_module(module), name)
+    except (ImportError, AttributeError, ValueError) as err:
+        raise ValueError(f"reward_funcs entry {fn!r} cannot be imported ({err}): give module.function") from err
+
+
+def import_paths(reward_funcs: Sequence[RewardFunc | str]) -> list[str] | None:
+    """The import path of each function, such that importing it gives the function back; ``None`` when one has
+    none (a lambda, a ``partial``, an instance, a function of ``__main__``): that set cannot be restored by name.
+
+    >>> import_paths([preset, "lightning_grpo.rewards.exact_match_reward"])
+    ['lightning_grpo.rewards.combine.preset', 'lightning_grpo.rewards.exact_match_reward']
+    >>> import_paths([lambda completions, **kw: [0.0] * len(completions)]) is None
+    True
+    """
+    paths = []
+    for fn in reward_funcs:
+        path = fn if isinstance(fn, str) else f"{getattr(fn, '__module__', '')}.{getattr(fn, '__qualname__', '')}"
+        if path.startswith("__main__.") or "<" in path:
+            return None
+        try:
+            if resolved(path) is not resolved(fn):
+                return None
+        except ValueError:
+            return None
+        paths.append(path)
+    return paths

@@ -174,19 +174,9 @@ def multiple_choice_reward(completions: list[Any], answer: list[Any], **kwargs: 
     return _per_row(completions, golds, lambda text, gold: float(choice_letter(text) == gold))
 
 
-def _lcs_length(a: list[str], b: list[str]) -> int:
-    """Longest common subsequence of two word lists, one row of the DP table at a time (memory O(len(b)))."""
-    previous = [0] * (len(b) + 1)
-    for word in a:
-        current = [0]
-        for j, other in enumerate(b):
-            current.append(previous[j] + 1 if word == other else max(previous[j + 1], current[j]))
-        previous = current
-    return previous[-1]
-
-
 def rouge_l_reward(completions: list[Any], answer: list[Any], **kwargs: Any) -> list[float | None]:
-    """ROUGE-L F1 between the final answer's words and the gold reference's (normalised), in [0, 1].
+    """ROUGE-L F1 between the final answer's words and the gold reference's (normalised), in [0, 1]: torchmetrics'
+    ``rouge_score`` on the words of ``normalize`` (its own tokenizer would drop every non-ASCII letter).
 
     Args:
         completions: [N] plain strings or chat messages, e.g. summaries.
@@ -195,16 +185,20 @@ def rouge_l_reward(completions: list[Any], answer: list[Any], **kwargs: Any) -> 
     >>> rouge_l_reward(["the cat sat on the mat", ""], answer=["a cat sat on a mat", "x"])
     [0.6667, 0.0]
     """
+    from torchmetrics.functional.text.rouge import rouge_score  # loads nltk's helpers: only when scoring
 
     def score(text: str, gold: Any) -> float:
-        guess, reference = normalize(text).split(), normalize(str(gold)).split()
-        common = _lcs_length(guess, reference)
-        if common == 0:
+        guess, reference = normalize(text), normalize(str(gold))
+        if not guess or not reference:
             return 0.0
-        precision, recall = common / len(guess), common / len(reference)
-        return round(2 * precision * recall / (precision + recall), 4)
+        f1 = rouge_score(guess, reference, rouge_keys="rougeL", normalizer=_as_is, tokenizer=str.split)
+        return round(f1["rougeL_fmeasure"].item(), 4)
 
     return _per_row(completions, answer, score)
+
+
+def _as_is(text: str) -> str:
+    return text
 
 
 for _fn in (exact_match_reward, normalized_match_reward, numeric_match_reward, multiple_choice_reward):

@@ -1,0 +1,46 @@
+"""MetricsFile: the run's scalars as ``metrics.jsonl`` in its own directory, whatever the logger.
+
+``lightning-grpo report`` reads this file, so runs logged to MLflow, W&B, TensorBoard or CSV (or to no logger)
+are reported alike. One JSON object a line: ``{"step": 10, "train/reward": 0.41, ...}``.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import lightning as L
+from typing_extensions import override
+
+from lightning_grpo.callbacks.rundir import run_dir
+
+FILENAME = "metrics.jsonl"
+
+
+class MetricsFile(L.Callback):
+    """Appends the step's ``train/*`` metrics on the steps the loggers write (``trainer.log_every_n_steps``, and
+    the last) and the ``val/*`` metrics after every validation pass (step 0: the sanity check, the "before")."""
+
+    @override
+    def on_train_batch_end(
+        self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: Any, batch: Any, batch_idx: int
+    ) -> None:
+        step = trainer.global_step
+        if step % max(trainer.log_every_n_steps, 1) == 0 or trainer.should_stop:  # as Lightning's loggers
+            self._write(trainer, "train/")
+
+    @override
+    def on_validation_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        self._write(trainer, "val/")
+
+    @staticmethod
+    def _write(trainer: L.Trainer, prefix: str) -> None:
+        if not trainer.is_global_zero:
+            return
+        metrics = {k: float(v) for k, v in trainer.callback_metrics.items() if k.startswith(prefix) and v.numel() == 1}
+        if not metrics:
+            return
+        path = run_dir(trainer) / FILENAME
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with open(path, "a") as f:
+            f.write(json.dumps({"step": trainer.global_step, **metrics}) + "\n")
