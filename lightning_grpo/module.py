@@ -94,7 +94,8 @@ class GRPOModule(L.LightningModule):
             to ~32M logits (128 MB in fp32): 220 positions at Qwen2.5's 151,936-token vocabulary.
         share_prompt_prefix: the log-prob forward encodes each group's shared prompt once (Prefix Grouper):
             the same log-probs and gradients for P + G * T token positions a group instead of G * (P + T); a
-            large saving when prompts are long and completions short. Not with gradient checkpointing or FSDP2.
+            large saving when prompts are long and completions short; DDP and FSDP2 alike. Not with gradient
+            checkpointing.
         gradient_checkpointing: recompute activations in the backward pass (off while generating).
         peft_config: LoRA settings (``peft.LoraConfig`` arguments, e.g. ``{r: 16, lora_alpha: 32,
             target_modules: all-linear}``): only the adapter trains; the reference for ``beta > 0`` is the

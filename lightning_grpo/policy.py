@@ -45,7 +45,7 @@ class Policy(nn.Module):
         logprob_chunk_size: token positions per LM-head chunk (``None``: ~32M logits a chunk).
         shared_prefix: in the log-prob forward, encode each group's shared prompt once (Prefix Grouper,
             ``lightning_grpo.prefix``): equal values and gradients, P + G * T token positions a group instead of
-            G * (P + T). Not with gradient checkpointing or FSDP2 sharding.
+            G * (P + T). Not with gradient checkpointing.
         init_kwargs: more ``from_pretrained`` arguments (TRL's ``model_init_kwargs``).
         disable_dropout: set every dropout probability of the policy (and reference) to 0, as TRL's option does.
     """
@@ -109,19 +109,10 @@ class Policy(nn.Module):
         ``router_aux``: with the MoE load-balancing loss; ``entropy_grad``: entropies with their gradient."""
         model = self.model if model is None else model
         ids, mask, width = rollout.input_ids[rows], rollout.attention_mask[rows], rollout.completion_ids.shape[1]
-        options = {"router_aux": router_aux, "entropy_grad": entropy_grad}
-        if is_sharded(model):
+        options = {"router_aux": router_aux, "entropy_grad": entropy_grad, "shared_prefix": self.shared_prefix}
+        if is_sharded(model):  # FSDP2 gathers each layer around each of its calls: the prompt pass, then the rest
             return getattr(model, LOGPS_METHOD)(ids, mask, width, self.temperature, self.logprob_chunk_size, **options)
-        return completion_logps(
-            model,
-            ids,
-            mask,
-            width,
-            self.temperature,
-            self.logprob_chunk_size,
-            shared_prefix=self.shared_prefix,
-            **options,
-        )
+        return completion_logps(model, ids, mask, width, self.temperature, self.logprob_chunk_size, **options)
 
     @torch.no_grad()
     def logps(self, rollout: Rollout, micro_batches: list[slice]) -> Tensor:
@@ -184,8 +175,6 @@ class Policy(nn.Module):
         """Shard over ``mesh`` with FSDP2 (``None``: the strategy shards the module itself, as FSDP1 does).
         Either way generation is then synced across ranks, so ranks that finish early keep stepping."""
         if mesh is not None:
-            if self.shared_prefix:
-                raise ValueError("shared_prefix=True with ModelParallelStrategy (FSDP2) is not supported yet")
             shard_causal_lm(self.model, mesh)  # under LoRA the frozen base is sharded too; the adapter trains
             if self.reference is not None:
                 shard_causal_lm(self.reference, mesh, frozen=True)

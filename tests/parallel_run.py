@@ -11,6 +11,8 @@
   each rank then reads only its own shard of the weights from MODEL's files.
 - ``ddp+lora``, ``fsdp2+lora``, ``fsdp2meta+lora``: the same with a LoRA adapter (``LORA``): only the adapter
   trains, the reference is the adapter-off policy; each rank also exports the merged model to OUT/hf (rank 0 writes).
+- ``+prefix`` (``fsdp2+prefix``, ``fsdp2+lora+prefix`` ...): with ``share_prompt_prefix``: the log-prob forward
+  encodes each group's prompt once.
 
 ``... MODE STEPS STOP [CKPT]`` (resume runs): AdamW, so that there is optimiser state to checkpoint; a run of
 STEPS steps, resumed from CKPT when given, stopped after step STOP (0: not stopped) with a checkpoint at
@@ -109,7 +111,8 @@ def main(
     model_dir: str, data_path: str, out_dir: str, mode: str, steps: str = "", stop: str = "0", ckpt: str = ""
 ) -> None:
     torch.set_num_threads(1)
-    mode, _, lora = mode.partition("+")
+    mode, *options = mode.split("+")
+    lora = "lora" in options
     L.seed_everything(0)
     settings = dict(
         model=model_dir,
@@ -122,6 +125,7 @@ def main(
         # SGD: parameters move linearly with gradients; resume runs: AdamW, whose state must be checkpointed
         optimizer=(lambda p: torch.optim.AdamW(p, lr=1e-2)) if steps else (lambda p: torch.optim.SGD(p, lr=0.5)),
         peft_config=LORA if lora else None,
+        share_prompt_prefix="prefix" in options,
     )
     strategy = {
         "ddp": "ddp",

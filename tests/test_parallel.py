@@ -62,6 +62,21 @@ def test_fsdp2_matches_ddp(ddp, tiny_model_dir, arith_jsonl):
     torch.testing.assert_close(fsdp_ranks[0]["params"], ddp_ranks[0]["params"], rtol=1e-4, atol=1e-5)
 
 
+@pytest.mark.slow
+@pytest.mark.parametrize("mode", ["fsdp2+prefix", "ddp+prefix"])
+def test_a_shared_prompt_prefix_matches_ddp_without_it(ddp, tiny_model_dir, arith_jsonl, mode):
+    # Prefix Grouper under FSDP2 (each layer gathered around each of its two calls) and DDP: the plain values
+    out, ddp_ranks = ddp
+    ranks = run(mode, tiny_model_dir, arith_jsonl, out)
+    for rank in (0, 1):
+        for step in range(3):
+            a, b = ddp_ranks[rank]["steps"][step], ranks[rank]["steps"][step]
+            assert a["rollout"].completions == b["rollout"].completions
+            for key in ("loss", "reward", "kl", "entropy"):
+                assert b["metrics"][key] == pytest.approx(a["metrics"][key], abs=1e-5), (rank, step, key)
+    torch.testing.assert_close(ranks[0]["params"], ddp_ranks[0]["params"], rtol=1e-4, atol=1e-5)
+
+
 @pytest.mark.skipif(torch.cuda.device_count() < 2, reason="Lightning's fsdp strategy (FSDP1) needs 2 CUDA GPUs")
 def test_fsdp1_on_gpus_keeps_ranks_in_step(tiny_model_dir, arith_jsonl, tmp_path):
     """Generation with every rank in step (synced_gpus) and identical gathered weights after 3 steps."""
