@@ -19,6 +19,7 @@ LAYERS = {
     "types": 0,
     "demo": 0,
     "demo_tools": 0,
+    "python_tool": 2,
     "data": 1,
     "rewards": 1,
     "logprobs": 1,
