@@ -6,12 +6,14 @@ turn whose text has an even number of characters: episodes then have different n
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 import torch
 from lightning.pytorch.callbacks import ModelCheckpoint
 
 from lightning_grpo import PromptDataModule
+from lightning_grpo.callbacks import CompletionSampleLogger
 from lightning_grpo.demo import TOOL_CHAT_TEMPLATE
 from lightning_grpo.engines import ToolCall, ToolCalling
 from lightning_grpo.policy import Policy
@@ -125,12 +127,21 @@ def tool_module(model_dir):
     )
 
 
-def test_fit_logs_turn_and_tool_metrics(tool_model_dir, chat_jsonl, tmp_path):
-    trainer = fit(tool_module(tool_model_dir), PromptDataModule(chat_jsonl, batch_size=2, val_split=None), tmp_path)
+def test_fit_logs_turn_and_tool_metrics_and_whole_episodes(tool_model_dir, chat_jsonl, tmp_path):
+    samples = CompletionSampleLogger(every_n_steps=1, max_rows=8)
+    data = PromptDataModule(chat_jsonl, batch_size=2, val_split=None)
+    trainer = fit(tool_module(tool_model_dir), data, tmp_path, callbacks=[samples])
     metrics = logged(trainer)
     assert len(metrics["train/turns/mean"]) == 2 and max(metrics["train/turns/max"]) > 1
     assert "train/tools/call_frequency" in metrics and "train/tools/add/failure_frequency" in metrics
     assert all(v == v for v in metrics["train/loss"])  # finite, not NaN
+    rows = [json.loads(line) for line in (Path(trainer.log_dir) / "samples.jsonl").read_text().splitlines()]
+    episodes = [r["completion"].splitlines() for r in rows]
+    called = [e for e in episodes if len(e) > 1]
+    assert len(rows) == 16 and called  # the sample logger writes the episodes with calls whole
+    for episode in called:  # assistant (the call), tool add: its reply, ... , the last assistant turn
+        assert episode[0].startswith("assistant: ") and 'add({"a": ' in episode[0]
+        assert episode[1].startswith("tool add: ") and episode[-1].startswith("assistant: ")
 
 
 def test_resume_mid_run_repeats_the_uninterrupted_run(tool_model_dir, chat_jsonl, tmp_path):
