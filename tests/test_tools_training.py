@@ -18,7 +18,7 @@ from lightning_grpo.demo import TOOL_CHAT_TEMPLATE
 from lightning_grpo.engines import ToolCall, ToolCalling
 from lightning_grpo.policy import Policy
 from lightning_grpo.rollout import SamplingConfig
-from tests.helpers import fit, logged, make_module
+from tests.helpers import fit, length_reward, logged, make_module
 
 
 def add(a: int, b: int) -> int:
@@ -167,6 +167,26 @@ def test_resume_mid_run_repeats_the_uninterrupted_run(tool_model_dir, chat_jsonl
     assert any(moved)  # training changed the weights: the comparison below is not vacuous
     for (name, a), (_, b) in zip(full.policy.model.named_parameters(), resumed.policy.model.named_parameters()):
         torch.testing.assert_close(a, b, rtol=0, atol=1e-6, msg=name)
+
+
+def test_lora_with_tools_trains_the_adapter_against_the_adapter_off_reference(tool_model_dir, chat_jsonl, tmp_path):
+    lora = {"r": 4, "lora_alpha": 8, "target_modules": "all-linear"}
+    module = make_module(
+        tool_model_dir,
+        reward_funcs=[last_answer_reward, length_reward],
+        accuracy_reward=None,
+        max_completion_length=10,
+        rollout_engine=engine(),
+        peft_config=lora,
+        beta=0.1,
+    )
+    base = {n: p.detach().clone() for n, p in module.policy.model.named_parameters() if "lora_" not in n}
+    adapter = {n: p.detach().clone() for n, p in module.policy.model.named_parameters() if "lora_B" in n}
+    metrics = logged(fit(module, PromptDataModule(chat_jsonl, batch_size=2, val_split=None), tmp_path, max_steps=3))
+    params = dict(module.policy.model.named_parameters())
+    assert all(torch.equal(params[n], v) for n, v in base.items())  # base weights untouched
+    assert any(not torch.equal(params[n], v) for n, v in adapter.items())  # the adapter trained
+    assert max(metrics["train/turns/max"]) > 1 and metrics["train/kl"][-1] > 0  # multi-turn, KL to adapter-off
 
 
 class Tally:
