@@ -87,6 +87,8 @@ def warm_start(model: Any, tokenizer: Any, steps: int = 500, batch: int = 32, se
 
     rng = random.Random(seed)
     episodes = [_episode_ids(tokenizer, row) for row in mul_rows()[150:]]  # training prompts only
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # matmuls this small do not split: on a busy 2-core machine 2 threads ran 9x slower
     decide = CALL_RATE / (1 - CALL_RATE)  # decision tokens trained per guess: calls / guesses = CALL_RATE / rest
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)  # at 3e-3 the copying is not learnt at all
     model.train()
@@ -102,6 +104,7 @@ def warm_start(model: Any, tokenizer: Any, steps: int = 500, batch: int = 32, se
         optimizer.zero_grad()
         loss.backward()
         optimizer.step()
+    torch.set_num_threads(threads)
     model.eval()
 
 
