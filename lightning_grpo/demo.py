@@ -160,7 +160,8 @@ def _tools_demo(name: str) -> Callable[[Path], None]:
 EMBEDDED: dict[str, Callable[[Path], None]] = {
     "lightning-grpo/tiny-qwen2": write_tiny_qwen2,
     "lightning-grpo/tiny-max": write_tiny_max,
-    "lightning-grpo/tiny-qwen2-tools": _tools_demo("write_tiny_qwen2_tools"),  # a calculator demo (demo_tools.py)
+    "lightning-grpo/tiny-qwen2-tools": _tools_demo("write_tiny_qwen2_tools"),  # the tool template (demo_tools.py)
+    "lightning-grpo/tiny-qwen2-calc": _tools_demo("write_tiny_qwen2_calc"),  # warm-started to call a calculator
     "lightning-grpo/tiny-mul": _tools_demo("write_tiny_mul"),
 }
 

@@ -1,13 +1,14 @@
-"""The embedded tool task: ``37*6=`` -> ``222`` with a calculator tool, and a tool-capable tiny model, built in code.
+"""The embedded tool task: ``37*6=`` -> ``222`` with a calculator tool, and a tiny model that rarely calls it.
 
-``lightning-grpo/tiny-mul`` holds the task (chat prompts, an ``answer`` column); ``mul`` is its tool;
-``lightning-grpo/tiny-qwen2-tools`` is the default tiny model with a chat template that renders tools, tool calls and
-tool replies (``demo.TOOL_CHAT_TEMPLATE``): what the docs and tests run the tool engine on.
+``lightning-grpo/tiny-mul`` holds the task (chat prompts, an ``answer`` column); ``mul`` is its tool.
 
-Work in progress, not yet a demo that learns: ``pretrain_tool_format`` is meant to stand in for a pretrained
-tool-calling model (it teaches how to write a call from the prompt's numbers and how to read the reply, while ~95%
-of replies answer directly), so that GRPO has to teach *when* to call. 300 steps of it did not yet teach the
-2-layer model the call's JSON; it is not used by the embedded model.
+``lightning-grpo/tiny-qwen2-calc`` stands in for a pretrained tool-calling model: ``warm_start`` teaches it, by
+next-token training, how to write a call from the prompt's numbers and how to read the reply, but it starts a reply
+with a call only ~``CALL_RATE`` of the time and otherwise guesses a number. GRPO has to teach it *when* to call.
+Its tokenizer is the default byte-level one plus one token per piece of the call's fixed JSON (``CALL_PIECES``), as
+a BPE trained on tool-calling text would have them, so a call is 7 tokens of which 3 are the copied digits.
+
+``lightning-grpo/tiny-qwen2-tools`` is the default tiny model with the tool chat template (never warm-started).
 """
 
 from __future__ import annotations
@@ -16,9 +17,12 @@ import random
 from pathlib import Path
 from typing import Any
 
-from lightning_grpo.demo import TOOL_CHAT_TEMPLATE, materialize, write_splits
+from lightning_grpo.demo import TOOL_CHAT_TEMPLATE, build_tiny_qwen2, build_tokenizer, materialize, write_splits
 
-CALL_RATE = 0.05  # share of the format pretraining's replies that start with a tool call
+CALL_RATE = 0.1  # share of warm-started replies (to a prompt that lists the tool) that start with a call
+CALL_PIECES = ['<tool_call>{"name": "mul", "arguments": {"a": ', ', "b": ', "}}</tool_call>"]
+COPY_FIRST = 0.5  # share of the warm start spent on tool episodes alone
+MODEL_SIZE: dict[str, int] = {}  # the default tiny size: 2 layers, 64 wide, 0.14M parameters
 
 
 def mul(a: int, b: int) -> int:
@@ -42,14 +46,24 @@ def mul_rows(seed: int = 0) -> list[dict[str, Any]]:
     return rows
 
 
-def episode_texts(tokenizer: Any, row: dict[str, Any]) -> tuple[str, str, str]:
-    """The rendered prompt, the tool-call turn, and the tool reply with the answer after it."""
+def build_calc_tokenizer() -> Any:
+    """The default byte-level tokenizer with the tool chat template and the call's JSON pieces as tokens."""
+    tokenizer = build_tokenizer()
+    tokenizer.add_tokens(CALL_PIECES)  # plain tokens, not special: decoding keeps them for the call parser
+    tokenizer.chat_template = TOOL_CHAT_TEMPLATE
+    return tokenizer
+
+
+def episode_texts(tokenizer: Any, row: dict[str, Any]) -> tuple[str, str, str, str]:
+    """The prompt rendered without and with the tool listed, the call turn, and the tool reply with the next
+    header: rendered by the chat template, as the tool engine renders them."""
     from transformers.utils import get_json_schema
 
     chat, schema = row["prompt"], [get_json_schema(mul)]
     a, b = (int(x) for x in chat[0]["content"].rstrip("=").split("*"))
     call = {"type": "function", "function": {"name": "mul", "arguments": {"a": a, "b": b}}}
     turn = [*chat, {"role": "assistant", "content": "", "tool_calls": [call]}]
+    plain = tokenizer.apply_chat_template(chat, add_generation_prompt=True, tokenize=False)
     prompt = tokenizer.apply_chat_template(chat, tools=schema, add_generation_prompt=True, tokenize=False)
     called = tokenizer.apply_chat_template(turn, tools=schema, tokenize=False)
     replied = tokenizer.apply_chat_template(
@@ -58,48 +72,68 @@ def episode_texts(tokenizer: Any, row: dict[str, Any]) -> tuple[str, str, str]:
         add_generation_prompt=True,
         tokenize=False,
     )
-    return prompt, called[len(prompt) :], replied[len(called) :] + f"{a * b}<eos>"
+    return plain, prompt, called[len(prompt) :], replied[len(called) :]
 
 
-def pretrain_tool_format(model: Any, tokenizer: Any, steps: int = 300, batch: int = 64, seed: int = 0) -> None:
-    """Next-token training on the format. Direct replies (random numbers) train every token; tool episodes
-    train the call and the copied answer but not the tool reply, and their first token only in ``CALL_RATE``
-    of cases, so that a reply starts with a call about 5% of the time: the decision is left to GRPO."""
+def warm_start(model: Any, tokenizer: Any, steps: int = 500, batch: int = 32, seed: int = 0) -> None:
+    """Next-token training on three kinds of replies: a guess (a random number) to the prompt without the tool, a
+    guess to the prompt with it, and a whole tool episode (call, reply, the reply's number copied).
+
+    The episode trains every token but the tool reply's, and its first token (the decision to call) only as often
+    as makes ``CALL_RATE`` of replies to the tool prompt start with a call. The first ``COPY_FIRST`` of the steps
+    train the episodes alone: with the noisy guesses mixed in from the start, the 2-layer model takes ~3x longer
+    to learn to copy the digits."""
     import torch
 
     rng = random.Random(seed)
-    episodes = [_tool_episode(tokenizer, row) for row in mul_rows()[150:]]  # training prompts only
-    optimizer = torch.optim.AdamW(model.parameters(), lr=3e-3)
+    episodes = [_episode_ids(tokenizer, row) for row in mul_rows()[150:]]  # training prompts only
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # matmuls this small do not split: on a busy 2-core machine 2 threads ran 9x slower
+    decide = CALL_RATE / (1 - CALL_RATE)  # decision tokens trained per guess: calls / guesses = CALL_RATE / rest
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)  # at 3e-3 the copying is not learnt at all
     model.train()
-    for _ in range(steps):
-        ids, labels = [], []
-        for i in range(batch):
-            prompt, call, reply, answer = rng.choice(episodes)
-            if i % 2:  # a direct reply with a random number
-                direct = tokenizer(str(rng.randint(10, 900)) + "<eos>", add_special_tokens=False)["input_ids"]
-                ids.append(prompt + direct)
-                labels.append([-100] * len(prompt) + direct)
-            else:
-                first = call[0] if rng.random() < CALL_RATE else -100  # the decision token, rarely trained
-                ids.append(prompt + call + reply + answer)
-                labels.append([-100] * len(prompt) + [first] + call[1:] + [-100] * len(reply) + answer)
-        width = max(len(s) for s in ids)
-        input_ids = torch.tensor([s + [tokenizer.pad_token_id] * (width - len(s)) for s in ids])
-        target = torch.tensor([s + [-100] * (width - len(s)) for s in labels])
-        attention = torch.tensor([[1] * len(s) + [0] * (width - len(s)) for s in ids])
-        loss = model(input_ids=input_ids, attention_mask=attention, labels=target).loss
+    for step in range(steps):
+        copying = step < COPY_FIRST * steps
+        kinds = [2 if copying else i % 3 for i in range(batch)]
+        rows = [_example(rng, rng.choice(episodes), k, 0.0 if copying else decide, tokenizer) for k in kinds]
+        width = max(len(ids) for ids, _ in rows)
+        input_ids = torch.tensor([ids + [tokenizer.pad_token_id] * (width - len(ids)) for ids, _ in rows])
+        labels = torch.tensor([lab + [-100] * (width - len(lab)) for _, lab in rows])
+        attention = torch.tensor([[1] * len(ids) + [0] * (width - len(ids)) for ids, _ in rows])
+        loss = model(input_ids=input_ids, attention_mask=attention, labels=labels).loss
         optimizer.zero_grad()
         loss.backward()
         optimizer.step()
+    torch.set_num_threads(threads)
     model.eval()
 
 
-def _tool_episode(tokenizer: Any, row: dict[str, Any]) -> tuple[list[int], ...]:
-    """Token ids of the rendered prompt, the tool-call turn, the tool reply with the next header, the answer."""
-    prompt, call, after = episode_texts(tokenizer, row)
-    reply, answer = after.rsplit("<|assistant|>", 1)
-    pieces = (prompt, call, reply + "<|assistant|>", answer)
+def _episode_ids(tokenizer: Any, row: dict[str, Any]) -> tuple[list[int], ...]:
+    """Token ids of the plain prompt, the tool prompt, the call turn, the reply with the next header, the answer."""
+    plain, prompt, call, reply = episode_texts(tokenizer, row)
+    pieces = (plain, prompt, call, reply, row["answer"] + tokenizer.eos_token)
     return tuple(tokenizer(p, add_special_tokens=False)["input_ids"] for p in pieces)
+
+
+def _example(rng: random.Random, episode: tuple, kind: int, decide: float, tokenizer: Any) -> tuple[list, list]:
+    """(input ids, labels) of one reply: 0 a guess without the tool, 1 a guess with it, 2 a tool episode."""
+    plain, prompt, call, reply, answer = episode
+    if kind < 2:
+        context = plain if kind == 0 else prompt
+        guess = tokenizer(str(rng.randint(20, 891)) + tokenizer.eos_token, add_special_tokens=False)["input_ids"]
+        return context + guess, [-100] * len(context) + guess
+    first = call[0] if rng.random() < decide else -100
+    ids = prompt + call + reply + answer
+    return ids, [-100] * len(prompt) + [first, *call[1:]] + [-100] * len(reply) + answer
+
+
+def write_tiny_qwen2_calc(path: Path) -> None:
+    """A 2-layer Qwen2 warm-started by ``warm_start``, with its tokenizer, saved with save_pretrained."""
+    tokenizer = build_calc_tokenizer()
+    model = build_tiny_qwen2(tokenizer, **MODEL_SIZE)
+    warm_start(model, tokenizer)
+    model.save_pretrained(path)
+    tokenizer.save_pretrained(path)
 
 
 def write_tiny_qwen2_tools(path: Path) -> None:
@@ -114,6 +148,6 @@ def write_tiny_qwen2_tools(path: Path) -> None:
 
 
 def write_tiny_mul(path: Path) -> None:
-    """Train/validation JSONL; the 150 validation products never appear in training or pretraining."""
+    """Train/validation JSONL; the 150 validation products never appear in training or the warm start."""
     rows = mul_rows()
     write_splits(path, {"train": rows[150:], "validation": rows[:150]})

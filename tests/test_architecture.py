@@ -20,6 +20,7 @@ LAYERS = {
     "checks": 0,
     "demo": 0,
     "demo_tools": 0,
+    "python_tool": 2,
     "data": 1,
     "rewards": 1,
     "logprobs": 1,

@@ -1,4 +1,5 @@
-"""Two real processes on gloo with synced generation: ranks whose episodes have different numbers of turns."""
+"""Two real processes on gloo (DDP and FSDP2) with synced generation: ranks whose episodes have different numbers of
+turns."""
 
 import json
 import subprocess
@@ -13,9 +14,10 @@ SCRIPT = Path(__file__).with_name("tools_ddp_run.py")
 
 
 @pytest.mark.slow
-def test_ranks_with_different_turns_do_not_deadlock(tool_model_dir, chat_jsonl, tmp_path):  # noqa: F811
+@pytest.mark.parametrize("strategy", ["ddp", "fsdp2"])
+def test_ranks_with_different_turns_do_not_deadlock(tool_model_dir, chat_jsonl, tmp_path, strategy):  # noqa: F811
     proc = subprocess.run(
-        [sys.executable, str(SCRIPT), tool_model_dir, chat_jsonl, str(tmp_path)],
+        [sys.executable, str(SCRIPT), tool_model_dir, chat_jsonl, str(tmp_path), strategy],
         capture_output=True,
         text=True,
         timeout=600,
@@ -27,4 +29,4 @@ def test_ranks_with_different_turns_do_not_deadlock(tool_model_dir, chat_jsonl, 
     assert turns[0][0] == 4.0 and turns[1] == [1.0, 1.0]  # rank 0: 3 rounds of calls then the cut turn
     # every rank made as many generate calls as the longest episode of the step had turns: rank 1 stepped dummies
     assert ranks[0]["generate_calls"] == ranks[1]["generate_calls"] == sum(max(t) for t in zip(*turns))
-    assert ranks[0]["param_head"] == ranks[1]["param_head"]  # gradients were all-reduced
+    assert ranks[0]["param_head"] == ranks[1]["param_head"]  # gradients were all-reduced (FSDP2: gathered)

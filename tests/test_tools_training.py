@@ -6,17 +6,19 @@ turn whose text has an even number of characters: episodes then have different n
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 import torch
 from lightning.pytorch.callbacks import ModelCheckpoint
 
 from lightning_grpo import PromptDataModule
+from lightning_grpo.callbacks import CompletionSampleLogger
 from lightning_grpo.demo import TOOL_CHAT_TEMPLATE
 from lightning_grpo.engines import ToolCall, ToolCalling
 from lightning_grpo.policy import Policy
 from lightning_grpo.rollout import SamplingConfig
-from tests.helpers import fit, logged, make_module
+from tests.helpers import fit, length_reward, logged, make_module
 
 
 def add(a: int, b: int) -> int:
@@ -125,12 +127,21 @@ def tool_module(model_dir):
     )
 
 
-def test_fit_logs_turn_and_tool_metrics(tool_model_dir, chat_jsonl, tmp_path):
-    trainer = fit(tool_module(tool_model_dir), PromptDataModule(chat_jsonl, batch_size=2, val_split=None), tmp_path)
+def test_fit_logs_turn_and_tool_metrics_and_whole_episodes(tool_model_dir, chat_jsonl, tmp_path):
+    samples = CompletionSampleLogger(every_n_steps=1, max_rows=8)
+    data = PromptDataModule(chat_jsonl, batch_size=2, val_split=None)
+    trainer = fit(tool_module(tool_model_dir), data, tmp_path, callbacks=[samples])
     metrics = logged(trainer)
     assert len(metrics["train/turns/mean"]) == 2 and max(metrics["train/turns/max"]) > 1
     assert "train/tools/call_frequency" in metrics and "train/tools/add/failure_frequency" in metrics
     assert all(v == v for v in metrics["train/loss"])  # finite, not NaN
+    rows = [json.loads(line) for line in (Path(trainer.log_dir) / "samples.jsonl").read_text().splitlines()]
+    episodes = [r["completion"].splitlines() for r in rows]
+    called = [e for e in episodes if len(e) > 1]
+    assert len(rows) == 16 and called  # the sample logger writes the episodes with calls whole
+    for episode in called:  # assistant (the call), tool add: its reply, ... , the last assistant turn
+        assert episode[0].startswith("assistant: ") and 'add({"a": ' in episode[0]
+        assert episode[1].startswith("tool add: ") and episode[-1].startswith("assistant: ")
 
 
 def test_resume_mid_run_repeats_the_uninterrupted_run(tool_model_dir, chat_jsonl, tmp_path):
@@ -156,6 +167,26 @@ def test_resume_mid_run_repeats_the_uninterrupted_run(tool_model_dir, chat_jsonl
     assert any(moved)  # training changed the weights: the comparison below is not vacuous
     for (name, a), (_, b) in zip(full.policy.model.named_parameters(), resumed.policy.model.named_parameters()):
         torch.testing.assert_close(a, b, rtol=0, atol=1e-6, msg=name)
+
+
+def test_lora_with_tools_trains_the_adapter_against_the_adapter_off_reference(tool_model_dir, chat_jsonl, tmp_path):
+    lora = {"r": 4, "lora_alpha": 8, "target_modules": "all-linear"}
+    module = make_module(
+        tool_model_dir,
+        reward_funcs=[last_answer_reward, length_reward],
+        accuracy_reward=None,
+        rollout_engine=engine(),
+        peft_config=lora,
+        sampling={"max_completion_length": 10},
+        loss={"beta": 0.1},
+    )
+    base = {n: p.detach().clone() for n, p in module.policy.model.named_parameters() if "lora_" not in n}
+    adapter = {n: p.detach().clone() for n, p in module.policy.model.named_parameters() if "lora_B" in n}
+    metrics = logged(fit(module, PromptDataModule(chat_jsonl, batch_size=2, val_split=None), tmp_path, max_steps=3))
+    params = dict(module.policy.model.named_parameters())
+    assert all(torch.equal(params[n], v) for n, v in base.items())  # base weights untouched
+    assert any(not torch.equal(params[n], v) for n, v in adapter.items())  # the adapter trained
+    assert max(metrics["train/turns/max"]) > 1 and metrics["train/kl"][-1] > 0  # multi-turn, KL to adapter-off
 
 
 class Tally:

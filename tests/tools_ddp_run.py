@@ -1,8 +1,12 @@
 """A 2-process CPU (gloo) GRPO run with the tool engine, where rank 0's episodes take 4 turns and rank 1's take 1.
 
+STRATEGY is ``ddp`` or ``fsdp2`` (``ModelParallelStrategy``: FSDP2 ``fully_shard``, whose generate calls are
+collectives of their own).
+
 Generation is synced across ranks (as under sharding), so rank 1 must step dummy generate calls while rank 0
 plays on; each rank writes its turns and generate-call counts to OUT_DIR/rank<k>.json. Run by
-tests/test_tools_ddp.py; Lightning's DDP launcher starts rank 1 by re-running this script.
+tests/test_tools_ddp.py as ``tools_ddp_run.py MODEL_DIR DATA OUT_DIR STRATEGY``; Lightning's launcher starts rank 1
+by re-running this script.
 """
 
 import json
@@ -11,6 +15,8 @@ import sys
 import lightning as L
 import torch
 import torch.distributed as dist
+from lightning.pytorch.strategies import ModelParallelStrategy
+from torch.distributed.tensor import DTensor
 
 from lightning_grpo import GRPOModule, PromptDataModule
 from lightning_grpo.engines import ToolCall, ToolCalling
@@ -62,7 +68,7 @@ class Probe(L.Callback):
         self.seen.append({"turns_max": outputs["record"].stats.extra["turns/max"]})
 
 
-def main(model_dir: str, data_path: str, out_dir: str) -> None:
+def main(model_dir: str, data_path: str, out_dir: str, strategy: str = "ddp") -> None:
     torch.set_num_threads(1)
     L.seed_everything(0)
     engine = CountingToolCalling(tools=[add], parser=RankParser(), max_tool_calling_iterations=3)
@@ -79,7 +85,7 @@ def main(model_dir: str, data_path: str, out_dir: str) -> None:
         max_steps=2,
         accelerator="cpu",
         devices=2,
-        strategy="ddp",
+        strategy=ModelParallelStrategy(data_parallel_size=2, tensor_parallel_size=1) if strategy == "fsdp2" else "ddp",
         logger=False,
         enable_checkpointing=False,
         enable_progress_bar=False,
@@ -89,7 +95,8 @@ def main(model_dir: str, data_path: str, out_dir: str) -> None:
         callbacks=[SyncedGeneration(), probe],
     )
     trainer.fit(module, PromptDataModule(data_path, batch_size=2, val_split=None))
-    flat = torch.cat([p.detach().flatten() for p in module.policy.model.parameters()])
+    params = [p.full_tensor() if isinstance(p, DTensor) else p for p in module.policy.model.parameters()]
+    flat = torch.cat([p.detach().flatten() for p in params])
     with open(f"{out_dir}/rank{trainer.global_rank}.json", "w") as f:
         json.dump(
             {

@@ -1,7 +1,8 @@
 """CompletionSampleLogger: what the model actually writes, with its rewards, every N steps.
 
 Rows (step, prompt, completion, reward per function, total, advantage) go to ``samples.jsonl`` in the run
-directory, and as a table to the loggers that show one: TensorBoard (text), W&B (``log_table``) and CSV
+directory; a multi-turn episode's completion is the whole episode, one line per message (its tool calls and the
+tool replies included), and as a table to the loggers that show one: TensorBoard (text), W&B (``log_table``) and CSV
 (``samples.csv`` beside ``metrics.csv``).
 """
 
@@ -26,6 +27,29 @@ def prompt_text(prompt: Any) -> str:
     return prompt if isinstance(prompt, str) else "\n".join(f"{m['role']}: {m['content']}" for m in prompt)
 
 
+def episode_text(completion: Any) -> str:
+    """The completion's text; an episode (several messages, or tool calls) as one line per message.
+
+    >>> call = {"function": {"name": "mul", "arguments": {"a": 37, "b": 6}}}
+    >>> reply = {"role": "tool", "name": "mul", "content": "222"}
+    >>> print(episode_text([{"role": "assistant", "content": "", "tool_calls": [call]}, reply,
+    ...                     {"role": "assistant", "content": "222"}]))
+    assistant: mul({"a": 37, "b": 6})
+    tool mul: 222
+    assistant: 222
+    """
+    if not isinstance(completion, list) or (len(completion) == 1 and not completion[0].get("tool_calls")):
+        return completion_text(completion)
+    return "\n".join(_message_line(m) for m in completion)
+
+
+def _message_line(message: dict[str, Any]) -> str:
+    functions = [c["function"] for c in message.get("tool_calls") or []]
+    calls = [f"{f['name']}({json.dumps(f['arguments'])})" for f in functions]
+    role = f"tool {message['name']}" if message.get("role") == "tool" and message.get("name") else message.get("role")
+    return f"{role}: " + " ".join(filter(None, [completion_text([message]), *calls]))
+
+
 class CompletionSampleLogger(L.Callback):
     """Writes sample completions with their rewards.
 
@@ -46,7 +70,7 @@ class CompletionSampleLogger(L.Callback):
             row = {
                 "step": step,
                 "prompt": prompt_text(rollout.prompts[i]),
-                "completion": completion_text(rollout.completions[i]),
+                "completion": episode_text(rollout.completions[i]),
             }
             row |= {name: _num(scores.per_function[i, j].item()) for j, name in enumerate(scores.names)}
             row |= {"reward": _num(scores.total[i].item()), "advantage": round(_first_token(advantages[i]), 4)}
