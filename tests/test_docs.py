@@ -185,7 +185,9 @@ def fit_tiny(args: list[str], cwd: Path) -> Path:
     else:
         main(full)
     run = last_run(root_dir)
-    assert (run / "summary.json").exists() and (run / "hf_model" / "config.json").exists()
+    exported = run / "hf_model"  # a LoRA run exports its adapter there (and the merged model in merged/)
+    assert (run / "summary.json").exists()
+    assert (exported / "config.json").exists() or (exported / "adapter_config.json").exists()
     return run
 
 
