@@ -41,14 +41,18 @@ def test_default_run_learns_the_task(default_run):
 
 @pytest.mark.slow
 def test_sigterm_then_resume_ends_like_the_uninterrupted_run(default_run, tmp_path):
-    run = subprocess.Popen(lightning_grpo(), cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    first = tmp_path / "runs/tiny_cpu/lightning_logs/version_0"
-    deadline = time.time() + 600
-    while not list(first.glob("checkpoints/epoch=*-step=250.ckpt")):  # the first validation's checkpoint
-        assert run.poll() is None and time.time() < deadline, run.communicate()[1][-3000:]
-        time.sleep(0.2)
-    run.send_signal(signal.SIGTERM)  # mid-epoch: 50 steps per epoch, between two validations
-    _, err = run.communicate(timeout=300)
+    # Output to a file, not a pipe: nobody reads a pipe while the run goes on, and a full one would stall it
+    log = tmp_path / "first.log"
+    with log.open("w") as out:
+        run = subprocess.Popen(lightning_grpo(), cwd=tmp_path, stdout=out, stderr=subprocess.STDOUT, text=True)
+        first = tmp_path / "runs/tiny_cpu/lightning_logs/version_0"
+        deadline = time.time() + 600
+        while not list(first.glob("checkpoints/epoch=*-step=250.ckpt")):  # the first validation's checkpoint
+            assert run.poll() is None and time.time() < deadline, log.read_text()[-3000:]
+            time.sleep(0.2)
+        run.send_signal(signal.SIGTERM)  # mid-epoch: 50 steps per epoch, between two validations
+        run.wait(timeout=300)
+    err = log.read_text()
     assert run.returncode == 128 + signal.SIGTERM, err[-3000:]
     last = first / "checkpoints" / "last.ckpt"
     assert last.exists(), err[-3000:]
