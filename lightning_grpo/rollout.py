@@ -193,6 +193,34 @@ def build_rollout(
     )
 
 
+def sampled_rollout(
+    policy: Policy,
+    prompts: list[Prompt],
+    prompt_ids: Tensor,
+    prompt_mask: Tensor,
+    completions: list[list[int]],
+    logps: list[list[float]],
+    num_generations: int,
+    num_truncated_prompts: int,
+) -> Rollout:
+    """A Rollout from another sampler's output (vLLM): G completions per prompt as token lists, prompt-major,
+    with the log-prob of each sampled token, for the sampling correction."""
+    tokenizer, device = policy.tokenizer, policy.device
+    completion_ids, _ = pad_rows(completions, tokenizer.pad_token_id, min_width=1)  # [N, T]
+    sampling_logps, _ = pad_rows(logps, 0.0, dtype=torch.float32, min_width=1)  # [N, T]
+    return build_rollout(
+        tokenizer,
+        prompts,
+        prompt_ids.repeat_interleave(num_generations, 0).to(device),
+        prompt_mask.repeat_interleave(num_generations, 0).to(device),
+        completion_ids.to(device),
+        policy.eos_token_ids,
+        num_generations,
+        num_truncated_prompts,
+        sampling_logps.to(device),
+    )
+
+
 class RolloutEngine:
     """Turns prompts into a Rollout. Subclass it and choose it with ``rollout_engine: {class_path: ...}``.
 

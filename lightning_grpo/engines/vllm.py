@@ -14,7 +14,7 @@ from typing_extensions import override
 
 from lightning_grpo.models import cuda_package_problems
 from lightning_grpo.policy import Policy
-from lightning_grpo.rollout import RolloutEngine, SamplingConfig, build_rollout, pad_rows, tokenize_prompts
+from lightning_grpo.rollout import RolloutEngine, SamplingConfig, sampled_rollout, tokenize_prompts
 from lightning_grpo.types import Prompt, Rollout
 
 
@@ -91,20 +91,10 @@ class VLLMColocate(RolloutEngine):
             logprobs=0,  # the sampled token's own log-prob
         )
         outputs = [c for request in self.llm.generate(requests, params, use_tqdm=False) for c in request.outputs]
-        completion_ids, _ = pad_rows([list(c.token_ids) for c in outputs], tokenizer.pad_token_id, min_width=1)
         logps = [[lp[t].logprob for t, lp in zip(c.token_ids, c.logprobs)] for c in outputs]
-        sampling_logps, _ = pad_rows(logps, 0.0, dtype=torch.float32, min_width=1)
-        device = policy.device
-        return build_rollout(
-            tokenizer,
-            prompts,
-            prompt_ids.repeat_interleave(num_generations, 0).to(device),
-            prompt_mask.repeat_interleave(num_generations, 0).to(device),
-            completion_ids.to(device),
-            policy.eos_token_ids,
-            num_generations,
-            num_truncated,
-            sampling_logps.to(device),
+        completions = [list(c.token_ids) for c in outputs]
+        return sampled_rollout(
+            policy, prompts, prompt_ids, prompt_mask, completions, logps, num_generations, num_truncated
         )
 
     @override

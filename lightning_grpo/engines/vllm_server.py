@@ -21,7 +21,7 @@ from torch import Tensor
 from typing_extensions import override
 
 from lightning_grpo.policy import Policy
-from lightning_grpo.rollout import RolloutEngine, SamplingConfig, build_rollout, pad_rows, tokenize_prompts
+from lightning_grpo.rollout import RolloutEngine, SamplingConfig, sampled_rollout, tokenize_prompts
 from lightning_grpo.sharding import full_state_dict, is_sharded
 from lightning_grpo.types import Prompt, Rollout
 
@@ -99,22 +99,11 @@ class VLLMServer(RolloutEngine):
         if self.synced_step is None and self.trainer.global_step > 0:
             self.sync_weights(policy)  # resumed from a checkpoint: the server still has the initial weights
         tokenizer = policy.tokenizer
-        prompt_ids, prompt_mask, num_truncated = tokenize_prompts(tokenizer, prompts, sampling.max_prompt_length)
+        prompt_ids, prompt_mask, num_truncated = tokenize_prompts(tokenizer, prompts, sampling)
         requests = [ids[mask.bool()].tolist() for ids, mask in zip(prompt_ids, prompt_mask)]
-        completion_ids, logps = self._on_rank_zero(requests, num_generations, sampling, greedy)
-        completion_ids, _ = pad_rows(completion_ids, tokenizer.pad_token_id, min_width=1)  # [N, T]
-        sampling_logps, _ = pad_rows(logps, 0.0, dtype=torch.float32, min_width=1)  # [N, T]
-        device = policy.device
-        return build_rollout(
-            tokenizer,
-            prompts,
-            prompt_ids.repeat_interleave(num_generations, 0).to(device),
-            prompt_mask.repeat_interleave(num_generations, 0).to(device),
-            completion_ids.to(device),
-            policy.eos_token_ids,
-            num_generations,
-            num_truncated,
-            sampling_logps.to(device),
+        completions, logps = self._on_rank_zero(requests, num_generations, sampling, greedy)
+        return sampled_rollout(
+            policy, prompts, prompt_ids, prompt_mask, completions, logps, num_generations, num_truncated
         )
 
     def _on_rank_zero(
