@@ -42,4 +42,4 @@ def test_a_cli_runs_checkpoint_loads_with_its_yaml_reward_functions(tmp_path):
           "--data.max_val_prompts", "4", "--trainer.num_sanity_val_steps", "0"])  # fmt: skip
     checkpoint = next(tmp_path.glob("lightning_logs/version_0/checkpoints/*.ckpt"))
     restored = GRPOModule.load_from_checkpoint(checkpoint)
-    assert restored.reward_funcs == [exact_match_reward] and restored.hparams.beta == 0.1
+    assert restored.reward_funcs == [exact_match_reward] and restored.loss_config.beta == 0.1  # sections restored
