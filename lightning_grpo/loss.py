@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import warnings
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Literal
@@ -104,11 +105,39 @@ class LossConfig:
 
     def __post_init__(self) -> None:
         raise_problems("loss", loss_checks(self))
+        for advice in loss_advice(self):
+            warnings.warn(advice, UserWarning, stacklevel=3)
 
     @property
     def clip_high(self) -> float:
         """``epsilon_high``, defaulting to ``epsilon`` as in TRL."""
         return self.epsilon if self.epsilon_high is None else self.epsilon_high
+
+
+def loss_advice(c: LossConfig) -> list[str]:
+    """TRL 1.16's warnings for combinations that run but depart from the paper's setup."""
+    level = c.importance_sampling_level
+    return [
+        message
+        for wrong, message in [
+            (
+                c.loss_type == "luspo" and level != "sequence",
+                "loss_type 'luspo' scales a sequence-level loss: set importance_sampling_level 'sequence' to mirror "
+                "the paper's setup (GSPO's ratio)",
+            ),
+            (
+                level == "sequence" and c.loss_type in ("bnpo", "dr_grpo", "dapo", "cispo"),
+                f"importance_sampling_level 'sequence' with loss_type {c.loss_type!r} sums per-token terms, so each "
+                "sequence weighs by its length: GSPO's paper uses loss_type 'grpo'",
+            ),
+            (
+                c.loss_type == "vespo" and level != "token",
+                "loss_type 'vespo' computes sequence-level weights itself: importance_sampling_level should be "
+                "'token' (the default)",
+            ),
+        ]
+        if wrong
+    ]
 
 
 def loss_checks(c: LossConfig) -> list[tuple[bool, str]]:

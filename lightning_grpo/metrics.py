@@ -62,12 +62,13 @@ def update_stats(
     the pre-clip gradient norm, the sampler correction's range, and with ``trained_entropy`` the entropy of the
     tokens trained on (``top_entropy_quantile`` < 1)."""
     means = loss.metrics()
+    known = {"entropy", "kl", "entropy/trained_mean", *(k for k in means if k.startswith("clip_ratio/"))}
     return UpdateStats(
         loss=loss.loss.item(),
         entropy=means.get("entropy", 0.0),
-        clip_low=means["clip_ratio/low_mean"],
-        clip_high=means["clip_ratio/high_mean"],
-        clip_region=means["clip_ratio/region_mean"],
+        clip_low=means.get("clip_ratio/low_mean"),
+        clip_high=means.get("clip_ratio/high_mean"),
+        clip_region=means.get("clip_ratio/region_mean"),
         clip_low_min=means.get("clip_ratio/low_min", float("nan")),
         clip_high_max=means.get("clip_ratio/high_max", float("nan")),
         grad_norm=grad_norm,
@@ -75,6 +76,7 @@ def update_stats(
         kl=means.get("kl"),
         sampling_ratio=_range(sampling_weights, mask),
         trained_entropy=means.get("entropy/trained_mean") if trained_entropy else None,
+        term={k: v for k, v in means.items() if k not in known},
     )
 
 

@@ -142,9 +142,9 @@ class UpdateStats:
 
     loss: float
     entropy: float
-    clip_low: float  # tokens clipped below 1 - epsilon with a negative advantage
-    clip_high: float  # tokens clipped above 1 + epsilon_high with a positive advantage
-    clip_region: float  # either
+    clip_low: float | None = None  # tokens clipped below 1 - epsilon with a negative advantage (clipping terms)
+    clip_high: float | None = None  # tokens clipped above 1 + epsilon_high with a positive advantage
+    clip_region: float | None = None  # either
     clip_low_min: float = float("nan")  # the lowest share of low-clipped tokens of one completion (TRL's low_min)
     clip_high_max: float = float("nan")  # the highest share of high-clipped tokens of one completion
     grad_norm: float = float("nan")  # the global gradient norm before clipping (last optimiser step of the step)
@@ -152,18 +152,18 @@ class UpdateStats:
     kl: float | None = None  # to the reference; None when beta = 0 (not computed)
     sampling_ratio: tuple[float, float, float] | None = None  # min, mean, max of the sampler correction
     trained_entropy: float | None = None  # entropy of the tokens trained on, with top_entropy_quantile < 1
+    term: dict[str, float] = field(default_factory=dict)  # the policy term's own (cispo_clip_ratio, vespo/...)
 
     def metrics(self) -> dict[str, float]:
-        out = {
-            "loss": self.loss,
-            "entropy": self.entropy,
-            "clip_ratio/low_mean": self.clip_low,
-            "clip_ratio/high_mean": self.clip_high,
-            "clip_ratio/region_mean": self.clip_region,
-            "clip_ratio/low_min": self.clip_low_min,
-            "clip_ratio/high_max": self.clip_high_max,
-            "grad_norm": self.grad_norm,
-        }
+        out = {"loss": self.loss, "entropy": self.entropy, "grad_norm": self.grad_norm, **self.term}
+        if self.clip_low is not None:  # the clipped surrogate's (not CISPO's, SAPO's or VESPO's)
+            out |= {
+                "clip_ratio/low_mean": self.clip_low,
+                "clip_ratio/high_mean": self.clip_high,
+                "clip_ratio/region_mean": self.clip_region,
+                "clip_ratio/low_min": self.clip_low_min,
+                "clip_ratio/high_max": self.clip_high_max,
+            }
         if self.kl is not None:
             out["kl"] = self.kl
         if self.trained_entropy is not None:

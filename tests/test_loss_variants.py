@@ -177,3 +177,16 @@ def test_one_entropy_threshold_lets_micro_batches_add_up():
         for s in (slice(0, 1), slice(1, 4), slice(4, 6))
     ]  # fmt: skip
     assert sum(p.loss for p in parts).item() == pytest.approx(full.loss.item(), abs=1e-6)
+
+
+@pytest.mark.parametrize(
+    "settings,advice",
+    [
+        ({"loss_type": "luspo"}, "loss_type 'luspo' scales a sequence-level loss"),
+        ({"loss_type": "vespo", "importance_sampling_level": "sequence"}, "loss_type 'vespo' computes sequence-level"),
+        ({"importance_sampling_level": "sequence"}, "GSPO's paper uses loss_type 'grpo'"),
+    ],
+)
+def test_combinations_trl_warns_about_warn_here_too(settings, advice):
+    with pytest.warns(UserWarning, match=advice):
+        LossConfig(**settings)
