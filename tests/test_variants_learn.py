@@ -1,5 +1,5 @@
 """Every variant of the family learns the embedded task (the README's "max of three digits" on the tiny model):
-the training reward of the last steps beats the first steps' by a clear margin, or for the five measured slow on
+the training reward of the last steps beats the first steps' by a clear margin, or for the four measured slow on
 this task (see VARIANTS) at least a little. Slow: ~35 s a variant."""
 
 from __future__ import annotations
@@ -17,10 +17,11 @@ from lightning_grpo.rewards import exact_match_reward
 
 STEPS, WINDOW = 400, 40
 # name -> (GRPOModule settings on top of the demo's, the least rise of the training reward in STEPS steps).
-# Most variants rise by 0.25-0.55 here. Five rise slowly on this task at the demo's learning rate, measured
+# Most variants rise by 0.25-0.55 here. Four rise slowly on this task at the demo's learning rate, measured
 # (+0.02 to +0.09 in 400 steps; 3e-3 did not speed them up): dr_grpo and rloo (no std scaling: a binary reward's
-# std is ~0.3 here, so 3x smaller advantages), gspo and luspo (one ratio per sequence), REINFORCE++ with a group
-# baseline (batch whitening of mostly-zero rewards); rollout reuse sees half the generation batches. For those the
+# std is ~0.3 here, so 3x smaller advantages), gspo (one ratio per sequence, each token's gradient divided by the
+# length), REINFORCE++ with a group baseline (batch whitening of mostly-zero rewards); rollout reuse sees half the
+# generation batches. For those the
 # test asserts that the reward rises at all; SKILL.md's table says so.
 LEARNS, SLOW = 0.15, 0.01
 VARIANTS = {
@@ -29,7 +30,7 @@ VARIANTS = {
     "bnpo": ({"loss": {"loss_type": "bnpo"}}, LEARNS),
     "dr_grpo": ({"loss": {"loss_type": "dr_grpo"}, "advantages": {"scale_rewards": "none"}}, SLOW),
     "gspo": ({"loss": {"loss_type": "grpo", "importance_sampling_level": "sequence"}}, SLOW),
-    "luspo": ({"loss": {"loss_type": "luspo", "importance_sampling_level": "sequence"}}, SLOW),
+    "luspo": ({"loss": {"loss_type": "luspo", "importance_sampling_level": "sequence"}}, LEARNS),
     "cispo": ({"loss": {"loss_type": "cispo", "epsilon_high": 5.0}}, LEARNS),
     "sapo": ({"loss": {"loss_type": "sapo"}}, LEARNS),
     "vespo": ({"loss": {"loss_type": "vespo"}}, LEARNS),
