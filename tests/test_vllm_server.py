@@ -74,7 +74,7 @@ def test_ddp_generates_on_the_server_through_rank_zero_and_pushes_weights_every_
     # importance ratio of the sampling correction stays 1 (stale weights after step 1 would move it)
     for rank in ranks:
         for step in rank["steps"]:
-            ratio = {k: v for k, v in step["metrics"].items() if k.startswith("sampling/importance_ratio")}
+            ratio = {k: v for k, v in step["metrics"].items() if k.startswith("sampling/importance_sampling_ratio")}
             assert ratio and all(v == pytest.approx(1.0, abs=1e-3) for v in ratio.values()), ratio
 
 
