@@ -112,6 +112,24 @@ def test_real_generation_over_several_turns(tool_model_dir):
     assert logps.shape == rollout.completion_ids.shape and logps.isfinite().all()
 
 
+def test_chat_template_kwargs_reach_the_prompt_and_every_tool_reply(tool_model_dir):
+    policy = Policy(tool_model_dir)
+    # an assistant header that depends on a template keyword, as Qwen3's enable_thinking does
+    policy.tokenizer.chat_template = TOOL_CHAT_TEMPLATE.replace(
+        "<|assistant|>", "<|assistant|>{% if think %}7{% endif %}"
+    )
+    prompts = [[{"role": "user", "content": f"{a}+1="}] for a in range(4)]
+    torch.manual_seed(0)
+    sampling = SamplingConfig(max_completion_length=12, chat_template_kwargs={"think": True})
+    rollout = engine().generate(policy, prompts, 4, sampling, False)
+    assert policy.tokenizer.decode(rollout.prompt_ids[0][rollout.prompt_mask[0].bool()]).endswith("<|assistant|>7")
+    called = [row for row, c in enumerate(rollout.completions) if any(m["role"] == "tool" for m in c)]
+    assert called  # some episode called the tool: its reply is followed by the keyword's header
+    for row in called:
+        mask, tool = rollout.completion_mask[row].bool(), rollout.tool_mask[row].bool()
+        assert policy.tokenizer.decode(rollout.completion_ids[row][mask & ~tool]).endswith("<|assistant|>7")
+
+
 def test_template_without_tools_fails_before_compute(tiny_model_dir):
     with pytest.raises(ValueError, match="chat_template has no tool support"):
         engine().setup(Policy(tiny_model_dir), None, 0)

@@ -45,13 +45,19 @@ def check_tool_template(tokenizer: PreTrainedTokenizerBase, schemas: list[dict])
         )
 
 
-def tool_suffix_ids(tokenizer: PreTrainedTokenizerBase, tool_messages: list[dict[str, Any]]) -> list[int]:
+def tool_suffix_ids(
+    tokenizer: PreTrainedTokenizerBase,
+    tool_messages: list[dict[str, Any]],
+    template_kwargs: dict[str, Any] | None = None,
+) -> list[int]:
     """Token ids that follow the model's EOS-ended tool-call turn: the tool replies as the template renders them,
-    then the next assistant header. Found as TRL does, by rendering a dummy conversation with and without them."""
+    then the next assistant header. Found as TRL does, by rendering a dummy conversation with and without them;
+    ``template_kwargs`` are the run's ``chat_template_kwargs`` (Qwen3's ``enable_thinking`` changes the header)."""
+    kwargs = template_kwargs or {}
     dummy = _call_messages(tool_messages[0]["name"])
-    prefix = tokenizer.apply_chat_template(dummy, tokenize=True, return_dict=False)
+    prefix = tokenizer.apply_chat_template(dummy, tokenize=True, return_dict=False, **kwargs)
     full = tokenizer.apply_chat_template(
-        dummy + tool_messages, add_generation_prompt=True, tokenize=True, return_dict=False
+        dummy + tool_messages, add_generation_prompt=True, tokenize=True, return_dict=False, **kwargs
     )
     ends = [i for i, t in enumerate(prefix) if t == tokenizer.eos_token_id]
     prefix = prefix[: ends[-1] + 1] if ends else prefix  # align on the assistant's EOS (Qwen adds "\n" after it)

@@ -137,7 +137,12 @@ class ToolCalling(RolloutEngine):
         episodes, cut = [], 0
         for prompt, row_tools, row_schemas in zip(prompts, tools, schemas):
             ids = policy.tokenizer.apply_chat_template(
-                prompt, tools=row_schemas or None, add_generation_prompt=True, tokenize=True, return_dict=False
+                prompt,
+                tools=row_schemas or None,
+                add_generation_prompt=True,
+                tokenize=True,
+                return_dict=False,
+                **(sampling.chat_template_kwargs or {}),
             )
             if sampling.max_prompt_length and len(ids) > sampling.max_prompt_length:
                 ids, cut = ids[-sampling.max_prompt_length :], cut + 1
@@ -153,7 +158,7 @@ class ToolCalling(RolloutEngine):
                 return
             turns = self._generate_turn(policy, playing or episodes[:1], sampling, greedy, dummy=not playing)
             for episode, ids in zip(playing, turns):
-                self._take_turn(policy, episode, ids)
+                self._take_turn(policy, episode, ids, sampling.chat_template_kwargs or {})
 
     @staticmethod
     def _any_rank_playing(policy: Policy, playing: bool) -> bool:
@@ -186,8 +191,9 @@ class ToolCalling(RolloutEngine):
             turns.append(row[: min(cut, episode.budget)])
         return turns
 
-    def _take_turn(self, policy: Policy, episode: Episode, ids: list[int]) -> None:
-        """Append the model's turn; run its tool calls and append their replies, or end the episode."""
+    def _take_turn(self, policy: Policy, episode: Episode, ids: list[int], template_kwargs: dict[str, Any]) -> None:
+        """Append the model's turn; run its tool calls and append their replies (rendered with the chat template's
+        ``template_kwargs``, as the prompt was), or end the episode."""
         tokenizer = policy.tokenizer
         episode.ids += ids
         episode.model_mask += [1] * len(ids)
@@ -207,7 +213,7 @@ class ToolCalling(RolloutEngine):
         if episode.ended is not None:
             return
         results = [run_call(c, episode.tools, self.tool_timeout) for c in calls]
-        suffix = tool_suffix_ids(tokenizer, [r.message() for r in results])
+        suffix = tool_suffix_ids(tokenizer, [r.message() for r in results], template_kwargs)
         limit = getattr(policy.model.config, "max_position_embeddings", None)
         if episode.budget <= 0 or (limit and len(episode.prompt_ids) + len(episode.ids) + len(suffix) >= limit):
             episode.ended = "tokens"  # no room for the replies and another turn (TRL drops them too)
