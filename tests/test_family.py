@@ -7,6 +7,7 @@ from __future__ import annotations
 import dataclasses
 import typing
 
+import lightning as L
 import pytest
 import torch
 from helpers import fit, logged, make_module, make_rollout
@@ -103,7 +104,7 @@ def test_filter_groups_updates_only_on_groups_with_signal(tiny_model_dir, arith_
     )
     records = []
 
-    class Keep(__import__("lightning").Callback):
+    class Keep(L.Callback):
         def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
             records.append(outputs["record"] if outputs else None)
 
@@ -139,7 +140,7 @@ def test_sync_ref_model_mixes_the_policy_into_the_reference(tiny_model_dir, arit
     )
     mixed = []
 
-    class Watch(__import__("lightning").Callback):
+    class Watch(L.Callback):
         def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
             mixed.append([p.detach().clone() for p in pl_module.policy.reference.parameters()])
 
