@@ -37,10 +37,11 @@ from lightning_grpo.rewards.combine import import_paths, reward_set
 from lightning_grpo.rewards.scoring import default_accuracy_reward, score_rollout, trl_trainer_state
 from lightning_grpo.rollout import RolloutEngine, SamplingConfig
 from lightning_grpo.settings import check_settings
+from lightning_grpo.steplog import log_train_metrics
 from lightning_grpo.targets import OptimiserStep, Targets, TargetSettings, build_targets, optimiser_steps, rows_of
 from lightning_grpo.types import PromptBatch, RewardScores, Rollout, StepRecord, StepStats
 
-PROGRESS_BAR = ("reward", "reward_std", "kl")
+PROGRESS_BAR = ("train/reward", "train/reward_std", "train/kl")
 SECTIONS = {"sampling": SamplingConfig, "loss": LossConfig, "advantages": AdvantageConfig, "optim": OptimConfig}
 
 
@@ -444,12 +445,8 @@ class GRPOModule(L.LightningModule):
         )
 
     def _log_step(self, stats: StepStats) -> None:
-        """Every metric every step, so that ``ModelCheckpoint``/``EarlyStopping`` can monitor any of them; the
-        loggers write on their ``log_every_n_steps``."""
-        metrics = {f"train/{k}": v for k, v in stats.metrics().items()}
-        shown = {k: metrics.pop(f"train/{k}") for k in PROGRESS_BAR if f"train/{k}" in metrics}
-        self.log_dict({f"train/{k}": v for k, v in shown.items()}, prog_bar=True, on_step=True, batch_size=1)
-        self.log_dict(metrics, on_step=True, on_epoch=False, batch_size=1)
+        """Every metric on the steps the loggers write; on the others, the monitored and progress-bar ones."""
+        log_train_metrics(self, {f"train/{k}": v for k, v in stats.metrics().items()}, PROGRESS_BAR)
 
     # ---- validation ---------------------------------------------------------------------------------------
 

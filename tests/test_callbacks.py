@@ -8,6 +8,7 @@ import lightning as L
 import pytest
 import torch
 from helpers import fit, logged, make_module
+from lightning.pytorch.callbacks import ModelCheckpoint
 
 from lightning_grpo import PromptDataModule
 from lightning_grpo.callbacks import (
@@ -183,17 +184,38 @@ TRL_METRICS = {
 }  # fmt: skip
 
 
-def test_the_step_record_names_metrics_as_trl_and_every_one_is_monitorable(tiny_model_dir, arith_jsonl, tmp_path):
-    probe = Records()
+class Snapshots(Records):
+    """The step records and the ``train/*`` callback metrics as each step ends."""
+
+    def __init__(self):
+        super().__init__()
+        self.metrics = []
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
+        super().on_train_batch_end(trainer, pl_module, outputs, batch, batch_idx)
+        self.metrics.append({k: float(v) for k, v in trainer.callback_metrics.items() if k.startswith("train/")})
+
+
+def test_the_step_record_names_metrics_as_trl_and_any_one_can_be_monitored(tiny_model_dir, arith_jsonl, tmp_path):
+    probe, watched = Snapshots(), "train/completions/mean_length"
+    best = ModelCheckpoint(dirpath=tmp_path / "best", monitor=watched, mode="max", every_n_train_steps=1)
     module = make_module(tiny_model_dir, loss={"beta": 0.1})
-    trainer = fit(module, data(arith_jsonl), tmp_path, max_steps=2, callbacks=[probe], log_every_n_steps=50)
+    trainer = fit(
+        module, data(arith_jsonl), tmp_path, max_steps=3, callbacks=[probe, best], log_every_n_steps=2,
+        enable_checkpointing=True,
+    )  # fmt: skip
+    names = {f"train/{n}" for n in probe.records[-1].stats.metrics()}
+    assert {f"train/{n}" for n in TRL_METRICS} <= names, sorted({f"train/{n}" for n in TRL_METRICS} - names)
+    for record, seen in zip(probe.records, probe.metrics):
+        # what ModelCheckpoint monitors is the step's own value on every step
+        assert seen[watched] == pytest.approx(record.stats.lengths.mean)
+    # the loggers' step (the 2nd) has every metric; the others only what something reads every step
+    assert names <= set(probe.metrics[1])
+    assert probe.metrics[1]["train/reward"] == pytest.approx(probe.records[1].stats.rewards.mean)
+    assert set(probe.metrics[0]) == {watched}
+    assert best.best_model_score == pytest.approx(max(r.stats.lengths.mean for r in probe.records))
+    assert logged(trainer)["train/reward"] == [pytest.approx(probe.records[1].stats.rewards.mean)]
     record = probe.records[-1]
-    names = set(record.stats.metrics())
-    assert TRL_METRICS <= names, sorted(TRL_METRICS - names)
-    # every metric of the step is in callback_metrics (ModelCheckpoint / EarlyStopping can monitor it), even
-    # on a step the loggers do not write
-    assert {f"train/{n}" for n in names} <= set(trainer.callback_metrics)
-    assert trainer.callback_metrics["train/reward"].item() == pytest.approx(record.stats.rewards.mean)
     assert record.advantages.shape == (len(record.rollout),) and record.scores.names == [
         "exact_match_reward",
         "length_reward",

@@ -120,15 +120,18 @@ def test_filtered_distribution_equals_generates(name):
     torch.testing.assert_close(got.softmax(-1), expected.softmax(-1), rtol=0, atol=1e-6)
 
 
-def test_inverse_cdf_draws_from_the_softmax():
-    """200k draws from a 3-row distribution with a filtered (-inf) id: frequencies within 5 standard errors."""
+@pytest.mark.parametrize("block", [256, 2, 3])  # one block; whole blocks; a padded last block
+def test_inverse_cdf_draws_from_the_softmax(block):
+    """200k draws from a 4-row distribution with filtered (-inf) ids, a whole block of them when ``block`` is 2:
+    frequencies within 5 standard errors, and never a filtered id."""
     torch.manual_seed(0)
-    logits = torch.tensor([[0.0, 1.0, 2.0, float("-inf")], [3.0, 0.0, 0.0, 0.0], [0.0, 0.0, 0.0, 0.0]])
+    inf = float("inf")
+    logits = torch.tensor([[0.0, 1.0, 2.0, -inf], [3.0, 0.0, 0.0, 0.0], [0.0, 0.0, 0.0, 0.0], [-inf, -inf, 0.0, 1.0]])
     n = 200_000
-    draws = sample_inverse_cdf(logits.repeat(n, 1)).view(n, 3)  # [n, 3]
-    p = logits.softmax(-1)  # [3, V]
-    freq = torch.stack([torch.bincount(draws[:, r], minlength=4) for r in range(3)]).float() / n
-    assert freq[0, 3] == 0  # never a filtered id
+    draws = sample_inverse_cdf(logits.repeat(n, 1), block).view(n, 4)  # [n, 4]
+    p = logits.softmax(-1)  # [4, V]
+    freq = torch.stack([torch.bincount(draws[:, r], minlength=4) for r in range(4)]).float() / n
+    assert freq[0, 3] == 0 and freq[3, :2].sum() == 0  # never a filtered id
     assert ((freq - p).abs() <= 5 * (p * (1 - p) / n).sqrt() + 1e-9).all()
 
 

@@ -13,6 +13,7 @@ import lightning as L
 from typing_extensions import override
 
 from lightning_grpo.callbacks.rundir import run_dir
+from lightning_grpo.steplog import loggers_write
 
 FILENAME = "metrics.jsonl"
 
@@ -25,8 +26,7 @@ class MetricsFile(L.Callback):
     def on_train_batch_end(
         self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: Any, batch: Any, batch_idx: int
     ) -> None:
-        step = trainer.global_step
-        if step % max(trainer.log_every_n_steps, 1) == 0 or trainer.should_stop:  # as Lightning's loggers
+        if loggers_write(trainer):
             self._write(trainer, "train/")
 
     @override

@@ -15,6 +15,7 @@ from typing import Any
 import lightning as L
 from typing_extensions import override
 
+from lightning_grpo.steplog import log_train_metrics
 from lightning_grpo.types import step_record
 
 
@@ -59,7 +60,7 @@ class RewardMonitor(L.Callback):
             "groups/worst": worst.mean().item(),
             "groups/spread": (best - worst).mean().item(),
         }
-        pl_module.log_dict({f"train/{k}": v for k, v in logged.items()}, on_step=True, on_epoch=False, batch_size=1)
+        log_train_metrics(pl_module, {f"train/{k}": v for k, v in logged.items()})
 
     @override
     def state_dict(self) -> dict[str, Any]:

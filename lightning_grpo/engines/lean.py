@@ -118,6 +118,9 @@ class NextTokenLogits:
         return out.logits[:, -1].float()  # [n, V]
 
 
+MIN_PACKED = 16_384  # weight elements: packing a smaller layer costs more per call than its decode steps save
+
+
 def can_pack(layer: nn.Module) -> bool:
     """A plain fp32 CPU ``nn.Linear`` with ordinary tensors (not FSDP shards) and oneDNN in this build."""
     weight = getattr(layer, "weight", None)
@@ -137,16 +140,16 @@ def packed_linear(x: Tensor, weight: Tensor, bias: Tensor | None) -> Tensor:
 
 @contextlib.contextmanager
 def packed_linears(model: nn.Module, rows: int) -> Iterator[None]:
-    """Every packable linear layer of ``model`` (the LM head included) runs against a copy of its weight
-    pre-packed for oneDNN while the context lasts; the copies are made on entry, so they hold the current weights,
-    and freed on exit.
+    """Every packable linear layer of ``model`` (the LM head included) with at least ``MIN_PACKED`` weights runs
+    against a copy of its weight pre-packed for oneDNN while the context lasts; the copies are made on entry, so
+    they hold the current weights, and freed on exit.
 
     Why: at decode time a linear layer multiplies a few rows by its whole weight, and ``F.linear`` re-packs the
     weight on every call, which reads and writes it once more: [16, 256] x [256, 32000] took 14-20 ms against
     7.6 ms pre-packed, while copying the weight once (the memory floor) took 6.5 ms (1 thread, a loaded machine).
     The sums run in another order: logits agree to ~1e-5, like any two matmul kernels.
     """
-    patched = [layer for layer in model.modules() if can_pack(layer)]
+    patched = [layer for layer in model.modules() if can_pack(layer) and layer.weight.numel() >= MIN_PACKED]
     for layer in patched:
         packed = torch.ops.mkldnn._reorder_linear_weight(layer.weight.detach(), rows)
         layer.forward = functools.partial(packed_linear, weight=packed, bias=layer.bias)

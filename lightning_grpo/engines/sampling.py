@@ -4,13 +4,13 @@ Knows logits and the ``SamplingConfig``; nothing about models or caches. The fil
 order (transformers 5: repetition penalty, then temperature, top-k, top-p, min-p), with the same tie rules, so the
 filtered distribution equals ``generate``'s to rounding. Only the draw differs: ``torch.multinomial`` makes a random
 number per vocabulary entry (13-16 ms for [16, 32000] on 2 CPU cores, as much as the LM head); inverse CDF makes
-one per row (softmax, cumulative sum, one uniform, ``searchsorted``) and draws from the same distribution.
+one per row (``sample_inverse_cdf``) and draws from the same distribution.
 """
 
 from __future__ import annotations
 
 import torch
-from torch import Tensor
+from torch import Tensor, nn
 
 from lightning_grpo.rollout import SamplingConfig
 
@@ -74,13 +74,27 @@ def sampling_logits(logits: Tensor, sampling: SamplingConfig, greedy: bool, seen
     return logits
 
 
-def sample_inverse_cdf(logits: Tensor) -> Tensor:
-    """[N] ids drawn from ``softmax(logits)`` with one uniform per row: the first id whose cumulative
-    probability exceeds ``u * total``. A filtered id (probability 0) adds nothing to the cumulative sum, so
-    it can never be the first to exceed it."""
-    cdf = logits.softmax(dim=-1).cumsum_(dim=-1)  # [N, V]
-    u = torch.rand(cdf.shape[0], 1, device=cdf.device, dtype=cdf.dtype) * cdf[:, -1:]  # [N, 1]
-    return torch.searchsorted(cdf, u, right=True).squeeze(1).clamp_(max=cdf.shape[1] - 1)
+def sample_inverse_cdf(logits: Tensor, block: int = 256) -> Tensor:
+    """[N] ids drawn from ``softmax(logits)`` with one uniform per row, by inverse CDF in two levels: a block of
+    ``block`` ids chosen by the cumulative mass of the blocks, then an id inside it by the cumulative mass of its
+    ids. Exactly the softmax's distribution (up to rounding), with no cumulative sum over the whole vocabulary:
+    that sum is sequential, and took longer than the softmax ([16, 32000], 1 thread: 0.8 ms -> 0.4 ms a draw).
+
+    An id of probability 0 (filtered to -inf, or block padding) never increases a cumulative sum, so it is never
+    the first to exceed the target; the target inside the block is a fraction < 1 of the block's own total.
+    """
+    n, vocab = logits.shape
+    probs = logits.softmax(dim=-1)  # [N, V] (a faster exp than torch.exp's)
+    blocks = (nn.functional.pad(probs, (0, -vocab % block)) if vocab % block else probs).view(n, -1, block)
+    block_cdf = blocks.sum(dim=-1).cumsum_(dim=-1)  # [N, K]
+    u = torch.rand(n, 1, device=logits.device, dtype=block_cdf.dtype)  # [N, 1] in [0, 1)
+    k = torch.searchsorted(block_cdf, u * block_cdf[:, -1:], right=True).clamp_(max=block_cdf.shape[1] - 1)  # [N, 1]
+    below = torch.where(k > 0, block_cdf.gather(1, (k - 1).clamp_(min=0)), 0.0)  # [N, 1] mass before block k
+    mass = block_cdf.gather(1, k) - below  # [N, 1]
+    fraction = ((u * block_cdf[:, -1:] - below) / mass).clamp_(0.0, 1.0 - 2**-23)  # [N, 1] where u falls in it
+    inner = blocks.gather(1, k.unsqueeze(-1).expand(n, 1, block)).squeeze(1).cumsum_(dim=-1)  # [N, b]
+    j = torch.searchsorted(inner, fraction * inner[:, -1:], right=True).clamp_(max=block - 1)  # [N, 1]
+    return (k * block + j).squeeze(1)
 
 
 def next_tokens(logits: Tensor, sampling: SamplingConfig, greedy: bool, seen: Tensor | None = None) -> Tensor:
