@@ -118,7 +118,7 @@ class NextTokenLogits:
         return out.logits[:, -1].float()  # [n, V]
 
 
-MIN_PACKED = 16_384  # weight elements: packing a smaller layer costs more per call than its decode steps save
+MIN_PACKED = 65_536  # weight elements: packing a smaller layer costs more per call than its decode steps save
 
 
 def can_pack(layer: nn.Module) -> bool:
