@@ -1,6 +1,8 @@
-"""One decode step of Hugging Face ``generate`` and of lightning-grpo's ``LeanDecode`` loop, against the floor of
+"""One decode step of Hugging Face ``generate`` and of lightning-grpo's ``LeanDecode`` loop, against two floors:
 reading the model's weights once (a decode step multiplies a few rows by every weight, so it cannot be faster
-than a copy of them). Imported only by a "decode" worker of ``trl_vs_lightning_grpo.py``.
+than a copy of them), and its multiply-adds at this machine's best fp32 matmul rate (``2 * rows * weights``
+FLOPs; with 16 rows and a 32,000-token LM head this one can be the higher). Imported only by a "decode" worker of
+``trl_vs_lightning_grpo.py``.
 
 Time per step is the difference of two generations, ``long`` and ``short`` tokens long, divided by the steps
 between them: prompt prefill and per-call set-up (the weight packing of LeanDecode) cancel out.
@@ -14,6 +16,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
+from bench_assets import matmul_gflops
 from transformers import AutoModelForCausalLM
 
 from lightning_grpo.engines.lean import Decoder, NextTokenLogits, packed_linears
@@ -78,6 +81,9 @@ def run(spec: DecodeSpec) -> dict[str, Any]:
     prompts = torch.randint(3, model.config.vocab_size, (spec.rows // spec.group_size, spec.prompt_length))
     repeated = prompts.repeat_interleave(spec.group_size, dim=0)
     weight_mb, floor = floor_ms(model)
+    linears = {id(m.weight): m.weight.numel() for m in model.modules() if isinstance(m, torch.nn.Linear)}
+    gflop = 2 * spec.rows * sum(linears.values()) / 1e9  # every linear layer once, the LM head included
+    rate = matmul_gflops()
     with torch.no_grad():
         hf = per_step_ms(lambda steps: hf_generate(model, repeated, steps), spec)
         lean = per_step_ms(lambda steps: lean_decode(model, prompts, steps, spec.group_size), spec)
@@ -86,6 +92,9 @@ def run(spec: DecodeSpec) -> dict[str, Any]:
         "rows": spec.rows,
         "weight_mb": weight_mb,
         "floor_ms": floor,
+        "gflop": gflop,
+        "matmul_gflops": rate,
+        "compute_floor_ms": gflop / rate * 1000,
         "hf_generate": hf,
         "lean_decode": lean,
     }

@@ -310,9 +310,16 @@ def decode_step(args: argparse.Namespace, runner: Runner) -> dict[str, Any]:
         f"\n== one decode step, gen model (4 layers x 256, vocabulary 32,000), 16 rows, {result['threads']} threads =="
     )
     print(f"weights: {result['weight_mb']:.1f} MB, copied once in {result['floor_ms']:.2f} ms (the weight-read floor)")
+    print(
+        f"compute: {result['gflop']:.3f} GFLOP a step at {result['matmul_gflops']:.1f} GFLOP/s (best fp32 matmul) = "
+        f"{result['compute_floor_ms']:.2f} ms (the compute floor)"
+    )
     for name in ("hf_generate", "lean_decode"):
         ms = result[name]
-        print(f"{name:12s}{ms:8.2f} ms/step  {ms / result['floor_ms']:5.2f}x the floor")
+        print(
+            f"{name:12s}{ms:8.2f} ms/step  {ms / result['floor_ms']:5.2f}x the weight-read floor  "
+            f"{ms / max(result['floor_ms'], result['compute_floor_ms']):5.2f}x the higher floor"
+        )
     print(f"lean / generate: {result['hf_generate'] / result['lean_decode']:.2f}x faster per step")
     return result
 
