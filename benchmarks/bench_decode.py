@@ -19,7 +19,9 @@ import torch
 from bench_assets import matmul_gflops
 from transformers import AutoModelForCausalLM
 
-from lightning_grpo.engines.lean import Decoder, NextTokenLogits, packed_linears
+from lightning_grpo.engines.fused import FusedDecodeStep, fused_projections
+from lightning_grpo.engines.lean import Decoder, NextTokenLogits
+from lightning_grpo.engines.packing import packed_linears
 from lightning_grpo.rollout import SamplingConfig
 
 NO_EOS = [-1]  # an id never sampled: every row runs to the end
@@ -54,9 +56,13 @@ def hf_generate(model: Any, ids: torch.Tensor, steps: int) -> None:
     )
 
 
-def lean_decode(model: Any, ids: torch.Tensor, steps: int, group_size: int) -> None:
-    decoder = Decoder(NextTokenLogits(model), SamplingConfig(max_completion_length=steps), NO_EOS, 0, False)
-    with packed_linears(model, len(ids) * group_size):
+def lean_decode(model: Any, ids: torch.Tensor, steps: int, group_size: int, fused: bool) -> None:
+    """LeanDecode's loop; ``fused``: decode steps by ``FusedDecodeStep`` (the engine's default for this model)."""
+    rows, sampling = len(ids) * group_size, SamplingConfig(max_completion_length=steps)
+    skip = list(fused_projections(model)) if fused else []
+    with packed_linears(model, rows, skip):
+        step = FusedDecodeStep(model, rows) if fused else None
+        decoder = Decoder(NextTokenLogits(model), sampling, NO_EOS, 0, False, step)
         decoder(ids, torch.ones_like(ids), group_size, greedy=False, share_prompt=True)
 
 
@@ -86,7 +92,8 @@ def run(spec: DecodeSpec) -> dict[str, Any]:
     rate = matmul_gflops()
     with torch.no_grad():
         hf = per_step_ms(lambda steps: hf_generate(model, repeated, steps), spec)
-        lean = per_step_ms(lambda steps: lean_decode(model, prompts, steps, spec.group_size), spec)
+        lean = per_step_ms(lambda steps: lean_decode(model, prompts, steps, spec.group_size, False), spec)
+        fused = per_step_ms(lambda steps: lean_decode(model, prompts, steps, spec.group_size, True), spec)
     return {
         "threads": torch.get_num_threads(),
         "rows": spec.rows,
@@ -97,4 +104,5 @@ def run(spec: DecodeSpec) -> dict[str, Any]:
         "compute_floor_ms": gflop / rate * 1000,
         "hf_generate": hf,
         "lean_decode": lean,
+        "lean_fused": fused,
     }

@@ -1,6 +1,7 @@
 """DAPO's dynamic sampling (arXiv:2503.14476; verl's ``algorithm.filter_groups``): groups whose rewards are all
 equal carry no learning signal, so they are dropped, and the groups that remain are kept across generation
-batches until there are enough for an update. Pure bookkeeping over Rollouts and RewardScores.
+batches until there are enough for an update (counted on every rank). Bookkeeping over Rollouts and
+RewardScores.
 
 As in verl, the update waits (no optimiser step) while the buffer fills, surplus groups are dropped once it is
 full, and the number of generation batches an update took is logged. Where we deviate: past
@@ -13,9 +14,11 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 
 import torch
+from lightning.pytorch.utilities import rank_zero_warn
 from torch import Tensor
 
 from lightning_grpo.advantages import nanstd
+from lightning_grpo.ranks import Ranks
 from lightning_grpo.types import RewardScores, Rollout
 
 
@@ -118,3 +121,28 @@ class GroupBuffer:
         }
         self.rollout, self.scores, self.num_gen_batches, self.groups_drawn = None, None, 0, 0
         return rollout, scores, metrics
+
+    def next_update(
+        self, rollout: Rollout, scores: RewardScores, num_prompts: int, ranks: Ranks, cap: int | None, step: int
+    ) -> tuple[Rollout, RewardScores, dict[str, float]] | None:
+        """One scored generation batch in; an update's worth out (``num_prompts`` groups on every rank), or what
+        there is once ``cap`` (``max_num_gen_batches``) batches were drawn; ``None`` while the buffer fills, or
+        when after ``cap`` batches some rank has no group with signal (``step``: the global step, for warnings)."""
+        self.add(rollout, scores)
+        have = int(ranks.gather_rows(torch.tensor([self.num_groups], device=rollout.completion_ids.device)).min())
+        if have >= num_prompts:
+            return self.take(num_prompts)
+        if not cap or self.num_gen_batches < cap:
+            return None
+        if have == 0:  # no signal at all: no update (the collapse alert's no_learning_signal also sees it)
+            self.take(0)
+            rank_zero_warn(
+                f"filter_groups: {cap} generation batches (max_num_gen_batches) gave no group with differing "
+                f"rewards on some rank; no update at global step {step}"
+            )
+            return None
+        rank_zero_warn(
+            f"filter_groups: after max_num_gen_batches={cap} generation batches only {have} of {num_prompts} "
+            "groups per rank have differing rewards; updating on those. The prompts may be too easy or too hard"
+        )
+        return self.take(have)

@@ -243,9 +243,12 @@ class GRPOModule(L.LightningModule):
         scores = self._score(rollout, batch)
         extra: dict[str, float] = {}
         if self.advantage_config.filter_groups:
-            filtered = self._filter_groups(rollout, scores, len(batch), ranks)
-            if filtered is None:
-                return None  # waiting for more groups with signal: no update this batch
+            buffer, cap = self.group_buffer, self.advantage_config.max_num_gen_batches
+            filtered = buffer.next_update(rollout, scores, len(batch), ranks, cap, self.global_step)
+            if filtered is None:  # no update this batch: waiting for more groups with signal, or none came
+                if buffer.num_gen_batches:
+                    self.log("train/filter_groups/num_gen_batches", float(buffer.num_gen_batches), batch_size=1)
+                return None
             rollout, scores, extra = filtered
         all_scores = ranks.gather_rows(scores.per_function)  # [W*N, F] identical on every rank: a batch std is global
         if all_scores.isinf().any():  # NaN rewards are "not applicable"
@@ -312,32 +315,6 @@ class GRPOModule(L.LightningModule):
         ).advantages
         out = ranks.own_rows(out)
         return out[:, : targets.mask.shape[1]] if out.ndim == 2 else out
-
-    def _filter_groups(
-        self, rollout: Rollout, scores: RewardScores, num_prompts: int, ranks: Ranks
-    ) -> tuple[Rollout, RewardScores, dict[str, float]] | None:
-        """DAPO's dynamic sampling: keep the groups with signal; an update's worth (``num_prompts`` groups on
-        every rank), or what there is after ``max_num_gen_batches`` batches; ``None`` while the buffer fills."""
-        buffer, cap = self.group_buffer, self.advantage_config.max_num_gen_batches
-        buffer.add(rollout, scores)
-        have = int(ranks.gather_rows(torch.tensor([buffer.num_groups], device=self.device)).min())
-        if have >= num_prompts:
-            return buffer.take(num_prompts)
-        if not cap or buffer.num_gen_batches < cap:
-            self.log("train/filter_groups/num_gen_batches", float(buffer.num_gen_batches), batch_size=1)
-            return None
-        if have == 0:  # no signal at all: no update (the collapse alert's no_learning_signal also sees it)
-            buffer.take(0)
-            rank_zero_warn(
-                f"filter_groups: {cap} generation batches (max_num_gen_batches) gave no group with differing "
-                f"rewards on some rank; no update at global step {self.global_step}"
-            )
-            return None
-        rank_zero_warn(
-            f"filter_groups: after max_num_gen_batches={cap} generation batches only {have} of {num_prompts} "
-            "groups per rank have differing rewards; updating on those. The prompts may be too easy or too hard"
-        )
-        return buffer.take(have)
 
     def _entropy_metrics(self) -> dict[str, float]:
         return {"entropy_coef": self.entropy.coef} if self.entropy.enabled else {}

@@ -40,6 +40,7 @@ LAYERS = {
     "ranks": 4,
     "targets": 4,
     "dynamic": 4,
+    "steplog": 4,
     "settings": 5,
     "module": 5,
     "callbacks": 6,

@@ -1,0 +1,71 @@
+"""Linear layers against weights pre-packed for oneDNN: the CPU decode step's matrix products.
+
+Knows ``nn.Linear`` and oneDNN's packed layout; nothing about models or sampling.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+from collections.abc import Callable, Collection, Iterator
+
+import torch
+from torch import Tensor, nn
+
+MIN_PACKED = 65_536  # weight elements: packing a smaller layer costs more per call than its decode steps save
+
+
+def can_pack(layer: nn.Module) -> bool:
+    """A plain fp32 CPU ``nn.Linear`` with ordinary tensors (not FSDP shards) and oneDNN in this build."""
+    weight = getattr(layer, "weight", None)
+    return (
+        type(layer) is nn.Linear
+        and type(weight) in (torch.Tensor, nn.Parameter)
+        and weight.device.type == "cpu"
+        and weight.dtype == torch.float32
+        and torch.backends.mkldnn.is_available()
+    )
+
+
+def pack_weight(weight: Tensor, rows: int) -> Tensor:
+    """A copy of an [out, in] fp32 weight in oneDNN's layout for products with ``rows`` rows."""
+    return torch.ops.mkldnn._reorder_linear_weight(weight, rows)
+
+
+def packed_linear(x: Tensor, weight: Tensor, bias: Tensor | None) -> Tensor:
+    """[..., in] -> [..., out] with a weight from ``pack_weight``."""
+    return torch.ops.mkldnn._linear_pointwise(x, weight, bias, "none", [], "")
+
+
+def linear(weight: Tensor, bias: Tensor | None, rows: int) -> Callable[[Tensor], Tensor]:
+    """``x -> x @ weight.T + bias`` for products of ``rows`` rows: against a packed copy of the weight when it
+    has at least ``MIN_PACKED`` elements, else ``F.linear`` on the weight itself."""
+    if weight.numel() < MIN_PACKED:
+        return functools.partial(nn.functional.linear, weight=weight, bias=bias)
+    return functools.partial(packed_linear, weight=pack_weight(weight, rows), bias=bias)
+
+
+@contextlib.contextmanager
+def packed_linears(model: nn.Module, rows: int, skip: Collection[nn.Module] = ()) -> Iterator[None]:
+    """Every packable linear layer of ``model`` (the LM head included) with at least ``MIN_PACKED`` weights runs
+    against a copy of its weight pre-packed for oneDNN while the context lasts; the copies are made on entry, so
+    they hold the current weights, and freed on exit. Layers in ``skip`` keep their forward.
+
+    Why: at decode time a linear layer multiplies a few rows by its whole weight, and ``F.linear`` re-packs the
+    weight on every call, which reads and writes it once more: [16, 256] x [256, 32000] took 14-20 ms against
+    7.6 ms pre-packed, while copying the weight once (the memory floor) took 6.5 ms (1 thread, a loaded machine).
+    The sums run in another order: logits agree to ~1e-5, like any two matmul kernels.
+    """
+    skipped = {id(layer) for layer in skip}
+    patched = [
+        layer
+        for layer in model.modules()
+        if can_pack(layer) and layer.weight.numel() >= MIN_PACKED and id(layer) not in skipped
+    ]
+    for layer in patched:
+        layer.forward = linear(layer.weight.detach(), layer.bias, rows)
+    try:
+        yield
+    finally:
+        for layer in patched:
+            del layer.forward  # the class's forward again
