@@ -175,7 +175,8 @@ class GRPOModule(L.LightningModule):
             except ValueError as err:  # listed with every other problem
                 section_problems.append(str(err))
                 settings[name] = kind()
-        check_settings(settings, section_problems)
+        engine = rollout_engine or HFGenerate()
+        check_settings(settings, section_problems + engine.problems(settings["sampling"]))
         self.reward_funcs, self.reward_weights = reward_set(reward_funcs, reward_weights, reward_preset)
         self.accuracy_reward = default_accuracy_reward(self.reward_funcs, accuracy_reward)
         # Only config values: LightningCLI parses them back when resuming with --ckpt_path.
@@ -187,7 +188,7 @@ class GRPOModule(L.LightningModule):
         self.hparams.update({name: dataclasses.asdict(settings[name]) for name in SECTIONS})  # plain values
         self.automatic_optimization = False
         self.optimizer_factory = optimizer
-        self.engine = rollout_engine or HFGenerate()
+        self.engine = engine
         self.sampling, self.loss_config = settings["sampling"], settings["loss"]
         self.advantage_config, self.optim_config = settings["advantages"], settings["optim"]
         self.target_settings = TargetSettings(

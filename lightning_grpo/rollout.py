@@ -230,6 +230,11 @@ class RolloutEngine:
     ``columns`` for the reward functions and its own ``metrics``.
     """
 
+    def problems(self, sampling: SamplingConfig) -> list[str]:
+        """What of ``sampling`` this engine cannot honour, one message per setting (name, value, what to do).
+        ``GRPOModule`` lists them with every other bad setting, before any model is loaded."""
+        return []
+
     def setup(self, policy: Policy, trainer: Any, seed: int) -> None:
         """Called once the training processes exist (``LightningModule.setup``); ``trainer`` has the ranks."""
 

@@ -4,6 +4,7 @@ import pytest
 import torch
 
 from lightning_grpo import GRPOModule, SamplingConfig
+from lightning_grpo.engines import LeanDecode
 from lightning_grpo.rewards import exact_match_reward
 
 NOT_A_MODEL = "/nonexistent/model/never/loaded"  # loading it would fail: the checks must come first
@@ -102,3 +103,15 @@ def test_qlora_is_refused_at_config_time_where_it_cannot_run():
     message = str(err.value)
     assert "load_in_4bit (QLoRA) cannot run" in message and "no CUDA GPU is visible" in message
     assert "4-bit weights cannot train: give a peft_config adapter" in message
+
+
+def test_an_engine_names_the_sampling_settings_it_cannot_honour():
+    with pytest.raises(ValueError) as err:
+        GRPOModule(
+            model=NOT_A_MODEL,
+            reward_funcs=[exact_match_reward],
+            rollout_engine=LeanDecode(),
+            sampling={"generation_kwargs": {"no_repeat_ngram_size": 3}},
+        )
+    assert "sampling.generation_kwargs={'no_repeat_ngram_size': 3}: LeanDecode samples" in str(err.value)
+    assert "rollout_engine: null (HFGenerate)" in str(err.value)

@@ -63,6 +63,16 @@ class LeanDecode(RolloutEngine):
         self.fused_layers = fused_layers
 
     @override
+    def problems(self, sampling: SamplingConfig) -> list[str]:
+        if not sampling.generation_kwargs:
+            return []
+        return [
+            f"sampling.generation_kwargs={sampling.generation_kwargs!r}: LeanDecode samples with sampling's own "
+            "settings only (temperature, top_p, top_k, min_p, repetition_penalty); for generate's other options "
+            "use rollout_engine: null (HFGenerate), or remove them"
+        ]
+
+    @override
     def generate(
         self,
         policy: Policy,

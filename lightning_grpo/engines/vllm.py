@@ -89,6 +89,7 @@ class VLLMColocate(RolloutEngine):
             repetition_penalty=sampling.repetition_penalty,
             max_tokens=sampling.max_completion_length,
             logprobs=0,  # the sampled token's own log-prob
+            **(sampling.generation_kwargs or {}),
         )
         outputs = [c for request in self.llm.generate(requests, params, use_tqdm=False) for c in request.outputs]
         logps = [[lp[t].logprob for t, lp in zip(c.token_ids, c.logprobs)] for c in outputs]

@@ -125,7 +125,8 @@ class VLLMServer(RolloutEngine):
                 min_p=sampling.min_p or 0.0,
                 max_tokens=sampling.max_completion_length,
                 logprobs=0,  # the sampled token's own log-prob
-                generation_kwargs={"seed": int(torch.randint(2**31 - 1, ()))},  # from the step's seeded RNG
+                # the user's SamplingParams options, and a seed from the step's seeded RNG
+                generation_kwargs={**(sampling.generation_kwargs or {}), "seed": int(torch.randint(2**31 - 1, ()))},
             )
             logps = [[position[0] for position in row] for row in out["logprobs"]]
             bounds = _offsets([len(r) * num_generations for r in per_rank])
