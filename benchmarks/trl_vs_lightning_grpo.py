@@ -216,7 +216,7 @@ def compare(args: argparse.Namespace, runner: Runner, model: str, beta: float) -
                 settings,
                 model=model,
                 beta=beta,
-                seed=args.seed,
+                seed=args.seed + repeat,  # one trajectory per repeat, the same for both sides
                 warmup_steps=args.warmup,
                 timed_steps=args.steps,
                 eval_accuracy=False,
@@ -431,7 +431,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument(
         "--loss-type", choices=["dapo", "grpo", "bnpo", "dr_grpo"], help="loss aggregation on both sides (dapo)"
     )
-    p.add_argument("--seed", type=int, default=0, help="seed of every speed run (0)")
+    p.add_argument(
+        "--seed",
+        type=int,
+        default=0,
+        help="seed of the first repeat (0); repeat r uses seed + r on both sides, so that the median is not one "
+        "training trajectory's (on the tiny task one seed can collapse to 1-token completions within 10 steps)",
+    )
     p.add_argument(
         "--device",
         choices=("cpu", "cuda"),
