@@ -1,12 +1,13 @@
-"""One decode step of a Llama-family decoder in a few fused operations a layer: ``LeanDecode``'s fast path on CPU.
+"""One decode step of a Llama-family decoder with fewer, larger operations: ``LeanDecode``'s fast path on CPU.
 
 Knows the layer layout of Llama, Qwen2, Qwen3 and Mistral (pre-norm RMSNorm, rotary attention, a SiLU-gated
-MLP); nothing about sampling. At one token per row, the model's own ``forward`` spends most of a step on ~45 small
-operations a layer (norms as five operations, three projections, rotary by slicing, a growing cache by
-concatenation, a mask built every step). Here a layer is ~17: ``F.rms_norm``; q, k and v as one projection and
-gate and up as another, against weights concatenated (and pre-packed for oneDNN) once per ``generate`` call; keys
-and values written into preallocated buffers. The values are the model's to fp32 rounding (tested against its
-forward), using its own embedding, rotary embedding (any RoPE scaling), final norm and LM head.
+MLP); nothing about sampling. At one token per row, the model's own ``forward`` runs many small operations a
+layer (each norm as five, three projections for q, k and v, two for gate and up, a cache grown by concatenation,
+a mask built every step). Here: ``F.rms_norm`` as one; q, k and v as one product and gate and up as another,
+against weights concatenated (and pre-packed for oneDNN) once per ``generate`` call; keys and values written into
+preallocated buffers. On the benchmark's gen model that is 9.45 -> 8.24 ms a step (``--decode-step``). The values
+are the model's to fp32 rounding (tested against its forward), using its own embedding, rotary embedding (any
+RoPE scaling), final norm and LM head.
 
 Anything else (another architecture, a sliding window, LoRA-wrapped layers, sharded or non-fp32 weights, GPU)
 is not ``fusable`` and runs the model's forward.

@@ -45,7 +45,7 @@ class LeanDecode(RolloutEngine):
             Off, or where it does not apply (GPU, bf16, sharded weights), the layers run as they are.
         fused_layers: with ``packed_weights``, decode Llama, Qwen2, Qwen3 and Mistral models (no adapters, no
             sliding window) with ``engines.fused.FusedDecodeStep`` instead of the model's forward: the same values
-            to fp32 rounding in a third of the operations. Other models run their forward either way.
+            to fp32 rounding with fewer, larger operations. Other models run their forward either way.
     """
 
     def __init__(
