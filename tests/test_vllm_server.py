@@ -57,6 +57,7 @@ def test_ddp_generates_on_the_server_through_rank_zero_and_pushes_weights_every_
 
     assert stats["models_requests"] == 1  # one client: rank 0's
     assert stats["generate_requests"] == [{"prompts": 4, "n": 4}] * 3  # both ranks' 2 prompts, in one request
+    assert stats["sampling_options"] == [False] * 3  # sampling.generation_kwargs reach the server's SamplingParams
     for rank in ranks:
         assert rank["global_step"] == 3
         for batch, step in zip(rank["batches"], rank["steps"]):

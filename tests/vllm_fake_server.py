@@ -36,12 +36,19 @@ class Server:
         self.pad = self.model.generation_config.pad_token_id or self.eos
         self.lock = threading.Lock()
         self.stream: socket.socket | None = None
-        self.stats = {"generate_requests": [], "models_requests": 0, "weight_updates": 0, "tensors_received": 0}
+        self.stats = {
+            "generate_requests": [],
+            "sampling_options": [],
+            "models_requests": 0,
+            "weight_updates": 0,
+            "tensors_received": 0,
+        }
         self.updating = False
 
     def completions(self, body: dict) -> dict:
         prompts, n = body["prompt"], body.get("n", 1)
         self.stats["generate_requests"].append({"prompts": len(prompts), "n": n})
+        self.stats["sampling_options"].append(body.get("skip_special_tokens"))  # from sampling.generation_kwargs
         width = max(len(p) for p in prompts)
         ids = torch.tensor([[self.pad] * (width - len(p)) + p for p in prompts])
         mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts])

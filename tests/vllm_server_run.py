@@ -67,7 +67,7 @@ def main(model_dir: str, data_path: str, out_dir: str, url: str, group_port: str
         num_generations=4,
         rollout_engine=engine,
         sampling_correction="token_truncate",
-        sampling={"max_completion_length": 6, "temperature": 0.9},
+        sampling={"max_completion_length": 6, "temperature": 0.9, "generation_kwargs": {"skip_special_tokens": False}},
         optim={"learning_rate": 1e-2},
     )
     recorder = Recorder()
