@@ -19,9 +19,7 @@ import torch
 from bench_assets import matmul_gflops
 from transformers import AutoModelForCausalLM
 
-from lightning_grpo.engines.fused import FusedDecodeStep, fused_projections
-from lightning_grpo.engines.lean import Decoder, NextTokenLogits
-from lightning_grpo.engines.packing import packed_linears
+from lightning_grpo.engines.lean import Decoder, NextTokenLogits, decode_weights
 from lightning_grpo.rollout import SamplingConfig
 
 NO_EOS = [-1]  # an id never sampled: every row runs to the end
@@ -59,9 +57,7 @@ def hf_generate(model: Any, ids: torch.Tensor, steps: int) -> None:
 def lean_decode(model: Any, ids: torch.Tensor, steps: int, group_size: int, fused: bool) -> None:
     """LeanDecode's loop; ``fused``: decode steps by ``FusedDecodeStep`` (the engine's default for this model)."""
     rows, sampling = len(ids) * group_size, SamplingConfig(max_completion_length=steps)
-    skip = list(fused_projections(model)) if fused else []
-    with packed_linears(model, rows, skip):
-        step = FusedDecodeStep(model, rows) if fused else None
+    with decode_weights(model, rows, fused=fused) as step:
         decoder = Decoder(NextTokenLogits(model), sampling, NO_EOS, 0, False, step)
         decoder(ids, torch.ones_like(ids), group_size, greedy=False, share_prompt=True)
 

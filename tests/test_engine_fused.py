@@ -18,9 +18,8 @@ from transformers import (
 )
 
 from lightning_grpo.engines import HFGenerate, LeanDecode
-from lightning_grpo.engines.fused import FusedDecodeStep, fusable, fused_projections
-from lightning_grpo.engines.lean import NextTokenLogits
-from lightning_grpo.engines.packing import packed_linears
+from lightning_grpo.engines.fused import fusable
+from lightning_grpo.engines.lean import NextTokenLogits, decode_weights
 from lightning_grpo.policy import Policy
 from lightning_grpo.rollout import SamplingConfig
 
@@ -59,11 +58,11 @@ def test_fused_step_gives_the_forwards_logits(name):
     mask[0, :3], mask[1, :1] = 0, 0  # left padding
     positions = (mask.cumsum(1) - 1).masked_fill(mask == 0, 1)
     plain, cache = NextTokenLogits(model), DynamicCache(config=model.config)
-    with torch.no_grad(), packed_linears(model, n, list(fused_projections(model))):
+    with torch.no_grad(), decode_weights(model, n) as fused:
         plain(ids, mask, positions, cache)
         fused_cache = DynamicCache(config=model.config)
         plain(ids, mask, positions, fused_cache)
-        fused = FusedDecodeStep(model, n).bind(fused_cache, width + steps)
+        fused.bind(fused_cache, width + steps)
         position = mask.sum(1, keepdim=True)
         for step in range(steps):
             token = torch.randint(3, 300, (n, 1))

@@ -15,7 +15,8 @@ rows have: a forward is then a collective, so a rank that is done keeps stepping
 
 from __future__ import annotations
 
-from contextlib import nullcontext
+import contextlib
+from collections.abc import Iterator
 from typing import Any
 
 import torch
@@ -86,12 +87,9 @@ class LeanDecode(RolloutEngine):
         prompt_ids, prompt_mask, num_truncated = tokenize_prompts(tokenizer, prompts, sampling)
         prompt_ids, prompt_mask = prompt_ids.to(device), prompt_mask.to(device)  # [B, P]
         per_call = max(1, (self.generation_batch_size or len(prompts) * num_generations) // num_generations)
+        rows = per_call * num_generations
         with policy.generating() as model:
-            rows = per_call * num_generations
-            fused = self.packed_weights and self.fused_layers and fusable(model)
-            skip = list(fused_projections(model)) if fused else []  # a fused step holds these weights itself
-            with packed_linears(model, rows, skip) if self.packed_weights else nullcontext():
-                step = FusedDecodeStep(model, rows) if fused else None
+            with decode_weights(model, rows, self.packed_weights, self.fused_layers) as step:
                 eos, pad_id, synced = policy.eos_token_ids, tokenizer.pad_token_id, policy.synced_generation
                 decoder = Decoder(NextTokenLogits(model), sampling, eos, pad_id, synced, step)
                 completions = [
@@ -110,6 +108,19 @@ class LeanDecode(RolloutEngine):
             num_generations,
             num_truncated,
         )
+
+
+@contextlib.contextmanager
+def decode_weights(
+    model: nn.Module, rows: int, packed: bool = True, fused: bool = True
+) -> Iterator[FusedDecodeStep | None]:
+    """The weights a decode loop of ``rows`` rows runs against while the context lasts: ``packed``, pre-packed
+    copies (``packed_linears``); ``fused`` (with ``packed``, for a ``fusable`` model), also a ``FusedDecodeStep``,
+    yielded, which holds the projections it concatenates itself (they get no packed copy). ``None`` otherwise."""
+    fused = packed and fused and fusable(model)
+    skip = list(fused_projections(model)) if fused else []
+    with packed_linears(model, rows, skip) if packed else contextlib.nullcontext():
+        yield FusedDecodeStep(model, rows) if fused else None
 
 
 def pad_right(rows: list[Tensor], pad_id: int) -> Tensor:

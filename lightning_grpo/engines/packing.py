@@ -56,12 +56,8 @@ def packed_linears(model: nn.Module, rows: int, skip: Collection[nn.Module] = ()
     7.6 ms pre-packed, while copying the weight once (the memory floor) took 6.5 ms (1 thread, a loaded machine).
     The sums run in another order: logits agree to ~1e-5, like any two matmul kernels.
     """
-    skipped = {id(layer) for layer in skip}
-    patched = [
-        layer
-        for layer in model.modules()
-        if can_pack(layer) and layer.weight.numel() >= MIN_PACKED and id(layer) not in skipped
-    ]
+    skip = set(skip)
+    patched = [m for m in model.modules() if can_pack(m) and m.weight.numel() >= MIN_PACKED and m not in skip]
     for layer in patched:
         layer.forward = linear(layer.weight.detach(), layer.bias, rows)
     try:

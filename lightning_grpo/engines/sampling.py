@@ -87,11 +87,11 @@ def sample_inverse_cdf(logits: Tensor, block: int = 256) -> Tensor:
     probs = logits.softmax(dim=-1)  # [N, V] (a faster exp than torch.exp's)
     blocks = (nn.functional.pad(probs, (0, -vocab % block)) if vocab % block else probs).view(n, -1, block)
     block_cdf = blocks.sum(dim=-1).cumsum_(dim=-1)  # [N, K]
-    u = torch.rand(n, 1, device=logits.device, dtype=block_cdf.dtype)  # [N, 1] in [0, 1)
-    k = torch.searchsorted(block_cdf, u * block_cdf[:, -1:], right=True).clamp_(max=block_cdf.shape[1] - 1)  # [N, 1]
+    target = torch.rand(n, 1, device=logits.device, dtype=block_cdf.dtype) * block_cdf[:, -1:]  # [N, 1] u * total
+    k = torch.searchsorted(block_cdf, target, right=True).clamp_(max=block_cdf.shape[1] - 1)  # [N, 1]
     below = torch.where(k > 0, block_cdf.gather(1, (k - 1).clamp_(min=0)), 0.0)  # [N, 1] mass before block k
     mass = block_cdf.gather(1, k) - below  # [N, 1]
-    fraction = ((u * block_cdf[:, -1:] - below) / mass).clamp_(0.0, 1.0 - 2**-23)  # [N, 1] where u falls in it
+    fraction = ((target - below) / mass).clamp_(0.0, 1.0 - 2**-23)  # [N, 1] where the target falls in block k
     inner = blocks.gather(1, k.unsqueeze(-1).expand(n, 1, block)).squeeze(1).cumsum_(dim=-1)  # [N, b]
     j = torch.searchsorted(inner, fraction * inner[:, -1:], right=True).clamp_(max=block - 1)  # [N, 1]
     return (k * block + j).squeeze(1)
