@@ -77,6 +77,25 @@ def floor_ms(model: Any) -> tuple[float, float]:
     return flat.numel() * flat.element_size() / 1e6, statistics.median(times) * 1000
 
 
+def products_ms(model: Any, rows: int, repeats: int = 50) -> float:
+    """Median ms of one decode step's matrix products alone, as the fused step runs them (q/k/v and gate/up
+    joined, every weight pre-packed for ``rows`` rows), on random inputs: what a step costs before attention,
+    norms, rotary embedding and sampling."""
+    hidden = torch.randn(rows, 1, model.config.hidden_size)
+    with decode_weights(model, rows) as step:
+        products = [(step.head, hidden)]
+        for layer in step.layers:
+            products += [(layer.qkv, hidden), (layer.gate_up, hidden)]
+            products += [(p, torch.randn(rows, 1, p.in_features)) for p in (layer.o_proj, layer.down_proj)]
+
+        def one_step() -> None:
+            for product, x in products:
+                product(x)
+
+        one_step()
+        return statistics.median(seconds(one_step) for _ in range(repeats)) * 1000
+
+
 def run(spec: DecodeSpec) -> dict[str, Any]:
     torch.manual_seed(0)
     model = AutoModelForCausalLM.from_pretrained(spec.model_dir).eval()
@@ -90,6 +109,7 @@ def run(spec: DecodeSpec) -> dict[str, Any]:
         hf = per_step_ms(lambda steps: hf_generate(model, repeated, steps), spec)
         lean = per_step_ms(lambda steps: lean_decode(model, prompts, steps, spec.group_size, False), spec)
         fused = per_step_ms(lambda steps: lean_decode(model, prompts, steps, spec.group_size, True), spec)
+        products = products_ms(model, spec.rows)
     return {
         "threads": torch.get_num_threads(),
         "rows": spec.rows,
@@ -101,4 +121,5 @@ def run(spec: DecodeSpec) -> dict[str, Any]:
         "hf_generate": hf,
         "lean_decode": lean,
         "lean_fused": fused,
+        "products_ms": products,
     }

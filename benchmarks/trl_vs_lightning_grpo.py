@@ -320,6 +320,13 @@ def decode_step(args: argparse.Namespace, runner: Runner) -> dict[str, Any]:
             f"{name:12s}{ms:8.2f} ms/step  {ms / result['floor_ms']:5.2f}x the weight-read floor  "
             f"{ms / max(result['floor_ms'], result['compute_floor_ms']):5.2f}x the higher floor"
         )
+    products, budget = result["products_ms"], 1.5 * result["floor_ms"]
+    print(
+        f"the step's matrix products alone (packed, random inputs): {products:.2f} ms = "
+        f"{products / result['floor_ms']:.2f}x the weight-read floor; a step within 1.5x of that floor "
+        f"({budget:.2f} ms) leaves {budget - products:.2f} ms for attention, norms, rotary embedding and sampling, "
+        f"which take {result['lean_fused'] - products:.2f} ms in the fused step"
+    )
     print(
         "lean_decode: LeanDecode over the model's forward (fused_layers=False); lean_fused: with FusedDecodeStep "
         f"(the default for this model), {result['hf_generate'] / result['lean_fused']:.2f}x faster per step than "

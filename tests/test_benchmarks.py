@@ -66,3 +66,18 @@ def test_memory_quick_reports_every_run_and_ratios_of_its_figures(tmp_path):
             assert ratio[figure] == pytest.approx(numerator[figure] / denominator[figure]), (name, figure)
     assert report["ratios"]["FSDP2 / DDP"]["expected_mb"] == pytest.approx(0.5)  # each rank holds half
     assert report["ratios"]["FSDP2 meta / FSDP2"]["expected_mb"] == pytest.approx(1.0)  # the same state, loaded apart
+
+
+@pytest.mark.slow  # ~30 s: three generations per path on the gen model (4 layers x 256, vocabulary 32,000)
+def test_decode_step_reports_every_path_against_its_floors(tmp_path):
+    report_path = tmp_path / "decode.json"
+    command = [sys.executable, str(SCRIPT), "--decode-step", "--repeats", "1", "--threads", "1"]
+    proc = subprocess.run([*command, "--json", str(report_path)], capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
+
+    result = json.loads(report_path.read_text())["decode_step"]
+    assert result["threads"] == 1 and result["rows"] == 16
+    assert result["floor_ms"] > 0 and result["compute_floor_ms"] > 0
+    # the fused step runs the products and more; generate's per-token overhead makes it the slowest
+    assert 0 < result["products_ms"] < result["lean_fused"] < result["hf_generate"]
+    assert "the step's matrix products alone" in proc.stdout
