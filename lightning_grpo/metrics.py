@@ -12,7 +12,7 @@ from torch import Tensor
 
 from lightning_grpo.advantages import nanstd, zero_std_fraction
 from lightning_grpo.loss import LossOutput
-from lightning_grpo.types import LengthStats, RewardScores, RewardStats, UpdateStats
+from lightning_grpo.types import LengthStats, RewardScores, RewardStats, Rollout, UpdateStats
 
 
 def reward_stats(
@@ -111,3 +111,21 @@ def pass_at_k(correct: Tensor, k: int) -> float:
         raise ValueError(f"pass@k needs 1 <= k <= n = {n} samples per prompt, got k={k}")
     wrong = (~correct).sum(dim=1).tolist()  # [B]
     return sum(1.0 - math.comb(w, k) / math.comb(n, k) for w in wrong) / len(wrong)
+
+
+def eval_metrics(
+    scores: RewardScores, rollout: Rollout, accuracy_reward: str | None, k: int | None
+) -> dict[str, float]:
+    """Held-out metrics of one batch: mean reward, per-function means, accuracy (the share of full marks of
+    ``accuracy_reward``), with ``k`` samples per prompt pass@k and mean@k, and the mean completion length."""
+    metrics = {"reward": scores.total.nanmean().nan_to_num(0.0).item()}
+    for i, name in enumerate(scores.names):
+        metrics[f"rewards/{name}/mean"] = scores.per_function[:, i].nanmean().item()  # NaN: never applied
+    if accuracy_reward:
+        metrics["accuracy"] = accuracy(scores.per_function, scores.names, accuracy_reward)
+        if k:
+            full_marks = scores.per_function[:, scores.names.index(accuracy_reward)] >= 1.0  # [B*k]
+            metrics[f"pass@{k}"] = pass_at_k(full_marks.view(-1, k).cpu(), k)
+            metrics[f"mean@{k}"] = metrics["accuracy"]
+    metrics["completions/mean_length"] = rollout.completion_mask.sum(1).float().mean().item()
+    return metrics

@@ -29,7 +29,7 @@ from lightning_grpo.engines import HFGenerate
 from lightning_grpo.entropy import EntropyController
 from lightning_grpo.logprobs import router_aux_coef
 from lightning_grpo.loss import LossConfig, LossOutput, grpo_loss
-from lightning_grpo.metrics import accuracy, length_stats, pass_at_k, reward_stats, update_stats
+from lightning_grpo.metrics import eval_metrics, length_stats, reward_stats, update_stats
 from lightning_grpo.optim import OptimConfig, clip_gradients, param_groups, scheduler
 from lightning_grpo.policy import Policy
 from lightning_grpo.ranks import Ranks
@@ -239,18 +239,12 @@ class GRPOModule(L.LightningModule):
             return self._training_step(batch)
 
     def _training_step(self, batch: PromptBatch) -> dict[str, Any] | None:
-        start, hp, ranks = time.perf_counter(), self.hparams, Ranks(self.trainer)
-        rollout = self.sample(batch.prompts, hp.num_generations, columns=batch.columns)  # the step's RNG is seeded
-        scores = self._score(rollout, batch)
-        extra: dict[str, float] = {}
-        if self.advantage_config.filter_groups:
-            buffer, cap = self.group_buffer, self.advantage_config.max_num_gen_batches
-            filtered = buffer.next_update(rollout, scores, len(batch), ranks, cap, self.global_step)
-            if filtered is None:  # no update this batch: waiting for more groups with signal, or none came
-                if buffer.num_gen_batches:
-                    self.log("train/filter_groups/num_gen_batches", float(buffer.num_gen_batches), batch_size=1)
-                return None
-            rollout, scores, extra = filtered
+        start, ranks = time.perf_counter(), Ranks(self.trainer)
+        rollout = self.sample(batch.prompts, self.hparams.num_generations, columns=batch.columns)  # seeded RNG
+        kept = self._filter_groups(rollout, self._score(rollout, batch), len(batch), ranks)
+        if kept is None:  # filter_groups: no update this batch, waiting for more groups with signal
+            return None
+        rollout, scores, extra = kept
         all_scores = ranks.gather_rows(scores.per_function)  # [W*N, F] identical on every rank: a batch std is global
         if all_scores.isinf().any():  # NaN rewards are "not applicable"
             return self._skip_step("rewards are infinite")
@@ -258,16 +252,56 @@ class GRPOModule(L.LightningModule):
         targets = targets.with_advantages(self._advantages(all_scores, scores.weights, rollout, targets, ranks))
         if not targets.advantages.isfinite().all():
             return self._skip_step("advantages are infinite or NaN")
-        steps = optimiser_steps(targets, hp.num_generations, self.target_settings, ranks)
-        for _ in range(hp.num_iterations):
-            for step in steps:
-                loss = self._optimizer_step(rollout, targets, step)
-                if loss is None:
-                    return self._skip_step("gradients are infinite or NaN")
+        loss = self._update(rollout, targets, ranks)
+        if loss is None:
+            return self._skip_step("gradients are infinite or NaN")
         self.engine.sync_weights(self.policy)
         self.bad_steps_in_a_row = 0
         self.num_tokens_seen += int(ranks.sum(rollout.attention_mask.sum()))
-        stats = StepStats(
+        stats = self._step_stats(rollout, scores, all_scores, targets, loss, ranks, start, extra)
+        self._log_step(stats)
+        return {
+            "loss": torch.tensor(stats.update.loss),
+            "record": StepRecord(rollout, scores, targets.advantages, stats),
+        }
+
+    def _filter_groups(
+        self, rollout: Rollout, scores: RewardScores, num_prompts: int, ranks: Ranks
+    ) -> tuple[Rollout, RewardScores, dict[str, float]] | None:
+        """The rollout to train on, with its scores and metrics; with ``filter_groups``, the groups with signal
+        gathered over batches, ``None`` while too few have come."""
+        if not self.advantage_config.filter_groups:
+            return rollout, scores, {}
+        buffer, cap = self.group_buffer, self.advantage_config.max_num_gen_batches
+        filtered = buffer.next_update(rollout, scores, num_prompts, ranks, cap, self.global_step)
+        if filtered is None and buffer.num_gen_batches:
+            self.log("train/filter_groups/num_gen_batches", float(buffer.num_gen_batches), batch_size=1)
+        return filtered
+
+    def _update(self, rollout: Rollout, targets: Targets, ranks: Ranks) -> LossOutput | None:
+        """``num_iterations`` passes over the generation batch's optimiser steps; the last step's loss, ``None``
+        when one had gradients that are not finite (and was not taken)."""
+        steps = optimiser_steps(targets, self.hparams.num_generations, self.target_settings, ranks)
+        loss = None
+        for _ in range(self.hparams.num_iterations):
+            for step in steps:
+                loss = self._optimizer_step(rollout, targets, step)
+                if loss is None:
+                    return None
+        return loss
+
+    def _step_stats(
+        self,
+        rollout: Rollout,
+        scores: RewardScores,
+        all_scores: Tensor,
+        targets: Targets,
+        loss: LossOutput,
+        ranks: Ranks,
+        start: float,
+        extra: dict[str, float],
+    ) -> StepStats:
+        return StepStats(
             rewards=reward_stats(all_scores, scores.weights, scores.names, rollout.group_size, self.accuracy_reward),
             lengths=length_stats(*ranks.lengths(rollout)),
             update=update_stats(
@@ -285,11 +319,6 @@ class GRPOModule(L.LightningModule):
             reward_errors=scores.errors,
             extra={**rollout.metrics, **scores.metrics, **extra, **self._entropy_metrics()},
         )
-        self._log_step(stats)
-        return {
-            "loss": torch.tensor(stats.update.loss),
-            "record": StepRecord(rollout, scores, targets.advantages, stats),
-        }
 
     def _advantages(
         self, all_scores: Tensor, weights: Tensor, rollout: Rollout, targets: Targets, ranks: Ranks
@@ -454,17 +483,7 @@ class GRPOModule(L.LightningModule):
         per-function means, accuracy, and with several samples pass@k / mean@k of the accuracy reward."""
         k = self.hparams.num_generations_eval
         rollout = self.sample(batch.prompts, num_generations=k or 1, greedy=k is None, columns=batch.columns)
-        scores = self._score(rollout, batch)
-        metrics = {"reward": scores.total.nanmean().nan_to_num(0.0).item()}
-        for i, name in enumerate(scores.names):
-            metrics[f"rewards/{name}/mean"] = scores.per_function[:, i].nanmean().item()  # NaN: never applied
-        if self.accuracy_reward:
-            metrics["accuracy"] = accuracy(scores.per_function, scores.names, self.accuracy_reward)
-            if k:
-                full_marks = scores.per_function[:, scores.names.index(self.accuracy_reward)] >= 1.0  # [B*k]
-                metrics[f"pass@{k}"] = pass_at_k(full_marks.view(-1, k).cpu(), k)
-                metrics[f"mean@{k}"] = metrics["accuracy"]
-        metrics["completions/mean_length"] = rollout.completion_mask.sum(1).float().mean().item()
+        metrics = eval_metrics(self._score(rollout, batch), rollout, self.accuracy_reward, k)
         self.log_dict({f"{stage}/{k}": v for k, v in metrics.items()}, batch_size=len(batch), sync_dist=True)
 
     # ---- models, optimiser, checkpoints -------------------------------------------------------------------
