@@ -221,6 +221,29 @@ def sampled_rollout(
     )
 
 
+def pad_right(rows: list[Tensor], pad_id: int) -> Tensor:
+    """[n_i, T_i] blocks -> [sum n_i, max T_i], padded on the right."""
+    width = max(r.shape[1] for r in rows)
+    return torch.cat([torch.nn.functional.pad(r, (0, width - r.shape[1]), value=pad_id) for r in rows])
+
+
+def generation_chunks(num_prompts: int, num_generations: int, generation_batch_size: int | None) -> list[slice]:
+    """The prompts generated together: whole groups, at most ``generation_batch_size`` completions a call (at
+    least one group); ``None``: all of them at once.
+
+    >>> generation_chunks(5, 4, 8)
+    [slice(0, 2, None), slice(2, 4, None), slice(4, 6, None)]
+    """
+    per_call = max(1, (generation_batch_size or num_prompts * num_generations) // num_generations)
+    return [slice(i, i + per_call) for i in range(0, num_prompts, per_call)]
+
+
+def check_generation_batch_size(generation_batch_size: int | None) -> int | None:
+    if generation_batch_size is not None and generation_batch_size < 1:
+        raise ValueError(f"generation_batch_size must be None or >= 1, got {generation_batch_size}")
+    return generation_batch_size
+
+
 class RolloutEngine:
     """Turns prompts into a Rollout. Subclass it and choose it with ``rollout_engine: {class_path: ...}``.
 

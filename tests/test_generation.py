@@ -10,7 +10,9 @@ from helpers import fit, logged, make_module
 from lightning_grpo import GRPOModule, PromptDataModule
 from lightning_grpo.engines import HFGenerate, VLLMColocate
 from lightning_grpo.logprobs import completion_logps
+from lightning_grpo.policy import Policy
 from lightning_grpo.rewards import exact_match_reward
+from lightning_grpo.rollout import SamplingConfig
 
 
 class ShiftedSampler(HFGenerate):
@@ -88,3 +90,44 @@ def test_unknown_correction_is_named():
     with pytest.raises(ValueError) as err:
         GRPOModule(model="/nonexistent/never/loaded", reward_funcs=[exact_match_reward], sampling_correction="clip")
     assert "sampling_correction must be one of" in str(err.value) and "got 'clip'" in str(err.value)
+
+
+# ---- generation_batch_size: the default engine generates whole groups, a bounded number at a time -----------
+
+CHUNK_PROMPTS = ["max(1,2,3)=", "max(9,2,3)= and a longer one", "a"]  # different lengths: left padding
+
+
+@pytest.mark.parametrize("generation_batch_size", [1, 4, 6])  # one group a call (rounded up); 2 + 1 groups; 2 calls
+def test_hf_generate_in_batches_equals_one_call(tiny_model_dir, generation_batch_size):
+    policy = Policy(tiny_model_dir)
+    sampling = SamplingConfig(max_completion_length=10)
+    expected = HFGenerate().generate(policy, CHUNK_PROMPTS, 2, sampling, greedy=True)
+    got = HFGenerate(generation_batch_size).generate(policy, CHUNK_PROMPTS, 2, sampling, greedy=True)
+    assert torch.equal(got.completion_ids, expected.completion_ids)
+    assert torch.equal(got.completion_mask, expected.completion_mask)
+    assert got.prompts == expected.prompts and got.group_size == 2
+
+
+def test_hf_generate_batches_call_generate_per_whole_groups(tiny_model_dir, monkeypatch):
+    policy = Policy(tiny_model_dir)
+    rows_per_call = []
+    original = type(policy.model).generate
+
+    def counting(self, **kw):
+        rows_per_call.append(len(kw["input_ids"]))
+        return original(self, **kw)
+
+    monkeypatch.setattr(type(policy.model), "generate", counting)
+    rollout = HFGenerate(generation_batch_size=5).generate(
+        policy, CHUNK_PROMPTS, 2, SamplingConfig(max_completion_length=6), greedy=False
+    )
+    assert rows_per_call == [4, 2]  # 5 completions hold 2 whole groups of 2; the last call takes the rest
+    assert rollout.completion_ids.shape[0] == 6 and rollout.prompts == [p for p in CHUNK_PROMPTS for _ in range(2)]
+    with pytest.raises(ValueError, match="generation_batch_size must be None or >= 1, got 0"):
+        HFGenerate(generation_batch_size=0)
+
+
+def test_module_trains_with_generation_batches(tiny_model_dir, arith_jsonl, tmp_path):
+    module = make_module(tiny_model_dir, rollout_engine=HFGenerate(generation_batch_size=8))
+    trainer = fit(module, PromptDataModule(arith_jsonl, batch_size=4, val_split=None), tmp_path, max_steps=2)
+    assert trainer.global_step == 2

@@ -1,6 +1,6 @@
 """Rollout engines: implementations of ``lightning_grpo.rollout.RolloutEngine``, chosen by ``class_path``.
 
-- ``HFGenerate`` (default): Hugging Face ``generate`` on the policy itself.
+- ``HFGenerate`` (default): Hugging Face ``generate`` on the policy itself, ``generation_batch_size`` rows a call.
 - ``LeanDecode``: a sampling loop over the policy's forward and KV cache, ``generate``'s distribution, faster
   per decode step on CPU; the prompt prefilled once per group, ``generation_batch_size`` rows at a time.
 - ``VLLMColocate``: a vLLM engine inside each training process (CUDA, ``pip install vllm``).

@@ -29,7 +29,15 @@ from lightning_grpo.engines.fused import FusedDecodeStep, fusable, fused_project
 from lightning_grpo.engines.packing import packed_linears
 from lightning_grpo.engines.sampling import next_tokens
 from lightning_grpo.policy import Policy
-from lightning_grpo.rollout import RolloutEngine, SamplingConfig, build_rollout, tokenize_prompts
+from lightning_grpo.rollout import (
+    RolloutEngine,
+    SamplingConfig,
+    build_rollout,
+    check_generation_batch_size,
+    generation_chunks,
+    pad_right,
+    tokenize_prompts,
+)
 from lightning_grpo.types import Prompt, Rollout
 
 
@@ -56,9 +64,7 @@ class LeanDecode(RolloutEngine):
         packed_weights: bool = True,
         fused_layers: bool = True,
     ) -> None:
-        if generation_batch_size is not None and generation_batch_size < 1:
-            raise ValueError(f"generation_batch_size must be None or >= 1, got {generation_batch_size}")
-        self.generation_batch_size = generation_batch_size
+        self.generation_batch_size = check_generation_batch_size(generation_batch_size)
         self.share_prompt_cache = share_prompt_cache
         self.packed_weights = packed_weights
         self.fused_layers = fused_layers
@@ -86,17 +92,16 @@ class LeanDecode(RolloutEngine):
         tokenizer, device = policy.tokenizer, policy.device
         prompt_ids, prompt_mask, num_truncated = tokenize_prompts(tokenizer, prompts, sampling)
         prompt_ids, prompt_mask = prompt_ids.to(device), prompt_mask.to(device)  # [B, P]
-        per_call = max(1, (self.generation_batch_size or len(prompts) * num_generations) // num_generations)
-        rows = per_call * num_generations
+        chunks = generation_chunks(len(prompts), num_generations, self.generation_batch_size)
+        rows = (chunks[0].stop - chunks[0].start) * num_generations
         with policy.generating() as model:
             with decode_weights(model, rows, self.packed_weights, self.fused_layers) as step:
                 eos, pad_id, synced = policy.eos_token_ids, tokenizer.pad_token_id, policy.synced_generation
                 decoder = Decoder(NextTokenLogits(model), sampling, eos, pad_id, synced, step)
                 completions = [
-                    decoder(prompt_ids[i : i + per_call], prompt_mask[i : i + per_call], num_generations, greedy,
-                            self.share_prompt_cache)
-                    for i in range(0, len(prompts), per_call)
-                ]  # fmt: skip
+                    decoder(prompt_ids[chunk], prompt_mask[chunk], num_generations, greedy, self.share_prompt_cache)
+                    for chunk in chunks
+                ]
         completion_ids = pad_right(completions, tokenizer.pad_token_id)  # [N, T]
         return build_rollout(
             tokenizer,
@@ -121,12 +126,6 @@ def decode_weights(
     skip = list(fused_projections(model)) if fused else []
     with packed_linears(model, rows, skip) if packed else contextlib.nullcontext():
         yield FusedDecodeStep(model, rows) if fused else None
-
-
-def pad_right(rows: list[Tensor], pad_id: int) -> Tensor:
-    """[n_i, T_i] blocks -> [sum n_i, max T_i], padded on the right."""
-    width = max(r.shape[1] for r in rows)
-    return torch.cat([nn.functional.pad(r, (0, width - r.shape[1]), value=pad_id) for r in rows])
 
 
 class NextTokenLogits:
