@@ -222,7 +222,7 @@ class RunResult:
     seed: int
     warmup: int
     log: StepLog
-    peak_rss_mb: float  # ru_maxrss of the worker process at the end of training
+    peak_rss_mb: float  # the worker process's own high-water mark (VmHWM) at the end of training
     rss_before_fit_mb: float  # after imports and model loading, before the first step
     setup_s: float  # building the trainer and loading the model(s)
     matmul_params: int
@@ -272,7 +272,7 @@ def run_result(
     spec: RunSpec, log: StepLog, model: nn.Module, tokenizer: Any, setup_s: float, rss_before: float
 ) -> RunResult:
     """A finished run's result: peak memory read first (training only), then the optional greedy accuracy."""
-    peak = peak_rss_mb()
+    peak = own_peak_rss_mb()
     peak_gpu = torch.cuda.max_memory_allocated() / 2**20 if spec.device == "cuda" else None
     accuracy = None
     if spec.eval_accuracy:
@@ -300,6 +300,17 @@ def rss_mb() -> float:
 
 def peak_rss_mb() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # Linux reports kilobytes
+
+
+def own_peak_rss_mb() -> float:
+    """This process's own RSS high-water mark (``VmHWM``). ``ru_maxrss`` starts a process started by another at
+    the parent's RSS at that moment (Linux carries it across ``exec``): a worker's would read at least the
+    benchmark's own ~340 MB, whatever it did itself. ``ru_maxrss`` where /proc is missing."""
+    try:
+        with open("/proc/self/status") as f:
+            return int(next(line for line in f if line.startswith("VmHWM:")).split()[1]) / 1024
+    except (OSError, StopIteration):
+        return peak_rss_mb()
 
 
 def matmul_params(model: nn.Module) -> int:

@@ -18,7 +18,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
-from bench_assets import peak_rss_mb, rss_mb
+from bench_assets import own_peak_rss_mb, rss_mb
 from torch import Tensor, nn
 from transformers import AutoModelForCausalLM
 
@@ -101,4 +101,4 @@ def run(spec: LogprobSpec) -> LogprobResult:
     before = rss_mb()
     start = time.perf_counter()
     logps(ids, mask, spec.completion_length).mean().backward()
-    return LogprobResult(spec.method, spec.chunk_size, before, peak_rss_mb(), time.perf_counter() - start)
+    return LogprobResult(spec.method, spec.chunk_size, before, own_peak_rss_mb(), time.perf_counter() - start)

@@ -4,6 +4,7 @@
     python benchmarks/trl_vs_lightning_grpo.py --model both --json results.json
     python benchmarks/trl_vs_lightning_grpo.py --model all --threads 2   # tiny, 100m, gen and prompt shapes
     python benchmarks/trl_vs_lightning_grpo.py --decode-step      # one decode step vs the weight-read floor
+    python benchmarks/trl_vs_lightning_grpo.py --imports          # peak RSS of each side's imports, stage by stage
     python benchmarks/trl_vs_lightning_grpo.py --logprob-memory   # chunked log-probs vs full logits, 151936 vocab
     python benchmarks/trl_vs_lightning_grpo.py --parity           # learning curves on the tiny task, 3 seeds
     python benchmarks/trl_vs_lightning_grpo.py --model all --device cuda [--vllm]   # the GPU mode
@@ -113,7 +114,11 @@ class Runner:
 def worker(payload: str) -> None:
     """One measurement in this process; the result goes to the payload's ``out`` file as JSON."""
     job = json.loads(payload)
-    if job["kind"] == "decode":
+    if job["kind"] == "imports":
+        from bench_imports import ImportSpec, run
+
+        result = run(ImportSpec(**job["spec"]))
+    elif job["kind"] == "decode":
         from bench_decode import DecodeSpec, run
 
         result = run(DecodeSpec(**job["spec"]))
@@ -335,6 +340,20 @@ def decode_step(args: argparse.Namespace, runner: Runner) -> dict[str, Any]:
     return result
 
 
+# ---- imports ----------------------------------------------------------------------------------------------
+
+
+def imports(args: argparse.Namespace, runner: Runner) -> list[dict[str, Any]]:
+    """Each side's peak RSS after each of its imports, a fresh process per side."""
+    results = [runner("imports", {"side": side}) for side in SIDES]
+    print("\n== peak RSS after each import (MB), a fresh process per side ==")
+    for result in results:
+        stages = "; ".join(f"{s['stage']} {s['peak_rss_mb']:.0f}" for s in result["stages"])
+        print(f"{result['side']:4s}: {stages}")
+        print(f"      optional libraries loaded: {', '.join(result['loaded']) or 'none'}")
+    return results
+
+
 # ---- learning parity --------------------------------------------------------------------------------------
 
 
@@ -415,6 +434,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         action="store_true",
         help="instead of the speed comparison: ms per decode step (16 rows on the gen model) of generate and "
         "LeanDecode against the weight-read floor (copying the model's weights once)",
+    )
+    p.add_argument(
+        "--imports",
+        action="store_true",
+        help="instead of the speed comparison: each side's peak RSS after each of its imports (what a tiny "
+        "model's run is made of), and which optional libraries they load",
     )
     p.add_argument("--repeats", type=int, default=3, help="runs per side and beta; medians are reported (3)")
     p.add_argument("--steps", type=int, default=20, help="timed optimiser steps per run (20)")
@@ -517,7 +542,9 @@ def main(argv: list[str] | None = None) -> None:
         report["parity"] = parity(args, runner)
     if args.decode_step:
         report["decode_step"] = decode_step(args, runner)
-    if not (args.logprob_memory or args.parity or args.decode_step):
+    if args.imports:
+        report["imports"] = imports(args, runner)
+    if not (args.logprob_memory or args.parity or args.decode_step or args.imports):
         report["speed"] = speed(args, runner, gflops)
     if args.json:
         args.json.write_text(json.dumps(report, indent=2))

@@ -81,3 +81,21 @@ def test_decode_step_reports_every_path_against_its_floors(tmp_path):
     # the fused step runs the products and more; generate's per-token overhead makes it the slowest
     assert 0 < result["products_ms"] < result["lean_fused"] < result["hf_generate"]
     assert "the step's matrix products alone" in proc.stdout
+
+
+@pytest.mark.slow  # ~15 s: one process per side importing its libraries
+def test_imports_report_each_sides_stages_from_its_own_peak(tmp_path):
+    report_path = tmp_path / "imports.json"
+    command = [sys.executable, str(SCRIPT), "--imports", "--json", str(report_path)]
+    proc = subprocess.run(command, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
+
+    sides = {result["side"]: result for result in json.loads(report_path.read_text())["imports"]}
+    assert set(sides) == {"ours", "trl"}
+    for result in sides.values():
+        peaks = [stage["peak_rss_mb"] for stage in result["stages"]]
+        assert result["stages"][0]["module"] == "torch" and peaks == sorted(peaks)
+        # the worker's own high-water mark: not the parent's RSS (which ran a 1024 x 1024 matmul benchmark
+        # after importing torch) carried across exec, as ru_maxrss would be
+        assert peaks[0] < 300
+    assert "torchmetrics" in sides["ours"]["loaded"] and "torchmetrics" not in sides["trl"]["loaded"]
