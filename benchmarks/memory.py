@@ -114,13 +114,6 @@ QUICK = Settings(num_generations=4, prompts_per_rank=2, max_completion_length=4,
 # ---- measuring, in the worker -----------------------------------------------------------------------------
 
 
-def status_mb(field: str) -> float:
-    """``VmRSS`` or ``VmHWM`` of this process, from /proc/self/status (kB)."""
-    with open("/proc/self/status") as f:
-        line = next(line for line in f if line.startswith(field + ":"))
-    return int(line.split()[1]) / 1024
-
-
 def reset_peak() -> bool:
     """Reset this process's ``VmHWM`` to its current RSS (Linux >= 4.0); False where that is not allowed."""
     try:
@@ -131,9 +124,9 @@ def reset_peak() -> bool:
 
 
 def memory_now() -> dict[str, float]:
-    from bench_assets import peak_rss_mb  # ru_maxrss; imports torch, which the parent does without
+    from bench_assets import own_peak_rss_mb, peak_rss_mb, rss_mb  # imports torch, which the parent does without
 
-    return {"ru_maxrss_mb": peak_rss_mb(), "own_peak_mb": status_mb("VmHWM"), "rss_mb": status_mb("VmRSS")}
+    return {"ru_maxrss_mb": peak_rss_mb(), "own_peak_mb": own_peak_rss_mb(), "rss_mb": rss_mb()}
 
 
 def imports() -> None:
