@@ -5,7 +5,7 @@ MLP); nothing about sampling. At one token per row, the model's own ``forward`` 
 layer (each norm as five, three projections for q, k and v, two for gate and up, a cache grown by concatenation,
 a mask built every step). Here: ``F.rms_norm`` as one; q, k and v as one product and gate and up as another,
 against weights concatenated (and pre-packed for oneDNN) once per ``generate`` call; keys and values written into
-preallocated buffers. On the benchmark's gen model that is 9.45 -> 8.24 ms a step (``--decode-step``). The values
+preallocated buffers. On the benchmark's gen model that is 9.03 -> 8.00 ms a step (``--decode-step``). The values
 are the model's to fp32 rounding (tested against its forward), using its own embedding, rotary embedding (any
 RoPE scaling), final norm and LM head.
 
