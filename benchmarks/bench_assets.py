@@ -60,7 +60,7 @@ class Task:
 
 def tiny_task() -> Task:
     """The embedded demo model and the largest-digit task, materialised under ``LIGHTNING_GRPO_HOME``."""
-    from lightning_grpo.demo import materialize  # parent process only: the workers just read the files
+    from lightning_grpo.demo.tiny import materialize  # parent process only: the workers just read the files
 
     return Task(
         str(materialize("lightning-grpo/tiny-qwen2")),
@@ -89,7 +89,7 @@ def qwen_vocab_tokenizer(vocab_size: int = QWEN25_VOCAB):
 def qwen_100m(tokenizer, seed: int = 0) -> nn.Module:
     """Qwen2 with Qwen2.5's vocabulary, 4 layers of width 512, tied embeddings: 90M parameters, 78M of them
     the embedding / LM head (151936 x 512)."""
-    from lightning_grpo.demo import build_tiny_qwen2
+    from lightning_grpo.demo.tiny import build_tiny_qwen2
 
     sizes = dict(hidden_size=512, intermediate_size=1536, num_hidden_layers=4, num_attention_heads=8)
     return build_tiny_qwen2(tokenizer, seed, vocab_size=QWEN25_VOCAB, max_position_embeddings=1024, **sizes)
@@ -101,7 +101,7 @@ GEN_VOCAB = 32000
 def gen_model(tokenizer, seed: int = 0) -> nn.Module:
     """The generation-bound shape's model: Qwen2, 4 layers of width 256, vocabulary 32,000, tied embeddings
     (12M parameters, 8.2M of them the embedding / LM head: 44.6 MB to read per decode step)."""
-    from lightning_grpo.demo import build_tiny_qwen2
+    from lightning_grpo.demo.tiny import build_tiny_qwen2
 
     sizes = dict(hidden_size=256, intermediate_size=1024, num_hidden_layers=4, num_attention_heads=4)
     return build_tiny_qwen2(tokenizer, seed, vocab_size=GEN_VOCAB, max_position_embeddings=1024, **sizes)

@@ -1,6 +1,6 @@
 """Memory of one forward + backward through per-token log-probs at Qwen2.5's 151936 vocabulary, three ways.
 
-    chunked    ``lightning_grpo.logprobs.completion_logps``: the LM head on ``chunk_size`` token positions at a
+    chunked    ``lightning_grpo.model.logprobs.completion_logps``: the LM head on ``chunk_size`` token positions at a
                time (default: ~32M logits), each chunk's logits recomputed once in the backward pass
     full       ``model(..., logits_to_keep=T + 1).logits`` then TRL's ``selective_log_softmax``: the whole
                [n, T, vocab] fp32 logits (and their gradient) exist at once; the textbook path
@@ -26,7 +26,7 @@ LogpFn = Callable[[Tensor, Tensor, int], Tensor]  # (input_ids [n, P+T], attenti
 
 
 def chunked(model: nn.Module, chunk_size: int | None) -> LogpFn:
-    from lightning_grpo.logprobs import completion_logps
+    from lightning_grpo.model.logprobs import completion_logps
 
     return lambda ids, mask, t: completion_logps(model, ids, mask, t, 1.0, chunk_size).logps
 

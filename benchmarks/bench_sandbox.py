@@ -25,7 +25,7 @@ from concurrent.futures import ThreadPoolExecutor
 from functools import partial
 from pathlib import Path
 
-from lightning_grpo.rewards.sandbox import Case, Sandbox
+from lightning_grpo.sandbox.runner import Case, Sandbox
 
 REPO = Path(__file__).resolve().parents[1]
 TRIVIAL = "print(1)"
@@ -44,7 +44,7 @@ def shapes_before() -> dict[str, tuple[str, list]]:
 
 
 def load_old_sandbox(ref: str):
-    """``Sandbox`` from ``lightning_grpo/rewards/sandbox.py`` at ``ref``, with its bootstrap beside it."""
+    """``Sandbox`` from ``lightning_grpo/sandbox/runner.py`` at ``ref``, with its bootstrap beside it."""
     directory = Path(tempfile.mkdtemp(prefix="old_sandbox_"))
     for name in ("sandbox.py", "_sandbox_boot.py"):
         source = subprocess.run(

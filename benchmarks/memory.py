@@ -144,7 +144,7 @@ def imports() -> None:
 def build_model(name: str) -> tuple[Any, Any]:
     """(model, tokenizer) built in code with a fixed seed: every rank builds the same weights, and no file is
     memory-mapped (pages of a mapped checkpoint would count in RSS)."""
-    from lightning_grpo.demo import build_tiny_qwen2, build_tokenizer
+    from lightning_grpo.demo.tiny import build_tiny_qwen2, build_tokenizer
 
     if name == "100m":
         from bench_assets import qwen_100m, qwen_vocab_tokenizer

@@ -23,7 +23,7 @@ from pathlib import Path
 import lightning as L
 
 from lightning_grpo import GRPOModule, OptimConfig, PromptDataModule, SamplingConfig
-from lightning_grpo.demo import TOOL_CHAT_TEMPLATE, build_tokenizer
+from lightning_grpo.demo.tiny import TOOL_CHAT_TEMPLATE, build_tokenizer
 from lightning_grpo.engines import ToolCalling, environment_reward
 
 

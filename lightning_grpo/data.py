@@ -31,8 +31,7 @@ def load_any(source: str, split: str, name: str | None = None) -> Dataset:
     of ``<split>.<ext>`` files."""
     from datasets import DatasetDict, load_dataset, load_from_disk  # pandas and pyarrow: only when data loads
 
-    if source in demo.EMBEDDED:
-        source = str(demo.materialize(source))
+    source = demo.resolve(source)
     path = Path(source)
     if path.is_dir() and ((path / "dataset_dict.json").exists() or (path / "dataset_info.json").exists()):
         loaded = load_from_disk(str(path))

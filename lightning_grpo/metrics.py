@@ -11,7 +11,7 @@ import math
 from torch import Tensor
 
 from lightning_grpo.advantages import nanstd, zero_std_fraction
-from lightning_grpo.loss import LossOutput
+from lightning_grpo.loss.grpo import LossOutput
 from lightning_grpo.types import LengthStats, RewardScores, RewardStats, Rollout, UpdateStats
 
 

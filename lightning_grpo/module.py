@@ -26,12 +26,12 @@ from typing_extensions import override
 from lightning_grpo.advantages import AdvantageConfig, TokenRewards, kl_penalty, multi_objective_advantages
 from lightning_grpo.dynamic import GroupBuffer
 from lightning_grpo.engines import HFGenerate
-from lightning_grpo.entropy import EntropyController
-from lightning_grpo.logprobs import router_aux_coef
-from lightning_grpo.loss import LossConfig, LossOutput, grpo_loss
+from lightning_grpo.loss.entropy import EntropyController
+from lightning_grpo.loss.grpo import LossConfig, LossOutput, grpo_loss
 from lightning_grpo.metrics import eval_metrics, length_stats, reward_stats, update_stats
+from lightning_grpo.model.logprobs import router_aux_coef
+from lightning_grpo.model.policy import Policy
 from lightning_grpo.optim import OptimConfig, clip_gradients, param_groups, scheduler
-from lightning_grpo.policy import Policy
 from lightning_grpo.ranks import Ranks
 from lightning_grpo.rewards.combine import import_paths, reward_set
 from lightning_grpo.rewards.scoring import default_accuracy_reward, score_rollout, trl_trainer_state

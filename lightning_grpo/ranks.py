@@ -12,7 +12,7 @@ import lightning as L
 import torch
 from torch import Tensor
 
-from lightning_grpo.loss import EXTREMES, LossOutput
+from lightning_grpo.loss.grpo import EXTREMES, LossOutput
 from lightning_grpo.types import Rollout
 
 

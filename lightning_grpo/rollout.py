@@ -15,7 +15,7 @@ from torch import Tensor
 from transformers import GenerationConfig, PreTrainedTokenizerBase
 
 from lightning_grpo.checks import raise_problems
-from lightning_grpo.policy import Policy
+from lightning_grpo.model.policy import Policy
 from lightning_grpo.types import Prompt, Rollout
 
 

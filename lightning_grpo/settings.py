@@ -6,8 +6,8 @@ from __future__ import annotations
 from typing import Any
 
 from lightning_grpo.checks import raise_problems
-from lightning_grpo.loss import SAMPLING_CORRECTIONS
-from lightning_grpo.models import DTYPES, cuda_package_problems
+from lightning_grpo.loss.grpo import SAMPLING_CORRECTIONS
+from lightning_grpo.model.loading import DTYPES, cuda_package_problems
 from lightning_grpo.rewards.scoring import ON_ERROR
 
 

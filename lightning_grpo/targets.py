@@ -14,8 +14,8 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from lightning_grpo.loss import LossNormalizer, loss_mask, sampling_correction
-from lightning_grpo.policy import Policy
+from lightning_grpo.loss.grpo import LossNormalizer, loss_mask, sampling_correction
+from lightning_grpo.model.policy import Policy
 from lightning_grpo.ranks import Ranks
 from lightning_grpo.types import Rollout
 

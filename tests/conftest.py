@@ -12,7 +12,7 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 import pytest  # noqa: E402
 import torch  # noqa: E402
 
-from lightning_grpo.demo import build_tiny_qwen2, build_tokenizer  # noqa: E402
+from lightning_grpo.demo.tiny import build_tiny_qwen2, build_tokenizer  # noqa: E402
 
 torch.set_num_threads(2)
 

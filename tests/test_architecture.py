@@ -18,22 +18,14 @@ PACKAGE = Path(lightning_grpo.__file__).parent
 LAYERS = {
     "types": 0,
     "checks": 0,
-    "demo": 0,
-    "demo_tools": 0,
-    "python_tool": 2,
+    "demo": 0,  # the embedded tasks and models
+    "sandbox": 0,  # execution infrastructure: used by the code reward and the tool engine
     "data": 1,
     "rewards": 1,
-    "logprobs": 1,
-    "prefix": 1,
-    "models": 1,
-    "sharding": 1,
-    "materialize": 1,
-    "policy": 2,
+    "model": 1,  # the model substrate: loading, materialize, sharding, log-probs, prefix, Policy
     "rollout": 3,
     "engines": 3,
     "advantages": 3,
-    "objectives": 3,
-    "entropy": 3,
     "loss": 3,
     "optim": 3,
     "metrics": 4,
@@ -44,18 +36,16 @@ LAYERS = {
     "settings": 5,
     "module": 5,
     "callbacks": 6,
-    "cli": 6,
-    "report": 6,
-    "selfcheck": 6,
+    "cli": 6,  # fit, report, selfcheck
     "__init__": 7,
     "__main__": 7,
     "templates": 8,  # shipped example scripts: they use the public API, like a user's program
 }
-MODULE_INTERNALS = {"module", "targets", "policy", "engines", "ranks", "settings"}  # callbacks read the record
+MODULE_INTERNALS = {"module", "targets", "model", "engines", "ranks", "settings"}  # callbacks read the record
 
 
 def stage(path: Path) -> str:
-    """The top-level name under the package: ``rewards`` for rewards/sandbox.py, ``loss`` for loss.py."""
+    """The top-level name under the package: ``rewards`` for rewards/code_execution.py, ``loss`` for loss/grpo.py."""
     return path.relative_to(PACKAGE).parts[0].removesuffix(".py")
 
 

@@ -158,7 +158,7 @@ def test_cli_run_then_report(tmp_path, capsys):
     page = (run_dir / "report.html").read_text()
     assert "data:image/png;base64," in page and "train/reward" in page
 
-    from lightning_grpo.report import write_report
+    from lightning_grpo.cli.report import write_report
 
     report = write_report(run_dir)
     assert len(report.series["train/reward"]) == 3  # log_every_n_steps: 10 in the template

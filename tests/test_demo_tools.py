@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from lightning_grpo.demo_tools import CALL_PIECES, build_calc_tokenizer, episode_texts, mul_rows
+from lightning_grpo.demo.calc import CALL_PIECES, build_calc_tokenizer, episode_texts, mul_rows
 from lightning_grpo.engines import HermesParser, ToolCall
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -5,7 +5,7 @@ would run them (a block may read what an earlier one wrote):
 - ``python``: exec'd in a fresh namespace, with ``max_steps=N`` cut to 2. A block whose first line is
   ``# NAME.py`` is also written to NAME.py, as the file a reader would save.
 - ``bash``: each command. ``lightning-grpo fit ...`` (or ``python -m lightning_grpo[.cli] fit ...``) runs
-  through ``lightning_grpo.cli.main``, made tiny (see
+  through ``lightning_grpo.cli.main.main``, made tiny (see
   ``tiny_overrides``); under a launcher (torchrun, srun), or with ``--print_config``/``--help``, it is parsed
   only. ``lightning-grpo report DIR`` runs on DIR, or on a run made by this test when DIR does not exist.
   ``python templates/X.py`` and ``python examples/X.py`` run in-process with small step flags, ``python X.py``
@@ -42,8 +42,8 @@ from lightning_grpo.callbacks import (
     RunSummary,
 )
 from lightning_grpo.callbacks.threads import TorchThreads
-from lightning_grpo.cli import main
-from lightning_grpo.report import read_series
+from lightning_grpo.cli.main import main
+from lightning_grpo.cli.report import read_series
 
 ROOT = Path(__file__).resolve().parents[1]
 REFERENCES = sorted((ROOT / "references").glob("*.md"))  # linked from SKILL.md, read by agents as it is
@@ -51,7 +51,7 @@ DOCS = [ROOT / "SKILL.md", *REFERENCES, ROOT / "README.md"]
 METRICS_TABLE = ROOT / "references" / "metrics.md"
 TINY_CONFIG = ROOT / "templates" / "tiny_cpu.yaml"
 # `lightning-grpo` in a subprocess, found without the console script on PATH (a venv that is not activated).
-CLI = [sys.executable, "-m", "lightning_grpo.cli"]
+CLI = [sys.executable, "-m", "lightning_grpo.cli.main"]
 SKIPPED = {  # command prefix -> why it is not run here
     "pip install": "installs packages",
     "python -m venv": "creates an environment",
@@ -198,7 +198,7 @@ def run_script(path: Path, args: list[str], monkeypatch) -> None:
 
 def cli_words(words: list[str]) -> list[str]:
     """``python -m lightning_grpo[.cli] ARGS`` is ``lightning-grpo ARGS``."""
-    if words[:2] == ["python", "-m"] and words[2:3] in (["lightning_grpo"], ["lightning_grpo.cli"]):
+    if words[:2] == ["python", "-m"] and words[2:3] in (["lightning_grpo"], ["lightning_grpo.cli.main"]):
         return ["lightning-grpo", *words[3:]]
     return words
 

@@ -24,7 +24,7 @@ from lightning_grpo import PromptDataModule
 from lightning_grpo.engines import HFGenerate, LeanDecode
 from lightning_grpo.engines import lean as lean_module
 from lightning_grpo.engines.sampling import sample_inverse_cdf, sampling_logits
-from lightning_grpo.policy import Policy
+from lightning_grpo.model.policy import Policy
 from lightning_grpo.rollout import SamplingConfig
 
 PROMPTS = ["max(1,2,3)=", "max(9,2,3)= and a longer one", "a"]  # different lengths: left padding

@@ -14,9 +14,9 @@ from helpers import fit, logged, make_module, make_rollout
 from transformers import AutoTokenizer, MixtralConfig, MixtralForCausalLM
 
 from lightning_grpo import AdvantageConfig, LossConfig, OptimConfig, PromptDataModule, SamplingConfig
-from lightning_grpo.demo import build_tokenizer
+from lightning_grpo.demo.tiny import build_tokenizer
 from lightning_grpo.dynamic import GroupBuffer, concat, groups_with_signal, select_groups
-from lightning_grpo.loss import LOSS_TYPES, LossNormalizer
+from lightning_grpo.loss.grpo import LOSS_TYPES, LossNormalizer
 from lightning_grpo.rollout import render_prompts
 from lightning_grpo.targets import Targets, TargetSettings, optimiser_steps
 from lightning_grpo.types import RewardScores

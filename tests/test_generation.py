@@ -9,8 +9,8 @@ from helpers import fit, logged, make_module
 
 from lightning_grpo import GRPOModule, PromptDataModule
 from lightning_grpo.engines import HFGenerate, VLLMColocate
-from lightning_grpo.logprobs import completion_logps
-from lightning_grpo.policy import Policy
+from lightning_grpo.model.logprobs import completion_logps
+from lightning_grpo.model.policy import Policy
 from lightning_grpo.rewards import exact_match_reward
 from lightning_grpo.rollout import SamplingConfig
 

@@ -15,7 +15,7 @@ from transformers import (
     Qwen2ForCausalLM,
 )
 
-from lightning_grpo.logprobs import completion_logps, logit_scale
+from lightning_grpo.model.logprobs import completion_logps, logit_scale
 
 TINY = dict(
     vocab_size=97,

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from lightning_grpo.policy import Policy
+from lightning_grpo.model.policy import Policy
 
 LORA = {"r": 4, "lora_alpha": 8, "target_modules": "all-linear"}
 

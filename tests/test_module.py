@@ -270,7 +270,7 @@ def test_test_without_a_test_split_names_the_setting(tiny_model_dir, arith_jsonl
 def test_the_reference_runs_without_dropout_and_leaves_no_module_in_eval_mode(tiny_model_dir):
     """Lightning warns about modules in eval mode at fit start; the reference only switches for its forward."""
     from lightning_grpo.engines import HFGenerate
-    from lightning_grpo.policy import Policy
+    from lightning_grpo.model.policy import Policy
     from lightning_grpo.rollout import SamplingConfig
 
     policy = Policy(tiny_model_dir, reference=True).train()

@@ -4,7 +4,7 @@ import pytest
 import torch
 from transformers import MixtralConfig, MixtralForCausalLM, Qwen2Config
 
-from lightning_grpo.logprobs import completion_logps, position_ids_from_mask, router_aux_coef
+from lightning_grpo.model.logprobs import completion_logps, position_ids_from_mask, router_aux_coef
 
 
 def tiny_mixtral():

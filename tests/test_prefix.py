@@ -6,11 +6,11 @@ from __future__ import annotations
 import pytest
 import torch
 
-from lightning_grpo.demo import build_tiny_qwen2, build_tokenizer
-from lightning_grpo.logprobs import completion_logps
-from lightning_grpo.models import with_lora
-from lightning_grpo.policy import Policy
-from lightning_grpo.prefix import prompt_runs
+from lightning_grpo.demo.tiny import build_tiny_qwen2, build_tokenizer
+from lightning_grpo.model.loading import with_lora
+from lightning_grpo.model.logprobs import completion_logps
+from lightning_grpo.model.policy import Policy
+from lightning_grpo.model.prefix import prompt_runs
 
 LORA = {"r": 4, "lora_alpha": 8, "target_modules": ["q_proj", "v_proj"], "lora_dropout": 0.0}
 

@@ -8,7 +8,7 @@ from helpers import make_module
 
 from lightning_grpo import GRPOModule, PromptDataModule
 from lightning_grpo.callbacks.progress import StepProgressBar
-from lightning_grpo.cli import GRPOCLI, GRPOArgumentParser
+from lightning_grpo.cli.main import GRPOCLI, GRPOArgumentParser
 
 
 class Seen(L.Callback):

@@ -7,7 +7,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from lightning_grpo.advantages import compute_advantages, zero_std_fraction
-from lightning_grpo.loss import REDUCTIONS, LossNormalizer, grpo_loss, loss_mask
+from lightning_grpo.loss.grpo import REDUCTIONS, LossNormalizer, grpo_loss, loss_mask
 from lightning_grpo.rollout import mask_after_eos
 
 rewards_st = st.floats(-10, 10, allow_nan=False)

@@ -6,8 +6,8 @@ import pytest
 
 from lightning_grpo.engines import ToolCall, ToolCalling
 from lightning_grpo.engines.toolcalls import run_call, tool_schema
-from lightning_grpo.python_tool import python, python_tool
 from lightning_grpo.rewards import sandbox_isolation
+from lightning_grpo.sandbox.python_tool import python, python_tool
 
 KERNEL = sandbox_isolation.probe("auto").kernel
 
@@ -18,9 +18,9 @@ def test_schema_describes_the_code_argument():
         assert function["name"] == "python"
         assert function["parameters"]["properties"]["code"]["type"] == "string"
         assert function["parameters"]["required"] == ["code"]
-    assert [s["function"]["name"] for s in ToolCalling(tools=["lightning_grpo.python_tool.python"]).schemas] == [
-        "python"
-    ]
+    assert [
+        s["function"]["name"] for s in ToolCalling(tools=["lightning_grpo.sandbox.python_tool.python"]).schemas
+    ] == ["python"]
 
 
 def test_the_model_reads_the_output_and_the_error():

@@ -4,8 +4,8 @@ import time
 import pytest
 
 from lightning_grpo.rewards.code_execution import CodeExecutionReward, code_execution_reward, parse_tests, score
-from lightning_grpo.rewards.sandbox import SandboxResult
 from lightning_grpo.rewards.scoring import check_reward_range
+from lightning_grpo.sandbox.runner import SandboxResult
 
 ADD = "Here you go:\n```python\ndef add(a, b):\n    return a + b\n```\nIt adds."
 ADD_TESTS = ["assert add(1, 2) == 3", "assert add(0, 0) == 0"]

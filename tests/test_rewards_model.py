@@ -4,7 +4,7 @@ import pytest
 import torch
 from transformers import AutoModelForSequenceClassification, AutoTokenizer, Qwen2Config, Qwen2ForSequenceClassification
 
-from lightning_grpo.demo import build_tokenizer
+from lightning_grpo.demo.tiny import build_tokenizer
 from lightning_grpo.rewards.model import RewardModel
 
 

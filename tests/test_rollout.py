@@ -2,9 +2,9 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from lightning_grpo.engines import HFGenerate
-from lightning_grpo.logprobs import LinearLogps, auto_chunk_size, completion_logps
-from lightning_grpo.models import load_tokenizer
-from lightning_grpo.policy import Policy
+from lightning_grpo.model.loading import load_tokenizer
+from lightning_grpo.model.logprobs import LinearLogps, auto_chunk_size, completion_logps
+from lightning_grpo.model.policy import Policy
 from lightning_grpo.rollout import SamplingConfig, mask_after_eos, tokenize_prompts
 
 
@@ -119,7 +119,7 @@ def test_auto_chunk_size():
 
 def test_saved_tokenizer_round_trips_through_auto_tokenizer(tiny_model_dir):
     """transformers 5 loads a Qwen2 checkpoint's tokenizer as Qwen2Tokenizer: ids must not change."""
-    from lightning_grpo.demo import build_tokenizer
+    from lightning_grpo.demo.tiny import build_tokenizer
 
     text = "max(3, 8, 1)= é <think>ok</think>"
     loaded = load_tokenizer(tiny_model_dir)

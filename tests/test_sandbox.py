@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from lightning_grpo.rewards import sandbox_isolation
-from lightning_grpo.rewards.sandbox import Case, Sandbox, SandboxResult
+from lightning_grpo.sandbox.runner import Case, Sandbox, SandboxResult
 
 TIMEOUT = 2.0
 SLACK = 1.5  # start-up, kill and reap on a loaded 2-core machine
@@ -28,7 +28,7 @@ def sandbox_processes():
     pids = []
     for proc in Path("/proc").iterdir():
         try:
-            if proc.name.isdigit() and b"_sandbox_boot.py" in (proc / "cmdline").read_bytes():
+            if proc.name.isdigit() and b"_boot.py" in (proc / "cmdline").read_bytes():
                 pids.append(int(proc.name))
         except OSError:
             continue  # exited while we looked

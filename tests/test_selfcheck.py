@@ -7,7 +7,7 @@ import sys
 import pytest
 import torch
 
-from lightning_grpo.selfcheck import CHECKS, Check, last_error, parse_server, unavailable
+from lightning_grpo.cli.selfcheck import CHECKS, Check, last_error, parse_server, unavailable
 
 
 def test_gpu_rows_say_what_they_need_here():

@@ -10,7 +10,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from lightning_grpo.demo import TOOL_CHAT_TEMPLATE, build_tokenizer
+from lightning_grpo.demo.tiny import TOOL_CHAT_TEMPLATE, build_tokenizer
 from lightning_grpo.engines import HermesParser, ToolCall, ToolCalling
 from lightning_grpo.engines.episodes import check_tool_template, tool_suffix_ids
 from lightning_grpo.engines.toolcalls import run_call, tool_schema

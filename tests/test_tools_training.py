@@ -14,9 +14,9 @@ from lightning.pytorch.callbacks import ModelCheckpoint
 
 from lightning_grpo import PromptDataModule
 from lightning_grpo.callbacks import CompletionSampleLogger
-from lightning_grpo.demo import TOOL_CHAT_TEMPLATE
+from lightning_grpo.demo.tiny import TOOL_CHAT_TEMPLATE
 from lightning_grpo.engines import ToolCall, ToolCalling
-from lightning_grpo.policy import Policy
+from lightning_grpo.model.policy import Policy
 from lightning_grpo.rollout import SamplingConfig
 from tests.helpers import fit, length_reward, logged, make_module
 

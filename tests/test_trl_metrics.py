@@ -11,7 +11,7 @@ from helpers import fit, logged, make_module
 from trl.trainer.utils import nanmax, nanmin
 
 from lightning_grpo import PromptDataModule
-from lightning_grpo.loss import grpo_loss
+from lightning_grpo.loss.grpo import grpo_loss
 from lightning_grpo.metrics import length_stats
 from lightning_grpo.types import step_record
 

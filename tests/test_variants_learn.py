@@ -12,7 +12,7 @@ import torch
 from lightning.pytorch.loggers import CSVLogger
 
 from lightning_grpo import GRPOModule, PromptDataModule
-from lightning_grpo.demo import materialize
+from lightning_grpo.demo.tiny import materialize
 from lightning_grpo.rewards import exact_match_reward
 
 STEPS, WINDOW = 400, 40

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from lightning_grpo.cli import TEMPLATES, main, resolve_configs
+from lightning_grpo.cli.main import TEMPLATES, main, resolve_configs
 
 ROOT = Path(__file__).resolve().parents[1]
 

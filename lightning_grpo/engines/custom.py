@@ -13,7 +13,7 @@ import torch
 from typing_extensions import override
 
 from lightning_grpo.engines.toolcalls import resolve_tool
-from lightning_grpo.policy import Policy
+from lightning_grpo.model.policy import Policy
 from lightning_grpo.rollout import RolloutEngine, SamplingConfig, is_conversational, pad_rows
 from lightning_grpo.types import Prompt, Rollout
 

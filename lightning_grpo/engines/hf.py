@@ -11,7 +11,7 @@ from typing import Any
 
 from typing_extensions import override
 
-from lightning_grpo.policy import Policy
+from lightning_grpo.model.policy import Policy
 from lightning_grpo.rollout import (
     RolloutEngine,
     SamplingConfig,

@@ -28,7 +28,7 @@ from typing_extensions import override
 from lightning_grpo.engines.fused import FusedDecodeStep, fusable, fused_projections
 from lightning_grpo.engines.packing import packed_linears
 from lightning_grpo.engines.sampling import next_tokens
-from lightning_grpo.policy import Policy
+from lightning_grpo.model.policy import Policy
 from lightning_grpo.rollout import (
     RolloutEngine,
     SamplingConfig,

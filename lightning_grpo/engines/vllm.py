@@ -12,8 +12,8 @@ from typing import Any
 import torch
 from typing_extensions import override
 
-from lightning_grpo.models import cuda_package_problems
-from lightning_grpo.policy import Policy
+from lightning_grpo.model.loading import cuda_package_problems
+from lightning_grpo.model.policy import Policy
 from lightning_grpo.rollout import RolloutEngine, SamplingConfig, sampled_rollout, tokenize_prompts
 from lightning_grpo.types import Prompt, Rollout
 
@@ -52,7 +52,7 @@ class VLLMColocate(RolloutEngine):
 
         from vllm import LLM
 
-        from lightning_grpo.models import resolve_pretrained
+        from lightning_grpo.model.loading import resolve_pretrained
 
         ranks = {"RANK": trainer.global_rank, "LOCAL_RANK": trainer.local_rank, "WORLD_SIZE": trainer.world_size}
         os.environ.update({k: str(v) for k, v in ranks.items()})

@@ -20,9 +20,9 @@ import torch.distributed as dist
 from torch import Tensor
 from typing_extensions import override
 
-from lightning_grpo.policy import Policy
+from lightning_grpo.model.policy import Policy
+from lightning_grpo.model.sharding import full_state_dict, is_sharded
 from lightning_grpo.rollout import RolloutEngine, SamplingConfig, sampled_rollout, tokenize_prompts
-from lightning_grpo.sharding import full_state_dict, is_sharded
 from lightning_grpo.types import Prompt, Rollout
 
 

@@ -11,8 +11,8 @@ from __future__ import annotations
 from typing import Any
 
 from lightning_grpo.rewards.code_tests import Test, parse_tests, passes
-from lightning_grpo.rewards.sandbox import Sandbox, SandboxResult
 from lightning_grpo.rewards.text import completion_text, extract_code
+from lightning_grpo.sandbox.runner import Sandbox, SandboxResult
 
 __all__ = ["CodeExecutionReward", "code_execution_reward", "parse_tests"]
 

@@ -19,7 +19,7 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
-from lightning_grpo.rewards.sandbox import Case
+from lightning_grpo.sandbox.runner import Case
 
 TEST_FORMATS = "a list of assert strings, a list of {'input', 'output'} dicts, {'inputs': [...], 'outputs': [...]}"
 CONVERTERS = frozenset({"set", "frozenset", "sorted", "list", "tuple", "str", "int", "float", "abs", "round", "len"})

@@ -17,7 +17,7 @@ import random
 from pathlib import Path
 from typing import Any
 
-from lightning_grpo.demo import TOOL_CHAT_TEMPLATE, build_tiny_qwen2, build_tokenizer, materialize, write_splits
+from lightning_grpo.demo.tiny import TOOL_CHAT_TEMPLATE, build_tiny_qwen2, build_tokenizer, materialize, write_splits
 
 CALL_RATE = 0.1  # share of warm-started replies (to a prompt that lists the tool) that start with a call
 CALL_PIECES = ['<tool_call>{"name": "mul", "arguments": {"a": ', ', "b": ', "}}</tool_call>"]

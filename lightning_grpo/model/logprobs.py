@@ -21,7 +21,7 @@ import torch
 from torch import Tensor, nn
 from torch.utils.checkpoint import checkpoint
 
-from lightning_grpo.prefix import shared_prefix_hidden
+from lightning_grpo.model.prefix import shared_prefix_hidden
 
 
 @dataclass
@@ -152,7 +152,7 @@ def completion_logps(
         chunk_size: token positions per LM-head chunk; ``None`` sizes chunks to ~32M logits (128 MB fp32).
         router_aux: also return the MoE load-balancing loss (``router_aux_coef(config) != 0``).
         entropy_grad: return the entropies with their gradient (for the entropy bonus); detached otherwise.
-        shared_prefix: encode the prompt of each run of rows that share it once (``lightning_grpo.prefix``);
+        shared_prefix: encode the prompt of each run of rows that share it once (``lightning_grpo.model.prefix``);
             the same values and gradients, for P + G * T token positions a group instead of G * (P + T).
     """
     config = _text_config(getattr(model, "config", None))

@@ -179,7 +179,7 @@ def row(check: Check, workdir: Path, server: str | None = None) -> tuple[str, st
     if reason:
         return check.path, reason, "-", "-"
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    command = [sys.executable, "-m", "lightning_grpo.selfcheck", "--run", check.key, str(workdir)]
+    command = [sys.executable, "-m", "lightning_grpo.cli.selfcheck", "--run", check.key, str(workdir)]
     command += [server] if check.server else []
     try:
         proc = subprocess.run(command, capture_output=True, text=True, timeout=TIMEOUT, env=env)
@@ -209,10 +209,10 @@ def table(rows: list[tuple[str, ...]]) -> str:
 
 
 def write_assets(workdir: Path) -> None:
-    """The tiny model and tokenizer (``lightning_grpo.demo``, random weights) and 16 prompts."""
+    """The tiny model and tokenizer (``lightning_grpo.demo.tiny``, random weights) and 16 prompts."""
     from transformers.utils import logging
 
-    from lightning_grpo.demo import build_tiny_qwen2, build_tokenizer
+    from lightning_grpo.demo.tiny import build_tiny_qwen2, build_tokenizer
 
     logging.disable_progress_bar()  # "Writing model shards" would land in the middle of the table's output
     tokenizer = build_tokenizer()

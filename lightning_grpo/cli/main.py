@@ -214,7 +214,7 @@ class GRPOCLI(LightningCLI):
 
 def report_main(args: list[str]) -> None:
     """``lightning-grpo report RUN_DIR``: training curves as PNG and HTML from a run's logs."""
-    from lightning_grpo.report import write_report
+    from lightning_grpo.cli.report import write_report
 
     if len(args) != 1 or args[0].startswith("-"):
         raise SystemExit("usage: lightning-grpo report RUN_DIR   (a lightning_logs/version_N directory)")
@@ -224,7 +224,7 @@ def report_main(args: list[str]) -> None:
 
 def selfcheck_main(args: list[str]) -> None:
     """``lightning-grpo selfcheck``: imported here, the check imports the whole training stack."""
-    from lightning_grpo.selfcheck import main as selfcheck
+    from lightning_grpo.cli.selfcheck import main as selfcheck
 
     selfcheck(args)
 

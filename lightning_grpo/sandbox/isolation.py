@@ -32,8 +32,8 @@ from functools import cache
 from pathlib import Path
 
 ISOLATION_MODES = ("auto", "strict", "process")
-BOOTSTRAP = str(Path(__file__).with_name("_sandbox_boot.py"))
-INNER_BOOTSTRAP = "/_sandbox_boot.py"
+BOOTSTRAP = str(Path(__file__).with_name("_boot.py"))
+INNER_BOOTSTRAP = "/_boot.py"
 INNER_HOME = "/tmp"
 # Isolated mode and no ``site``: the standard library only, and no ``.pth`` file's code runs at each start
 # (site-packages with a few .pth files cost ~60 ms per program here; the bare interpreter starts in ~15 ms).

@@ -35,8 +35,8 @@ import torch
 from torch import Tensor
 
 from lightning_grpo.checks import raise_problems
-from lightning_grpo.entropy import high_entropy_mask
-from lightning_grpo.objectives import PolicyInputs, Term, cispo_term, clipped_surrogate, sapo_term, vespo_term
+from lightning_grpo.loss.entropy import high_entropy_mask
+from lightning_grpo.loss.objectives import PolicyInputs, Term, cispo_term, clipped_surrogate, sapo_term, vespo_term
 
 IMPORTANCE_SAMPLING_LEVELS = ("token", "sequence")
 SAMPLING_CORRECTIONS = ("token_truncate", "token_mask", "sequence_truncate", "sequence_mask")

@@ -16,10 +16,17 @@ import torch
 from torch import Tensor, nn
 from transformers import PreTrainedTokenizerBase
 
-from lightning_grpo.logprobs import TokenLogps, completion_logps
-from lightning_grpo.materialize import empty_causal_lm, is_empty, load_weights, materialize_lora_adapters
-from lightning_grpo.models import DTYPES, empty_init_files, load_policy, load_tokenizer, resolve_pretrained, with_lora
-from lightning_grpo.sharding import LOGPS_METHOD, full_state_dict, is_sharded, shard_causal_lm
+from lightning_grpo.model.loading import (
+    DTYPES,
+    empty_init_files,
+    load_policy,
+    load_tokenizer,
+    resolve_pretrained,
+    with_lora,
+)
+from lightning_grpo.model.logprobs import TokenLogps, completion_logps
+from lightning_grpo.model.materialize import empty_causal_lm, is_empty, load_weights, materialize_lora_adapters
+from lightning_grpo.model.sharding import LOGPS_METHOD, full_state_dict, is_sharded, shard_causal_lm
 from lightning_grpo.types import Rollout
 
 REFERENCE = "reference."  # state-dict prefix of the frozen copy inside the Policy
@@ -44,7 +51,7 @@ class Policy(nn.Module):
         temperature: the sampling temperature; log-probs are computed from logits divided by it.
         logprob_chunk_size: token positions per LM-head chunk (``None``: ~32M logits a chunk).
         shared_prefix: in the log-prob forward, encode each group's shared prompt once (Prefix Grouper,
-            ``lightning_grpo.prefix``): equal values and gradients, P + G * T token positions a group instead of
+            ``lightning_grpo.model.prefix``): equal values and gradients, P + G * T token positions a group instead of
             G * (P + T). Not with gradient checkpointing.
         init_kwargs: more ``from_pretrained`` arguments (TRL's ``model_init_kwargs``).
         disable_dropout: set every dropout probability of the policy (and reference) to 0, as TRL's option does.

@@ -1,6 +1,6 @@
-"""A Python interpreter tool: the model's code -> what it printed, run in the kernel sandbox (``rewards/sandbox.py``).
+"""A Python interpreter tool: the model's code -> what it printed, run in the kernel sandbox (``sandbox/runner.py``).
 
-``tools: [lightning_grpo.python_tool.python]`` gives the model ``python(code)`` with the default limits;
+``tools: [lightning_grpo.sandbox.python_tool.python]`` gives the model ``python(code)`` with the default limits;
 ``python_tool(timeout_seconds=..., memory_mb=...)`` builds one with others. The program runs with no network, no
 files of the host, no environment and a wall-clock deadline; the tool returns its stdout and stderr (the last
 ``max_chars``) and, when it failed, the error, as the text of the ``tool`` message. Knows the sandbox; nothing
@@ -13,7 +13,7 @@ from collections.abc import Callable
 from functools import cache
 from typing import Any
 
-from lightning_grpo.rewards.sandbox import Case, Sandbox, SandboxResult
+from lightning_grpo.sandbox.runner import Case, Sandbox, SandboxResult
 
 EMPTY = "(no output)"
 

@@ -37,7 +37,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from functools import cache
 
-from lightning_grpo.rewards.sandbox_isolation import (
+from lightning_grpo.sandbox.isolation import (
     BOOTSTRAP,
     INNER_BOOTSTRAP,
     ISOLATION_MODES,

@@ -1,6 +1,6 @@
 """Child side of the sandbox: one marshalled job on stdin -> limits, the untrusted code, one record per case.
 
-Started by ``sandbox.py`` as ``python -I -S _sandbox_boot.py`` (inside bwrap, or in process mode in a throwaway
+Started by ``sandbox.py`` as ``python -I -S _boot.py`` (inside bwrap, or in process mode in a throwaway
 directory). Imports only the standard library. It reports what the program produced, never a verdict: the
 parent compares with expected values that are never sent here. Records go to the original stdout as frames,
 ``\\n<token> <case index> <output length or -1> <error length>\\n<output><error>``; the program's own stdout

@@ -26,10 +26,7 @@ DTYPES = {"auto": "auto", "float32": torch.float32, "bfloat16": torch.bfloat16, 
 
 def resolve_pretrained(name: str) -> str:
     """A Hugging Face name or local path; embedded names (``lightning-grpo/...``) are written locally first."""
-    if name not in demo.EMBEDDED:
-        return name
-    with torch.device("cpu"):  # written for real even while a policy is being built on the meta device
-        return str(demo.materialize(name))
+    return demo.resolve(name)
 
 
 def load_policy(
@@ -76,7 +73,7 @@ def empty_init_files(model: str | nn.Module, load_in_4bit: bool) -> list:
             "load_in_4bit=True with meta-device initialisation (trainer.init_module(empty_init=True)): bitsandbytes "
             "quantises while loading; build the module outside init_module"
         )
-    from lightning_grpo.materialize import weight_files
+    from lightning_grpo.model.materialize import weight_files
 
     return weight_files(resolve_pretrained(model))
 

@@ -1,7 +1,7 @@
 """Ratios and advantages -> per-token policy loss, one function per objective. Pure tensor math.
 
-Each term returns the per-token loss ([n, T], or [n, 1] at sequence level) and per-token metric flags; ``loss.py``
-masks, adds the KL and reduces. Papers and TRL 1.16 references are in ``loss.py``'s docstring.
+Each term returns the per-token loss ([n, T], or [n, 1] at sequence level) and per-token metric flags; ``loss/grpo.py``
+masks, adds the KL and reduces. Papers and TRL 1.16 references are in ``loss/grpo.py``'s docstring.
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ import torch
 from torch import Tensor
 
 if TYPE_CHECKING:
-    from lightning_grpo.loss import LossConfig
+    from lightning_grpo.loss.grpo import LossConfig
 
 
 @dataclass

@@ -21,7 +21,7 @@ from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.fsdp import FSDPModule, fully_shard, register_fsdp_forward_method
 
-from lightning_grpo.logprobs import completion_logps
+from lightning_grpo.model.logprobs import completion_logps
 
 LOGPS_METHOD = "completion_logps"
 
@@ -81,7 +81,7 @@ def export_distributed_checkpoint(checkpoint: str | Path, out: str | Path, max_s
     from safetensors.torch import save_file
     from transformers import AutoConfig, AutoTokenizer
 
-    from lightning_grpo.models import resolve_pretrained
+    from lightning_grpo.model.loading import resolve_pretrained
 
     checkpoint, out = Path(checkpoint), Path(out)
     hparams = torch.load(checkpoint / "meta.pt", weights_only=False)["hyper_parameters"]

@@ -150,7 +150,7 @@ def write_splits(path: Path, splits: dict[str, list[dict]]) -> None:
 
 def _tools_demo(name: str) -> Callable[[Path], None]:
     def write(path: Path) -> None:  # demo_tools imports this module: looked up when first used
-        from lightning_grpo import demo_tools
+        from lightning_grpo.demo import calc as demo_tools
 
         getattr(demo_tools, name)(path)
 
@@ -160,10 +160,21 @@ def _tools_demo(name: str) -> Callable[[Path], None]:
 EMBEDDED: dict[str, Callable[[Path], None]] = {
     "lightning-grpo/tiny-qwen2": write_tiny_qwen2,
     "lightning-grpo/tiny-max": write_tiny_max,
-    "lightning-grpo/tiny-qwen2-tools": _tools_demo("write_tiny_qwen2_tools"),  # the tool template (demo_tools.py)
+    "lightning-grpo/tiny-qwen2-tools": _tools_demo("write_tiny_qwen2_tools"),  # the tool template (demo/calc.py)
     "lightning-grpo/tiny-qwen2-calc": _tools_demo("write_tiny_qwen2_calc"),  # warm-started to call a calculator
     "lightning-grpo/tiny-mul": _tools_demo("write_tiny_mul"),
 }
+
+
+def resolve(name: str) -> str:
+    """An embedded name (``lightning-grpo/...``) -> the local directory it is written to (once); any other
+    name or path unchanged. The one place where loaders meet the demos."""
+    if name not in EMBEDDED:
+        return name
+    import torch
+
+    with torch.device("cpu"):  # written for real even while a policy is being built on the meta device
+        return str(materialize(name))
 
 
 def materialize(name: str) -> Path:

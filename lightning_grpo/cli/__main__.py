@@ -1,0 +1,5 @@
+"""``python -m lightning_grpo.cli fit --config ...``."""
+
+from lightning_grpo.cli import main
+
+main()
