@@ -32,6 +32,7 @@ import torch
 from torch import Tensor
 
 from lightning_grpo.checks import raise_problems
+from lightning_grpo.types import nanstd, weighted_total
 
 SCALE_REWARDS = ("group", "batch", "none")
 MULTI_OBJECTIVE_AGGREGATIONS = ("sum_then_normalize", "normalize_then_sum")
@@ -114,7 +115,6 @@ class AdvantageConfig:
 @dataclass
 class Advantages:
     advantages: Tensor  # [N], or [N, T] for token-level estimators; 0 where the reward was NaN
-    group_std: Tensor  # [N/G] per-group reward std
 
 
 @dataclass
@@ -125,28 +125,6 @@ class TokenRewards:
     kl: Tensor | None = None  # [N, T] per-token KL of the sampling policy to the reference (``kl_penalty``)
     kl_coef: float = 0.0  # verl's ``kl_ctrl.kl_coef`` with ``use_kl_in_reward``: the KL goes into the reward
     gamma: float = 1.0  # discount of the returns
-
-
-def nanstd(x: Tensor, dim: int | None = None, keepdim: bool = False) -> Tensor:
-    """Unbiased std ignoring NaN; NaN where fewer than two values are present: TRL's ``trl.trainer.utils.nanstd``,
-    imported on first use so that ``import lightning_grpo`` does not load TRL.
-
-    >>> nanstd(torch.tensor([[1.0, 3.0, float("nan")], [2.0, float("nan"), float("nan")]]), dim=1)
-    tensor([1.4142,    nan])
-    """
-    from trl.trainer.utils import nanstd as trl_nanstd
-
-    return trl_nanstd(x, dim=dim, keepdim=keepdim)
-
-
-def zero_std_fraction(grouped_rewards: Tensor) -> float:
-    """[groups, G] -> fraction of groups whose rewards (NaN ignored) are all equal or that have under two.
-
-    >>> zero_std_fraction(torch.tensor([[1.0, 1.0], [0.0, 1.0], [2.0, float("nan")]]))
-    0.6666666666666666
-    """
-    std = nanstd(grouped_rewards.double(), dim=1).nan_to_num(0.0)  # float64: equal rewards give exactly 0
-    return torch.isclose(std, torch.zeros_like(std)).double().mean().item()
 
 
 # ---- KL placed in the reward (REINFORCE++) ------------------------------------------------------------------
@@ -268,7 +246,7 @@ def compute_advantages(
     # that into a same-sign advantage for the whole group (0.0024 for five rewards of 3.8).
     rewards = rewards.double()
     advantages = ADV_ESTIMATORS[adv_estimator](rewards, group_size, scale_rewards, tokens)
-    return _result(advantages, rewards, group_size, dtype)
+    return _result(advantages, rewards, dtype)
 
 
 def group_advantages(rewards: Tensor, group_size: int, scale_rewards: str = "group") -> Tensor:
@@ -278,12 +256,6 @@ def group_advantages(rewards: Tensor, group_size: int, scale_rewards: str = "gro
     tensor([ 0.7500, -0.2500, -0.2500, -0.2500])
     """
     return compute_advantages(rewards, group_size, scale_rewards).advantages
-
-
-def combined_rewards(per_function: Tensor, weights: Tensor) -> Tensor:
-    """[N, F] -> [N] weighted sum over functions (None = NaN skipped), NaN where every function returned None."""
-    total = (per_function * weights).nansum(dim=1)
-    return torch.where(per_function.isnan().all(dim=1), torch.nan, total)
 
 
 def multi_objective_advantages(
@@ -311,7 +283,7 @@ def multi_objective_advantages(
         )
     if multi_objective_aggregation == "sum_then_normalize":
         return compute_advantages(
-            combined_rewards(per_function, weights), group_size, scale_rewards, adv_estimator, tokens
+            weighted_total(per_function, weights), group_size, scale_rewards, adv_estimator, tokens
         )
     if adv_estimator != "grpo":
         raise ValueError(
@@ -323,16 +295,16 @@ def multi_objective_advantages(
 
 def gdpo_advantages(per_function: Tensor, weights: Tensor, group_size: int) -> Advantages:
     """GDPO: each function normalised within its group, weighted sum, then ``(s - mean) / (std + 1e-4)`` over
-    the batch; TRL 1.16's ``normalize_then_sum``. ``std`` and ``group_std`` describe the weighted reward sum
-    (TRL's ``frac_reward_zero_std`` here tests the batch std instead: 0 or 1)."""
+    the batch; TRL 1.16's ``normalize_then_sum``. (TRL's ``frac_reward_zero_std`` here tests the batch std
+    instead: 0 or 1; ours groups the weighted reward sum, as for every aggregation)."""
     _check(per_function[:, 0], group_size, "group", "grpo")
     dtype = per_function.dtype
     scores = per_function.double()  # [N, F]
     grouped = scores.view(-1, group_size, scores.shape[1])  # [N/G, G, F]
     normalised = (grouped - grouped.nanmean(dim=1, keepdim=True)) / (nanstd(grouped, dim=1, keepdim=True) + STD_EPS)
-    summed = combined_rewards(normalised.view_as(scores), weights.double())  # [N], NaN where all were None
+    summed = weighted_total(normalised.view_as(scores), weights.double())  # [N], NaN where all were None
     advantages = (summed - summed.nanmean()) / (nanstd(summed) + STD_EPS)  # [N]
-    return _result(advantages, combined_rewards(scores, weights.double()), group_size, dtype)
+    return _result(advantages, weighted_total(scores, weights.double()), dtype)
 
 
 def _check(rewards: Tensor, group_size: int, scale_rewards: str, adv_estimator: str) -> None:
@@ -347,11 +319,8 @@ def _check(rewards: Tensor, group_size: int, scale_rewards: str, adv_estimator: 
         )
 
 
-def _result(advantages: Tensor, rewards: Tensor, group_size: int, dtype) -> Advantages:
-    """Package advantages with their groups' reward stds; NaN (no reward) becomes 0."""
+def _result(advantages: Tensor, rewards: Tensor, dtype: torch.dtype) -> Advantages:
+    """NaN rewards (every function said None) get advantage 0."""
     if advantages.ndim == 1:
         advantages = torch.where(rewards.isnan(), 0.0, advantages)
-    return Advantages(
-        advantages=torch.nan_to_num(advantages, nan=0.0).to(dtype),
-        group_std=torch.nan_to_num(nanstd(rewards.view(-1, group_size), dim=1), nan=0.0).to(dtype),
-    )
+    return Advantages(advantages=torch.nan_to_num(advantages, nan=0.0).to(dtype))

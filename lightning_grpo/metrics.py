@@ -10,9 +10,8 @@ import math
 
 from torch import Tensor
 
-from lightning_grpo.advantages import nanstd, zero_std_fraction
 from lightning_grpo.loss.grpo import LossOutput
-from lightning_grpo.types import LengthStats, RewardScores, RewardStats, Rollout, UpdateStats
+from lightning_grpo.types import LengthStats, RewardScores, RewardStats, Rollout, UpdateStats, nanstd, zero_std_fraction
 
 
 def reward_stats(

@@ -1,4 +1,5 @@
-"""The dataclasses passed between stages. Holds no logic beyond shape bookkeeping.
+"""The dataclasses passed between stages, and the two rules every stage shares about rewards (their weighted sum
+and when a group "has no signal"). No other logic beyond shape bookkeeping.
 
 Dimensions used across the package:
     B  prompts in a step on one rank (the data module's ``batch_size``)
@@ -12,7 +13,7 @@ Dimensions used across the package:
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import cached_property
 from typing import Any
 
@@ -20,6 +21,71 @@ import torch
 from torch import Tensor
 
 Prompt = str | list[dict[str, Any]]  # plain text, or chat messages [{"role": ..., "content": ...}]
+
+# A group whose rewards' std is within this of 0 carries no policy gradient: TRL's ``torch.isclose(std, 0)``.
+# Advantages, dynamic sampling, the step metrics and the collapse alert all ask ``without_signal``.
+SIGNAL_ATOL = 1e-8
+
+
+def nanstd(x: Tensor, dim: int | None = None, keepdim: bool = False) -> Tensor:
+    """Unbiased std ignoring NaN; NaN where fewer than two values are present: TRL's ``trl.trainer.utils.nanstd``,
+    imported on first use so that ``import lightning_grpo`` does not load TRL.
+
+    >>> nanstd(torch.tensor([[1.0, 3.0, float("nan")], [2.0, float("nan"), float("nan")]]), dim=1)
+    tensor([1.4142,    nan])
+    """
+    from trl.trainer.utils import nanstd as trl_nanstd
+
+    return trl_nanstd(x, dim=dim, keepdim=keepdim)
+
+
+def without_signal(grouped: Tensor) -> Tensor:
+    """[groups, G] rewards -> [groups] True where they carry no signal: all equal (NaN ignored, computed in
+    float64 so equal rewards give exactly 0) or fewer than two of them.
+
+    >>> without_signal(torch.tensor([[1.0, 1.0], [0.0, 1.0], [2.0, float("nan")], [1.0, 1.0 + 1e-12]])).tolist()
+    [True, False, True, True]
+    """
+    std = nanstd(grouped.double(), dim=1).nan_to_num(0.0)  # [groups]
+    return std.abs() <= SIGNAL_ATOL
+
+
+def zero_std_fraction(grouped: Tensor) -> float:
+    """[groups, G] rewards -> the fraction of groups ``without_signal`` (TRL's ``frac_reward_zero_std``).
+
+    >>> zero_std_fraction(torch.tensor([[1.0, 1.0], [0.0, 1.0], [2.0, float("nan")]]))
+    0.6666666666666666
+    """
+    return without_signal(grouped).double().mean().item()
+
+
+def weighted_total(per_function: Tensor, weights: Tensor) -> Tensor:
+    """[N, F] scores (NaN: the function returned None) and [F] weights -> [N] weighted sum over the functions
+    that applied; NaN where none did.
+
+    >>> weighted_total(torch.tensor([[1.0, float("nan")], [float("nan"), float("nan")]]), torch.tensor([2.0, 1.0]))
+    tensor([2., nan])
+    """
+    total = (per_function * weights.to(per_function)).nansum(dim=1)
+    return torch.where(per_function.isnan().all(dim=1), torch.nan, total)
+
+
+def _rows(t: Tensor | None, rows: Tensor) -> Tensor | None:
+    return None if t is None else t[rows]
+
+
+def _cat(a: Tensor | None, b: Tensor | None, value: float, left: bool = False) -> Tensor | None:
+    """[n, Ta] and [m, Tb] -> [n+m, max] padded on the right (or the left) with ``value``."""
+    if a is None or b is None:
+        if a is not None or b is not None:
+            raise ValueError("rollouts to concatenate differ in which per-token fields they have")
+        return None
+    width = max(a.shape[1], b.shape[1])
+    pad = [
+        torch.nn.functional.pad(t, (width - t.shape[1], 0) if left else (0, width - t.shape[1]), value=value)
+        for t in (a, b)
+    ]
+    return torch.cat(pad)
 
 
 @dataclass  # not frozen: Lightning's batch transfer rejects frozen dataclasses
@@ -70,6 +136,40 @@ class Rollout:
     def __len__(self) -> int:
         return self.completion_ids.shape[0]
 
+    def select(self, rows: Tensor) -> Rollout:
+        """The rollout of ``rows`` ([n] indices) only; whole groups keep it grouped."""
+        picked = rows.tolist()
+        return replace(
+            self,
+            prompt_ids=self.prompt_ids[rows],
+            prompt_mask=self.prompt_mask[rows],
+            completion_ids=self.completion_ids[rows],
+            completion_mask=self.completion_mask[rows],
+            is_truncated=self.is_truncated[rows],
+            prompts=[self.prompts[i] for i in picked],
+            completions=[self.completions[i] for i in picked],
+            sampling_logps=_rows(self.sampling_logps, rows),
+            tool_mask=_rows(self.tool_mask, rows),
+            columns={k: [v[i] for i in picked] for k, v in self.columns.items()},
+        )
+
+    def cat(self, other: Rollout, pad_id: int) -> Rollout:
+        """This rollout's rows then ``other``'s, prompts re-padded on the left and completions on the right."""
+        return replace(
+            other,
+            prompt_ids=_cat(self.prompt_ids, other.prompt_ids, pad_id, left=True),
+            prompt_mask=_cat(self.prompt_mask, other.prompt_mask, 0, left=True),
+            completion_ids=_cat(self.completion_ids, other.completion_ids, pad_id),
+            completion_mask=_cat(self.completion_mask, other.completion_mask, 0),
+            is_truncated=torch.cat([self.is_truncated, other.is_truncated]),
+            prompts=self.prompts + other.prompts,
+            completions=self.completions + other.completions,
+            num_truncated_prompts=self.num_truncated_prompts + other.num_truncated_prompts,
+            sampling_logps=_cat(self.sampling_logps, other.sampling_logps, 0.0),
+            tool_mask=_cat(self.tool_mask, other.tool_mask, 0),
+            columns={k: self.columns[k] + other.columns[k] for k in other.columns},
+        )
+
 
 @dataclass
 class RewardScores:
@@ -84,8 +184,14 @@ class RewardScores:
     @property
     def total(self) -> Tensor:
         """[N] weighted sum over functions, NaN where every function returned None."""
-        total = (self.per_function * self.weights).nansum(dim=1)
-        return torch.where(self.per_function.isnan().all(dim=1), torch.nan, total)
+        return weighted_total(self.per_function, self.weights)
+
+    def groups_without_signal(self, group_size: int) -> Tensor:
+        """[N/G] True where a group's total rewards carry no signal (``without_signal``)."""
+        return without_signal(self.total.view(-1, group_size))
+
+    def select(self, rows: Tensor) -> RewardScores:
+        return replace(self, per_function=self.per_function[rows])
 
 
 # ---- the step record: what one training step did, read by callbacks by attribute -------------------------

@@ -15,7 +15,7 @@ from transformers import AutoTokenizer, MixtralConfig, MixtralForCausalLM
 
 from lightning_grpo import AdvantageConfig, LossConfig, OptimConfig, PromptDataModule, SamplingConfig
 from lightning_grpo.demo.tiny import build_tokenizer
-from lightning_grpo.dynamic import GroupBuffer, concat, groups_with_signal, select_groups
+from lightning_grpo.dynamic import GroupBuffer, select_groups
 from lightning_grpo.loss.grpo import LOSS_TYPES, LossNormalizer
 from lightning_grpo.rollout import render_prompts
 from lightning_grpo.targets import Targets, TargetSettings, optimiser_steps
@@ -69,13 +69,12 @@ def scores_of(totals):
 
 def test_groups_with_equal_rewards_are_dropped_and_batches_concatenate():
     a = make_rollout(["x", "y", "z", "z"])  # groups: (x, y) and (z, z)
-    kept, scores = select_groups(
-        a, scores_of([1.0, 0.0, 1.0, 1.0]), groups_with_signal(torch.tensor([1.0, 0, 1, 1]), 2)
-    )
+    flat = scores_of([1.0, 0.0, 1.0, 1.0])
+    kept, scores = select_groups(a, flat, ~flat.groups_without_signal(2))
     assert kept.completions == ["x", "y"] and scores.per_function.squeeze(1).tolist() == [1.0, 0.0]
     b = make_rollout(["long", "er"])
     b.completion_ids, b.completion_mask = torch.ones(2, 5, dtype=torch.long), torch.ones(2, 5, dtype=torch.long)
-    both = concat(kept, b, pad_id=9)
+    both = kept.cat(b, pad_id=9)
     assert both.completion_ids.shape == (4, 5) and both.completion_mask[:2].sum().item() == 4  # right-padded
     assert both.completions == ["x", "y", "long", "er"]
 

@@ -9,9 +9,9 @@ from torchmetrics.functional.text.rouge import rouge_score
 from transformers import SchedulerType, get_scheduler
 from trl.trainer.utils import nanstd as trl_nanstd
 
-from lightning_grpo.advantages import nanstd
 from lightning_grpo.optim import LR_SCHEDULERS, OptimConfig, scheduler
 from lightning_grpo.rewards import rouge_l_reward
+from lightning_grpo.types import nanstd
 
 NAN = float("nan")
 

@@ -19,10 +19,9 @@ import lightning as L
 import torch
 from typing_extensions import override
 
-from lightning_grpo.advantages import zero_std_fraction
 from lightning_grpo.callbacks.alerts import Alert, Signal, above, below
 from lightning_grpo.rewards.text import completion_text
-from lightning_grpo.types import StepRecord
+from lightning_grpo.types import StepRecord, nanstd, zero_std_fraction
 
 # In the order of how often each is the cause: a reward that scores different completions alike, sampling too
 # cold for a group to differ, then updates too large.
@@ -152,7 +151,7 @@ class ModeCollapseAlert(Alert):
 
     def unsolved_groups(self, record: StepRecord) -> list[dict[str, Any]]:
         """This rank's groups, less those whose every completion reached ``reward_ceiling``."""
-        rollout, total = record.rollout, record.scores.total.nan_to_num(0.0)
+        rollout, total = record.rollout, record.scores.total  # NaN: no function applied (ignored, as the metric)
         g = rollout.group_size
         groups = [
             {"completions": rollout.completions[i : i + g], "rewards": total[i : i + g]}
@@ -160,7 +159,7 @@ class ModeCollapseAlert(Alert):
         ]
         if self.reward_ceiling is None:
             return groups
-        return [x for x in groups if x["rewards"].min().item() < self.reward_ceiling - 1e-6]
+        return [x for x in groups if x["rewards"].nan_to_num(0.0).min().item() < self.reward_ceiling - 1e-6]
 
     @override
     def state_dict(self) -> dict[str, Any]:
@@ -177,4 +176,4 @@ def _mean(values: list[float]) -> float:
 
 
 def _std(x: torch.Tensor) -> float:
-    return x.std().item() if x.numel() > 1 else 0.0
+    return nanstd(x).nan_to_num(0.0).item()

@@ -12,10 +12,11 @@ import importlib
 import inspect
 import json
 import re
-import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
+
+from lightning_grpo.deadline import DeadlineExceeded, run_on_thread
 
 
 @dataclass
@@ -113,23 +114,18 @@ def run_call(call: ToolCall, tools: dict[str, Callable], timeout: float | None) 
         return _failure(call.name, call.error)
     if call.name not in tools:
         return _failure(call.name, f"Tool {call.name} not found. Available tools: {sorted(tools)}")
-    outcome: dict[str, Any] = {}
 
-    def target() -> None:
-        try:
-            result = tools[call.name](**call.arguments)
-            outcome["value"] = asyncio.run(result) if inspect.iscoroutine(result) else result
-        except Exception as e:  # the model reads it and may correct its call
-            outcome["error"] = f"{type(e).__name__}: {e}"
+    def invoke() -> Any:
+        result = tools[call.name](**call.arguments)
+        return asyncio.run(result) if inspect.iscoroutine(result) else result
 
-    thread = threading.Thread(target=target, daemon=True, name=f"tool-{call.name}")
-    thread.start()
-    thread.join(timeout)
-    if thread.is_alive():
+    try:
+        value = run_on_thread(invoke, timeout, f"tool-{call.name}")
+    except DeadlineExceeded:
         return _failure(call.name, f"Tool {call.name} timed out after {timeout} s")
-    if "error" in outcome:
-        return _failure(call.name, outcome["error"])
-    return ToolResult(call.name, str(outcome.get("value")), failed=False)
+    except Exception as e:  # the model reads it and may correct its call
+        return _failure(call.name, f"{type(e).__name__}: {e}")
+    return ToolResult(call.name, str(value), failed=False)
 
 
 def _failure(name: str, message: str) -> ToolResult:

@@ -17,17 +17,15 @@ import functools
 import inspect
 import math
 import numbers
-import signal
-import threading
 import warnings
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 
+from lightning_grpo.deadline import DeadlineExceeded, call_with_deadline
 from lightning_grpo.types import RewardScores, Rollout
 
 RewardFunc = Callable[..., Sequence[float | None]]
@@ -178,80 +176,12 @@ class RewardTimeoutError(RuntimeError):
         super().__init__(f"reward function {reward_name(fn)!r} took longer than reward_timeout={timeout}s")
 
 
-# Not SIGALRM: math-verify's own timeouts use signal.alarm, which would cancel ours or be cancelled by it.
-TIMEOUT_SIGNAL = getattr(signal, "SIGRTMIN", signal.SIGUSR2)
-
-
-class _Overdue(BaseException):
-    """Raised inside an overdue call; a BaseException so the function's own ``except Exception`` (math-verify's
-    ``parse`` has one) does not swallow it."""
-
-
-@contextmanager
-def _main_thread_deadline(fn: RewardFunc, timeout: float) -> Iterator[None]:
-    """Raise ``RewardTimeoutError`` in the main thread's ``with`` body after ``timeout`` seconds: a watchdog
-    thread sends ``TIMEOUT_SIGNAL`` to the main thread, which interrupts a sleep or a blocking call, and the
-    handler raises once Python code runs again (a call stuck inside C code is stopped when it returns)."""
-    state = {"armed": True, "fired": False}
-    done = threading.Event()
-
-    def on_signal(signum: int, frame: Any) -> None:
-        if state["armed"]:
-            state["armed"], state["fired"] = False, True
-            raise _Overdue
-
-    def watchdog() -> None:
-        if not done.wait(timeout):
-            signal.pthread_kill(threading.main_thread().ident, TIMEOUT_SIGNAL)
-
-    previous = signal.signal(TIMEOUT_SIGNAL, on_signal)
-    guard = threading.Thread(target=watchdog, name=f"reward-deadline-{reward_name(fn)}", daemon=True)
-    guard.start()
-    try:
-        yield
-    except _Overdue:
-        pass
-    finally:
-        state["armed"] = False  # a signal from now on is late: the call has returned
-        done.set()
-        guard.join()
-        signal.signal(TIMEOUT_SIGNAL, previous)
-    if state["fired"]:  # also when the function caught _Overdue itself and returned
-        raise RewardTimeoutError(fn, timeout)
-
-
-def _run_on_thread(fn: RewardFunc, kwargs: dict[str, Any], timeout: float) -> Any:
-    """Off the main thread no signal can reach the call: it runs on a daemon thread and an overdue call is
-    abandoned there (Python cannot kill a thread; code that may hang belongs in a sandbox)."""
-    box: dict[str, Any] = {}
-
-    def target() -> None:
-        try:
-            box["value"] = fn(**kwargs)
-        except BaseException as err:  # noqa: BLE001 - handed back to the caller's thread
-            box["error"] = err
-
-    worker = threading.Thread(target=target, name=f"reward-{reward_name(fn)}", daemon=True)
-    worker.start()
-    worker.join(timeout)
-    if worker.is_alive():
-        raise RewardTimeoutError(fn, timeout)
-    if "error" in box:
-        raise box["error"]
-    return box["value"]
-
-
 def _run_with_timeout(fn: RewardFunc, kwargs: dict[str, Any], timeout: float | None) -> Any:
-    """``fn(**kwargs)``, stopped after ``timeout`` seconds. On the main thread (the trainer's) the call runs
-    right there, so a function's own ``signal.alarm`` timeouts keep working; elsewhere see ``_run_on_thread``."""
-    if timeout is None:
-        return fn(**kwargs)
-    if threading.current_thread() is not threading.main_thread():
-        return _run_on_thread(fn, kwargs, timeout)
-    box: dict[str, Any] = {}
-    with _main_thread_deadline(fn, timeout):
-        box["value"] = fn(**kwargs)
-    return box["value"]
+    """``fn(**kwargs)``, stopped after ``timeout`` seconds (``lightning_grpo.deadline``)."""
+    try:
+        return call_with_deadline(lambda: fn(**kwargs), timeout, f"reward-{reward_name(fn)}")
+    except DeadlineExceeded as err:
+        raise RewardTimeoutError(fn, timeout) from err
 
 
 async def _await_with_timeout(fn: RewardFunc, kwargs: dict[str, Any], timeout: float | None) -> Any:
