@@ -95,7 +95,8 @@ def test_skip_and_zero_keep_training_and_count(policy, expected):
 
 
 def test_unknown_error_policy_is_named():
-    with pytest.raises(ValueError, match=r"on_reward_error must be one of \['raise', 'skip', 'zero'\], got 'ignore'"):
+    expected = r"reward_calls.on_error must be one of \['raise', 'skip', 'zero'\], got 'ignore'"
+    with pytest.raises(ValueError, match=expected):
         score_rollout([picky_reward], [1.0], make_rollout(["a", "b"]), {}, on_error="ignore")
 
 
@@ -138,7 +139,7 @@ def test_fast_reward_within_timeout_and_own_timeouterror_is_not_ours():
 
 
 def test_bad_timeout_is_named():
-    with pytest.raises(ValueError, match=r"reward_timeout must be a positive number of seconds or None, got 0"):
+    with pytest.raises(ValueError, match=r"reward_calls.timeout must be a positive number of seconds or None, got 0"):
         score_rollout([length_reward], [1.0], make_rollout(["a"]), {}, timeout=0)
 
 

@@ -12,13 +12,16 @@ import math
 from collections.abc import Sequence
 from typing import Any
 
+import torch
+
 from lightning_grpo.rewards.code_execution import code_execution_reward
 from lightning_grpo.rewards.correctness import fuzzy_match_reward, normalized_match_reward, rouge_l_reward
 from lightning_grpo.rewards.format import python_syntax_reward, soft_think_format_reward
 from lightning_grpo.rewards.length import length_bounds_reward
 from lightning_grpo.rewards.math_equivalence import math_verify_reward
 from lightning_grpo.rewards.scoring import (
-    Policy,
+    Calls,
+    RewardCallConfig,
     RewardFunc,
     call_rewards,
     check_reward_weights,
@@ -26,6 +29,7 @@ from lightning_grpo.rewards.scoring import (
     reward_name,
 )
 from lightning_grpo.rewards.style import reasoning_steps_reward, repetition_penalty
+from lightning_grpo.types import weighted_total
 
 RewardPairs = list[tuple[RewardFunc, float]]
 
@@ -102,12 +106,13 @@ class Combined:
         self.is_slow = any(is_async_reward(fn) or getattr(fn, "is_slow", False) for fn in self.funcs)
 
     def __call__(self, completions: list[Any], **kwargs: Any) -> list[float | None]:
-        table = call_rewards(self.funcs, {"completions": completions, **kwargs}, len(completions), Policy())  # [F][N]
-        totals: list[float | None] = []
-        for row in zip(*table):
-            present = [w * v for w, v in zip(self.weights, row) if not math.isnan(v)]
-            totals.append(sum(present) if present else None)
-        return totals
+        table = call_rewards(
+            self.funcs, {"completions": completions, **kwargs}, len(completions), Calls(RewardCallConfig())
+        )  # [F][N]
+        totals = weighted_total(
+            torch.tensor(table, dtype=torch.float64).T, torch.tensor(self.weights, dtype=torch.float64)
+        )
+        return [None if math.isnan(v) else v for v in totals.tolist()]
 
 
 MATH_REASONING_REWARDS: RewardPairs = [

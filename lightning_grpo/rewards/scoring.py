@@ -21,10 +21,11 @@ import warnings
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal
 
 import torch
 
+from lightning_grpo.checks import raise_problems
 from lightning_grpo.deadline import DeadlineExceeded, call_with_deadline
 from lightning_grpo.types import RewardScores, Rollout
 
@@ -153,20 +154,52 @@ def reward_kwargs(rollout: Rollout, columns: dict[str, list[Any]]) -> dict[str, 
 ON_ERROR = ("raise", "skip", "zero")
 
 
-@dataclass
-class Policy:
-    """What a failing or overdue reward call does, and the failures counted per function under ``skip`` /
-    ``zero``. ``timeout``: seconds one call of one function may take (``None``: no limit)."""
+@dataclass(frozen=True)
+class RewardCallConfig:
+    """What a failing or overdue reward call does. ``reward_calls:`` in YAML.
 
-    on_error: str = "raise"
+    Attributes:
+        on_error: a reward function that raises: ``raise`` (naming the function and the sample; the run stops
+            with a checkpoint), ``skip`` (failing rows count as not applicable) or ``zero`` (they score 0);
+            counted in ``train/reward_errors/<fn>``.
+        timeout: seconds one call of one reward function may take; an overdue call fails all its rows, handled
+            by ``on_error``. ``None``: no limit. A sync function off the main thread is abandoned on a daemon
+            thread, not killed.
+    """
+
+    on_error: Literal[ON_ERROR] = "raise"
     timeout: float | None = None
-    errors: dict[str, int] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
-        if self.on_error not in ON_ERROR:
-            raise ValueError(f"on_reward_error must be one of {list(ON_ERROR)}, got {self.on_error!r}")
-        if self.timeout is not None and not self.timeout > 0:
-            raise ValueError(f"reward_timeout must be a positive number of seconds or None, got {self.timeout!r}")
+        raise_problems(
+            "reward_calls",
+            [
+                (
+                    self.on_error in ON_ERROR,
+                    f"reward_calls.on_error must be one of {list(ON_ERROR)}, got {self.on_error!r}",
+                ),
+                (
+                    self.timeout is None or self.timeout > 0,
+                    f"reward_calls.timeout must be a positive number of seconds or None, got {self.timeout!r}",
+                ),
+            ],
+        )
+
+
+@dataclass
+class Calls:
+    """One scoring's call settings and the failures it counted per function under ``skip`` / ``zero``."""
+
+    config: RewardCallConfig
+    errors: dict[str, int] = field(default_factory=dict)
+
+    @property
+    def on_error(self) -> str:
+        return self.config.on_error
+
+    @property
+    def timeout(self) -> float | None:
+        return self.config.timeout
 
 
 class RewardTimeoutError(RuntimeError):
@@ -195,12 +228,12 @@ async def _await_with_timeout(fn: RewardFunc, kwargs: dict[str, Any], timeout: f
     return task.result()
 
 
-def _timed_out(fn: RewardFunc, n: int, err: RewardTimeoutError, policy: Policy) -> list[float]:
+def _timed_out(fn: RewardFunc, n: int, err: RewardTimeoutError, calls: Calls) -> list[float]:
     """Every row of an overdue call failed: raise (default), or all rows skipped or zero, counted."""
-    if policy.on_error == "raise":
+    if calls.on_error == "raise":
         raise err
-    policy.errors[reward_name(fn)] = policy.errors.get(reward_name(fn), 0) + n
-    return [math.nan if policy.on_error == "skip" else 0.0] * n
+    calls.errors[reward_name(fn)] = calls.errors.get(reward_name(fn), 0) + n
+    return [math.nan if calls.on_error == "skip" else 0.0] * n
 
 
 def _sample_text(kwargs: dict[str, Any], i: int) -> str:
@@ -210,7 +243,7 @@ def _sample_text(kwargs: dict[str, Any], i: int) -> str:
     return f"prompt {str(prompt)[:120]!r}, completion {completion[:200]!r}"
 
 
-def _recover(fn: RewardFunc, kwargs: dict[str, Any], n: int, err: Exception, policy: Policy) -> list[float]:
+def _recover(fn: RewardFunc, kwargs: dict[str, Any], n: int, err: Exception, calls: Calls) -> list[float]:
     """After a failure on the whole batch, score row by row: find the offending samples, then raise naming
     the first (``raise``), or give failing rows ``None`` (``skip``) or 0.0 (``zero``)."""
     call = (lambda kw: asyncio.run(fn(**kw))) if is_async_reward(fn) else (lambda kw: fn(**kw))
@@ -220,64 +253,62 @@ def _recover(fn: RewardFunc, kwargs: dict[str, Any], n: int, err: Exception, pol
             row = call({k: v if k in SHARED_KWARGS else v[i : i + 1] for k, v in kwargs.items()})
         except Exception as row_err:  # noqa: BLE001 - any failure of user code is this row's failure
             failed.append((i, row_err))
-            values.append(math.nan if policy.on_error == "skip" else 0.0)
+            values.append(math.nan if calls.on_error == "skip" else 0.0)
             continue
         values += _check_values(reward_name(fn), row, 1)
-    if policy.on_error == "raise" or not failed:  # not failed: only the whole batch fails (e.g. a batch-size bug)
+    if calls.on_error == "raise" or not failed:  # not failed: only the whole batch fails (e.g. a batch-size bug)
         i, row_err = failed[0] if failed else (None, err)
         where = f" on sample {i} ({_sample_text(kwargs, i)})" if i is not None else ""
         raise RuntimeError(
             f"reward function {reward_name(fn)!r} raised {type(row_err).__name__}{where}: {row_err}"
         ) from err
-    policy.errors[reward_name(fn)] = policy.errors.get(reward_name(fn), 0) + len(failed)
+    calls.errors[reward_name(fn)] = calls.errors.get(reward_name(fn), 0) + len(failed)
     return values
 
 
-def _call(fn: RewardFunc, kwargs: dict[str, Any], n: int, policy: Policy) -> list[float]:
+def _call(fn: RewardFunc, kwargs: dict[str, Any], n: int, calls: Calls) -> list[float]:
     try:
-        values = _run_with_timeout(fn, kwargs, policy.timeout)
+        values = _run_with_timeout(fn, kwargs, calls.timeout)
     except RewardTimeoutError as err:
-        return _timed_out(fn, n, err, policy)
+        return _timed_out(fn, n, err, calls)
     except Exception as err:
-        return _recover(fn, kwargs, n, err, policy)
+        return _recover(fn, kwargs, n, err, calls)
     return _check_values(reward_name(fn), values, n)
 
 
-async def _call_async(fn: RewardFunc, kwargs: dict[str, Any], n: int, policy: Policy) -> list[float]:
+async def _call_async(fn: RewardFunc, kwargs: dict[str, Any], n: int, calls: Calls) -> list[float]:
     try:
-        values = await _await_with_timeout(fn, kwargs, policy.timeout)
+        values = await _await_with_timeout(fn, kwargs, calls.timeout)
     except RewardTimeoutError as err:
-        return _timed_out(fn, n, err, policy)
+        return _timed_out(fn, n, err, calls)
     except Exception as err:
-        return await asyncio.to_thread(_recover, fn, kwargs, n, err, policy)  # a thread may start its own loop
+        return await asyncio.to_thread(_recover, fn, kwargs, n, err, calls)  # a thread may start its own loop
     return _check_values(reward_name(fn), values, n)
 
 
-def _gather(fns: list[RewardFunc], kwargs: dict[str, Any], n: int, policy: Policy) -> list[list[float]]:
+def _gather(fns: list[RewardFunc], kwargs: dict[str, Any], n: int, calls: Calls) -> list[list[float]]:
     """Run async reward functions concurrently on a fresh event loop (run on a worker thread: that thread has
     no loop yet, so this works whether or not the caller's thread is already running one)."""
 
     async def gather() -> list[list[float]]:
-        return await asyncio.gather(*(_call_async(fn, kwargs, n, policy) for fn in fns))
+        return await asyncio.gather(*(_call_async(fn, kwargs, n, calls) for fn in fns))
 
     return asyncio.run(gather())
 
 
-def call_rewards(
-    reward_funcs: Sequence[RewardFunc], kwargs: dict[str, Any], n: int, policy: Policy
-) -> list[list[float]]:
+def call_rewards(reward_funcs: Sequence[RewardFunc], kwargs: dict[str, Any], n: int, calls: Calls) -> list[list[float]]:
     """[F][N] checked values: async and slow functions run concurrently while the plain ones run here."""
     async_ids = [i for i, fn in enumerate(reward_funcs) if is_async_reward(fn)]
     slow_ids = [i for i, fn in enumerate(reward_funcs) if i not in async_ids and getattr(fn, "is_slow", False)]
     if not async_ids and not slow_ids:
-        return [_call(fn, kwargs, n, policy) for fn in reward_funcs]
+        return [_call(fn, kwargs, n, calls) for fn in reward_funcs]
     table: list[list[float] | None] = [None] * len(reward_funcs)
     with ThreadPoolExecutor(max_workers=len(slow_ids) + 1, thread_name_prefix="reward") as pool:
-        slow = {i: pool.submit(_call, reward_funcs[i], kwargs, n, policy) for i in slow_ids}
-        gathered = pool.submit(_gather, [reward_funcs[i] for i in async_ids], kwargs, n, policy) if async_ids else None
+        slow = {i: pool.submit(_call, reward_funcs[i], kwargs, n, calls) for i in slow_ids}
+        gathered = pool.submit(_gather, [reward_funcs[i] for i in async_ids], kwargs, n, calls) if async_ids else None
         for i, fn in enumerate(reward_funcs):
             if i not in slow and i not in async_ids:
-                table[i] = _call(fn, kwargs, n, policy)
+                table[i] = _call(fn, kwargs, n, calls)
         for i, future in slow.items():
             table[i] = future.result()
         for i, values in zip(async_ids, gathered.result() if gathered else []):
@@ -324,13 +355,13 @@ def score_rollout(
         trainer_state: passed to every function as ``trainer_state`` when not ``None``, as TRL does, for
             rewards shaped by training progress (``trainer_state.global_step``); see ``trl_trainer_state``.
     """
-    policy = Policy(on_error, timeout)
+    calls = Calls(RewardCallConfig(on_error, timeout))
     repeated = {k: [v for v in values for _ in range(rollout.group_size)] for k, values in columns.items()}
     repeated |= rollout.columns
     kwargs = reward_kwargs(rollout, repeated)
     if trainer_state is not None:
         kwargs["trainer_state"] = trainer_state
-    table = call_rewards(reward_funcs, kwargs, len(rollout), policy)  # [F][N]
+    table = call_rewards(reward_funcs, kwargs, len(rollout), calls)  # [F][N]
     names = reward_names(reward_funcs)
     for name, fn, values in zip(names, reward_funcs, table):
         if getattr(fn, "reward_range", None) is not None:  # a declared range: a value outside it is a bug
@@ -340,7 +371,7 @@ def score_rollout(
         per_function=torch.tensor(table, dtype=torch.float32, device=device).T.reshape(len(rollout), -1),
         names=names,
         weights=torch.tensor(list(weights), dtype=torch.float32, device=device),
-        errors=policy.errors,
+        errors=calls.errors,
         metrics=function_metrics(reward_funcs),
     )
 
