@@ -1,4 +1,4 @@
-"""Rollout + rewards + loss sums -> the typed statistics of a step (``RewardStats``, ``LengthStats``, ``UpdateStats``).
+"""Rollout + rewards -> the typed statistics of a step (``RewardStats``, ``LengthStats``; the loss makes its own).
 
 Pure functions over tensors already gathered from every rank; the module puts them in the step record and
 logs ``StepStats.metrics()``, which names them as TRL does.
@@ -10,8 +10,7 @@ import math
 
 from torch import Tensor
 
-from lightning_grpo.loss.grpo import LossOutput
-from lightning_grpo.types import LengthStats, RewardScores, RewardStats, Rollout, UpdateStats, nanstd, zero_std_fraction
+from lightning_grpo.types import LengthStats, RewardScores, RewardStats, Rollout, nanstd, zero_std_fraction
 
 
 def reward_stats(
@@ -50,50 +49,11 @@ def length_stats(lengths: Tensor, is_truncated: Tensor) -> LengthStats:
     )
 
 
-def update_stats(
-    loss: LossOutput,
-    sampling_weights: Tensor | None,
-    mask: Tensor,
-    trained_entropy: bool = False,
-    grad_norm: float = float("nan"),
-) -> UpdateStats:
-    """The loss and its token means (entropy, clip ratios, KL when computed), the completions' extreme clip shares,
-    the pre-clip gradient norm, the sampler correction's range, and with ``trained_entropy`` the entropy of the
-    tokens trained on (``top_entropy_quantile`` < 1)."""
-    means = loss.metrics()
-    known = {"entropy", "kl", "entropy/trained_mean", *(k for k in means if k.startswith("clip_ratio/"))}
-    return UpdateStats(
-        loss=loss.loss.item(),
-        entropy=means.get("entropy", 0.0),
-        clip_low=means.get("clip_ratio/low_mean"),
-        clip_high=means.get("clip_ratio/high_mean"),
-        clip_region=means.get("clip_ratio/region_mean"),
-        clip_low_min=means.get("clip_ratio/low_min", float("nan")),
-        clip_high_max=means.get("clip_ratio/high_max", float("nan")),
-        grad_norm=grad_norm,
-        loss_tokens=float(loss.num_tokens),
-        kl=means.get("kl"),
-        sampling_ratio=_range(sampling_weights, mask),
-        trained_entropy=means.get("entropy/trained_mean") if trained_entropy else None,
-        term={k: v for k, v in means.items() if k not in known},
-    )
-
-
 def accuracy(per_function: Tensor, names: list[str], accuracy_reward: str) -> float:
     """Fraction of scored completions the correctness function gave its full mark (>= 1.0)."""
     column = per_function[:, names.index(accuracy_reward)]
     scored = column[~column.isnan()]
     return (scored >= 1.0).float().mean().item() if scored.numel() else 0.0
-
-
-def _range(weights: Tensor | None, mask: Tensor) -> tuple[float, float, float] | None:
-    """min / mean / max of the sampling-correction weights over the loss tokens (none without correction)."""
-    if weights is None:
-        return None
-    active = weights.expand_as(mask)[mask.bool()]
-    if not active.numel():
-        return None
-    return active.min().item(), active.mean().item(), active.max().item()
 
 
 def pass_at_k(correct: Tensor, k: int) -> float:

@@ -14,8 +14,7 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 import torch
-from torch import Tensor, nn
-from torch.distributed.tensor import DTensor
+from torch import nn
 from transformers.pytorch_utils import ALL_LAYERNORM_LAYERS
 from transformers.trainer_pt_utils import get_parameter_names
 
@@ -103,23 +102,6 @@ def param_groups(model: nn.Module, weight_decay: float, decay_embeddings: bool =
         {"params": [p for name, p in trainable if name not in decay], "weight_decay": 0.0},
     ]
     return [g for g in groups if g["params"]]
-
-
-def clip_gradients(params: list[nn.Parameter], max_norm: float | None, root: Any = None) -> Tensor:
-    """Clip the global gradient norm to ``max_norm`` (``None``: no clipping) and return it as it was before, so
-    one norm computation serves the clipping and the finiteness check; every rank gets the same value.
-
-    ``root``: an FSDP1 root module, the only one that sees every shard; plain, DDP (identical gradients) and
-    FSDP2 (DTensor gradients, whose norm is global) clip the parameters directly.
-    """
-    if root is not None:
-        return root.clip_grad_norm_(math.inf if max_norm is None else max_norm)
-    params = [p for p in params if p.grad is not None]
-    if max_norm is None:
-        norm = torch.nn.utils.get_total_norm([p.grad for p in params])
-    else:
-        norm = torch.nn.utils.clip_grad_norm_(params, max_norm)
-    return norm.full_tensor() if isinstance(norm, DTensor) else norm
 
 
 def scheduler(optimizer: torch.optim.Optimizer, config: OptimConfig, steps: int) -> Any:

@@ -256,7 +256,6 @@ class UpdateStats:
     grad_norm: float = float("nan")  # the global gradient norm before clipping (last optimiser step of the step)
     loss_tokens: float = 0.0  # tokens in the loss, all ranks (the dapo normaliser's count)
     kl: float | None = None  # to the reference; None when beta = 0 (not computed)
-    sampling_ratio: tuple[float, float, float] | None = None  # min, mean, max of the sampler correction
     trained_entropy: float | None = None  # entropy of the tokens trained on, with top_entropy_quantile < 1
     term: dict[str, float] = field(default_factory=dict)  # the policy term's own (cispo_clip_ratio, vespo/...)
 
@@ -274,9 +273,6 @@ class UpdateStats:
             out["kl"] = self.kl
         if self.trained_entropy is not None:
             out["entropy/trained_mean"] = self.trained_entropy
-        if self.sampling_ratio is not None:
-            for name, value in zip(("min", "mean", "max"), self.sampling_ratio):
-                out[f"sampling/importance_sampling_ratio/{name}"] = value  # TRL's name
         return out
 
 

@@ -142,7 +142,7 @@ def test_fsdp2_sharded_checkpoint_resume_equals_the_uninterrupted_run(tiny_model
     from torch.distributed.checkpoint import FileSystemReader
     from transformers import AutoModelForCausalLM
 
-    from lightning_grpo.model.sharding import export_distributed_checkpoint
+    from lightning_grpo.model.export import export_distributed_checkpoint
 
     data = arith_jsonl  # 16 shuffled prompts, 2 per rank: the stop falls mid-epoch
     full = run("fsdp2", tiny_model_dir, data, tmp_path, "4", name="full")

@@ -6,6 +6,8 @@ default runs from any directory after ``pip install``.
 ``lightning-grpo report RUN_DIR``: training curves as PNG and HTML.
 ``lightning-grpo selfcheck [--vllm-server URL]``: every training path (CPU, DDP, FSDP2, LoRA; on GPUs bf16, FSDP1,
 QLoRA, vLLM colocate and server) for a few steps on a tiny local model, as one table.
+``lightning-grpo export CHECKPOINT OUT``: a distributed checkpoint of an FSDP2 full fine-tuning run -> Hugging Face
+format, a tensor at a time.
 ``python -m lightning_grpo`` runs the same CLI when the console script is not on PATH.
 
 Every constructor argument is a config key with its docstring as ``--help``. Always on, each with its own
@@ -55,7 +57,8 @@ TRAINER_DEFAULTS = {"log_every_n_steps": 1, "num_sanity_val_steps": -1}
 DESCRIPTION = (
     "GRPO fine-tuning of language models with PyTorch Lightning. "
     "`lightning-grpo fit --config CONFIG.yaml` trains; "
-    "`lightning-grpo report RUN_DIR` draws a run's training curves as PNG and HTML. "
+    "`lightning-grpo report RUN_DIR` draws a run's training curves as PNG and HTML; "
+    "`lightning-grpo export CHECKPOINT OUT` writes a distributed checkpoint in Hugging Face format. "
     "Import paths in a config (reward_funcs, class_path) also find modules in the working directory and next "
     "to the config file."
 )
@@ -229,14 +232,26 @@ def selfcheck_main(args: list[str]) -> None:
     selfcheck(args)
 
 
+def export_main(args: list[str]) -> None:
+    """``lightning-grpo export CHECKPOINT OUT``: a distributed (FSDP2) checkpoint -> Hugging Face format."""
+    from lightning_grpo.model.export import export_distributed_checkpoint
+
+    if len(args) != 2 or any(a.startswith("-") for a in args):
+        raise SystemExit(
+            "usage: lightning-grpo export CHECKPOINT OUT   (a distributed checkpoint directory of a full "
+            "fine-tuning FSDP2 run, e.g. .../checkpoints/last.ckpt/, and the Hugging Face directory to write)"
+        )
+    print(f"wrote {export_distributed_checkpoint(args[0], args[1])}")
+
+
+SUBCOMMANDS = {"report": report_main, "selfcheck": selfcheck_main, "export": export_main}
+
+
 def main(args: list[str] | None = None) -> None:
     """The console script. Returns None: ``sys.exit(main())`` must exit 0 after a successful run."""
     argv = sys.argv[1:] if args is None else args
-    if argv[:1] == ["report"]:
-        report_main(argv[1:])
-        return
-    if argv[:1] == ["selfcheck"]:
-        selfcheck_main(argv[1:])
+    if argv[:1] and argv[0] in SUBCOMMANDS:
+        SUBCOMMANDS[argv[0]](argv[1:])
         return
     check_not_bare(argv)
     argv = resolve_configs(argv)

@@ -25,7 +25,6 @@ Where we deviate from TRL, on purpose:
 from __future__ import annotations
 
 import dataclasses
-import math
 import warnings
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -37,9 +36,9 @@ from torch import Tensor
 from lightning_grpo.checks import raise_problems
 from lightning_grpo.loss.entropy import high_entropy_mask
 from lightning_grpo.loss.objectives import PolicyInputs, Term, cispo_term, clipped_surrogate, sapo_term, vespo_term
+from lightning_grpo.types import UpdateStats
 
 IMPORTANCE_SAMPLING_LEVELS = ("token", "sequence")
-SAMPLING_CORRECTIONS = ("token_truncate", "token_mask", "sequence_truncate", "sequence_mask")
 
 
 LossTypeName = Literal["dapo", "grpo", "bnpo", "dr_grpo", "luspo", "cispo", "sapo", "vespo"]
@@ -293,6 +292,27 @@ class LossOutput:
             out["entropy/trained_mean"] = float(self.trained_entropy) / float(self.trained_tokens)
         return out
 
+    def stats(self, grad_norm: float = float("nan"), trained_entropy: bool = False) -> UpdateStats:
+        """The typed record of the update: the loss and its token means (entropy, clip ratios, KL when
+        computed), the completions' extreme clip shares, the pre-clip gradient norm, and with
+        ``trained_entropy`` the entropy of the tokens trained on (``top_entropy_quantile`` < 1)."""
+        means = self.metrics()
+        known = {"entropy", "kl", "entropy/trained_mean", *(k for k in means if k.startswith("clip_ratio/"))}
+        return UpdateStats(
+            loss=self.loss.item(),
+            entropy=means.get("entropy", 0.0),
+            clip_low=means.get("clip_ratio/low_mean"),
+            clip_high=means.get("clip_ratio/high_mean"),
+            clip_region=means.get("clip_ratio/region_mean"),
+            clip_low_min=means.get("clip_ratio/low_min", float("nan")),
+            clip_high_max=means.get("clip_ratio/high_max", float("nan")),
+            grad_norm=grad_norm,
+            loss_tokens=float(self.num_tokens),
+            kl=means.get("kl"),
+            trained_entropy=means.get("entropy/trained_mean") if trained_entropy else None,
+            term={k: v for k, v in means.items() if k not in known},
+        )
+
 
 def off_policy_mask(
     advantages: Tensor, logps: Tensor, sampling_logps: Tensor, mask: Tensor, threshold: float
@@ -462,43 +482,3 @@ def _need(tensor: Tensor | None, option: str) -> Tensor:
     if tensor is None:
         raise ValueError(f"{option} needs per-token entropies: pass entropies=[n, T]")
     return tensor
-
-
-def sampling_correction(
-    old_logps: Tensor,
-    sampling_logps: Tensor,
-    mask: Tensor,
-    mode: str = "sequence_mask",
-    clip_min: float | None = None,
-    clip_max: float | None = 3.0,
-) -> Tensor:
-    """Importance weights for tokens sampled by another engine (vLLM) than the one trained, as TRL 1.16 does.
-
-    ``rho = exp(old_logps - sampling_logps)`` per token (``token_*``) or per completion (``sequence_*``,
-    the sum over its tokens); ``*_truncate`` clamps rho to ``[clip_min, clip_max]``, ``*_mask`` zeroes
-    weights outside it. The policy term of the per-token loss is multiplied by the result ([n, T] or [n, 1]).
-
-    >>> old, sampled, mask = torch.tensor([[-1.0, -1.0]]), torch.tensor([[-1.5, -2.0]]), torch.ones(1, 2)
-    >>> sampling_correction(old, sampled, mask, "token_truncate", clip_max=2.0)  # e^0.5 = 1.65, e^1 capped at 2
-    tensor([[1.6487, 2.0000]])
-    >>> sampling_correction(old, sampled, mask, "sequence_mask", clip_max=3.0)  # e^1.5 = 4.48 > 3: masked
-    tensor([[0.]])
-    """
-    if mode not in SAMPLING_CORRECTIONS:
-        raise ValueError(f"sampling_correction must be one of {list(SAMPLING_CORRECTIONS)}, got {mode!r}")
-    diff = ((old_logps - sampling_logps) * mask).nan_to_num(0.0)  # [n, T]
-    if mode.startswith("sequence"):
-        diff = diff.sum(-1, keepdim=True)  # [n, 1]
-    rho = diff.exp()
-    if mode.endswith("truncate"):
-        return rho.clamp(clip_min, clip_max)
-    low = -math.inf if clip_min is None else clip_min
-    high = math.inf if clip_max is None else clip_max
-    return rho.masked_fill((rho < low) | (rho > high), 0.0)
-
-
-def loss_mask(completion_mask: Tensor, is_truncated: Tensor, mask_truncated_completions: bool) -> Tensor:
-    """[N, T] tokens that count in the loss: DAPO drops completions that never emitted EOS."""
-    if not mask_truncated_completions:
-        return completion_mask
-    return completion_mask * (~is_truncated).unsqueeze(1).to(completion_mask.dtype)

@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
+import copy
 import importlib.util
 
 import torch
-from torch import nn
+from torch import Tensor, nn
 from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedTokenizerBase
 
 from lightning_grpo import demo
@@ -102,3 +103,48 @@ def with_lora(model: nn.Module, peft_config: dict) -> nn.Module:
     except TypeError as err:
         raise ValueError(f"peft_config {peft_config!r} is not valid for peft.LoraConfig: {err}") from err
     return get_peft_model(model, config)
+
+
+def disable_dropout(model: nn.Module) -> None:
+    """Every ``nn.Dropout`` to p = 0, as TRL's ``disable_dropout_in_model``; also attention dropout, which
+    Hugging Face attention layers keep as a float attribute (``attention_dropout``) rather than a module."""
+    for module in model.modules():
+        if isinstance(module, nn.Dropout):
+            module.p = 0.0
+        if isinstance(getattr(module, "attention_dropout", None), float):
+            module.attention_dropout = 0.0
+
+
+def merged_lora(sharded: nn.Module, state: dict[str, Tensor]) -> nn.Module:
+    """An unsharded LoRA model built on the meta device, given ``state`` (the gathered weights, no second copy),
+    then merged: base + adapter as plain weights."""
+    from peft import get_peft_model
+    from transformers import AutoModelForCausalLM
+
+    with torch.device("meta"):
+        base = AutoModelForCausalLM.from_config(copy.deepcopy(sharded.get_base_model().config))
+        model = get_peft_model(base, sharded.peft_config[sharded.active_adapter])
+    model.load_state_dict(state, assign=True)
+    base.tie_weights()  # assign=True loaded a tied embedding and LM head as two tensors (PEFT would untie them)
+    return model.merge_and_unload()
+
+
+def frozen_copy(model: nn.Module) -> nn.Module:
+    reference = copy.deepcopy(model)
+    reference.requires_grad_(False)
+    return reference
+
+
+def checkpointing(model: nn.Module, enable: bool | None = None) -> bool:
+    """Whether activation checkpointing is on; ``enable`` switches it. transformers 5 renamed the methods
+    (``activation_checkpointing_*``) and warns on the old names, which older versions only have."""
+    new = hasattr(model, "activation_checkpointing_enable")
+    if enable is True:
+        kwargs = {"use_reentrant": False}
+        if new:
+            model.activation_checkpointing_enable(activation_checkpointing_kwargs=kwargs)
+        else:
+            model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kwargs)
+    elif enable is False:
+        (model.activation_checkpointing_disable if new else model.gradient_checkpointing_disable)()
+    return bool(getattr(model, "is_activation_checkpointing" if new else "is_gradient_checkpointing", False))

@@ -9,22 +9,29 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import math
 from collections.abc import Iterator
 from typing import Any
 
 import torch
+from lightning.pytorch.strategies import FSDPStrategy, ModelParallelStrategy, Strategy
 from torch import Tensor, nn
-from transformers import PreTrainedTokenizerBase
+from torch.distributed.tensor import DTensor
 
+from lightning_grpo.model.config import PolicyConfig
 from lightning_grpo.model.loading import (
     DTYPES,
+    checkpointing,
+    disable_dropout,
     empty_init_files,
+    frozen_copy,
     load_policy,
     load_tokenizer,
+    merged_lora,
     resolve_pretrained,
     with_lora,
 )
-from lightning_grpo.model.logprobs import TokenLogps, completion_logps
+from lightning_grpo.model.logprobs import TokenLogps, completion_logps, router_aux_coef
 from lightning_grpo.model.materialize import empty_causal_lm, is_empty, load_weights, materialize_lora_adapters
 from lightning_grpo.model.sharding import LOGPS_METHOD, full_state_dict, is_sharded, shard_causal_lm
 from lightning_grpo.types import Rollout
@@ -42,62 +49,46 @@ class Policy(nn.Module):
 
     Args:
         model: Hugging Face name or local path (``AutoModelForCausalLM``), or a built model.
-        tokenizer: name, path or tokenizer; defaults to ``model``'s.
-        dtype: weights dtype when loading by name.
-        load_in_4bit: QLoRA's NF4 base weights (bitsandbytes, CUDA) under the ``peft_config`` adapter.
-        peft_config: ``peft.LoraConfig`` arguments: only the adapter trains.
-        gradient_checkpointing: recompute activations in the backward pass (off while generating).
+        config: the ``policy:`` settings (tokenizer, dtype, LoRA, 4-bit, checkpointing, log-prob chunks,
+            shared-prompt forward, TR-DPO).
         reference: keep the initial policy for a KL penalty.
         temperature: the sampling temperature; log-probs are computed from logits divided by it.
-        logprob_chunk_size: token positions per LM-head chunk (``None``: ~32M logits a chunk).
-        shared_prefix: in the log-prob forward, encode each group's shared prompt once (Prefix Grouper,
-            ``lightning_grpo.model.prefix``): equal values and gradients, P + G * T token positions a group instead of
-            G * (P + T). Not with gradient checkpointing.
-        init_kwargs: more ``from_pretrained`` arguments (TRL's ``model_init_kwargs``).
-        disable_dropout: set every dropout probability of the policy (and reference) to 0, as TRL's option does.
+        router_aux_loss_coef: weight of a Mixture-of-Experts model's load-balancing loss (``None``: the model
+            config's, as TRL resolves it).
     """
 
     def __init__(
         self,
         model: str | nn.Module,
-        tokenizer: str | PreTrainedTokenizerBase | None = None,
-        dtype: str = "float32",
-        load_in_4bit: bool = False,
-        peft_config: dict[str, Any] | None = None,
-        gradient_checkpointing: bool = False,
+        config: PolicyConfig = PolicyConfig(),
         reference: bool = False,
         temperature: float = 1.0,
-        logprob_chunk_size: int | None = None,
-        shared_prefix: bool = False,
-        init_kwargs: dict[str, Any] | None = None,
-        disable_dropout: bool = False,
+        router_aux_loss_coef: float | None = None,
     ) -> None:
         super().__init__()
-        if shared_prefix and gradient_checkpointing:
-            raise ValueError(
-                "shared_prefix=True with gradient_checkpointing=True: checkpointed layers drop the KV cache that "
-                "carries the shared prompt; turn one of them off"
-            )
+        c = self.config = config
         self.name_or_path = model if isinstance(model, str) else None
-        self.tokenizer = load_tokenizer(tokenizer if tokenizer is not None else model)
-        self.weight_files = empty_init_files(model, load_in_4bit)  # none unless built on the meta device
+        self.tokenizer = load_tokenizer(c.tokenizer if c.tokenizer is not None else model)
+        self.weight_files = empty_init_files(model, c.load_in_4bit)  # none unless built on the meta device
         if self.weight_files:
-            self.model = empty_causal_lm(resolve_pretrained(model), DTYPES[dtype], init_kwargs).train()
-        else:
-            self.model = load_policy(model, dtype, load_in_4bit, init_kwargs).train()  # from_pretrained: eval mode
-        if disable_dropout:
-            _disable_dropout(self.model)
-        if gradient_checkpointing:
-            _checkpointing(self.model, True)
-        self.is_lora = peft_config is not None
+            self.model = empty_causal_lm(resolve_pretrained(model), DTYPES[c.dtype], c.model_init_kwargs).train()
+        else:  # from_pretrained returns eval mode
+            self.model = load_policy(model, c.dtype, c.load_in_4bit, c.model_init_kwargs).train()
+        if c.disable_dropout:
+            disable_dropout(self.model)
+        if c.gradient_checkpointing:
+            checkpointing(self.model, True)
+        self.is_lora = c.peft_config is not None
         rng = torch.get_rng_state()
         if self.is_lora:
-            self.model = with_lora(self.model, peft_config)
+            self.model = with_lora(self.model, c.peft_config)
         # values made before the weights are loaded (an adapter's initialisation), kept through materialize()
         self.real_tensors = materialize_lora_adapters(self.model, rng) if self.weight_files and self.is_lora else {}
-        self.reference = _frozen_copy(self.model) if reference and not self.is_lora else None
-        self.temperature, self.logprob_chunk_size = temperature, logprob_chunk_size
-        self.shared_prefix = shared_prefix
+        self.reference = frozen_copy(self.model) if reference and not self.is_lora else None
+        if c.sync_ref_model and self.reference is None:
+            raise ValueError("policy.sync_ref_model=True updates a reference copy: it needs loss.beta > 0")
+        self.temperature = temperature
+        self.router_aux_coef = router_aux_coef(self.model.config, router_aux_loss_coef)
         self.synced_generation = False  # set by shard(): every forward is a collective
         self.register_state_dict_post_hook(_drop_left_out)
         self.register_load_state_dict_pre_hook(_fill_left_out)
@@ -113,13 +104,19 @@ class Policy(nn.Module):
         entropy_grad: bool = False,
     ) -> TokenLogps:
         """[n, T] log-probs and entropies of ``rows``' completion tokens, with gradient when enabled;
-        ``router_aux``: with the MoE load-balancing loss; ``entropy_grad``: entropies with their gradient."""
+        ``router_aux``: with the MoE load-balancing loss (see ``aux_loss``); ``entropy_grad``: entropies with
+        their gradient."""
         model = self.model if model is None else model
         ids, mask, width = rollout.input_ids[rows], rollout.attention_mask[rows], rollout.completion_ids.shape[1]
-        options = {"router_aux": router_aux, "entropy_grad": entropy_grad, "shared_prefix": self.shared_prefix}
+        options = {
+            "router_aux": router_aux,
+            "entropy_grad": entropy_grad,
+            "shared_prefix": self.config.share_prompt_prefix,
+        }
+        chunk = self.config.logprob_chunk_size
         if is_sharded(model):  # FSDP2 gathers each layer around each of its calls: the prompt pass, then the rest
-            return getattr(model, LOGPS_METHOD)(ids, mask, width, self.temperature, self.logprob_chunk_size, **options)
-        return completion_logps(model, ids, mask, width, self.temperature, self.logprob_chunk_size, **options)
+            return getattr(model, LOGPS_METHOD)(ids, mask, width, self.temperature, chunk, **options)
+        return completion_logps(model, ids, mask, width, self.temperature, chunk, **options)
 
     @torch.no_grad()
     def logps(self, rollout: Rollout, micro_batches: list[slice]) -> Tensor:
@@ -140,17 +137,17 @@ class Policy(nn.Module):
         """The model in eval mode, without gradient, gradient checkpointing off (it disables the KV cache);
         restored afterwards."""
         model = self.model
-        was_training, checkpointing = model.training, _checkpointing(model)
-        if checkpointing:
-            _checkpointing(model, False)
+        was_training, checkpointed = model.training, checkpointing(model)
+        if checkpointed:
+            checkpointing(model, False)
         model.eval()
         try:
             with torch.no_grad():  # not inference_mode: it breaks sharded models
                 yield model
         finally:
             model.train(was_training)
-            if checkpointing:
-                _checkpointing(model, True)
+            if checkpointed:
+                checkpointing(model, True)
 
     @property
     def eos_token_ids(self) -> list[int]:
@@ -177,6 +174,44 @@ class Policy(nn.Module):
 
     def trainable_parameters(self) -> list[nn.Parameter]:
         return [p for p in self.model.parameters() if p.requires_grad]
+
+    def train_logps(self, rollout: Rollout, rows: slice | Tensor, entropy_grad: bool = False) -> TokenLogps:
+        """``token_logps`` with gradient for a training micro-batch, with the MoE load-balancing loss when the
+        model has one."""
+        return self.token_logps(rollout, rows, router_aux=self.router_aux_coef != 0, entropy_grad=entropy_grad)
+
+    def aux_loss(self, token: TokenLogps, num_sequences: int) -> Tensor | float:
+        """The MoE load-balancing term of a micro-batch's loss, weighted by its share of the ``num_sequences`` of
+        the optimiser step, so micro-batching changes nothing; 0 for a dense model."""
+        if token.aux_loss is None:
+            return 0.0
+        return self.router_aux_coef * token.aux_loss * len(token.logps) / num_sequences
+
+    def clip_gradients(self, max_norm: float | None, strategy: Strategy) -> Tensor:
+        """Clip to ``max_norm``; the pre-clip global gradient norm, the same on every rank (TRL's ``grad_norm``)."""
+        root = strategy.model if isinstance(strategy, FSDPStrategy) else None  # FSDP1 clips at its root
+        return clip_gradients(self.trainable_parameters(), max_norm, root)
+
+    def after_optimizer_step(self, step: int) -> None:
+        """TR-DPO (``sync_ref_model``): every ``ref_model_sync_steps`` optimiser steps, as TRL's callback."""
+        c = self.config
+        if c.sync_ref_model and step % c.ref_model_sync_steps == 0:
+            self.sync_reference(c.ref_model_mixup_alpha)
+
+    def configure(self, strategy: Strategy | None, mesh: Any | None) -> None:
+        """Place the weights for ``strategy``: FSDP2 (``ModelParallelStrategy``, its device ``mesh``) shards
+        here; Lightning's FSDP wraps the module itself; otherwise a policy built on the meta device loads."""
+        if isinstance(strategy, ModelParallelStrategy):
+            if mesh["tensor_parallel"].size() != 1:
+                raise ValueError(
+                    "ModelParallelStrategy tensor_parallel_size must be 1 for GRPOModule (FSDP2 data parallelism "
+                    f"only), got {mesh['tensor_parallel'].size()}: set data_parallel_size to the number of processes"
+                )
+            self.shard(mesh["data_parallel"], strategy.world_size)
+        elif isinstance(strategy, FSDPStrategy):
+            self.shard(None, strategy.world_size)
+        else:
+            self.materialize()
 
     def shard(self, mesh: Any | None, world_size: int) -> None:
         """Shard over ``mesh`` with FSDP2 (``None``: the strategy shards the module itself, as FSDP1 does).
@@ -221,19 +256,9 @@ class Policy(nn.Module):
         model.save_pretrained(path, state_dict=state)
         self.tokenizer.save_pretrained(path)
         if self.is_lora and merged:
-            whole = _merged_lora(model, state) if state is not None else copy.deepcopy(model).merge_and_unload()
+            whole = merged_lora(model, state) if state is not None else copy.deepcopy(model).merge_and_unload()
             whole.save_pretrained(f"{path}/merged")
             self.tokenizer.save_pretrained(f"{path}/merged")
-
-
-def _disable_dropout(model: nn.Module) -> None:
-    """Every ``nn.Dropout`` to p = 0, as TRL's ``disable_dropout_in_model``; also attention dropout, which
-    Hugging Face attention layers keep as a float attribute (``attention_dropout``) rather than a module."""
-    for module in model.modules():
-        if isinstance(module, nn.Dropout):
-            module.p = 0.0
-        if isinstance(getattr(module, "attention_dropout", None), float):
-            module.attention_dropout = 0.0
 
 
 @contextlib.contextmanager
@@ -260,36 +285,18 @@ def _fill_left_out(policy: Policy, state: dict[str, Any], prefix: str, *args: An
         state.setdefault(prefix + name, tensor.detach())
 
 
-def _merged_lora(sharded: nn.Module, state: dict[str, Tensor]) -> nn.Module:
-    """An unsharded LoRA model built on the meta device, given ``state`` (the gathered weights, no second copy),
-    then merged: base + adapter as plain weights."""
-    from peft import get_peft_model
-    from transformers import AutoModelForCausalLM
+def clip_gradients(params: list[nn.Parameter], max_norm: float | None, root: Any = None) -> Tensor:
+    """Clip the global gradient norm to ``max_norm`` (``None``: no clipping) and return it as it was before, so
+    one norm computation serves the clipping and the finiteness check; every rank gets the same value.
 
-    with torch.device("meta"):
-        base = AutoModelForCausalLM.from_config(copy.deepcopy(sharded.get_base_model().config))
-        model = get_peft_model(base, sharded.peft_config[sharded.active_adapter])
-    model.load_state_dict(state, assign=True)
-    base.tie_weights()  # assign=True loaded a tied embedding and LM head as two tensors (PEFT would untie them)
-    return model.merge_and_unload()
-
-
-def _frozen_copy(model: nn.Module) -> nn.Module:
-    reference = copy.deepcopy(model)
-    reference.requires_grad_(False)
-    return reference
-
-
-def _checkpointing(model: nn.Module, enable: bool | None = None) -> bool:
-    """Whether activation checkpointing is on; ``enable`` switches it. transformers 5 renamed the methods
-    (``activation_checkpointing_*``) and warns on the old names, which older versions only have."""
-    new = hasattr(model, "activation_checkpointing_enable")
-    if enable is True:
-        kwargs = {"use_reentrant": False}
-        if new:
-            model.activation_checkpointing_enable(activation_checkpointing_kwargs=kwargs)
-        else:
-            model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kwargs)
-    elif enable is False:
-        (model.activation_checkpointing_disable if new else model.gradient_checkpointing_disable)()
-    return bool(getattr(model, "is_activation_checkpointing" if new else "is_gradient_checkpointing", False))
+    ``root``: an FSDP1 root module, the only one that sees every shard; plain, DDP (identical gradients) and
+    FSDP2 (DTensor gradients, whose norm is global) clip the parameters directly.
+    """
+    if root is not None:
+        return root.clip_grad_norm_(math.inf if max_norm is None else max_norm)
+    params = [p for p in params if p.grad is not None]
+    if max_norm is None:
+        norm = torch.nn.utils.get_total_norm([p.grad for p in params])
+    else:
+        norm = torch.nn.utils.clip_grad_norm_(params, max_norm)
+    return norm.full_tensor() if isinstance(norm, DTensor) else norm

@@ -1,0 +1,92 @@
+"""The ``policy:`` settings: how the policy is loaded, adapted and run. Checked once, here, before any weight loads."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from transformers import PreTrainedTokenizerBase
+
+from lightning_grpo.checks import raise_problems
+from lightning_grpo.model.loading import DTYPES, cuda_package_problems
+
+
+def _qlora_problems(load_in_4bit: bool, peft_config: dict | None) -> list[str]:
+    problems = cuda_package_problems("bitsandbytes", "bitsandbytes 4-bit layers") if load_in_4bit else []
+    return problems + (
+        ["4-bit weights cannot train: give a peft_config adapter"] if load_in_4bit and not peft_config else []
+    )
+
+
+@dataclass(frozen=True)
+class PolicyConfig:
+    """How the policy LM is loaded and run. ``policy:`` in YAML; the model itself is ``model.model``.
+
+    Attributes:
+        tokenizer: name or path (or, in Python, a tokenizer); defaults to the model's.
+        dtype: weights dtype when loading by name: float32, bfloat16, float16 or auto.
+        model_init_kwargs: more ``from_pretrained`` arguments (``{trust_remote_code: true, attn_implementation:
+            sdpa}``).
+        peft_config: LoRA settings (``peft.LoraConfig`` arguments, e.g. ``{r: 16, lora_alpha: 32, target_modules:
+            all-linear}``): only the adapter trains; the reference for ``loss.beta > 0`` is the policy with its
+            adapter disabled (no second model in memory); checkpoints hold only the adapter.
+        load_in_4bit: QLoRA: the base model in 4-bit NF4 (bitsandbytes, CUDA) under a ``peft_config`` adapter;
+            ``dtype`` is the compute dtype. Refused at config time where it cannot run.
+        gradient_checkpointing: recompute activations in the backward pass (off while generating).
+        disable_dropout: dropout off in the policy and reference (TRL's option; on-policy ratios are then exactly
+            1 for ``update.num_iterations > 1`` too).
+        logprob_chunk_size: token positions per LM-head chunk when computing log-probs; ``None`` sizes chunks to
+            ~32M logits (128 MB in fp32): 220 positions at Qwen2.5's 151,936-token vocabulary.
+        share_prompt_prefix: the log-prob forward encodes each group's shared prompt once (Prefix Grouper): the
+            same log-probs and gradients for P + G * T token positions a group instead of G * (P + T). Not with
+            gradient checkpointing.
+        sync_ref_model: TR-DPO: every ``ref_model_sync_steps`` optimiser steps the reference moves towards the
+            policy, ``ref = alpha * policy + (1 - alpha) * ref`` (needs loss.beta > 0, no LoRA).
+        ref_model_mixup_alpha: that alpha.
+        ref_model_sync_steps: optimiser steps between reference updates.
+    """
+
+    tokenizer: str | PreTrainedTokenizerBase | None = None
+    dtype: Literal[tuple(DTYPES)] = "float32"
+    model_init_kwargs: dict[str, Any] | None = None
+    peft_config: dict[str, Any] | None = None
+    load_in_4bit: bool = False
+    gradient_checkpointing: bool = False
+    disable_dropout: bool = False
+    logprob_chunk_size: int | None = None
+    share_prompt_prefix: bool = False
+    sync_ref_model: bool = False
+    ref_model_mixup_alpha: float = 0.6
+    ref_model_sync_steps: int = 512
+
+    def __post_init__(self) -> None:
+        qlora = _qlora_problems(self.load_in_4bit, self.peft_config)
+        raise_problems(
+            "policy",
+            [
+                (self.dtype in DTYPES, f"policy.dtype must be one of {sorted(DTYPES)}, got {self.dtype!r}"),
+                (
+                    self.logprob_chunk_size is None or self.logprob_chunk_size >= 1,
+                    f"policy.logprob_chunk_size must be None or >= 1, got {self.logprob_chunk_size!r}",
+                ),
+                (not qlora, f"policy.load_in_4bit (QLoRA) cannot run: {'; '.join(qlora)}"),
+                (
+                    not (self.share_prompt_prefix and self.gradient_checkpointing),
+                    "policy.share_prompt_prefix=True with policy.gradient_checkpointing=True: checkpointed layers "
+                    "drop the KV cache that carries the shared prompt; turn one of them off",
+                ),
+                (
+                    0 <= self.ref_model_mixup_alpha <= 1,
+                    f"policy.ref_model_mixup_alpha must be in [0, 1], got {self.ref_model_mixup_alpha!r}",
+                ),
+                (
+                    self.ref_model_sync_steps >= 1,
+                    f"policy.ref_model_sync_steps must be >= 1, got {self.ref_model_sync_steps!r}",
+                ),
+                (
+                    not (self.sync_ref_model and self.peft_config),
+                    "policy.sync_ref_model=True updates a reference copy: with a peft_config the reference is the "
+                    "adapter switched off, so there is none to update; remove one of them",
+                ),
+            ],
+        )

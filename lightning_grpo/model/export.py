@@ -1,0 +1,81 @@
+"""A distributed checkpoint directory (FSDP2, full fine-tuning) -> Hugging Face format, one tensor at a time.
+``lightning-grpo export CHECKPOINT OUT`` runs it. Knows checkpoint layouts; nothing about training."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed.checkpoint as dcp
+from safetensors.torch import save_file
+from transformers import AutoConfig, AutoTokenizer
+
+from lightning_grpo.model.loading import resolve_pretrained
+
+
+def export_distributed_checkpoint(checkpoint: str | Path, out: str | Path, max_shard_bytes: int = 2**30) -> Path:
+    """A distributed checkpoint directory (``ModelParallelStrategy``, full fine-tuning) -> Hugging Face format in
+    ``out`` (``AutoModelForCausalLM.from_pretrained(out)``), in one process without the whole model in memory:
+    tensors are read one at a time and written in ``model-0000k-of-0000n.safetensors`` files of at most
+    ``max_shard_bytes`` (a larger tensor gets a file of its own), so the peak is one file's tensors. Config and
+    tokenizer come from the run's ``model``. LoRA checkpoints hold only the adapter: export those with
+    ``GRPOModule.save_pretrained`` (the ``export:`` callback) at the end of training.
+    """
+    checkpoint, out = Path(checkpoint), Path(out)
+    hparams = torch.load(checkpoint / "meta.pt", weights_only=False)["hyper_parameters"]
+    if (hparams.get("policy") or {}).get("peft_config"):
+        raise ValueError(f"{checkpoint} is a LoRA run's checkpoint: it holds only the adapter, not a full model")
+    if not isinstance(hparams.get("model"), str):
+        raise ValueError(f"{checkpoint} does not name its model (a model object was passed): config unknown")
+    source = resolve_pretrained(hparams["model"])
+    config = AutoConfig.from_pretrained(source)
+    reader = dcp.FileSystemReader(checkpoint)
+    entries = {
+        k[len(PREFIX) :]: md for k, md in reader.read_metadata().state_dict_metadata.items() if k.startswith(PREFIX)
+    }
+    tied = "lm_head.weight" if getattr(config, "tie_word_embeddings", False) else None
+    out.mkdir(parents=True, exist_ok=True)
+    _write_files(reader, entries, _files(entries, tied, max_shard_bytes), out)
+    config.save_pretrained(out)
+    AutoTokenizer.from_pretrained(source).save_pretrained(out)
+    return out
+
+
+PREFIX = "state_dict.policy.model."  # the policy's weights in a GRPOModule checkpoint
+
+
+def _nbytes(md: Any) -> int:
+    return md.size.numel() * md.properties.dtype.itemsize
+
+
+def _files(entries: dict[str, Any], tied: str | None, max_shard_bytes: int) -> list[list[str]]:
+    """Tensor names per output file, in order, each file at most ``max_shard_bytes`` (a larger tensor alone);
+    a tied LM head is left out (``from_pretrained`` ties it back)."""
+    files: list[list[str]] = [[]]
+    size = 0
+    for name, md in entries.items():
+        if files[-1] and size + _nbytes(md) > max_shard_bytes:
+            files.append([])
+            size = 0
+        if name != tied:
+            files[-1].append(name)
+            size += _nbytes(md)
+    return files
+
+
+def _write_files(reader: dcp.FileSystemReader, entries: dict[str, Any], files: list[list[str]], out: Path) -> None:
+    """Each file's tensors read from the checkpoint, written, and freed before the next; the index when several."""
+    weight_map = {}
+    for k, names in enumerate(files):
+        filename = "model.safetensors" if len(files) == 1 else f"model-{k + 1:05d}-of-{len(files):05d}.safetensors"
+        tensors = {n: torch.empty(entries[n].size, dtype=entries[n].properties.dtype) for n in names}
+        dcp.load({PREFIX + n: t for n, t in tensors.items()}, storage_reader=reader, no_dist=True)
+        save_file(tensors, out / filename, metadata={"format": "pt"})
+        weight_map.update(dict.fromkeys(names, filename))
+        del tensors
+    if len(files) > 1:
+        total = sum(_nbytes(entries[n]) for n in weight_map)
+        index = {"metadata": {"total_size": total}, "weight_map": weight_map}
+        (out / "model.safetensors.index.json").write_text(json.dumps(index, indent=2))

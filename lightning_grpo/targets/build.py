@@ -1,0 +1,199 @@
+"""A scored rollout -> what the loss is computed against: loss mask, advantages, normaliser, sampling-policy and
+reference log-probs, sampler-correction weights, and the micro-batch slices. Each is computed once per generation
+batch and serves every optimiser step on it: ``steps_per_generation`` steps, each on its share of the batch's
+groups, repeated ``num_iterations`` times (TRL's order).
+
+Knows the Policy (for log-probs), the advantage estimators and the rank collectives (every rank's rewards, the
+global token count); nothing about how rewards were scored.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+from lightning_grpo.advantages import AdvantageConfig, TokenRewards, kl_penalty, multi_objective_advantages
+from lightning_grpo.loss import LossConfig, LossNormalizer, LossOutput, grpo_loss
+from lightning_grpo.model.logprobs import TokenLogps
+from lightning_grpo.model.policy import Policy
+from lightning_grpo.ranks import Ranks
+from lightning_grpo.targets.config import UpdateConfig
+from lightning_grpo.targets.correction import correction_metrics, sampling_correction
+from lightning_grpo.types import RewardScores, Rollout
+
+
+@dataclass(frozen=True)
+class TargetSettings:
+    """The settings that shape the targets: the ``update:`` and ``advantages:`` sections and what they need."""
+
+    update: UpdateConfig
+    advantages: AdvantageConfig
+    group_size: int  # G
+    max_completion_length: int  # Dr. GRPO's constant normaliser
+    reference: bool  # reference log-probs are needed (loss.beta > 0 or advantages.kl_coef > 0)
+
+    @property
+    def needs_old_logps(self) -> bool:
+        """The sampling policy's log-probs serve off-policy steps and REINFORCE++'s KL-in-reward."""
+        a = self.advantages
+        return self.update.off_policy or (a.token_level and a.kl_coef > 0)
+
+
+@dataclass(frozen=True)
+class Targets:
+    """What every optimiser step on one generation batch is computed against (N rows each)."""
+
+    advantages: Tensor  # [N] or [N, T]
+    mask: Tensor  # [N, T] tokens in the loss: the model's own, up to EOS, less dropped truncated completions
+    normalizer: LossNormalizer
+    micro_batches: list[slice]  # row slices of one forward/backward pass each
+    old_logps: Tensor | None  # [N, T] the sampling policy's, when some step is off-policy
+    ref_logps: Tensor | None  # [N, T] when a reference is needed
+    sampling_weights: Tensor | None  # [N, T] or [N, 1] when another engine sampled (vLLM)
+
+    def loss(
+        self, token: TokenLogps, rows: slice | Tensor, norm: LossNormalizer, config: LossConfig, entropy_coef: float
+    ) -> LossOutput:
+        """The loss of ``rows`` from the policy's log-probs of them (``token``), normalised by ``norm``."""
+        return grpo_loss(
+            token.logps,
+            rows_of(self.old_logps, rows),
+            self.advantages[rows],
+            self.mask[rows],
+            config,
+            ref_logps=rows_of(self.ref_logps, rows),
+            normalizer=norm,
+            sampling_weights=rows_of(self.sampling_weights, rows),
+            entropies=token.entropy,
+            entropy_coef=entropy_coef,
+        )
+
+    def metrics(self) -> dict[str, float]:
+        """The sampler correction's range over the loss tokens (none when the policy sampled)."""
+        return correction_metrics(self.sampling_weights, self.mask)
+
+
+@dataclass(frozen=True)
+class OptimiserStep:
+    """One optimiser step's share of the generation batch."""
+
+    rows: slice | Tensor  # the batch's rows in this step: all, or [n] indices of whole groups
+    micro_batches: list[slice] | list[Tensor]  # the rows of one forward/backward pass each
+    normalizer: LossNormalizer  # counts of this step's rows (and of every rank's)
+
+
+def micro_batches(n: int, size: int | None) -> list[slice]:
+    """Row slices of ``size`` (the last may be shorter); ``None`` is one slice of all ``n`` rows.
+
+    >>> micro_batches(5, 2)
+    [slice(0, 2, None), slice(2, 4, None), slice(4, 5, None)]
+    """
+    size = size or n
+    return [slice(i, min(i + size, n)) for i in range(0, n, size)]
+
+
+def rows_of(t: Tensor | None, rows: slice | Tensor) -> Tensor | None:
+    return None if t is None else t[rows]
+
+
+def loss_mask(completion_mask: Tensor, is_truncated: Tensor, mask_truncated_completions: bool) -> Tensor:
+    """[N, T] tokens that count in the loss: DAPO drops completions that never emitted EOS."""
+    if not mask_truncated_completions:
+        return completion_mask
+    return completion_mask * (~is_truncated).unsqueeze(1).to(completion_mask.dtype)
+
+
+def normalizer(mask: Tensor, ranks: Ranks, max_completion_length: int) -> LossNormalizer:
+    """Token and sequence counts of the generation batch, local and over every rank (a collective)."""
+    tokens = mask.sum()
+    return LossNormalizer(
+        num_sequences=mask.shape[0],
+        num_tokens=tokens.item(),
+        global_num_tokens=float(ranks.sum(tokens)),
+        world_size=ranks.world_size,
+        max_completion_length=max_completion_length,
+    )
+
+
+def build_targets(
+    policy: Policy, rollout: Rollout, scores: RewardScores, every_rank: Tensor, s: TargetSettings, ranks: Ranks
+) -> Targets:
+    """Everything the step's optimiser steps are computed against, each computed once.
+
+    Args:
+        scores: this rank's scores (their weights apply to every rank's).
+        every_rank: [W*N, F] every rank's per-function scores, in rank order: a batch std is global.
+    """
+    u = s.update
+    mask = loss_mask(rollout.model_mask, rollout.is_truncated, u.mask_truncated_completions)  # [N, T]
+    rows = micro_batches(len(rollout), u.micro_batch_size)
+    correct = rollout.sampling_logps is not None and u.sampling_correction is not None
+    old_logps = policy.logps(rollout, rows) if s.needs_old_logps or correct else None
+    ref_logps = policy.reference_logps(rollout, rows) if s.reference else None
+    weights = None
+    if correct:
+        weights = sampling_correction(
+            old_logps, rollout.sampling_logps, mask, u.sampling_correction, clip_max=u.sampling_correction_max
+        )
+    return Targets(
+        advantages=_advantages(every_rank, scores.weights, mask, old_logps, ref_logps, s, ranks),
+        mask=mask,
+        normalizer=normalizer(mask, ranks, s.max_completion_length),
+        micro_batches=rows,
+        old_logps=old_logps if u.off_policy else None,  # every step on-policy: the ratio is exactly 1
+        ref_logps=ref_logps,
+        sampling_weights=weights,
+    )
+
+
+def _advantages(
+    every_rank: Tensor,
+    weights: Tensor,
+    mask: Tensor,
+    old_logps: Tensor | None,
+    ref_logps: Tensor | None,
+    s: TargetSettings,
+    ranks: Ranks,
+) -> Tensor:
+    """This rank's advantages ([N], or [N, T] for REINFORCE++'s token returns) from every rank's rewards."""
+    a, tokens = s.advantages, None
+    if a.token_level:  # batch whitening is global: every rank's tokens are gathered
+        kl = kl_penalty(old_logps, ref_logps) if a.kl_coef > 0 else None
+        kl = None if kl is None else ranks.gather_padded(kl)
+        tokens = TokenRewards(ranks.gather_padded(mask), kl, a.kl_coef, a.gamma)
+    out = multi_objective_advantages(
+        every_rank,
+        weights.to(every_rank),
+        s.group_size,
+        a.multi_objective_aggregation,
+        a.scale_rewards,
+        a.adv_estimator,
+        tokens,
+    ).advantages
+    out = ranks.own_rows(out)
+    return out[:, : mask.shape[1]] if out.ndim == 2 else out
+
+
+def optimiser_steps(targets: Targets, s: TargetSettings, ranks: Ranks) -> list[OptimiserStep]:
+    """The generation batch split into ``steps_per_generation`` optimiser steps of whole groups, in a random
+    order (TRL shuffles the generation batch before splitting it) drawn from the step's seeded RNG; one step
+    takes the batch as it is."""
+    parts, group_size = s.update.steps_per_generation, s.group_size
+    if parts == 1:
+        return [OptimiserStep(slice(None), targets.micro_batches, targets.normalizer)]
+    num_groups = targets.mask.shape[0] // group_size
+    if num_groups % parts:
+        raise ValueError(
+            f"update.steps_per_generation={parts} must divide the prompts of a generation batch on each rank "
+            f"({num_groups}): set data.batch_size to a multiple of it"
+        )
+    order = torch.randperm(num_groups)
+    rows = (order.unsqueeze(1) * group_size + torch.arange(group_size)).view(-1)  # [N] whole groups, shuffled
+    steps = []
+    for part in rows.chunk(parts):
+        mask = targets.mask[part]
+        micro = list(part.split(s.update.micro_batch_size or len(part)))
+        steps.append(OptimiserStep(part, micro, normalizer(mask, ranks, s.max_completion_length)))
+    return steps

@@ -1,0 +1,69 @@
+"""The ``update:`` settings: how one scored generation batch becomes optimiser steps. Checked once, here."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+from lightning_grpo.checks import raise_problems
+from lightning_grpo.targets.correction import SAMPLING_CORRECTIONS
+
+
+@dataclass(frozen=True)
+class UpdateConfig:
+    """How a generation batch is trained on, TRL's names. ``update:`` in YAML.
+
+    Attributes:
+        num_iterations: passes over each generation batch (mu); > 1 keeps the sampling log-probs, and the later
+            passes are off-policy (clipped).
+        steps_per_generation: optimiser steps per generation batch, each on its share of the batch's groups
+            (rollouts reused, the later steps off-policy); ``data.batch_size`` must be a multiple of it.
+        micro_batch_size: completions per forward/backward pass; gradients accumulate over the optimiser step.
+            ``None`` takes all at once. Any value gives the same update.
+        mask_truncated_completions: drop completions without EOS from the loss (DAPO).
+        sampling_correction: when another engine sampled (vLLM), re-weight the loss by the policy/sampler
+            probability ratio: token_truncate, token_mask, sequence_truncate, sequence_mask (TRL's default) or
+            ``None`` (off). Logged as ``train/sampling/importance_sampling_ratio/*``.
+        sampling_correction_max: the ratio's upper bound (clamped for ``*_truncate``, zeroed for ``*_mask``).
+    """
+
+    num_iterations: int = 1
+    steps_per_generation: int = 1
+    micro_batch_size: int | None = None
+    mask_truncated_completions: bool = False
+    sampling_correction: Literal[SAMPLING_CORRECTIONS] | None = "sequence_mask"
+    sampling_correction_max: float = 3.0
+
+    def __post_init__(self) -> None:
+        corrections = [*SAMPLING_CORRECTIONS, None]
+        raise_problems(
+            "update",
+            [
+                (self.num_iterations >= 1, f"update.num_iterations must be >= 1, got {self.num_iterations!r}"),
+                (
+                    self.steps_per_generation >= 1,
+                    f"update.steps_per_generation must be >= 1, got {self.steps_per_generation!r}",
+                ),
+                (
+                    self.micro_batch_size is None or self.micro_batch_size >= 1,
+                    f"update.micro_batch_size must be None or >= 1, got {self.micro_batch_size!r}",
+                ),
+                (
+                    self.sampling_correction in corrections,
+                    f"update.sampling_correction must be one of {corrections}, got {self.sampling_correction!r}",
+                ),
+                (
+                    self.sampling_correction_max > 0,
+                    f"update.sampling_correction_max must be > 0, got {self.sampling_correction_max!r}",
+                ),
+            ],
+        )
+
+    @property
+    def off_policy(self) -> bool:
+        """Whether some optimiser step runs on weights that did not sample (the ratio is then not 1)."""
+        return self.num_iterations > 1 or self.steps_per_generation > 1
+
+    @property
+    def optimizer_steps_per_batch(self) -> int:
+        return self.num_iterations * self.steps_per_generation
