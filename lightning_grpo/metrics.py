@@ -7,10 +7,37 @@ logs ``StepStats.metrics()``, which names them as TRL does.
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 from torch import Tensor
 
 from lightning_grpo.types import LengthStats, RewardScores, RewardStats, Rollout, nanstd, zero_std_fraction
+
+
+@dataclass
+class StepCounters:
+    """What a run counts across steps, kept in checkpoints (``grpo_counters``) so a resume continues them."""
+
+    num_tokens_seen: int = 0  # prompt + completion tokens trained on, all ranks
+    skipped_steps: int = 0  # steps skipped for numbers that are not finite
+    bad_steps_in_a_row: int = 0  # those since the last good step: ``max_bad_steps`` stop the run
+
+    def state_dict(self) -> dict[str, int]:
+        return {"num_tokens_seen": self.num_tokens_seen, "skipped_steps": self.skipped_steps}
+
+    def load_state_dict(self, state: dict[str, int]) -> None:
+        self.num_tokens_seen = state.get("num_tokens_seen", 0)
+        self.skipped_steps = state.get("skipped_steps", 0)
+
+    def good_step(self, tokens: int) -> None:
+        self.num_tokens_seen += tokens
+        self.bad_steps_in_a_row = 0
+
+    def bad_step(self) -> int:
+        """Count a skipped step; how many in a row."""
+        self.skipped_steps += 1
+        self.bad_steps_in_a_row += 1
+        return self.bad_steps_in_a_row
 
 
 def reward_stats(

@@ -36,8 +36,8 @@ from lightning_grpo.ranks import Ranks
 from lightning_grpo.rewards.combine import import_paths, reward_set
 from lightning_grpo.rewards.scoring import default_accuracy_reward, score_rollout, trl_trainer_state
 from lightning_grpo.rollout import RolloutEngine, SamplingConfig
+from lightning_grpo.run import log_train_metrics
 from lightning_grpo.settings import check_settings
-from lightning_grpo.steplog import log_train_metrics
 from lightning_grpo.targets import OptimiserStep, Targets, TargetSettings, build_targets, optimiser_steps, rows_of
 from lightning_grpo.types import PromptBatch, RewardScores, Rollout, StepRecord, StepStats
 

@@ -1,67 +1,105 @@
-"""Checks of GRPOModule's top-level settings, run before any model is loaded; each section (``sampling``,
-``loss``, ``advantages``, ``optim``) checks itself when it is built. Lists every problem at once."""
+"""GRPOModule's constructor arguments -> one checked, typed settings object, before any model is loaded.
+
+Each section (``sampling``, ``loss``, ``advantages``, ``optim``, ``policy``, ``update``, ``reward_calls``) checks
+itself when it is built; this module checks the few top-level values and the rules that span sections, and lists
+every problem of every section in one error. ``MOVED`` names the new place of each setting that was once a flat
+``model.`` key, for the CLI's error messages.
+"""
 
 from __future__ import annotations
 
+import dataclasses
+from dataclasses import dataclass
 from typing import Any
 
+from lightning_grpo.advantages import AdvantageConfig
 from lightning_grpo.checks import raise_problems
-from lightning_grpo.loss.grpo import SAMPLING_CORRECTIONS
-from lightning_grpo.model.loading import DTYPES, cuda_package_problems
-from lightning_grpo.rewards.scoring import ON_ERROR
+from lightning_grpo.loss import LossConfig
+from lightning_grpo.model.config import PolicyConfig
+from lightning_grpo.optim import OptimConfig
+from lightning_grpo.rewards.scoring import RewardCallConfig
+from lightning_grpo.rollout import SamplingConfig
+from lightning_grpo.targets import UpdateConfig
+
+SECTIONS = {
+    "sampling": SamplingConfig,
+    "loss": LossConfig,
+    "advantages": AdvantageConfig,
+    "optim": OptimConfig,
+    "policy": PolicyConfig,
+    "update": UpdateConfig,
+    "reward_calls": RewardCallConfig,
+}
+# Flat ``model.`` keys of earlier versions -> their section (``model.update.num_iterations``).
+MOVED = {
+    **{f.name: f"policy.{f.name}" for f in dataclasses.fields(PolicyConfig)},
+    **{f.name: f"update.{f.name}" for f in dataclasses.fields(UpdateConfig)},
+    "share_prompt_prefix": "policy.share_prompt_prefix",
+    "on_reward_error": "reward_calls.on_error",
+    "reward_timeout": "reward_calls.timeout",
+}
 
 
-def _at_least(name: str, value: Any, low: float, optional: bool = False) -> tuple[bool, str]:
-    ok = (value is None and optional) or (value is not None and value >= low)
-    return ok, f"{name} must be {'None or ' if optional else ''}>= {low}, got {value!r}"
+def section(kind: type, value: Any, problems: list[str]) -> Any:
+    """A section given as the dataclass, or as the dict a checkpoint's hyper-parameters hold; its defaults, with
+    its problems added to ``problems``, when it does not check out."""
+    try:
+        return kind(**value) if isinstance(value, dict) else value
+    except ValueError as err:  # listed with every other problem
+        problems.append(str(err).replace("\n  - ", "\n    - "))
+        return kind()
 
 
-def _qlora_runs_here(load_in_4bit: bool, peft_config: dict | None) -> tuple[bool, str]:
-    problems = cuda_package_problems("bitsandbytes", "bitsandbytes 4-bit layers") if load_in_4bit else []
-    problems += ["4-bit weights cannot train: give a peft_config adapter"] if load_in_4bit and not peft_config else []
-    return not problems, f"load_in_4bit (QLoRA) cannot run: {'; '.join(problems)}"
+@dataclass(frozen=True)
+class GRPOSettings:
+    """Every setting of a ``GRPOModule`` but the objects it is handed (model, reward functions, engine)."""
 
+    num_generations: int
+    num_generations_eval: int | None
+    max_bad_steps: int
+    seed: int
+    sampling: SamplingConfig
+    loss: LossConfig
+    advantages: AdvantageConfig
+    optim: OptimConfig
+    policy: PolicyConfig
+    update: UpdateConfig
+    reward_calls: RewardCallConfig
 
-def check_settings(s: dict[str, Any], section_problems: list[str] = ()) -> None:
-    """Every invalid top-level setting in ``s`` (GRPOModule's constructor arguments, sections already built),
-    in one error with the sections' own (``section_problems``)."""
-    reference = s["loss"].beta > 0 or s["advantages"].kl_coef > 0
-    checks = [(False, problem.replace("\n  - ", "\n    - ")) for problem in section_problems]
-    raise_problems(
-        "GRPOModule",
-        checks
-        + [
-            _at_least("num_generations", s["num_generations"], 2),
-            _at_least("num_generations_eval", s["num_generations_eval"], 1, optional=True),
-            _at_least("num_iterations", s["num_iterations"], 1),
-            _at_least("steps_per_generation", s["steps_per_generation"], 1),
-            _at_least("micro_batch_size", s["micro_batch_size"], 1, optional=True),
-            _at_least("logprob_chunk_size", s["logprob_chunk_size"], 1, optional=True),
-            _at_least("max_bad_steps", s["max_bad_steps"], 1),
-            _at_least("ref_model_sync_steps", s["ref_model_sync_steps"], 1),
+    @classmethod
+    def build(cls, engine_problems: Any, **values: Any) -> GRPOSettings:
+        """From the constructor's values; ``engine_problems(sampling)`` lists what the engine cannot honour.
+        Raises one ``ValueError`` naming every problem."""
+        problems: list[str] = []
+        values |= {name: section(kind, values[name], problems) for name, kind in SECTIONS.items()}
+        settings = cls(**values)
+        raise_problems("GRPOModule", [(False, p) for p in problems] + settings.checks(engine_problems))
+        return settings
+
+    def checks(self, engine_problems: Any) -> list[tuple[bool, str]]:
+        g, e = self.num_generations, self.num_generations_eval
+        return [
+            (g >= 2, f"num_generations must be >= 2, got {g!r}"),
+            (e is None or e >= 1, f"num_generations_eval must be None or >= 1, got {e!r}"),
+            (self.max_bad_steps >= 1, f"max_bad_steps must be >= 1, got {self.max_bad_steps!r}"),
             (
-                s["on_reward_error"] in ON_ERROR,
-                f"on_reward_error must be one of {list(ON_ERROR)}, got {s['on_reward_error']!r}",
+                not self.policy.sync_ref_model or self.reference,
+                "policy.sync_ref_model=True updates a reference copy: it needs loss.beta > 0 (or advantages.kl_coef "
+                f"> 0), got beta={self.loss.beta}",
             ),
-            (
-                s["sampling_correction"] in (*SAMPLING_CORRECTIONS, None),
-                f"sampling_correction must be one of {[*SAMPLING_CORRECTIONS, None]}, got {s['sampling_correction']!r}",
-            ),
-            (s["dtype"] in DTYPES, f"dtype must be one of {sorted(DTYPES)}, got {s['dtype']!r}"),
-            _qlora_runs_here(s["load_in_4bit"], s["peft_config"]),
-            (
-                s["reward_timeout"] is None or s["reward_timeout"] > 0,
-                f"reward_timeout must be None or > 0 seconds, got {s['reward_timeout']!r}",
-            ),
-            (
-                0 <= s["ref_model_mixup_alpha"] <= 1,
-                f"ref_model_mixup_alpha must be in [0, 1], got {s['ref_model_mixup_alpha']!r}",
-            ),
-            (
-                not s["sync_ref_model"] or (reference and not s["peft_config"]),
-                "sync_ref_model=True updates a reference copy: it needs loss.beta > 0 (or advantages.kl_coef > 0) "
-                f"and no peft_config (the LoRA reference is the adapter switched off), got beta={s['loss'].beta} "
-                f"and peft_config={s['peft_config']!r}",
-            ),
-        ],
-    )
+            *((False, problem) for problem in engine_problems(self.sampling)),
+        ]
+
+    @property
+    def reference(self) -> bool:
+        """Whether reference log-probs are needed: a KL term in the loss or in the reward."""
+        return self.loss.beta > 0 or self.advantages.kl_coef > 0
+
+    def hparams(self) -> dict[str, Any]:
+        """Plain values for ``save_hyperparameters``: the sections as dicts, objects (a tokenizer) left out."""
+        plain = {"policy": dataclasses.replace(self.policy, tokenizer=None)} if self._tokenizer_object else {}
+        return {name: dataclasses.asdict(plain.get(name, getattr(self, name))) for name in SECTIONS}
+
+    @property
+    def _tokenizer_object(self) -> bool:
+        return not isinstance(self.policy.tokenizer, str | None)

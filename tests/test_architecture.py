@@ -32,7 +32,7 @@ LAYERS = {
     "ranks": 4,
     "targets": 4,
     "dynamic": 4,
-    "steplog": 4,
+    "run": 4,  # the run directory, its checkpoint, logging a step
     "settings": 5,
     "module": 5,
     "callbacks": 6,

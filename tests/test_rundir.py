@@ -13,8 +13,8 @@ from lightning.pytorch.loggers import CSVLogger, TensorBoardLogger
 
 from lightning_grpo import PromptDataModule
 from lightning_grpo.callbacks import CompletionSampleLogger, HFExport, MetricsFile, RunSummary, ValidateAtEnd
-from lightning_grpo.callbacks.rundir import run_dir
 from lightning_grpo.cli.report import write_report
+from lightning_grpo.run import run_dir
 
 
 def mlflow_logger(tmp_path):

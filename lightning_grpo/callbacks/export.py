@@ -8,7 +8,7 @@ import lightning as L
 from lightning.pytorch.utilities import rank_zero_warn
 from typing_extensions import override
 
-from lightning_grpo.callbacks.rundir import run_dir
+from lightning_grpo.run import run_dir
 
 
 class HFExport(L.Callback):
@@ -20,7 +20,7 @@ class HFExport(L.Callback):
 
     Args:
         dirpath: where to write. Default ``<run dir>/hf_model``: the run's own directory (see
-            ``callbacks/rundir.py``). When that already holds files (no logger, or a logger version set by
+            ``run.py``). When that already holds files (no logger, or a logger version set by
             hand), ``hf_model-2``, ``hf_model-3`` ... is used instead, with a warning.
         overwrite: replace the files of an existing, non-empty ``dirpath``; otherwise the run refuses to
             start, so a trained model is never overwritten by surprise.

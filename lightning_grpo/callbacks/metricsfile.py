@@ -12,8 +12,7 @@ from typing import Any
 import lightning as L
 from typing_extensions import override
 
-from lightning_grpo.callbacks.rundir import run_dir
-from lightning_grpo.steplog import loggers_write
+from lightning_grpo.run import loggers_write, run_dir
 
 FILENAME = "metrics.jsonl"
 

@@ -15,7 +15,7 @@ import lightning as L
 from lightning.pytorch.utilities import rank_zero_only
 from typing_extensions import override
 
-from lightning_grpo.callbacks.rundir import run_dir
+from lightning_grpo.run import run_dir
 
 TRACKED = ("val/accuracy", "val/reward")
 
