@@ -32,6 +32,8 @@ class GroupBuffer:
     """Groups with signal gathered across generation batches, until an update's worth (one rank's)."""
 
     pad_id: int
+    enabled: bool = True  # filter_groups; off, every generation batch is an update as it is
+    cap: int | None = None  # max_num_gen_batches
     rollout: Rollout | None = None
     scores: RewardScores | None = None
     num_gen_batches: int = 0  # generation batches drawn since the last update
@@ -66,11 +68,14 @@ class GroupBuffer:
         return rollout, scores, metrics
 
     def next_update(
-        self, rollout: Rollout, scores: RewardScores, num_prompts: int, ranks: Ranks, cap: int | None, step: int
+        self, rollout: Rollout, scores: RewardScores, num_prompts: int, ranks: Ranks, step: int
     ) -> tuple[Rollout, RewardScores, dict[str, float]] | None:
         """One scored generation batch in; an update's worth out (``num_prompts`` groups on every rank), or what
         there is once ``cap`` (``max_num_gen_batches``) batches were drawn; ``None`` while the buffer fills, or
         when after ``cap`` batches some rank has no group with signal (``step``: the global step, for warnings)."""
+        if not self.enabled:
+            return rollout, scores, {}
+        cap = self.cap
         self.add(rollout, scores)
         have = int(ranks.gather_rows(torch.tensor([self.num_groups], device=rollout.completion_ids.device)).min())
         if have >= num_prompts:

@@ -11,7 +11,16 @@ from dataclasses import dataclass
 
 from torch import Tensor
 
-from lightning_grpo.types import LengthStats, RewardScores, RewardStats, Rollout, nanstd, zero_std_fraction
+from lightning_grpo.types import (
+    LengthStats,
+    RewardScores,
+    RewardStats,
+    Rollout,
+    StepStats,
+    UpdateStats,
+    nanstd,
+    zero_std_fraction,
+)
 
 
 @dataclass
@@ -38,6 +47,34 @@ class StepCounters:
         self.skipped_steps += 1
         self.bad_steps_in_a_row += 1
         return self.bad_steps_in_a_row
+
+
+def step_stats(
+    rollout: Rollout,
+    scores: RewardScores,
+    every_rank: Tensor,
+    lengths: tuple[Tensor, Tensor],
+    update: UpdateStats,
+    counters: StepCounters,
+    learning_rate: float,
+    seconds: float,
+    accuracy_reward: str | None,
+    extra: dict[str, float],
+) -> StepStats:
+    """The step's record: ``every_rank`` [W*N, F] rewards and ``lengths`` ([W*N] lengths, truncation flags) are
+    the global batch's; ``rollout`` and ``scores`` this rank's."""
+    return StepStats(
+        rewards=reward_stats(every_rank, scores.weights, scores.names, rollout.group_size, accuracy_reward),
+        lengths=length_stats(*lengths),
+        update=update,
+        num_tokens=counters.num_tokens_seen,
+        learning_rate=learning_rate,
+        skipped_steps=counters.skipped_steps,
+        truncated_prompts=rollout.num_truncated_prompts,
+        step_time=seconds,
+        reward_errors=scores.errors,
+        extra={**rollout.metrics, **scores.metrics, **extra},
+    )
 
 
 def reward_stats(

@@ -20,10 +20,12 @@ monitored, and what the loggers and ``metrics.jsonl`` write is always the step's
 
 from __future__ import annotations
 
-from collections.abc import Collection
+from collections.abc import Collection, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import lightning as L
+import torch
 
 
 def run_dir(trainer: L.Trainer) -> Path:
@@ -79,3 +81,33 @@ def log_train_metrics(module: L.LightningModule, metrics: dict[str, float], prog
     rest = {k: v for k, v in metrics.items() if k not in prog_bar}
     if rest:
         module.log_dict(rest, on_step=True, on_epoch=False, batch_size=1)
+
+
+def numerical_abort(trainer: L.Trainer, message: str) -> FloatingPointError:
+    """Save ``checkpoints/numerical-abort.ckpt`` in the run directory (every rank calls it) and return the error
+    that stops training, naming the checkpoint."""
+    path = run_dir(trainer) / "checkpoints" / "numerical-abort.ckpt"
+    trainer.save_checkpoint(path)
+    return FloatingPointError(
+        f"{message}; training stopped at global step {trainer.global_step} with a checkpoint at {path}. Try a lower "
+        "learning_rate, max_grad_norm, or reward functions that return finite numbers"
+    )
+
+
+def step_seed(seed: int, rank: int, step: int, waited: int = 0) -> int:
+    """The seed of one rank's training step (``waited``: generation batches drawn without an update yet, under
+    ``filter_groups``), so every rank samples differently and a resumed run repeats the uninterrupted one."""
+    return (seed * 1_000_003 + rank * 7_919 + step + waited * 104_729) % 2**63
+
+
+@contextmanager
+def seeded(seed: int, device: torch.device) -> Iterator[None]:
+    """Every random draw inside (sampling, dropout) comes from ``seed``; the global RNG is left as it was. Seeds
+    the CPU generator and ``device``'s GPU: what ``fork_rng`` restores (``torch.manual_seed`` also seeds every
+    other accelerator type lazily, formatting a stack trace each time: ~0.5 ms a step)."""
+    cuda = [device] if device.type == "cuda" else []
+    with torch.random.fork_rng(devices=cuda):
+        torch.default_generator.manual_seed(seed)
+        if cuda:
+            torch.cuda.manual_seed(seed)
+        yield

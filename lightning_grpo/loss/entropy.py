@@ -84,6 +84,10 @@ class EntropyController:
         """Whether the loss has an entropy bonus at all (adaptive stays enabled at coef 0 so it can recover)."""
         return self.coef != 0.0 or self.adaptive
 
+    def metrics(self) -> dict[str, float]:
+        """``entropy_coef``, the bonus weight now, when there is a bonus."""
+        return {"entropy_coef": self.coef} if self.enabled else {}
+
     def coef_to_apply(self) -> float:
         """The weight of the entropy bonus for this step's micro-batches."""
         if self.adaptive and self.last_entropy > self.target:
