@@ -178,7 +178,7 @@ class RewardScores:
     per_function: Tensor  # [N, F] float, NaN where a function returned None ("not applicable")
     names: list[str]  # [F]
     weights: Tensor  # [F]
-    errors: dict[str, int] = field(default_factory=dict)  # failed rows per function (on_reward_error skip/zero)
+    errors: dict[str, int] = field(default_factory=dict)  # failed rows per function (reward_calls.on_error skip/zero)
     metrics: dict[str, float] = field(default_factory=dict)  # the functions' own counters (sandbox/timeouts ...)
 
     @property

@@ -49,7 +49,7 @@ def main(model_dir: str, data_path: str, out_dir: str, scale_rewards: str) -> No
         model=model_dir,
         reward_funcs=[length_reward],
         num_generations=4,
-        micro_batch_size=5,
+        update={"micro_batch_size": 5},
         sampling={"max_completion_length": 6},
         optim={"learning_rate": 1e-2},
         advantages={"scale_rewards": scale_rewards},

@@ -137,8 +137,8 @@ def tiny_overrides(config: dict, root_dir: Path) -> list[str]:
     args += ["--trainer.val_check_interval", "2", "--data.max_val_prompts", "16"]
     args += ["--trainer.enable_progress_bar", "false"]
     if not is_local(model.get("model")) or not is_local(data.get("dataset")):  # a hub model or dataset
-        args += ["--model.model", "lightning-grpo/tiny-qwen2", "--model.dtype", "float32"]
-        args += ["--model.sampling.max_completion_length", "3", "--model.micro_batch_size", "null"]
+        args += ["--model.model", "lightning-grpo/tiny-qwen2", "--model.policy.dtype", "float32"]
+        args += ["--model.sampling.max_completion_length", "3", "--model.update.micro_batch_size", "null"]
         args += ["--data.dataset", "lightning-grpo/tiny-max", "--data.prompt_column", "prompt"]
         args += ["--data.config_name", "null", "--data.system_prompt", "null", "--data.few_shot", "null"]
         args += ["--data.val_split", "validation"]

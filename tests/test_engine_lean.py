@@ -24,6 +24,7 @@ from lightning_grpo import PromptDataModule
 from lightning_grpo.engines import HFGenerate, LeanDecode
 from lightning_grpo.engines import lean as lean_module
 from lightning_grpo.engines.sampling import sample_inverse_cdf, sampling_logits
+from lightning_grpo.model.config import PolicyConfig
 from lightning_grpo.model.policy import Policy
 from lightning_grpo.rollout import SamplingConfig
 
@@ -81,7 +82,7 @@ def test_greedy_is_generate_token_for_token(policy, engine, penalty):
 
 
 def test_greedy_with_lora(tiny_model_dir):
-    policy = Policy(tiny_model_dir, peft_config=LORA)
+    policy = Policy(tiny_model_dir, PolicyConfig(peft_config=LORA))
     with torch.no_grad():  # a non-zero adapter, so that it changes the output
         for name, p in policy.model.named_parameters():
             if "lora_B" in name:

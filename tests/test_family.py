@@ -18,7 +18,7 @@ from lightning_grpo.demo.tiny import build_tokenizer
 from lightning_grpo.dynamic import GroupBuffer, select_groups
 from lightning_grpo.loss.grpo import LOSS_TYPES, LossNormalizer
 from lightning_grpo.rollout import render_prompts
-from lightning_grpo.targets import Targets, TargetSettings, optimiser_steps
+from lightning_grpo.targets import Targets, TargetSettings, UpdateConfig, optimiser_steps
 from lightning_grpo.types import RewardScores
 
 
@@ -36,12 +36,18 @@ class OneRank:
         return t
 
 
+def settings(**update):
+    return TargetSettings(
+        UpdateConfig(**update), AdvantageConfig(), group_size=2, max_completion_length=5, reference=False
+    )
+
+
 def test_optimiser_steps_split_the_batch_into_shuffled_whole_groups():
     mask = torch.ones(12, 5)
     mask[3, 2:] = 0
     targets = Targets(None, mask, LossNormalizer.from_mask(mask), [slice(0, 12)], None, None, None)
     torch.manual_seed(0)
-    steps = optimiser_steps(targets, 2, TargetSettings(steps_per_generation=3, micro_batch_size=3), OneRank())
+    steps = optimiser_steps(targets, settings(steps_per_generation=3, micro_batch_size=3), OneRank())
     rows = [s.rows.tolist() for s in steps]
     assert sorted(r for part in rows for r in part) == list(range(12))  # every row once
     assert all(len(part) == 4 and all(part[i] // 2 == part[i + 1] // 2 for i in (0, 2)) for part in rows)
@@ -50,11 +56,13 @@ def test_optimiser_steps_split_the_batch_into_shuffled_whole_groups():
         assert step.normalizer.num_tokens == mask[step.rows].sum().item()
         assert [len(m) for m in step.micro_batches] == [3, 1]
     with pytest.raises(ValueError, match=r"steps_per_generation=4 must divide the prompts .* \(6\)"):
-        optimiser_steps(targets, 2, TargetSettings(steps_per_generation=4), OneRank())
+        optimiser_steps(targets, settings(steps_per_generation=4), OneRank())
 
 
 def test_steps_per_generation_takes_several_optimiser_steps_per_generation_batch(tiny_model_dir, arith_jsonl, tmp_path):
-    module = make_module(tiny_model_dir, steps_per_generation=2, num_iterations=2, loss={"epsilon": 0.01})
+    module = make_module(
+        tiny_model_dir, update={"steps_per_generation": 2, "num_iterations": 2}, loss={"epsilon": 0.01}
+    )
     trainer = fit(module, data(arith_jsonl), tmp_path, max_steps=8)
     assert trainer.global_step == 8 and trainer.fit_loop.total_batch_idx + 1 == 2  # 2 batches x 2 x 2 steps
     assert max(logged(trainer)["train/clip_ratio/region_mean"]) > 0  # later steps are off-policy and clip
@@ -135,7 +143,9 @@ def test_filter_groups_gives_up_after_max_num_gen_batches(tiny_model_dir, arith_
 
 def test_sync_ref_model_mixes_the_policy_into_the_reference(tiny_model_dir, arith_jsonl, tmp_path):
     module = make_module(
-        tiny_model_dir, loss={"beta": 0.1}, sync_ref_model=True, ref_model_sync_steps=2, ref_model_mixup_alpha=0.25
+        tiny_model_dir,
+        loss={"beta": 0.1},
+        policy={"sync_ref_model": True, "ref_model_sync_steps": 2, "ref_model_mixup_alpha": 0.25},
     )
     mixed = []
 
@@ -217,7 +227,7 @@ def test_router_aux_loss_is_added_for_moe_models(tiny_model_dir, arith_jsonl, tm
     for coef in (0.0, 10.0):
         module = make_module(
             tiny_mixtral(tiny_model_dir),
-            tokenizer=tiny_model_dir,
+            policy={"tokenizer": tiny_model_dir},
             loss={"router_aux_loss_coef": coef},
             optimizer=lambda p: torch.optim.SGD(p, lr=1.0),
         )
@@ -256,8 +266,10 @@ def test_num_generations_eval_logs_pass_at_k(tiny_model_dir, arith_jsonl, tmp_pa
 def test_model_init_kwargs_and_disable_dropout(tiny_model_dir):
     module = make_module(
         tiny_model_dir,
-        model_init_kwargs={"attn_implementation": "eager", "attention_dropout": 0.3},
-        disable_dropout=True,
+        policy={
+            "model_init_kwargs": {"attn_implementation": "eager", "attention_dropout": 0.3},
+            "disable_dropout": True,
+        },
         loss={"beta": 0.1},
     )
     model = module.policy.model
@@ -265,7 +277,7 @@ def test_model_init_kwargs_and_disable_dropout(tiny_model_dir):
     for m in [*model.modules(), *module.policy.reference.modules()]:
         assert getattr(m, "attention_dropout", 0.0) == 0.0 and getattr(m, "p", 0.0) == 0.0
     with pytest.raises(ValueError, match="use the dtype and load_in_4bit settings"):
-        make_module(tiny_model_dir, model_init_kwargs={"torch_dtype": "bfloat16"})
+        make_module(tiny_model_dir, policy={"model_init_kwargs": {"torch_dtype": "bfloat16"}})
 
 
 def test_chat_template_kwargs_reach_the_template():

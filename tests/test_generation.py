@@ -55,15 +55,17 @@ def run(tiny_model_dir, arith_jsonl, tmp_path, shift, **kw):
     ],
 )
 def test_sampling_correction_weights_the_policy_term(tiny_model_dir, arith_jsonl, tmp_path, mode, shift, expected):
-    module, metrics = run(tiny_model_dir, arith_jsonl, tmp_path, shift, sampling_correction=mode)
+    module, metrics = run(tiny_model_dir, arith_jsonl, tmp_path, shift, update={"sampling_correction": mode})
     for stat in ("min", "mean", "max"):
         assert metrics[f"train/sampling/importance_sampling_ratio/{stat}"] == pytest.approx([expected] * 2, rel=1e-3)
     assert module.engine.synced == 2  # weights pushed to the sampler after every training step
 
 
 def test_sampler_equal_to_trainer_gives_the_plain_update(tiny_model_dir, arith_jsonl, tmp_path):
-    corrected, _ = run(tiny_model_dir, arith_jsonl, tmp_path / "a", 0.0, sampling_correction="sequence_mask")
-    plain, metrics = run(tiny_model_dir, arith_jsonl, tmp_path / "b", 0.0, sampling_correction=None)
+    corrected, _ = run(
+        tiny_model_dir, arith_jsonl, tmp_path / "a", 0.0, update={"sampling_correction": "sequence_mask"}
+    )
+    plain, metrics = run(tiny_model_dir, arith_jsonl, tmp_path / "b", 0.0, update={"sampling_correction": None})
     assert not any(k.startswith("train/sampling/") for k in metrics)
     for a, b in zip(corrected.policy.model.parameters(), plain.policy.model.parameters()):
         torch.testing.assert_close(a, b)
@@ -71,7 +73,7 @@ def test_sampler_equal_to_trainer_gives_the_plain_update(tiny_model_dir, arith_j
 
 def test_masked_tokens_do_not_move_the_policy(tiny_model_dir, arith_jsonl, tmp_path):
     """Every weight masked (sequence ratio e^(2 * length) > 3): only the KL-free, zero-loss step is left."""
-    module, _ = run(tiny_model_dir, arith_jsonl, tmp_path, 2.0, sampling_correction="sequence_mask")
+    module, _ = run(tiny_model_dir, arith_jsonl, tmp_path, 2.0, update={"sampling_correction": "sequence_mask"})
     initial = make_module(tiny_model_dir)
     for a, b in zip(module.policy.model.parameters(), initial.policy.model.parameters()):
         torch.testing.assert_close(a, b)
@@ -88,7 +90,9 @@ def test_vllm_is_refused_at_config_time_without_vllm_or_gpu():
 
 def test_unknown_correction_is_named():
     with pytest.raises(ValueError) as err:
-        GRPOModule(model="/nonexistent/never/loaded", reward_funcs=[exact_match_reward], sampling_correction="clip")
+        GRPOModule(
+            model="/nonexistent/never/loaded", reward_funcs=[exact_match_reward], update={"sampling_correction": "clip"}
+        )
     assert "sampling_correction must be one of" in str(err.value) and "got 'clip'" in str(err.value)
 
 

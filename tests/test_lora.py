@@ -14,7 +14,7 @@ LORA = {"r": 4, "lora_alpha": 8, "target_modules": ["q_proj", "v_proj"], "lora_d
 
 
 def test_lora_run(tiny_model_dir, arith_jsonl, tmp_path):
-    module = make_module(tiny_model_dir, peft_config=LORA, loss={"beta": 0.1})
+    module = make_module(tiny_model_dir, policy={"peft_config": LORA}, loss={"beta": 0.1})
     assert module.policy.reference is None  # no second model: the reference is the adapter-off policy
     base = {n: p.detach().clone() for n, p in module.policy.model.named_parameters() if "lora_" not in n}
     lora = {n: p.detach().clone() for n, p in module.policy.model.named_parameters() if "lora_B" in n}
@@ -47,7 +47,7 @@ def test_lora_run(tiny_model_dir, arith_jsonl, tmp_path):
     q_merged = merged.model.layers[0].self_attn.q_proj.weight
     assert not torch.equal(q_merged, original.model.layers[0].self_attn.q_proj.weight)
 
-    resumed = make_module(tiny_model_dir, peft_config=LORA, loss={"beta": 0.1})
+    resumed = make_module(tiny_model_dir, policy={"peft_config": LORA}, loss={"beta": 0.1})
     fit(
         resumed,
         PromptDataModule(arith_jsonl, batch_size=4, val_split=None),
@@ -61,4 +61,4 @@ def test_lora_run(tiny_model_dir, arith_jsonl, tmp_path):
 
 def test_bad_peft_config_is_named(tiny_model_dir):
     with pytest.raises(ValueError, match="peft_config .* is not valid for peft.LoraConfig"):
-        GRPOModule(model=tiny_model_dir, reward_funcs=[exact_match_reward], peft_config={"rank": 4})
+        GRPOModule(model=tiny_model_dir, reward_funcs=[exact_match_reward], policy={"peft_config": {"rank": 4}})

@@ -55,7 +55,7 @@ def test_micro_batches_give_the_same_update(tiny_model_dir, arith_jsonl, tmp_pat
     for micro in (None, 3):  # 16 completions in one pass, or in passes of 3, 3, 3, 3, 3, 1
         module = make_module(
             tiny_model_dir,
-            micro_batch_size=micro,
+            update={"micro_batch_size": micro},
             optimizer=lambda p: torch.optim.SGD(p, lr=1.0),
             loss={"loss_type": loss_type},
             optim={"max_grad_norm": None},
@@ -66,7 +66,7 @@ def test_micro_batches_give_the_same_update(tiny_model_dir, arith_jsonl, tmp_pat
 
 
 def test_num_iterations_reuses_a_generation_batch(tiny_model_dir, arith_jsonl, tmp_path):
-    module = make_module(tiny_model_dir, num_iterations=3, loss={"epsilon": 0.01})
+    module = make_module(tiny_model_dir, update={"num_iterations": 3}, loss={"epsilon": 0.01})
     trainer = fit(module, PromptDataModule(arith_jsonl, batch_size=4, val_split=None), tmp_path, max_steps=6)
     assert trainer.global_step == 6 and trainer.fit_loop.total_batch_idx + 1 == 2  # 2 batches x 3 steps
     # later iterations see a policy that moved: ratios leave [0.99, 1.01] and get clipped
@@ -154,7 +154,10 @@ def test_reward_errors_can_be_skipped_and_counted(tiny_model_dir, arith_jsonl, t
         return [0.0] * len(completions)
 
     module = make_module(
-        tiny_model_dir, reward_funcs=[exact_match_reward, flaky_reward], accuracy_reward=None, on_reward_error="skip"
+        tiny_model_dir,
+        reward_funcs=[exact_match_reward, flaky_reward],
+        accuracy_reward=None,
+        reward_calls={"on_error": "skip"},
     )
     trainer = fit(module, PromptDataModule(arith_jsonl, batch_size=4, val_split=None), tmp_path)
     assert trainer.global_step == 2
@@ -202,7 +205,7 @@ def test_gradient_checkpointing_gives_the_same_update(tiny_model_dir, arith_json
     """Activations recomputed in backward (off while generating, so sampling keeps its KV cache)."""
     modules = []
     for checkpointing in (False, True):
-        module = make_module(tiny_model_dir, gradient_checkpointing=checkpointing, loss={"beta": 0.1})
+        module = make_module(tiny_model_dir, policy={"gradient_checkpointing": checkpointing}, loss={"beta": 0.1})
         fit(module, PromptDataModule(arith_jsonl, batch_size=4, val_split=None), tmp_path / str(checkpointing))
         modules.append(module)
     assert modules[1].policy.model.is_activation_checkpointing and modules[1].policy.model.training

@@ -7,9 +7,9 @@ import pytest
 import torch
 
 from lightning_grpo.demo.tiny import build_tiny_qwen2, build_tokenizer
+from lightning_grpo.model.config import PolicyConfig
 from lightning_grpo.model.loading import with_lora
 from lightning_grpo.model.logprobs import completion_logps
-from lightning_grpo.model.policy import Policy
 from lightning_grpo.model.prefix import prompt_runs
 
 LORA = {"r": 4, "lora_alpha": 8, "target_modules": ["q_proj", "v_proj"], "lora_dropout": 0.0}
@@ -93,8 +93,8 @@ def test_shared_prefix_with_lora():
 
 
 def test_policy_setting_and_its_refusals(tiny_model_dir):
-    with pytest.raises(ValueError, match="shared_prefix=True with gradient_checkpointing=True"):
-        Policy(tiny_model_dir, gradient_checkpointing=True, shared_prefix=True)
+    with pytest.raises(ValueError, match="share_prompt_prefix=True with policy.gradient_checkpointing=True"):
+        PolicyConfig(gradient_checkpointing=True, share_prompt_prefix=True)
     with pytest.raises(ValueError, match="shared_prefix does not return MoE router logits"):
         model = build_tiny_qwen2(build_tokenizer())
         ids, mask = grouped_rows([3], 2, 2)
@@ -109,7 +109,7 @@ def test_module_trains_with_a_shared_prompt_prefix(tiny_model_dir, arith_jsonl, 
 
     trained = []
     for shared in (False, True):
-        module = make_module(tiny_model_dir, share_prompt_prefix=shared, loss={"beta": 0.1})
+        module = make_module(tiny_model_dir, policy={"share_prompt_prefix": shared}, loss={"beta": 0.1})
         fit(module, PromptDataModule(arith_jsonl, batch_size=4, val_split=None), tmp_path / str(shared), max_steps=2)
         trained.append(module.policy.model)
     # Adam divides by sqrt(v): where a gradient is at rounding level, rounding can move a weight by up to

@@ -28,7 +28,7 @@ def test_the_bar_ends_full_and_says_the_step(tiny_model_dir, arith_jsonl, tmp_pa
         enable_model_summary=False, callbacks=[bar, seen], default_root_dir=tmp_path,
     )  # fmt: skip
     data = PromptDataModule(arith_jsonl, batch_size=2, val_split=None)  # 8 batches an epoch
-    trainer.fit(make_module(tiny_model_dir, num_iterations=num_iterations), data)
+    trainer.fit(make_module(tiny_model_dir, update={"num_iterations": num_iterations}), data)
     assert len(seen.seen) == batches and seen.seen[-1][0] == batches  # Lightning's own bar: total 4 for 2 batches
     assert seen.seen[-1][1].startswith("Epoch 0 · step 4/4")
 

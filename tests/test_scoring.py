@@ -117,7 +117,9 @@ def self_timing_out_reward(completions, **kwargs):
 @pytest.mark.parametrize("fn", [hanging_reward, hanging_async_reward])
 def test_overdue_reward_call_raises_naming_the_function(fn):
     start = time.perf_counter()
-    with pytest.raises(RuntimeError, match=rf"reward function '{fn.__name__}' took longer than reward_timeout=0.2s"):
+    with pytest.raises(
+        RuntimeError, match=rf"reward function '{fn.__name__}' took longer than reward_calls.timeout=0.2s"
+    ):
         score_rollout([fn, length_reward], [1.0, 1.0], make_rollout(["a", "b"]), {}, timeout=0.2)
     assert time.perf_counter() - start < 5
 
@@ -167,7 +169,7 @@ def test_timeout_still_stops_a_function_that_swallows_exceptions():
         return [1.0] * len(completions)
 
     start = time.perf_counter()
-    with pytest.raises(RuntimeError, match="'stubborn_reward' took longer than reward_timeout=0.2s"):
+    with pytest.raises(RuntimeError, match="'stubborn_reward' took longer than reward_calls.timeout=0.2s"):
         score_rollout([stubborn_reward], [1.0], make_rollout(["a", "b"]), {}, timeout=0.2)
     assert time.perf_counter() - start < 5
 

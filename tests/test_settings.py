@@ -5,6 +5,7 @@ import torch
 
 from lightning_grpo import GRPOModule, SamplingConfig
 from lightning_grpo.engines import LeanDecode
+from lightning_grpo.model.config import PolicyConfig
 from lightning_grpo.rewards import exact_match_reward
 
 NOT_A_MODEL = "/nonexistent/model/never/loaded"  # loading it would fail: the checks must come first
@@ -27,13 +28,13 @@ NOT_A_MODEL = "/nonexistent/model/never/loaded"  # loading it would fail: the ch
         ("sampling.temperature", 0.0, "sampling.temperature must be > 0, got 0.0"),
         ("sampling.top_p", 1.5, "sampling.top_p must be in (0, 1], got 1.5"),
         ("loss.delta", 1.1, "delta must be None or > 1 + epsilon_high"),
-        ("micro_batch_size", 0, "micro_batch_size must be None or >= 1, got 0"),
-        ("steps_per_generation", 0, "steps_per_generation must be >= 1, got 0"),
+        ("update.micro_batch_size", 0, "update.micro_batch_size must be None or >= 1, got 0"),
+        ("update.steps_per_generation", 0, "update.steps_per_generation must be >= 1, got 0"),
         ("optim.lr_scheduler_type", "step", "optim.lr_scheduler_type must be one of"),
         ("optim.learning_rate", 0.0, "optim.learning_rate must be > 0, got 0.0"),
-        ("dtype", "fp8", "dtype must be one of"),
-        ("reward_timeout", 0, "reward_timeout must be None or > 0 seconds, got 0"),
-        ("sync_ref_model", True, "sync_ref_model=True updates a reference copy: it needs loss.beta > 0"),
+        ("policy.dtype", "fp8", "policy.dtype must be one of"),
+        ("reward_calls.timeout", 0, "reward_calls.timeout must be a positive number of seconds or None, got 0"),
+        ("policy.sync_ref_model", True, "policy.sync_ref_model=True updates a reference copy: it needs loss.beta > 0"),
     ],
 )
 def test_bad_setting_is_named(setting, value, message):
@@ -74,7 +75,7 @@ def test_tokenizer_without_eos_is_refused(tiny_model_dir):
     tok.eos_token = None
     tok.pad_token = None
     with pytest.raises(ValueError, match="has no eos_token"):
-        GRPOModule(model=tiny_model_dir, tokenizer=tok, reward_funcs=[exact_match_reward])
+        GRPOModule(model=tiny_model_dir, policy=PolicyConfig(tokenizer=tok), reward_funcs=[exact_match_reward])
 
 
 def test_missing_pad_falls_back_to_eos(tiny_model_dir):
@@ -82,7 +83,7 @@ def test_missing_pad_falls_back_to_eos(tiny_model_dir):
 
     tok = AutoTokenizer.from_pretrained(tiny_model_dir)
     tok.pad_token = None
-    module = GRPOModule(model=tiny_model_dir, tokenizer=tok, reward_funcs=[exact_match_reward])
+    module = GRPOModule(model=tiny_model_dir, policy=PolicyConfig(tokenizer=tok), reward_funcs=[exact_match_reward])
     assert module.policy.tokenizer.pad_token_id == module.policy.tokenizer.eos_token_id
     assert module.policy.tokenizer.padding_side == "left"
 
@@ -99,7 +100,7 @@ def test_reward_preset_adds_weighted_functions(tiny_model_dir):
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the refusal on a machine without a GPU")
 def test_qlora_is_refused_at_config_time_where_it_cannot_run():
     with pytest.raises(ValueError) as err:
-        GRPOModule(model=NOT_A_MODEL, reward_funcs=[exact_match_reward], load_in_4bit=True)
+        GRPOModule(model=NOT_A_MODEL, reward_funcs=[exact_match_reward], policy={"load_in_4bit": True})
     message = str(err.value)
     assert "load_in_4bit (QLoRA) cannot run" in message and "no CUDA GPU is visible" in message
     assert "4-bit weights cannot train: give a peft_config adapter" in message

@@ -68,7 +68,9 @@ class Records(L.Callback):
 
 def test_a_run_logs_grad_norm_and_the_trl_metrics(tiny_model_dir, arith_jsonl, tmp_path):
     probe = Records()
-    module = make_module(tiny_model_dir, num_iterations=2, optim={"learning_rate": 0.05, "max_grad_norm": 1e-3})
+    module = make_module(
+        tiny_model_dir, update={"num_iterations": 2}, optim={"learning_rate": 0.05, "max_grad_norm": 1e-3}
+    )
     trainer = fit(
         module, PromptDataModule(arith_jsonl, batch_size=4, val_split=None), tmp_path, max_steps=4, callbacks=[probe]
     )

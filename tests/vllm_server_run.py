@@ -66,7 +66,7 @@ def main(model_dir: str, data_path: str, out_dir: str, url: str, group_port: str
         reward_funcs=[length_reward],
         num_generations=4,
         rollout_engine=engine,
-        sampling_correction="token_truncate",
+        update={"sampling_correction": "token_truncate"},
         sampling={"max_completion_length": 6, "temperature": 0.9, "generation_kwargs": {"skip_special_tokens": False}},
         optim={"learning_rate": 1e-2},
     )

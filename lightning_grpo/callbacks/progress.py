@@ -24,8 +24,8 @@ class StepProgressBar(TQDMProgressBar):
         trainer = self.trainer
         if trainer.max_steps is None or trainer.max_steps < 0:
             return trainer.num_training_batches
-        hparams = trainer.lightning_module.hparams  # optimiser steps per batch: mu passes of steps_per_generation
-        steps_per_batch = max(hparams.get("num_iterations", 1) * hparams.get("steps_per_generation", 1), 1)
+        update = trainer.lightning_module.hparams.get("update") or {}  # a GRPOModule's optimiser steps per batch:
+        steps_per_batch = max(update.get("num_iterations", 1) * update.get("steps_per_generation", 1), 1)  # mu passes
         left = math.ceil((trainer.max_steps - trainer.global_step) / steps_per_batch)
         return min(trainer.num_training_batches, left)
 

@@ -203,10 +203,10 @@ class Calls:
 
 
 class RewardTimeoutError(RuntimeError):
-    """A reward call took longer than ``reward_timeout``."""
+    """A reward call took longer than ``reward_calls.timeout``."""
 
     def __init__(self, fn: RewardFunc, timeout: float) -> None:
-        super().__init__(f"reward function {reward_name(fn)!r} took longer than reward_timeout={timeout}s")
+        super().__init__(f"reward function {reward_name(fn)!r} took longer than reward_calls.timeout={timeout}s")
 
 
 def _run_with_timeout(fn: RewardFunc, kwargs: dict[str, Any], timeout: float | None) -> Any:
