@@ -181,6 +181,26 @@ def test_a_typo_in_a_config_file_gets_a_suggestion(tmp_path, capsys):
     assert "'num_generation'; did you mean --model.num_generations?" in capsys.readouterr().err
 
 
+@pytest.mark.parametrize(
+    "where,text,moved",
+    [
+        ("argv", "--model.num_iterations", "--model.num_iterations moved to --model.update.num_iterations"),
+        ("file", "model:\n  peft_config: {r: 4}\n", "--model.peft_config moved to --model.policy.peft_config"),
+        ("file", "model:\n  on_reward_error: skip\n", "--model.on_reward_error moved to --model.reward_calls.on_error"),
+    ],
+)
+def test_a_setting_that_moved_into_a_section_is_named_with_its_new_place(tmp_path, capsys, where, text, moved):
+    args = ["fit", "--config", str(TINY), "--print_config"]
+    if where == "argv":
+        args += [text, "2"]
+    else:
+        (tmp_path / "old.yaml").write_text(text)
+        args += ["--config", str(tmp_path / "old.yaml")]
+    with pytest.raises(SystemExit) as done:
+        main(args)
+    assert done.value.code == 2 and moved in capsys.readouterr().err
+
+
 def test_threads_section_is_configured(capsys):
     with pytest.raises(SystemExit):
         main(["fit", "--config", str(TINY), "--threads.num_threads", "1", "--print_config"])

@@ -52,6 +52,7 @@ from lightning_grpo.callbacks.progress import StepProgressBar
 from lightning_grpo.callbacks.threads import TorchThreads
 from lightning_grpo.data import PromptDataModule
 from lightning_grpo.module import GRPOModule
+from lightning_grpo.settings import MOVED
 
 TRAINER_DEFAULTS = {"log_every_n_steps": 1, "num_sanity_val_steps": -1}
 DESCRIPTION = (
@@ -109,18 +110,31 @@ class GRPOArgumentParser(LightningArgumentParser):
         super().error(message + did_you_mean(message, options), ex)
 
 
+def unknown_options(message: str) -> list[str]:
+    """The options an error message says are unknown: given on the command line (``unrecognized arguments:
+    --model.num_generatons 4``) or in a config file (``Group 'model' does not accept option 'num_generatons'``)."""
+    unknown = re.findall(r"(--[\w.]+)", message.split("arguments:", 1)[-1]) if "arguments:" in message else []
+    in_files = re.findall(r"Group '([\w.]+)' does not accept option '([\w.]+)'", message)
+    nested = re.findall(r"Subcommand '\w+' does not accept option '([\w.]+)'", message)
+    return unknown + [f"--{g}.{o}" for g, o in in_files] + [f"--{o}" for o in nested]
+
+
 def did_you_mean(message: str, options: list[str]) -> str:
-    """``; did you mean --model.num_generations?`` for each unknown option in an error message, given on the
-    command line (``unrecognized arguments: --model.num_generatons 4``) or in a config file (``Group 'model'
-    does not accept option 'num_generatons'``).
+    """``; did you mean --model.num_generations?`` for each unknown option in an error message, and the new place of
+    a setting that moved into a section (``--model.num_iterations`` -> ``--model.update.num_iterations``).
 
     >>> did_you_mean("unrecognized arguments: --model.num_generatons 4", ["--model.num_generations", "--data.x"])
     '; did you mean --model.num_generations?'
     >>> did_you_mean("Group 'model' does not accept option 'num_generation'", ["--model.num_generations"])
     '; did you mean --model.num_generations?'
+    >>> did_you_mean("unrecognized arguments: --model.peft_config {}", [])
+    '; --model.peft_config moved to --model.policy.peft_config (settings sections: `lightning-grpo fit --help`)'
     """
-    unknown = re.findall(r"(--[\w.]+)", message.split("arguments:", 1)[-1]) if "arguments:" in message else []
-    unknown += [f"--{g}.{o}" for g, o in re.findall(r"Group '([\w.]+)' does not accept option '([\w.]+)'", message)]
+    unknown = unknown_options(message)
+    keys = {u: u[8:].split(".")[0] for u in unknown if u.startswith("--model.")}  # --model.peft_config.r: peft_config
+    moved = [f"--model.{k} moved to --model.{MOVED[k]}" for k in dict.fromkeys(keys.values()) if k in MOVED]
+    if moved:
+        return "; " + ", ".join(moved) + " (settings sections: `lightning-grpo fit --help`)"
     close = [m for u in unknown if u not in options for m in difflib.get_close_matches(u, options, n=1, cutoff=0.8)]
     return f"; did you mean {', '.join(dict.fromkeys(close))}?" if close else ""
 
@@ -136,7 +150,7 @@ def importable_dirs(argv: list[str]) -> list[str]:
     return added
 
 
-TEMPLATES = Path(__file__).parent / "templates"
+TEMPLATES = Path(__file__).parent.parent / "templates"
 
 
 def bundled_templates() -> list[str]:
