@@ -5,7 +5,8 @@ import math
 import pytest
 import torch
 
-from lightning_grpo.loss.grpo import LOSS_TYPES, LossConfig, LossNormalizer, grpo_loss, loss_mask
+from lightning_grpo.loss.grpo import LOSS_TYPES, LossConfig, LossNormalizer, grpo_loss
+from lightning_grpo.targets.build import loss_mask
 
 
 def one_token(logp: float, old: float, adv: float, **kw):

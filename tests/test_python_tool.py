@@ -6,7 +6,7 @@ import pytest
 
 from lightning_grpo.engines import ToolCall, ToolCalling
 from lightning_grpo.engines.toolcalls import run_call, tool_schema
-from lightning_grpo.rewards import sandbox_isolation
+from lightning_grpo.sandbox import isolation as sandbox_isolation
 from lightning_grpo.sandbox.python_tool import python, python_tool
 
 KERNEL = sandbox_isolation.probe("auto").kernel

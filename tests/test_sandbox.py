@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from lightning_grpo.rewards import sandbox_isolation
+from lightning_grpo.sandbox import isolation as sandbox_isolation
 from lightning_grpo.sandbox.runner import Case, Sandbox, SandboxResult
 
 TIMEOUT = 2.0

@@ -20,9 +20,9 @@ from pathlib import Path
 
 import pytest
 
-from lightning_grpo.rewards import sandbox_isolation
 from lightning_grpo.rewards.code_execution import CodeExecutionReward, score
 from lightning_grpo.rewards.code_tests import parse_tests
+from lightning_grpo.sandbox import isolation as sandbox_isolation
 
 SECRET = "canary-" + secrets.token_hex(12)  # unguessable: only an escape or a fooled grader can return it
 MARKER = "lgrpo_marker_" + secrets.token_hex(6)  # in the command line of processes an attack leaves behind
