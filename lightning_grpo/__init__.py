@@ -2,7 +2,7 @@
 
 from lightning_grpo.advantages import AdvantageConfig, compute_advantages, group_advantages
 from lightning_grpo.data import PromptDataModule
-from lightning_grpo.loss.grpo import LossConfig, LossNormalizer, grpo_loss
+from lightning_grpo.loss import LossConfig, LossNormalizer, grpo_loss
 from lightning_grpo.module import GRPOModule
 from lightning_grpo.optim import OptimConfig
 from lightning_grpo.rollout import SamplingConfig

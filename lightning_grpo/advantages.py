@@ -53,6 +53,8 @@ class AdvantageConfig:
         kl_coef: REINFORCE++'s KL in the reward: each token's return is penalised by kl_coef * KL(policy ||
             reference) (verl's use_kl_in_reward with kl_ctrl.kl_coef); 0 leaves it out. Needs a reference (> 0
             keeps one, as loss.beta does).
+        kl_penalty: the per-token KL estimator of that penalty, verl's ``algorithm.kl_penalty``: kl (k1, verl's
+            default), abs, mse (k2) or low_var_kl (k3, clamped to [-10, 10]).
         gamma: REINFORCE++'s discount of the per-token returns.
         filter_groups: DAPO's dynamic sampling (verl's filter_groups): groups whose rewards are all equal carry no
             signal and are dropped; generation batches are added until the batch has its prompts' worth of
@@ -61,10 +63,11 @@ class AdvantageConfig:
             then the update takes the groups it has (with a warning). 0: no limit.
     """
 
-    adv_estimator: Literal["grpo", "rloo", "reinforce_plus_plus", "reinforce_plus_plus_baseline"] = "grpo"
-    scale_rewards: Literal["group", "batch", "none"] = "group"
-    multi_objective_aggregation: Literal["sum_then_normalize", "normalize_then_sum"] = "sum_then_normalize"
+    adv_estimator: Literal[tuple(ADV_ESTIMATORS)] = "grpo"
+    scale_rewards: Literal[SCALE_REWARDS] = "group"
+    multi_objective_aggregation: Literal[MULTI_OBJECTIVE_AGGREGATIONS] = "sum_then_normalize"
     kl_coef: float = 0.0
+    kl_penalty: Literal[tuple(KL_PENALTIES)] = "kl"
     gamma: float = 1.0
     filter_groups: bool = False
     max_num_gen_batches: int = 10
@@ -97,6 +100,10 @@ class AdvantageConfig:
                     a.kl_coef == 0 or a.adv_estimator.startswith("reinforce_plus_plus"),
                     f"advantages.kl_coef={a.kl_coef} puts the KL in the reward of reinforce_plus_plus* estimators "
                     f"only, got adv_estimator {a.adv_estimator!r}: use loss.beta for a KL loss",
+                ),
+                (
+                    a.kl_penalty in KL_PENALTIES,
+                    f"advantages.kl_penalty must be one of {sorted(KL_PENALTIES)}, got {a.kl_penalty!r}",
                 ),
                 (0 < a.gamma <= 1, f"advantages.gamma must be in (0, 1], got {a.gamma!r}"),
                 (

@@ -16,7 +16,7 @@ from transformers import AutoTokenizer, MixtralConfig, MixtralForCausalLM
 from lightning_grpo import AdvantageConfig, LossConfig, OptimConfig, PromptDataModule, SamplingConfig
 from lightning_grpo.demo.tiny import build_tokenizer
 from lightning_grpo.dynamic import GroupBuffer, select_groups
-from lightning_grpo.loss.grpo import LOSS_TYPES, LossNormalizer
+from lightning_grpo.loss import LOSS_TYPES, LossNormalizer
 from lightning_grpo.rollout import render_prompts
 from lightning_grpo.targets import Targets, TargetSettings, UpdateConfig, optimiser_steps
 from lightning_grpo.types import RewardScores

@@ -5,7 +5,7 @@ import math
 import pytest
 import torch
 
-from lightning_grpo.loss.grpo import LOSS_TYPES, LossConfig, LossNormalizer, grpo_loss
+from lightning_grpo.loss import LOSS_TYPES, LossConfig, LossNormalizer, grpo_loss
 from lightning_grpo.targets.build import loss_mask
 
 

@@ -14,8 +14,8 @@ from types import SimpleNamespace
 import pytest
 import torch
 
+from lightning_grpo.loss import LOSS_TYPES, LossConfig, grpo_loss
 from lightning_grpo.loss.entropy import EntropyController
-from lightning_grpo.loss.grpo import LOSS_TYPES, LossConfig, grpo_loss
 
 T = 5
 

@@ -5,8 +5,9 @@ import math
 import pytest
 import torch
 
+from lightning_grpo.loss import LossConfig, LossNormalizer, grpo_loss
 from lightning_grpo.loss.entropy import EntropyController, entropy_threshold, high_entropy_mask
-from lightning_grpo.loss.grpo import LossConfig, LossNormalizer, grpo_loss, off_policy_mask
+from lightning_grpo.loss.grpo import off_policy_mask
 
 
 def run(logps, old, adv, mask=None, **kw):

@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from lightning_grpo.loss.grpo import LossConfig, grpo_loss
+from lightning_grpo.loss import LossConfig, grpo_loss
 from tests.test_loss_trl import T, make_data, trl_stub
 
 

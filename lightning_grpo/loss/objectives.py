@@ -14,7 +14,7 @@ import torch
 from torch import Tensor
 
 if TYPE_CHECKING:
-    from lightning_grpo.loss.grpo import LossConfig
+    from lightning_grpo.loss.config import LossConfig
 
 
 @dataclass

@@ -52,6 +52,7 @@ class Targets:
     old_logps: Tensor | None  # [N, T] the sampling policy's, when some step is off-policy
     ref_logps: Tensor | None  # [N, T] when a reference is needed
     sampling_weights: Tensor | None  # [N, T] or [N, 1] when another engine sampled (vLLM)
+    sampling_logps: Tensor | None = None  # [N, T] that engine's own log-probs (the off-policy mask compares them)
 
     def loss(
         self, token: TokenLogps, rows: slice | Tensor, norm: LossNormalizer, config: LossConfig, entropy_coef: float
@@ -66,6 +67,7 @@ class Targets:
             ref_logps=rows_of(self.ref_logps, rows),
             normalizer=norm,
             sampling_weights=rows_of(self.sampling_weights, rows),
+            sampling_logps=rows_of(self.sampling_logps, rows),
             entropies=token.entropy,
             entropy_coef=entropy_coef,
         )
@@ -145,6 +147,7 @@ def build_targets(
         old_logps=old_logps if u.off_policy else None,  # every step on-policy: the ratio is exactly 1
         ref_logps=ref_logps,
         sampling_weights=weights,
+        sampling_logps=rollout.sampling_logps,
     )
 
 
@@ -160,7 +163,7 @@ def _advantages(
     """This rank's advantages ([N], or [N, T] for REINFORCE++'s token returns) from every rank's rewards."""
     a, tokens = s.advantages, None
     if a.token_level:  # batch whitening is global: every rank's tokens are gathered
-        kl = kl_penalty(old_logps, ref_logps) if a.kl_coef > 0 else None
+        kl = kl_penalty(old_logps, ref_logps, a.kl_penalty) if a.kl_coef > 0 else None
         kl = None if kl is None else ranks.gather_padded(kl)
         tokens = TokenRewards(ranks.gather_padded(mask), kl, a.kl_coef, a.gamma)
     out = multi_objective_advantages(
