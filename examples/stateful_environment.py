@@ -22,7 +22,7 @@ from pathlib import Path
 
 import lightning as L
 
-from lightning_grpo import GRPOModule, OptimConfig, PromptDataModule, SamplingConfig
+from lightning_grpo import GRPOModule, OptimConfig, PolicyConfig, PromptDataModule, SamplingConfig
 from lightning_grpo.demo.tiny import TOOL_CHAT_TEMPLATE, build_tokenizer
 from lightning_grpo.engines import ToolCalling, environment_reward
 
@@ -66,7 +66,7 @@ def main() -> None:
     engine = ToolCalling(environment_factory=GuessTheNumber, max_tool_calling_iterations=3)
     module = GRPOModule(
         model="lightning-grpo/tiny-qwen2",
-        tokenizer=tokenizer,
+        policy=PolicyConfig(tokenizer=tokenizer),
         reward_funcs=[environment_reward],
         num_generations=4,
         rollout_engine=engine,

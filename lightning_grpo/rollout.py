@@ -16,7 +16,7 @@ from transformers import GenerationConfig, PreTrainedTokenizerBase
 
 from lightning_grpo.checks import raise_problems
 from lightning_grpo.model.policy import Policy
-from lightning_grpo.types import Prompt, Rollout
+from lightning_grpo.types import Prompt, Rollout, pad_rows
 
 
 @dataclass(frozen=True)
@@ -112,27 +112,6 @@ def render_prompts(
 
     kwargs = chat_template_kwargs or {}
     return [maybe_apply_chat_template({"prompt": p}, tokenizer, **kwargs)["prompt"] for p in prompts]
-
-
-def pad_rows(
-    rows: list[list], value: float, left: bool = False, dtype: torch.dtype = torch.long, min_width: int = 0
-) -> tuple[Tensor, Tensor]:
-    """[n] lists of different lengths -> [n, W] values padded with ``value`` (on the left or the right) and the
-    [n, W] mask of real entries; ``W`` is the longest row, at least ``min_width``.
-
-    >>> pad_rows([[7], [8, 9]], 0, left=True)
-    (tensor([[0, 7],
-            [8, 9]]), tensor([[0, 1],
-            [1, 1]]))
-    """
-    width = max(max((len(r) for r in rows), default=0), min_width)
-    values = torch.full((len(rows), width), value, dtype=dtype)
-    mask = torch.zeros((len(rows), width), dtype=torch.long)
-    for i, r in enumerate(rows):
-        if len(r):
-            cols = slice(width - len(r), width) if left else slice(0, len(r))
-            values[i, cols], mask[i, cols] = torch.tensor(r, dtype=dtype), 1
-    return values, mask
 
 
 def tokenize_prompts(

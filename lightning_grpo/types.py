@@ -70,6 +70,31 @@ def weighted_total(per_function: Tensor, weights: Tensor) -> Tensor:
     return torch.where(per_function.isnan().all(dim=1), torch.nan, total)
 
 
+def pad_rows(
+    rows: list[list], value: float, left: bool = False, dtype: torch.dtype = torch.long, min_width: int = 0
+) -> tuple[Tensor, Tensor]:
+    """[n] lists of different lengths -> [n, W] values padded with ``value`` (on the left or the right) and the
+    [n, W] mask of real entries; ``W`` is the longest row, at least ``min_width``.
+
+    >>> pad_rows([[7], [8, 9]], 0, left=True)
+    (tensor([[0, 7],
+            [8, 9]]), tensor([[0, 1],
+            [1, 1]]))
+    """
+    width = max(max((len(r) for r in rows), default=0), min_width)
+    values = torch.full((len(rows), width), value, dtype=dtype)
+    mask = torch.zeros((len(rows), width), dtype=torch.long)
+    for i, r in enumerate(rows):
+        if len(r):
+            cols = slice(width - len(r), width) if left else slice(0, len(r))
+            values[i, cols], mask[i, cols] = torch.tensor(r, dtype=dtype), 1
+    return values, mask
+
+
+def _padded(rows: list[list] | None, value: float, dtype: torch.dtype = torch.long) -> Tensor | None:
+    return None if rows is None else pad_rows(rows, value, dtype=dtype, min_width=1)[0]
+
+
 def _rows(t: Tensor | None, rows: Tensor) -> Tensor | None:
     return None if t is None else t[rows]
 
@@ -135,6 +160,35 @@ class Rollout:
 
     def __len__(self) -> int:
         return self.completion_ids.shape[0]
+
+    @classmethod
+    def from_token_lists(
+        cls,
+        prompt_ids: list[list[int]],
+        completion_ids: list[list[int]],
+        pad_id: int,
+        is_truncated: list[bool],
+        sampling_logps: list[list[float]] | None = None,
+        tool_mask: list[list[int]] | None = None,
+        device: torch.device | str = "cpu",
+        **fields: Any,
+    ) -> Rollout:
+        """A Rollout from one token list per row (an engine's or an agent's raw output): prompts left-padded,
+        completions right-padded (mask 1 on every listed token), per-token lists padded alike; ``fields``:
+        ``prompts``, ``completions``, ``group_size`` and any other field."""
+        prompts, prompt_mask = pad_rows(prompt_ids, pad_id, left=True, min_width=1)  # [N, P]
+        completions, completion_mask = pad_rows(completion_ids, pad_id, min_width=1)  # [N, T]
+        logps, model = _padded(sampling_logps, 0.0, torch.float32), _padded(tool_mask, 0)  # [N, T] each
+        return cls(
+            prompt_ids=prompts.to(device),
+            prompt_mask=prompt_mask.to(device),
+            completion_ids=completions.to(device),
+            completion_mask=completion_mask.to(device),
+            is_truncated=torch.tensor(is_truncated, dtype=torch.bool, device=device),
+            sampling_logps=None if logps is None else logps.to(device),
+            tool_mask=None if model is None else model.to(device),
+            **fields,
+        )
 
     def select(self, rows: Tensor) -> Rollout:
         """The rollout of ``rows`` ([n] indices) only; whole groups keep it grouped."""

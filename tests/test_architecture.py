@@ -20,6 +20,7 @@ LAYERS = {
     "checks": 0,
     "demo": 0,  # the embedded tasks and models
     "sandbox": 0,  # execution infrastructure: used by the code reward and the tool engine
+    "deadline": 0,  # a callable with a timeout: reward calls and tool calls
     "data": 1,
     "rewards": 1,
     "model": 1,  # the model substrate: loading, materialize, sharding, log-probs, prefix, Policy

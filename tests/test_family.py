@@ -18,6 +18,7 @@ from lightning_grpo.demo.tiny import build_tokenizer
 from lightning_grpo.dynamic import GroupBuffer, select_groups
 from lightning_grpo.loss import LOSS_TYPES, LossNormalizer
 from lightning_grpo.rollout import render_prompts
+from lightning_grpo.run import seeded
 from lightning_grpo.targets import Targets, TargetSettings, UpdateConfig, optimiser_steps
 from lightning_grpo.types import RewardScores
 
@@ -295,7 +296,8 @@ def test_generation_kwargs_reach_the_sampler(tiny_model_dir):
     config = SamplingConfig(generation_kwargs={"no_repeat_ngram_size": 1}).generation_config(tokenizer)
     assert config.no_repeat_ngram_size == 1
     module = make_module(tiny_model_dir, sampling={"generation_kwargs": {"no_repeat_ngram_size": 1}})
-    rollout = module.sample(["3+4="], num_generations=4, seed=0)
+    with seeded(0, module.device):
+        rollout = module.sample(["3+4="], num_generations=4)
     for ids, mask in zip(rollout.completion_ids, rollout.completion_mask):
         tokens = ids[mask.bool()].tolist()[:-1]  # a token may only repeat as the final EOS
         assert len(tokens) == len(set(tokens))

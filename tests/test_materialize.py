@@ -7,6 +7,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from lightning_grpo.model.config import PolicyConfig
 from lightning_grpo.model.policy import Policy
 
 LORA = {"r": 4, "lora_alpha": 8, "target_modules": "all-linear"}
@@ -14,13 +15,17 @@ LORA = {"r": 4, "lora_alpha": 8, "target_modules": "all-linear"}
 
 def on_meta(model_dir, **kw) -> Policy:
     with torch.device("meta"):  # what Lightning's trainer.init_module(empty_init=True) sets under FSDP2
-        return Policy(model_dir, **kw)
+        return policy(model_dir, **kw)
+
+
+def policy(model_dir, reference=False, **config) -> Policy:
+    return Policy(model_dir, PolicyConfig(**config), reference=reference)
 
 
 @pytest.mark.parametrize("kw", [{"reference": True}, {"peft_config": LORA}], ids=["reference", "lora"])
 def test_loaded_from_the_files_equals_loaded_whole(kw, tiny_model_dir):
     torch.manual_seed(0)
-    whole = Policy(tiny_model_dir, **kw)
+    whole = policy(tiny_model_dir, **kw)
     torch.manual_seed(0)
     empty = on_meta(tiny_model_dir, **kw)
     assert all(p.is_meta for n, p in empty.model.named_parameters() if "lora_" not in n)  # adapters: made real

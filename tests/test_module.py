@@ -126,7 +126,7 @@ def test_validation_export_summary_and_resume(tiny_model_dir, arith_jsonl, tmp_p
     )
     trainer2.fit(resumed, data, ckpt_path=trainer.checkpoint_callback.best_model_path)
     assert trainer2.global_step == 6
-    assert resumed.num_tokens_seen > module.num_tokens_seen
+    assert resumed.counters.num_tokens_seen > module.counters.num_tokens_seen
 
 
 def test_trl_reward_functions_work_unchanged(tiny_model_dir, tmp_path):
@@ -173,7 +173,7 @@ def test_non_finite_steps_are_skipped_then_abort_with_a_checkpoint(tiny_model_di
     with pytest.raises(FloatingPointError, match="3 GRPO steps in a row skipped .* checkpoint at"):
         fit(module, PromptDataModule(arith_jsonl, batch_size=4, val_split=None), tmp_path, max_steps=10)
     assert all(torch.equal(a, b) for a, b in zip(before, module.policy.model.parameters()))  # no step was taken
-    assert module.skipped_steps == 3
+    assert module.counters.skipped_steps == 3
     assert list(tmp_path.rglob("numerical-abort.ckpt"))
 
 
@@ -230,7 +230,7 @@ def test_bf16_precisions_train_on_cpu(tiny_model_dir, arith_jsonl, tmp_path, pre
 
 def test_sample_outside_a_trainer(tiny_model_dir):
     """``module.sample`` works on a module that is not attached to a Trainer (notebooks, evaluation)."""
-    rollout = make_module(tiny_model_dir).sample(["1+2=", "3+0="], num_generations=3, seed=0)
+    rollout = make_module(tiny_model_dir).sample(["1+2=", "3+0="], num_generations=3)
     assert len(rollout) == 6 and rollout.group_size == 3 and len(rollout.completions) == 6
 
 

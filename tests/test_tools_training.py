@@ -194,7 +194,7 @@ def test_lora_with_tools_trains_the_adapter_against_the_adapter_off_reference(to
         reward_funcs=[last_answer_reward, length_reward],
         accuracy_reward=None,
         rollout_engine=engine(),
-        peft_config=lora,
+        policy={"peft_config": lora},
         sampling={"max_completion_length": 10},
         loss={"beta": 0.1},
     )

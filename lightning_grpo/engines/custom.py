@@ -9,12 +9,11 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-import torch
 from typing_extensions import override
 
 from lightning_grpo.engines.toolcalls import resolve_tool
 from lightning_grpo.model.policy import Policy
-from lightning_grpo.rollout import RolloutEngine, SamplingConfig, is_conversational, pad_rows
+from lightning_grpo.rollout import RolloutEngine, SamplingConfig, is_conversational
 from lightning_grpo.types import Prompt, Rollout
 
 REQUIRED = ("prompt_ids", "completion_ids", "logprobs")
@@ -82,24 +81,18 @@ class RolloutFunction(RolloutEngine):
 
 
 def _rollout(policy: Policy, prompts: list[Prompt], output: dict, group_size: int, extra: dict) -> Rollout:
-    tokenizer, device, eos = policy.tokenizer, policy.device, policy.eos_token_ids
-    pad = tokenizer.pad_token_id
-    prompt_ids, prompt_mask = pad_rows(output["prompt_ids"], pad, left=True, min_width=1)
-    completion_ids, completion_mask = pad_rows(output["completion_ids"], pad, min_width=1)
-    logps = None if output["logprobs"] is None else pad_rows(output["logprobs"], 0.0, False, torch.float32, 1)[0]
-    tool_mask = None if output.get("env_mask") is None else pad_rows(output["env_mask"], 0, min_width=1)[0]
-    texts = tokenizer.batch_decode(completion_ids, skip_special_tokens=True)
-    chat = is_conversational(prompts[0])
-    return Rollout(
-        prompt_ids=prompt_ids.to(device),
-        prompt_mask=prompt_mask.to(device),
-        completion_ids=completion_ids.to(device),
-        completion_mask=completion_mask.to(device),
-        is_truncated=torch.tensor([not ids or ids[-1] not in eos for ids in output["completion_ids"]], device=device),
+    tokenizer, eos = policy.tokenizer, policy.eos_token_ids
+    texts = tokenizer.batch_decode(output["completion_ids"], skip_special_tokens=True)
+    return Rollout.from_token_lists(
+        output["prompt_ids"],
+        output["completion_ids"],
+        tokenizer.pad_token_id,
+        is_truncated=[not ids or ids[-1] not in eos for ids in output["completion_ids"]],
+        sampling_logps=output["logprobs"],
+        tool_mask=output.get("env_mask"),
+        device=policy.device,
         prompts=[p for p in prompts for _ in range(group_size)],
-        completions=[[{"role": "assistant", "content": t}] for t in texts] if chat else texts,
+        completions=[[{"role": "assistant", "content": t}] for t in texts] if is_conversational(prompts[0]) else texts,
         group_size=group_size,
-        sampling_logps=None if logps is None else logps.to(device),
-        tool_mask=None if tool_mask is None else tool_mask.to(device),
         columns=extra,
     )

@@ -12,7 +12,6 @@ from typing import Any
 import torch
 from transformers import PreTrainedTokenizerBase
 
-from lightning_grpo.rollout import pad_rows
 from lightning_grpo.types import Rollout
 
 PROBE = "lightning_grpo_probe_tool"
@@ -106,21 +105,17 @@ class EpisodeStats:
     ) -> Rollout:
         """Left-padded prompts, right-padded completions; ``completion_mask`` 1 on every episode token,
         ``tool_mask`` 1 on the model's own; truncated = the token budget ran out mid-turn (no EOS)."""
-        pad = tokenizer.pad_token_id
-        prompt_ids, prompt_mask = pad_rows([e.prompt_ids for e in episodes], pad, left=True)
-        completion_ids, completion_mask = pad_rows([e.ids for e in episodes], pad, min_width=1)
-        tool_mask, _ = pad_rows([e.model_mask for e in episodes], 0, min_width=1)
-        return Rollout(
-            prompt_ids=prompt_ids.to(device),
-            prompt_mask=prompt_mask.to(device),
-            completion_ids=completion_ids.to(device),
-            completion_mask=completion_mask.to(device),
-            is_truncated=torch.tensor([e == "tokens" for e in self.ended], device=device),
+        return Rollout.from_token_lists(
+            [e.prompt_ids for e in episodes],
+            [e.ids for e in episodes],
+            tokenizer.pad_token_id,
+            is_truncated=[e == "tokens" for e in self.ended],
+            tool_mask=[e.model_mask for e in episodes],
+            device=device,
             prompts=[e.prompt for e in episodes],
             completions=[e.messages for e in episodes],
             group_size=group_size,
             num_truncated_prompts=truncated_prompts,
-            tool_mask=tool_mask.to(device),
             columns=columns,
             metrics=metrics,
         )

@@ -29,6 +29,7 @@ def sampling_correction(
     the sum over its tokens); ``*_truncate`` clamps rho to ``[clip_min, clip_max]``, ``*_mask`` zeroes
     weights outside it. The policy term of the per-token loss is multiplied by the result ([n, T] or [n, 1]).
 
+    >>> import torch
     >>> old, sampled, mask = torch.tensor([[-1.0, -1.0]]), torch.tensor([[-1.5, -2.0]]), torch.ones(1, 2)
     >>> sampling_correction(old, sampled, mask, "token_truncate", clip_max=2.0)  # e^0.5 = 1.65, e^1 capped at 2
     tensor([[1.6487, 2.0000]])
@@ -51,6 +52,7 @@ def sampling_correction(
 def correction_metrics(weights: Tensor | None, mask: Tensor) -> dict[str, float]:
     """min / mean / max of the correction weights over the loss tokens, with TRL's names; none without them.
 
+    >>> import torch
     >>> correction_metrics(torch.tensor([[0.5], [2.0]]), torch.ones(2, 3))
     {'sampling/importance_sampling_ratio/min': 0.5, 'sampling/importance_sampling_ratio/mean': 1.25, \
 'sampling/importance_sampling_ratio/max': 2.0}
