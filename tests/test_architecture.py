@@ -122,3 +122,100 @@ def test_callback_hooks_are_marked_override(hook_file):
                 if isinstance(fn, ast.FunctionDef) and fn.name.startswith(hooks):
                     decorators = {d.id for d in fn.decorator_list if isinstance(d, ast.Name)}
                     assert "override" in decorators, f"{hook_file}: {node.name}.{fn.name} lacks @override"
+
+
+# Every module with logic -> the test files that test it (STYLE 9: tests mirror the package). A new module must be
+# added here with its tests; a test file named here must exist.
+TESTS = {
+    "advantages.py": ["test_advantages.py", "test_properties.py"],
+    "callbacks/alerts.py": ["test_callbacks.py"],
+    "callbacks/collapse.py": ["test_callbacks.py", "test_types.py"],
+    "callbacks/divergence.py": ["test_callbacks.py"],
+    "callbacks/export.py": ["test_module.py", "test_lora.py"],
+    "callbacks/final.py": ["test_callbacks.py"],
+    "callbacks/metricsfile.py": ["test_rundir.py"],
+    "callbacks/monitor.py": ["test_callbacks.py"],
+    "callbacks/preemption.py": ["test_resume.py"],
+    "callbacks/progress.py": ["test_progress.py"],
+    "callbacks/samples.py": ["test_callbacks.py"],
+    "callbacks/summary.py": ["test_module.py", "test_demo.py"],
+    "callbacks/threads.py": ["test_threads.py"],
+    "checks.py": ["test_settings.py"],
+    "cli/main.py": ["test_cli.py", "test_restore.py"],
+    "cli/report.py": ["test_callbacks.py"],
+    "cli/selfcheck.py": ["test_selfcheck.py"],
+    "data.py": ["test_data.py"],
+    "deadline.py": ["test_deadline.py"],
+    "demo/calc.py": ["test_demo_tools.py"],
+    "demo/tiny.py": ["test_demo.py"],
+    "dynamic.py": ["test_dynamic.py"],
+    "engines/custom.py": ["test_environments.py"],
+    "engines/environments.py": ["test_environments.py"],
+    "engines/episodes.py": ["test_tools.py"],
+    "engines/fused.py": ["test_engine_fused.py"],
+    "engines/hf.py": ["test_generation.py"],
+    "engines/lean.py": ["test_engine_lean.py"],
+    "engines/packing.py": ["test_engine_fused.py"],
+    "engines/sampling.py": ["test_engine_lean.py"],
+    "engines/toolcalls.py": ["test_tools.py"],
+    "engines/tools.py": ["test_tools.py", "test_tools_training.py", "test_tools_loss.py"],
+    "engines/vllm.py": ["test_selfcheck.py"],
+    "engines/vllm_server.py": ["test_vllm_server.py"],
+    "loss/config.py": ["test_settings.py", "test_loss_variants.py"],
+    "loss/entropy.py": ["test_loss_variants.py"],
+    "loss/grpo.py": ["test_loss.py", "test_loss_trl.py", "test_loss_variants.py"],
+    "loss/objectives.py": ["test_loss_variants.py", "test_loss_trl.py"],
+    "loss/reduce.py": ["test_loss.py", "test_properties.py"],
+    "metrics.py": ["test_metrics.py", "test_trl_metrics.py"],
+    "model/config.py": ["test_policy.py"],
+    "model/export.py": ["test_parallel.py"],
+    "model/loading.py": ["test_family.py", "test_settings.py"],
+    "model/logprobs.py": ["test_logprobs_scaling.py", "test_moe_aux.py"],
+    "model/materialize.py": ["test_materialize.py"],
+    "model/policy.py": ["test_policy.py", "test_lora.py"],
+    "model/prefix.py": ["test_prefix.py"],
+    "model/sharding.py": ["test_parallel.py"],
+    "module.py": ["test_module.py"],
+    "optim.py": ["test_optim.py"],
+    "ranks.py": ["test_ranks.py", "test_ddp.py"],
+    "rewards/_math_worker.py": ["test_rewards_math.py"],
+    "rewards/code_execution.py": ["test_rewards_code.py"],
+    "rewards/code_tests.py": ["test_rewards_code.py", "test_sandbox_adversarial.py"],
+    "rewards/combine.py": ["test_rewards_combine.py"],
+    "rewards/correctness.py": ["test_rewards_correctness.py"],
+    "rewards/format.py": ["test_rewards_format.py"],
+    "rewards/length.py": ["test_rewards_length.py"],
+    "rewards/math_equivalence.py": ["test_rewards_math.py"],
+    "rewards/model.py": ["test_rewards_model.py"],
+    "rewards/scoring.py": ["test_scoring.py", "test_rewards_async.py", "test_rewards_contract.py"],
+    "rewards/style.py": ["test_rewards_style.py"],
+    "rewards/text.py": ["test_rewards_correctness.py"],
+    "rollout.py": ["test_rollout.py"],
+    "run.py": ["test_rundir.py"],
+    "sandbox/_boot.py": ["test_sandbox.py"],
+    "sandbox/isolation.py": ["test_sandbox.py", "test_sandbox_adversarial.py"],
+    "sandbox/python_tool.py": ["test_python_tool.py"],
+    "sandbox/runner.py": ["test_sandbox.py", "test_sandbox_adversarial.py"],
+    "settings.py": ["test_settings.py"],
+    "targets/build.py": ["test_targets.py"],
+    "targets/config.py": ["test_targets.py"],
+    "targets/correction.py": ["test_targets.py", "test_generation.py"],
+    "types.py": ["test_types.py"],
+}
+
+
+def has_logic(path: Path) -> bool:
+    return any(isinstance(n, ast.FunctionDef | ast.ClassDef) for n in ast.parse(path.read_text()).body)
+
+
+def test_every_module_with_logic_has_its_tests():
+    modules = {
+        p.relative_to(PACKAGE).as_posix()
+        for p in PACKAGE.rglob("*.py")
+        if p.name not in ("__init__.py", "__main__.py") and "templates" not in p.parts and has_logic(p)
+    }
+    assert not modules - TESTS.keys(), f"modules with no tests named in TESTS: {sorted(modules - TESTS.keys())}"
+    assert not TESTS.keys() - modules, f"TESTS names modules that are gone: {sorted(TESTS.keys() - modules)}"
+    tests = Path(__file__).parent
+    missing = sorted({f for files in TESTS.values() for f in files if not (tests / f).exists()})
+    assert not missing, f"test files named in TESTS that do not exist: {missing}"

@@ -361,3 +361,14 @@ def test_the_cli_runs_without_the_console_script_on_path(tmp_path):
     env = {**os.environ, "PATH": os.defpath}  # as from `/path/to/venv/bin/python -m pytest`, venv not activated
     proc = subprocess.run([*CLI, "fit", "--help"], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr[-2000:]
+
+
+def test_the_readme_layout_lists_every_file_and_folder_of_the_package():
+    """The README's layout tree stays true: one line per top-level file or folder of lightning_grpo/."""
+    layout = (ROOT / "README.md").read_text().split("## Layout", 1)[1].split("```")[1]
+    listed = {line.split()[0].rstrip("/") for line in layout.splitlines() if line.startswith("  ") and line[2] != " "}
+    package = ROOT / "lightning_grpo"
+    entries = {p.name.removesuffix(".py") if p.is_file() else p.name for p in package.iterdir()}
+    entries = {e for e in entries if not e.startswith("__") and e != "py.typed"}
+    shown = {e.removesuffix(".py") for e in listed}
+    assert entries == shown, f"missing from the layout: {sorted(entries - shown)}; gone: {sorted(shown - entries)}"

@@ -10,17 +10,14 @@ import typing
 import lightning as L
 import pytest
 import torch
-from helpers import fit, logged, make_module, make_rollout
+from helpers import fit, logged, make_module
 from transformers import AutoTokenizer, MixtralConfig, MixtralForCausalLM
 
 from lightning_grpo import AdvantageConfig, LossConfig, OptimConfig, PromptDataModule, SamplingConfig
 from lightning_grpo.demo.tiny import build_tokenizer
-from lightning_grpo.dynamic import GroupBuffer, select_groups
-from lightning_grpo.loss import LOSS_TYPES, LossNormalizer
+from lightning_grpo.loss import LOSS_TYPES
 from lightning_grpo.rollout import render_prompts
 from lightning_grpo.run import seeded
-from lightning_grpo.targets import Targets, TargetSettings, UpdateConfig, optimiser_steps
-from lightning_grpo.types import RewardScores
 
 
 def data(path, batch_size=4, **kw):
@@ -30,36 +27,6 @@ def data(path, batch_size=4, **kw):
 # ---- rollout reuse: steps_per_generation ------------------------------------------------------------------
 
 
-class OneRank:
-    world_size = 1
-
-    def sum(self, t):
-        return t
-
-
-def settings(**update):
-    return TargetSettings(
-        UpdateConfig(**update), AdvantageConfig(), group_size=2, max_completion_length=5, reference=False
-    )
-
-
-def test_optimiser_steps_split_the_batch_into_shuffled_whole_groups():
-    mask = torch.ones(12, 5)
-    mask[3, 2:] = 0
-    targets = Targets(None, mask, LossNormalizer.from_mask(mask), [slice(0, 12)], None, None, None)
-    torch.manual_seed(0)
-    steps = optimiser_steps(targets, settings(steps_per_generation=3, micro_batch_size=3), OneRank())
-    rows = [s.rows.tolist() for s in steps]
-    assert sorted(r for part in rows for r in part) == list(range(12))  # every row once
-    assert all(len(part) == 4 and all(part[i] // 2 == part[i + 1] // 2 for i in (0, 2)) for part in rows)
-    assert rows != [[0, 1, 2, 3], [4, 5, 6, 7], [8, 9, 10, 11]]  # shuffled groups, as TRL shuffles
-    for step in steps:  # each step is normalised by its own tokens, in micro-batches of at most 3 rows
-        assert step.normalizer.num_tokens == mask[step.rows].sum().item()
-        assert [len(m) for m in step.micro_batches] == [3, 1]
-    with pytest.raises(ValueError, match=r"steps_per_generation=4 must divide the prompts .* \(6\)"):
-        optimiser_steps(targets, settings(steps_per_generation=4), OneRank())
-
-
 def test_steps_per_generation_takes_several_optimiser_steps_per_generation_batch(tiny_model_dir, arith_jsonl, tmp_path):
     module = make_module(
         tiny_model_dir, update={"steps_per_generation": 2, "num_iterations": 2}, loss={"epsilon": 0.01}
@@ -67,76 +34,6 @@ def test_steps_per_generation_takes_several_optimiser_steps_per_generation_batch
     trainer = fit(module, data(arith_jsonl), tmp_path, max_steps=8)
     assert trainer.global_step == 8 and trainer.fit_loop.total_batch_idx + 1 == 2  # 2 batches x 2 x 2 steps
     assert max(logged(trainer)["train/clip_ratio/region_mean"]) > 0  # later steps are off-policy and clip
-
-
-# ---- dynamic sampling: filter_groups ------------------------------------------------------------------------
-
-
-def scores_of(totals):
-    return RewardScores(torch.tensor(totals).unsqueeze(1), ["r"], torch.ones(1))
-
-
-def test_groups_with_equal_rewards_are_dropped_and_batches_concatenate():
-    a = make_rollout(["x", "y", "z", "z"])  # groups: (x, y) and (z, z)
-    flat = scores_of([1.0, 0.0, 1.0, 1.0])
-    kept, scores = select_groups(a, flat, ~flat.groups_without_signal(2))
-    assert kept.completions == ["x", "y"] and scores.per_function.squeeze(1).tolist() == [1.0, 0.0]
-    b = make_rollout(["long", "er"])
-    b.completion_ids, b.completion_mask = torch.ones(2, 5, dtype=torch.long), torch.ones(2, 5, dtype=torch.long)
-    both = kept.cat(b, pad_id=9)
-    assert both.completion_ids.shape == (4, 5) and both.completion_mask[:2].sum().item() == 4  # right-padded
-    assert both.completions == ["x", "y", "long", "er"]
-
-
-def test_group_buffer_fills_across_generation_batches():
-    buffer = GroupBuffer(pad_id=0)
-    buffer.add(make_rollout(["a", "a", "b", "c"]), scores_of([1.0, 1.0, 0.0, 1.0]))
-    assert buffer.num_groups == 1
-    buffer.add(make_rollout(["d", "e", "f", "f"]), scores_of([0.0, 1.0, 1.0, 1.0]))
-    rollout, scores, metrics = buffer.take(2)
-    assert rollout.completions == ["b", "c", "d", "e"] and buffer.num_groups == 0
-    assert metrics == {"filter_groups/num_gen_batches": 2.0, "filter_groups/kept_fraction": 0.5}
-
-
-def signal_on_even_sums(prompts, completions, **kwargs):
-    """Differing rewards only for prompts whose two digits add to an even number: the others are flat."""
-    return [len(c) / 8 if (int(p[0]) + int(p[2])) % 2 == 0 else 1.0 for p, c in zip(prompts, completions)]
-
-
-def test_filter_groups_updates_only_on_groups_with_signal(tiny_model_dir, arith_jsonl, tmp_path):
-    module = make_module(
-        tiny_model_dir,
-        reward_funcs=[signal_on_even_sums],
-        accuracy_reward=None,
-        advantages={"filter_groups": True},
-    )
-    records = []
-
-    class Keep(L.Callback):
-        def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
-            records.append(outputs["record"] if outputs else None)
-
-    trainer = fit(module, data(arith_jsonl), tmp_path, max_steps=2, callbacks=[Keep()])
-    trained = [r for r in records if r is not None]
-    assert trainer.global_step == 2 and len(records) > 2  # some batches only filled the buffer
-    for record in trained:
-        assert len(record.rollout) == 4 * 4  # a full batch of 4 groups
-        assert record.stats.rewards.frac_zero_std == 0.0
-        assert all((int(p[0]) + int(p[2])) % 2 == 0 for p in record.rollout.prompts)
-    assert logged(trainer)["train/filter_groups/kept_fraction"][0] < 1.0
-
-
-def test_filter_groups_gives_up_after_max_num_gen_batches(tiny_model_dir, arith_jsonl, tmp_path):
-    flat = lambda prompts, completions, **kw: [1.0] * len(completions)  # noqa: E731
-    module = make_module(
-        tiny_model_dir,
-        reward_funcs=[flat],
-        accuracy_reward=None,
-        advantages={"filter_groups": True, "max_num_gen_batches": 2},
-    )
-    with pytest.warns(UserWarning, match="max_num_gen_batches.*gave no group with differing rewards"):
-        trainer = fit(module, data(arith_jsonl), tmp_path, max_steps=1, max_epochs=1)
-    assert trainer.global_step == 0  # no signal, no update: nothing was trained on flat rewards
 
 
 # ---- reference sync (TR-DPO) -----------------------------------------------------------------------------

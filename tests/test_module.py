@@ -268,17 +268,3 @@ def test_test_without_a_test_split_names_the_setting(tiny_model_dir, arith_jsonl
     with pytest.raises(ValueError, match="test_split 'test' cannot be read from dataset .* set data.test_split"):
         trainer.test(module, datamodule=data, verbose=False)
     assert len([row for batch in trainer.predict(module, datamodule=data) for row in batch]) == 1  # validation rows
-
-
-def test_the_reference_runs_without_dropout_and_leaves_no_module_in_eval_mode(tiny_model_dir):
-    """Lightning warns about modules in eval mode at fit start; the reference only switches for its forward."""
-    from lightning_grpo.engines import HFGenerate
-    from lightning_grpo.model.policy import Policy
-    from lightning_grpo.rollout import SamplingConfig
-
-    policy = Policy(tiny_model_dir, reference=True).train()
-    modes = []
-    policy.reference.get_decoder().register_forward_hook(lambda module, args, out: modes.append(module.training))
-    rollout = HFGenerate().generate(policy, ["1+1="], 2, SamplingConfig(max_completion_length=4), greedy=False)
-    policy.reference_logps(rollout, [slice(0, 2)])
-    assert modes == [False] and policy.reference.training and policy.model.training

@@ -1,0 +1,81 @@
+"""dynamic.py: DAPO's dynamic sampling (filter_groups), alone and in a real fit."""
+
+import lightning as L
+import pytest
+import torch
+from helpers import fit, logged, make_module, make_rollout
+
+from lightning_grpo import PromptDataModule
+from lightning_grpo.dynamic import GroupBuffer, select_groups
+from lightning_grpo.types import RewardScores
+
+
+def data(path, batch_size=4):
+    return PromptDataModule(path, batch_size=batch_size, val_split=None)
+
+
+def scores_of(totals):
+    return RewardScores(torch.tensor(totals).unsqueeze(1), ["r"], torch.ones(1))
+
+
+def test_groups_with_equal_rewards_are_dropped_and_batches_concatenate():
+    a = make_rollout(["x", "y", "z", "z"])  # groups: (x, y) and (z, z)
+    flat = scores_of([1.0, 0.0, 1.0, 1.0])
+    kept, scores = select_groups(a, flat, ~flat.groups_without_signal(2))
+    assert kept.completions == ["x", "y"] and scores.per_function.squeeze(1).tolist() == [1.0, 0.0]
+    b = make_rollout(["long", "er"])
+    b.completion_ids, b.completion_mask = torch.ones(2, 5, dtype=torch.long), torch.ones(2, 5, dtype=torch.long)
+    both = kept.cat(b, pad_id=9)
+    assert both.completion_ids.shape == (4, 5) and both.completion_mask[:2].sum().item() == 4  # right-padded
+    assert both.completions == ["x", "y", "long", "er"]
+
+
+def test_group_buffer_fills_across_generation_batches():
+    buffer = GroupBuffer(pad_id=0)
+    buffer.add(make_rollout(["a", "a", "b", "c"]), scores_of([1.0, 1.0, 0.0, 1.0]))
+    assert buffer.num_groups == 1
+    buffer.add(make_rollout(["d", "e", "f", "f"]), scores_of([0.0, 1.0, 1.0, 1.0]))
+    rollout, scores, metrics = buffer.take(2)
+    assert rollout.completions == ["b", "c", "d", "e"] and buffer.num_groups == 0
+    assert metrics == {"filter_groups/num_gen_batches": 2.0, "filter_groups/kept_fraction": 0.5}
+
+
+def signal_on_even_sums(prompts, completions, **kwargs):
+    """Differing rewards only for prompts whose two digits add to an even number: the others are flat."""
+    return [len(c) / 8 if (int(p[0]) + int(p[2])) % 2 == 0 else 1.0 for p, c in zip(prompts, completions)]
+
+
+def test_filter_groups_updates_only_on_groups_with_signal(tiny_model_dir, arith_jsonl, tmp_path):
+    module = make_module(
+        tiny_model_dir,
+        reward_funcs=[signal_on_even_sums],
+        accuracy_reward=None,
+        advantages={"filter_groups": True},
+    )
+    records = []
+
+    class Keep(L.Callback):
+        def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
+            records.append(outputs["record"] if outputs else None)
+
+    trainer = fit(module, data(arith_jsonl), tmp_path, max_steps=2, callbacks=[Keep()])
+    trained = [r for r in records if r is not None]
+    assert trainer.global_step == 2 and len(records) > 2  # some batches only filled the buffer
+    for record in trained:
+        assert len(record.rollout) == 4 * 4  # a full batch of 4 groups
+        assert record.stats.rewards.frac_zero_std == 0.0
+        assert all((int(p[0]) + int(p[2])) % 2 == 0 for p in record.rollout.prompts)
+    assert logged(trainer)["train/filter_groups/kept_fraction"][0] < 1.0
+
+
+def test_filter_groups_gives_up_after_max_num_gen_batches(tiny_model_dir, arith_jsonl, tmp_path):
+    flat = lambda prompts, completions, **kw: [1.0] * len(completions)  # noqa: E731
+    module = make_module(
+        tiny_model_dir,
+        reward_funcs=[flat],
+        accuracy_reward=None,
+        advantages={"filter_groups": True, "max_num_gen_batches": 2},
+    )
+    with pytest.warns(UserWarning, match="max_num_gen_batches.*gave no group with differing rewards"):
+        trainer = fit(module, data(arith_jsonl), tmp_path, max_steps=1, max_epochs=1)
+    assert trainer.global_step == 0  # no signal, no update: nothing was trained on flat rewards

@@ -1,0 +1,78 @@
+"""model/policy.py: the Policy owns its reference, the strategy dispatch, gradient clipping, the MoE term and
+TR-DPO; model/config.py: the policy: settings check themselves."""
+
+import lightning as L
+import pytest
+import torch
+
+from lightning_grpo import PolicyConfig
+from lightning_grpo.engines import HFGenerate
+from lightning_grpo.model.policy import Policy
+from lightning_grpo.rollout import SamplingConfig
+from lightning_grpo.run import seeded
+
+
+def test_the_reference_runs_without_dropout_and_leaves_no_module_in_eval_mode(tiny_model_dir):
+    """Lightning warns about modules in eval mode at fit start; the reference only switches for its forward."""
+    policy = Policy(tiny_model_dir, reference=True).train()
+    modes = []
+    policy.reference.get_decoder().register_forward_hook(lambda module, args, out: modes.append(module.training))
+    rollout = HFGenerate().generate(policy, ["1+1="], 2, SamplingConfig(max_completion_length=4), greedy=False)
+    policy.reference_logps(rollout, [slice(0, 2)])
+    assert modes == [False] and policy.reference.training and policy.model.training
+
+
+def test_clip_gradients_returns_the_norm_before_clipping(tiny_model_dir):
+    policy = Policy(tiny_model_dir)
+    for p in policy.trainable_parameters():
+        p.grad = torch.ones_like(p)
+    count = sum(p.numel() for p in policy.trainable_parameters())
+    norm = policy.clip_gradients(1.0, L.Trainer(accelerator="cpu", logger=False).strategy)
+    assert norm.item() == pytest.approx(count**0.5, rel=1e-5)  # sqrt of the sum of ones: before clipping
+    after = torch.cat([p.grad.flatten() for p in policy.trainable_parameters()]).norm()
+    assert after.item() == pytest.approx(1.0, rel=1e-4)
+
+
+def test_a_dense_model_adds_no_router_loss(tiny_model_dir):
+    policy = Policy(tiny_model_dir)
+    with seeded(0, policy.device):
+        rollout = HFGenerate().generate(policy, ["1+1="], 2, SamplingConfig(max_completion_length=3), greedy=False)
+    token = policy.train_logps(rollout, slice(None))
+    assert policy.router_aux_coef == 0 and token.aux_loss is None and policy.aux_loss(token, 2) == 0.0
+
+
+def test_tr_dpo_mixes_the_policy_into_the_reference_every_n_steps(tiny_model_dir):
+    config = PolicyConfig(sync_ref_model=True, ref_model_sync_steps=2, ref_model_mixup_alpha=0.25)
+    policy = Policy(tiny_model_dir, config, reference=True)
+    with torch.no_grad():
+        for p in policy.model.parameters():
+            p.add_(1.0)
+    before = [r.clone() for r in policy.reference.parameters()]
+    policy.after_optimizer_step(1)  # not a multiple of 2: untouched
+    assert all(torch.equal(a, b) for a, b in zip(before, policy.reference.parameters()))
+    policy.after_optimizer_step(2)  # ref = 0.25 * policy + 0.75 * ref = ref + 0.25
+    for a, b in zip(before, policy.reference.parameters()):
+        torch.testing.assert_close(b, a + 0.25)
+
+
+def test_sync_ref_model_without_a_reference_is_refused(tiny_model_dir):
+    with pytest.raises(ValueError, match="policy.sync_ref_model=True updates a reference copy: it needs loss.beta > 0"):
+        Policy(tiny_model_dir, PolicyConfig(sync_ref_model=True))
+
+
+@pytest.mark.parametrize(
+    "settings,message",
+    [
+        ({"dtype": "fp8"}, "policy.dtype must be one of"),
+        ({"logprob_chunk_size": 0}, "policy.logprob_chunk_size must be None or >= 1, got 0"),
+        ({"ref_model_mixup_alpha": 1.5}, "policy.ref_model_mixup_alpha must be in [0, 1], got 1.5"),
+        (
+            {"sync_ref_model": True, "peft_config": {"r": 4}},
+            "with a peft_config the reference is the adapter switched off",
+        ),
+    ],
+)
+def test_policy_settings_check_themselves(settings, message):
+    with pytest.raises(ValueError) as err:
+        PolicyConfig(**settings)
+    assert message in str(err.value)

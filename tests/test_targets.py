@@ -1,0 +1,115 @@
+"""targets/: a scored rollout -> what the loss is computed against, each piece computed once, advantages inside."""
+
+import math
+
+import lightning as L
+import pytest
+import torch
+
+from lightning_grpo import AdvantageConfig, SamplingConfig, UpdateConfig, compute_advantages
+from lightning_grpo.engines import HFGenerate
+from lightning_grpo.loss import LossNormalizer
+from lightning_grpo.model.policy import Policy
+from lightning_grpo.ranks import Ranks
+from lightning_grpo.run import seeded
+from lightning_grpo.targets import Targets, TargetSettings, build_targets, optimiser_steps
+from lightning_grpo.targets.build import loss_mask
+from lightning_grpo.types import RewardScores
+
+
+@pytest.fixture(scope="module")
+def one_rank():
+    return Ranks(L.Trainer(accelerator="cpu", devices=1, logger=False))
+
+
+@pytest.fixture(scope="module")
+def sampled(tiny_model_dir):
+    policy = Policy(tiny_model_dir, reference=True)
+    with seeded(0, policy.device):
+        rollout = HFGenerate().generate(policy, ["1+2=", "3+0="], 4, SamplingConfig(max_completion_length=6), False)
+    scores = RewardScores(torch.tensor([[1.0], [0.0], [0.5], [0.0], [1.0], [1.0], [0.0], [0.25]]), ["r"], torch.ones(1))
+    return policy, rollout, scores
+
+
+def settings(update=None, advantages=None, reference=False, group_size=4):
+    return TargetSettings(update or UpdateConfig(), advantages or AdvantageConfig(), group_size, 6, reference)
+
+
+def test_advantages_are_computed_with_the_targets_never_later(sampled, one_rank):
+    policy, rollout, scores = sampled
+    targets = build_targets(policy, rollout, scores, scores.per_function, settings(), one_rank)
+    expected = compute_advantages(scores.total, 4).advantages
+    torch.testing.assert_close(targets.advantages, expected)
+    assert targets.old_logps is None and targets.ref_logps is None  # on-policy, no KL: nothing else to compute
+
+
+def test_off_policy_steps_and_a_reference_get_their_log_probs(sampled, one_rank):
+    policy, rollout, scores = sampled
+    s = settings(UpdateConfig(num_iterations=2), reference=True)
+    targets = build_targets(policy, rollout, scores, scores.per_function, s, one_rank)
+    shape = rollout.completion_ids.shape
+    assert targets.old_logps.shape == shape and targets.ref_logps.shape == shape
+    torch.testing.assert_close(targets.old_logps, targets.ref_logps)  # no update yet: policy == reference
+
+
+def test_reinforce_pp_kl_in_the_reward_uses_the_sampling_policy_even_on_policy(sampled, one_rank):
+    policy, rollout, scores = sampled
+    a = AdvantageConfig(adv_estimator="reinforce_plus_plus", kl_coef=0.1)
+    targets = build_targets(
+        policy, rollout, scores, scores.per_function, settings(advantages=a, reference=True), one_rank
+    )
+    assert targets.advantages.shape == rollout.completion_ids.shape  # per-token returns
+    assert targets.old_logps is None  # computed for the KL, not kept: every optimiser step is on-policy
+
+
+def test_another_engines_samples_get_correction_weights(sampled, one_rank):
+    policy, rollout, scores = sampled
+    old = policy.logps(rollout, [slice(None)])
+    rollout.sampling_logps = old - 0.5 * rollout.completion_mask  # the sampler gave each token e^0.5 less
+    try:
+        s = settings(UpdateConfig(sampling_correction="token_truncate", sampling_correction_max=10.0))
+        targets = build_targets(policy, rollout, scores, scores.per_function, s, one_rank)
+    finally:
+        rollout.sampling_logps = None
+    mask = targets.mask.bool()
+    torch.testing.assert_close(targets.sampling_weights[mask], torch.full((int(mask.sum()),), 0.5).exp())
+    assert targets.metrics()["sampling/importance_sampling_ratio/mean"] == pytest.approx(math.exp(0.5), rel=1e-5)
+    assert targets.sampling_logps is not None  # the off-policy mask compares with the sampler, as TRL does
+
+
+def test_truncated_completions_leave_the_loss_only_when_asked():
+    mask = loss_mask(torch.ones(2, 3, dtype=torch.long), torch.tensor([True, False]), True)
+    assert mask.tolist() == [[0, 0, 0], [1, 1, 1]]
+    assert loss_mask(torch.ones(2, 3), torch.tensor([True, False]), False).sum() == 6
+
+
+class OneRank:
+    world_size = 1
+
+    def sum(self, t):
+        return t
+
+
+def test_optimiser_steps_split_the_batch_into_shuffled_whole_groups():
+    mask = torch.ones(12, 5)
+    mask[3, 2:] = 0
+    targets = Targets(torch.zeros(12), mask, LossNormalizer.from_mask(mask), [slice(0, 12)], None, None, None)
+    torch.manual_seed(0)
+    s = settings(UpdateConfig(steps_per_generation=3, micro_batch_size=3), group_size=2)
+    steps = optimiser_steps(targets, s, OneRank())
+    rows = [step.rows.tolist() for step in steps]
+    assert sorted(r for part in rows for r in part) == list(range(12))  # every row once
+    assert all(len(part) == 4 and all(part[i] // 2 == part[i + 1] // 2 for i in (0, 2)) for part in rows)
+    assert rows != [[0, 1, 2, 3], [4, 5, 6, 7], [8, 9, 10, 11]]  # shuffled groups, as TRL shuffles
+    for step in steps:  # each step is normalised by its own tokens, in micro-batches of at most 3 rows
+        assert step.normalizer.num_tokens == mask[step.rows].sum().item()
+        assert [len(m) for m in step.micro_batches] == [3, 1]
+    with pytest.raises(ValueError, match=r"update.steps_per_generation=4 must divide the prompts .* \(6\)"):
+        optimiser_steps(targets, settings(UpdateConfig(steps_per_generation=4), group_size=2), OneRank())
+
+
+def test_update_settings_check_themselves():
+    with pytest.raises(ValueError) as err:
+        UpdateConfig(num_iterations=0, sampling_correction="clip", sampling_correction_max=0)
+    text = str(err.value)
+    assert "update.num_iterations must be >= 1, got 0" in text and "got 'clip'" in text and "_max must be > 0" in text
