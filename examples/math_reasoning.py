@@ -48,7 +48,7 @@ def main(argv: list[str] | None = None) -> RunSummary:
         optim=OptimConfig(learning_rate=args.learning_rate, warmup_ratio=0.05),
         loss=LossConfig(beta=0.1),
     )
-    print("rewards:", dict(zip([f.__name__ for f in module.reward_funcs], module.reward_weights)))
+    print("rewards:", dict(zip([f.__name__ for f in module.rewards.funcs], module.rewards.weights)))
     summary = RunSummary()
     trainer = L.Trainer(
         max_steps=args.max_steps,

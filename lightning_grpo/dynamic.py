@@ -17,6 +17,7 @@ import torch
 from lightning.pytorch.utilities import rank_zero_warn
 from torch import Tensor
 
+from lightning_grpo.advantages import AdvantageConfig
 from lightning_grpo.ranks import Ranks
 from lightning_grpo.types import RewardScores, Rollout
 
@@ -38,6 +39,11 @@ class GroupBuffer:
     scores: RewardScores | None = None
     num_gen_batches: int = 0  # generation batches drawn since the last update
     groups_drawn: int = 0  # groups sampled since the last update, with signal or not
+
+    @classmethod
+    def of(cls, advantages: AdvantageConfig, pad_id: int) -> GroupBuffer:
+        """The buffer for the ``advantages:`` settings (``filter_groups``, ``max_num_gen_batches``)."""
+        return cls(pad_id, advantages.filter_groups, advantages.max_num_gen_batches)
 
     @property
     def num_groups(self) -> int:

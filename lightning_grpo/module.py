@@ -30,12 +30,13 @@ from lightning_grpo.model.config import PolicyConfig
 from lightning_grpo.model.policy import Policy
 from lightning_grpo.optim import OptimConfig, build_optimizer, scheduler
 from lightning_grpo.ranks import Ranks
-from lightning_grpo.rewards.combine import import_paths, reward_set
-from lightning_grpo.rewards.scoring import RewardCallConfig, default_accuracy_reward, score_rollout, trl_trainer_state
+from lightning_grpo.rewards.calls import RewardCallConfig
+from lightning_grpo.rewards.combine import import_paths
+from lightning_grpo.rewards.scoring import RewardSet, trl_trainer_state
 from lightning_grpo.rollout import RolloutEngine, SamplingConfig
-from lightning_grpo.run import log_train_metrics, numerical_abort, seeded, step_seed
+from lightning_grpo.run import log_train_metrics, numerical_abort, optimizer_steps_of, seeded, step_seed
 from lightning_grpo.settings import GRPOSettings
-from lightning_grpo.targets import OptimiserStep, Targets, TargetSettings, UpdateConfig, build_targets, optimiser_steps
+from lightning_grpo.targets import OptimiserStep, Targets, UpdateConfig, build_targets, optimiser_steps
 from lightning_grpo.types import PromptBatch, RewardScores, Rollout, StepRecord
 
 PROGRESS_BAR = ("train/reward", "train/reward_std", "train/kl")
@@ -112,8 +113,7 @@ class GRPOModule(L.LightningModule):
             **dict(sampling=sampling, loss=loss, advantages=advantages, optim=optim),
             **dict(policy=policy, update=update, reward_calls=reward_calls),
         )
-        self.reward_funcs, self.reward_weights = reward_set(reward_funcs, reward_weights, reward_preset)
-        self.accuracy_reward = default_accuracy_reward(self.reward_funcs, accuracy_reward)
+        self.rewards = RewardSet.build(reward_funcs, reward_weights, reward_preset, accuracy_reward, s.reward_calls)
         objects = ["reward_funcs", "optimizer", "rollout_engine", *([] if isinstance(model, str) else ["model"])]
         self.save_hyperparameters(ignore=objects)  # config values only: LightningCLI parses them back on resume
         self.hparams.update(s.hparams())  # the sections as plain dicts
@@ -122,13 +122,9 @@ class GRPOModule(L.LightningModule):
         self.automatic_optimization = False
         self.optimizer_factory = optimizer
         self.policy = Policy(model, s.policy, s.reference, s.sampling.temperature, s.loss.router_aux_loss_coef)
-        self.targets = TargetSettings(
-            s.update, s.advantages, num_generations, s.sampling.max_completion_length, s.reference
-        )
+        self.targets = s.targets()
         self.entropy = EntropyController.from_config(s.loss)
-        self.group_buffer = GroupBuffer(
-            self.policy.tokenizer.pad_token_id, s.advantages.filter_groups, s.advantages.max_num_gen_batches
-        )
+        self.group_buffer = GroupBuffer.of(s.advantages, self.policy.tokenizer.pad_token_id)
         self.counters = StepCounters()
         self.grad_norm = torch.tensor(float("nan"))  # the last optimiser step's, before clipping: train/grad_norm
 
@@ -183,7 +179,7 @@ class GRPOModule(L.LightningModule):
         lr, extra = self.optimizers().param_groups[0]["lr"], extra | targets.metrics() | self.entropy.metrics()
         seconds, lengths = time.perf_counter() - start, ranks.lengths(rollout)
         stats = step_stats(
-            rollout, scores, every_rank, lengths, update, self.counters, lr, seconds, self.accuracy_reward, extra
+            rollout, scores, every_rank, lengths, update, self.counters, lr, seconds, self.rewards.accuracy, extra
         )
         log_train_metrics(self, {f"train/{k}": v for k, v in stats.metrics().items()}, PROGRESS_BAR)
         return {"loss": torch.tensor(update.loss), "record": StepRecord(rollout, scores, targets.advantages, stats)}
@@ -262,11 +258,8 @@ class GRPOModule(L.LightningModule):
         return self.engine.generate(self.policy, prompts, num_generations, s, greedy, columns=columns)
 
     def _score(self, rollout: Rollout, batch: PromptBatch) -> RewardScores:
-        calls = self.settings.reward_calls
         state = trl_trainer_state(self.global_step, self.trainer.max_steps, self.current_epoch)  # as TRL passes it
-        return score_rollout(
-            self.reward_funcs, self.reward_weights, rollout, batch.columns, calls.on_error, calls.timeout, state
-        )
+        return self.rewards.score(rollout, batch.columns, state)
 
     @override
     def validation_step(self, batch: PromptBatch, batch_idx: int) -> None:
@@ -287,7 +280,7 @@ class GRPOModule(L.LightningModule):
         per-function means, accuracy, and with several samples pass@k / mean@k of the accuracy reward."""
         k = self.settings.num_generations_eval
         rollout = self.sample(batch.prompts, num_generations=k or 1, greedy=k is None, columns=batch.columns)
-        metrics = eval_metrics(self._score(rollout, batch), rollout, self.accuracy_reward, k)
+        metrics = eval_metrics(self._score(rollout, batch), rollout, self.rewards.accuracy, k)
         self.log_dict({f"{stage}/{k}": v for k, v in metrics.items()}, batch_size=len(batch), sync_dist=True)
 
     # ---- models, optimiser, checkpoints -------------------------------------------------------------------
@@ -305,15 +298,11 @@ class GRPOModule(L.LightningModule):
 
     @override
     def configure_optimizers(self) -> dict[str, Any]:
-        o, amp = self.settings.optim, self._grad_scaler() is not None
-        optimizer = build_optimizer(self.policy.model, o, self.optimizer_factory, amp)
-        steps = self.trainer.estimated_stepping_batches
-        if self.trainer.max_steps == -1:  # counted in batches; each takes num_iterations * steps_per_generation
-            steps *= self.settings.update.optimizer_steps_per_batch
-        return {
-            "optimizer": optimizer,
-            "lr_scheduler": {"scheduler": scheduler(optimizer, o, steps), "interval": "step"},
-        }
+        s, amp = self.settings, self._grad_scaler() is not None
+        optimizer = build_optimizer(self.policy.model, s.optim, self.optimizer_factory, amp)
+        steps = optimizer_steps_of(self.trainer, s.update.optimizer_steps_per_batch)
+        schedule = {"scheduler": scheduler(optimizer, s.optim, steps), "interval": "step"}  # stepped in _optimizer_step
+        return {"optimizer": optimizer, "lr_scheduler": schedule}
 
     @override
     def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:

@@ -17,9 +17,9 @@ from lightning_grpo.checks import raise_problems
 from lightning_grpo.loss import LossConfig
 from lightning_grpo.model.config import PolicyConfig
 from lightning_grpo.optim import OptimConfig
-from lightning_grpo.rewards.scoring import RewardCallConfig
+from lightning_grpo.rewards.calls import RewardCallConfig
 from lightning_grpo.rollout import SamplingConfig
-from lightning_grpo.targets import UpdateConfig
+from lightning_grpo.targets import TargetSettings, UpdateConfig
 
 SECTIONS = {
     "sampling": SamplingConfig,
@@ -89,6 +89,12 @@ class GRPOSettings:
             ),
             *((False, problem) for problem in engine_problems(self.sampling)),
         ]
+
+    def targets(self) -> TargetSettings:
+        """What shapes the loss inputs of a step (``targets/``)."""
+        return TargetSettings(
+            self.update, self.advantages, self.num_generations, self.sampling.max_completion_length, self.reference
+        )
 
     @property
     def reference(self) -> bool:

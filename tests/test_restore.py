@@ -19,7 +19,7 @@ def trained(module, arith_jsonl, tmp_path):
 def test_load_from_checkpoint_imports_the_reward_functions(tiny_model_dir, arith_jsonl, tmp_path):
     module = make_module(tiny_model_dir, reward_weights=[1.0, 0.5])
     restored = GRPOModule.load_from_checkpoint(trained(module, arith_jsonl, tmp_path))
-    assert restored.reward_funcs == [exact_match_reward, length_reward] and restored.reward_weights == [1.0, 0.5]
+    assert restored.rewards.funcs == [exact_match_reward, length_reward] and restored.rewards.weights == [1.0, 0.5]
     for (name, saved), loaded in zip(module.policy.named_parameters(), restored.policy.parameters()):
         torch.testing.assert_close(loaded, saved, msg=name)
 
@@ -33,7 +33,7 @@ def test_reward_functions_without_an_import_path_are_given_again(tiny_model_dir,
     )
     with pytest.raises(ValueError, match="reward_funcs is empty"):
         GRPOModule.load_from_checkpoint(path)
-    assert GRPOModule.load_from_checkpoint(path, reward_funcs=[local_reward]).reward_funcs == [local_reward]
+    assert GRPOModule.load_from_checkpoint(path, reward_funcs=[local_reward]).rewards.funcs == [local_reward]
 
 
 @pytest.mark.slow  # a CLI run of the tiny template: ~20 s alone, minutes on a loaded machine
@@ -42,4 +42,4 @@ def test_a_cli_runs_checkpoint_loads_with_its_yaml_reward_functions(tmp_path):
           "--data.max_val_prompts", "4", "--trainer.num_sanity_val_steps", "0"])  # fmt: skip
     checkpoint = next(tmp_path.glob("lightning_logs/version_0/checkpoints/*.ckpt"))
     restored = GRPOModule.load_from_checkpoint(checkpoint)
-    assert restored.reward_funcs == [exact_match_reward] and restored.loss_config.beta == 0.1  # sections restored
+    assert restored.rewards.funcs == [exact_match_reward] and restored.settings.loss.beta == 0.1  # sections restored

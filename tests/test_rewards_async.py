@@ -8,7 +8,8 @@ import time
 import pytest
 from helpers import make_rollout
 
-from lightning_grpo.rewards.scoring import is_async_reward, score_rollout, slow_reward
+from lightning_grpo.rewards.convention import is_async_reward, slow_reward
+from lightning_grpo.rewards.scoring import score_rollout
 
 
 async def first_async_reward(completions, **kwargs):

@@ -4,7 +4,7 @@ import time
 import pytest
 
 from lightning_grpo.rewards.code_execution import CodeExecutionReward, code_execution_reward, parse_tests, score
-from lightning_grpo.rewards.scoring import check_reward_range
+from lightning_grpo.rewards.convention import check_reward_range
 from lightning_grpo.sandbox.runner import SandboxResult
 
 ADD = "Here you go:\n```python\ndef add(a, b):\n    return a + b\n```\nIt adds."

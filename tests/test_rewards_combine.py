@@ -5,9 +5,9 @@ import pickle
 import pytest
 
 from lightning_grpo.rewards import PRESETS, combine, preset, weighted
+from lightning_grpo.rewards.convention import check_reward_weights, is_async_reward, reward_name, slow_reward
 from lightning_grpo.rewards.correctness import exact_match_reward
 from lightning_grpo.rewards.format import soft_think_format_reward
-from lightning_grpo.rewards.scoring import check_reward_weights, is_async_reward, reward_name, slow_reward
 
 
 async def async_half_reward(completions, **kwargs):

@@ -7,7 +7,7 @@ import pytest
 
 import lightning_grpo.rewards as rewards
 from lightning_grpo.rewards.code_execution import CodeExecutionReward
-from lightning_grpo.rewards.scoring import reward_name
+from lightning_grpo.rewards.convention import reward_name
 
 TEXTS = [
     "<think>\nStep 1: add.\n</think>\n<answer>7</answer>",

@@ -6,13 +6,8 @@ import time
 import pytest
 from helpers import make_rollout
 
-from lightning_grpo.rewards.scoring import (
-    check_reward_weights,
-    default_accuracy_reward,
-    reward_names,
-    score_rollout,
-    trl_trainer_state,
-)
+from lightning_grpo.rewards.convention import check_reward_weights, reward_names
+from lightning_grpo.rewards.scoring import default_accuracy_reward, score_rollout, trl_trainer_state
 
 
 def length_reward(completions, **kwargs):

@@ -90,9 +90,9 @@ def test_missing_pad_falls_back_to_eos(tiny_model_dir):
 
 def test_reward_preset_adds_weighted_functions(tiny_model_dir):
     module = GRPOModule(model=tiny_model_dir, reward_funcs=[exact_match_reward], reward_preset="qa")
-    names = [f.__name__ for f in module.reward_funcs]
+    names = [f.__name__ for f in module.rewards.funcs]
     assert names[0] == "exact_match_reward" and "normalized_match_reward" in names
-    assert module.reward_weights[:2] == [1.0, 1.0] and len(module.reward_weights) == len(names)
+    assert module.rewards.weights[:2] == [1.0, 1.0] and len(module.rewards.weights) == len(names)
     with pytest.raises(ValueError, match="preset must be one of"):
         GRPOModule(model=NOT_A_MODEL, reward_preset="poetry")
 

@@ -18,6 +18,7 @@ from lightning_grpo.rewards.combine import (
     preset,
     weighted,
 )
+from lightning_grpo.rewards.convention import RewardFunc, is_async_reward, reward_name, slow_reward
 from lightning_grpo.rewards.correctness import (
     FuzzyMatchReward,
     exact_match_reward,
@@ -49,7 +50,7 @@ from lightning_grpo.rewards.length import (
 )
 from lightning_grpo.rewards.math_equivalence import MathVerifyReward, math_verify_reward
 from lightning_grpo.rewards.model import RewardModel
-from lightning_grpo.rewards.scoring import RewardFunc, is_async_reward, reward_name, score_rollout, slow_reward
+from lightning_grpo.rewards.scoring import score_rollout
 from lightning_grpo.rewards.style import RepetitionPenalty, citation_reward, reasoning_steps_reward, repetition_penalty
 from lightning_grpo.rewards.text import answer_text, completion_text, extract_code
 from lightning_grpo.sandbox.runner import Sandbox, SandboxResult

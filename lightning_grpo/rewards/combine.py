@@ -14,20 +14,13 @@ from typing import Any
 
 import torch
 
+from lightning_grpo.rewards.calls import Calls, RewardCallConfig, call_rewards
 from lightning_grpo.rewards.code_execution import code_execution_reward
+from lightning_grpo.rewards.convention import RewardFunc, check_reward_weights, is_async_reward, reward_name
 from lightning_grpo.rewards.correctness import fuzzy_match_reward, normalized_match_reward, rouge_l_reward
 from lightning_grpo.rewards.format import python_syntax_reward, soft_think_format_reward
 from lightning_grpo.rewards.length import length_bounds_reward
 from lightning_grpo.rewards.math_equivalence import math_verify_reward
-from lightning_grpo.rewards.scoring import (
-    Calls,
-    RewardCallConfig,
-    RewardFunc,
-    call_rewards,
-    check_reward_weights,
-    is_async_reward,
-    reward_name,
-)
 from lightning_grpo.rewards.style import reasoning_steps_reward, repetition_penalty
 from lightning_grpo.types import weighted_total
 
