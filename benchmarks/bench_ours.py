@@ -52,7 +52,7 @@ def build(spec: RunSpec) -> tuple[GRPOModule, PromptDataModule]:
         num_generations=spec.num_generations,
         seed=spec.seed,
         rollout_engine=engine(spec),
-        share_prompt_prefix=spec.share_prompt_prefix,
+        policy={"share_prompt_prefix": spec.share_prompt_prefix},
         sampling={
             "max_prompt_length": spec.max_prompt_length,
             "max_completion_length": spec.max_completion_length,

@@ -229,11 +229,10 @@ def grpo_module(model: Any, tokenizer: Any, s: Settings, lora: bool) -> Any:
 
     return GRPOModule(
         model=model,
-        tokenizer=tokenizer,
         reward_funcs=[char_length_reward],
         num_generations=s.num_generations,
-        micro_batch_size=s.micro_batch_size,
-        peft_config=LORA if lora else None,
+        update={"micro_batch_size": s.micro_batch_size},
+        policy={"tokenizer": tokenizer, "peft_config": LORA if lora else None},
         sampling={"max_completion_length": s.max_completion_length},
         loss={"beta": s.beta},
         optim={"learning_rate": 1e-6},
