@@ -12,8 +12,10 @@ the trainer's recomputation with the weights at the start of the generation batc
 ``build_targets`` computes it whenever a correction is on); the *current* policy is the one being trained
 (``logps`` in the loss). Every row weights the clipped surrogate of current/proximal by a function of
 proximal/behaviour, so every row is a decoupled loss; the ``decoupled`` row is AReaL's own weight
-(``behav_imp_weight_cap``: token ratios above the cap are dropped, no lower bound). In a synchronous run it
-equals ``token_mask`` with the same cap; it exists so an async engine names the form it relies on.
+(``behav_imp_weight_cap``: token ratios above the cap are dropped, no lower bound); its weights are
+``token_mask``'s with the same cap (tested), its default cap AReaL's examples' 5. With a stale sampler (async
+training) nothing changes in the math: ``old_logps`` must then be recomputed with the trainer's weights when the
+batch is trained, which is what ``build_targets`` does, while ``sampling_logps`` stay the stale sampler's.
 
 Where we deviate from verl (``rollout_corr_helper.py``): a rejected token or sequence gets weight 0 but stays in
 the loss normaliser (TRL's ``*_mask`` semantics), whereas verl's rejection sampling removes it from the
