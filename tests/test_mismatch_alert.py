@@ -10,6 +10,7 @@ import re
 import pytest
 import torch
 from helpers import fit, make_module
+from test_docs import METRICS_TABLE, metric_patterns
 from test_generation import ShiftedSampler
 
 from lightning_grpo import PromptDataModule
@@ -54,6 +55,9 @@ def test_a_run_writes_the_mismatch_metrics(tiny_model_dir, arith_jsonl, tmp_path
             assert row[f"train/sampling/token_ratio/{p}"] == pytest.approx(e, rel=1e-4)
         assert row["train/sampling/ess/token"] == pytest.approx(1.0, abs=1e-6)  # equal ratios: no variance
         assert row["train/sampling/importance_sampling_ratio/mean"] == pytest.approx(e, rel=1e-4)  # inside [0.5, 5]
+    patterns = metric_patterns(METRICS_TABLE.read_text())
+    undocumented = [k for k in rows[0] if k.startswith("train/") and not any(p.fullmatch(k) for p in patterns)]
+    assert not undocumented, f"add these to references/metrics.md: {undocumented}"
 
 
 def test_a_shifted_sampler_stops_the_run(tiny_model_dir, arith_jsonl, tmp_path):
