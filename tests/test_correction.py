@@ -19,6 +19,7 @@ from lightning_grpo.targets.correction import (
     correction_bounds,
     mismatch_stats,
     normalised_ess,
+    percentiles,
     sampling_correction,
 )
 
@@ -281,3 +282,9 @@ def test_bad_bounds_are_named(settings, message):
     with pytest.raises(ValueError) as err:
         UpdateConfig(**settings)
     assert message in str(err.value)
+
+
+def test_percentiles_equal_torch_quantile():
+    x = torch.rand(1001, generator=torch.Generator().manual_seed(0)) * 3
+    qs = (0.05, 0.5, 0.95)
+    assert percentiles(x, qs) == pytest.approx(torch.quantile(x, torch.tensor(qs)).tolist(), rel=1e-6)
