@@ -269,8 +269,8 @@ def test_bounds_default_per_correction_and_settings_override():
 @pytest.mark.parametrize(
     "settings,message",
     [
-        ({"sampling_correction_max": 0.0}, "update.sampling_correction_max must be None or > 0, got 0.0"),
-        ({"sampling_correction_min": -1.0}, "update.sampling_correction_min must be None or >= 0, got -1.0"),
+        ({"sampling_correction_max": 0.0}, "update.sampling_correction_max must be > 0 (None: the default), got 0.0"),
+        ({"sampling_correction_min": -1.0}, "sampling_correction_min must be >= 0 (None: the default), got -1.0"),
         (
             {"sampling_correction": "icepop", "sampling_correction_min": 6.0},
             "update.sampling_correction_min must be below update.sampling_correction_max for 'icepop', got [6.0, 5.0]",

@@ -67,8 +67,8 @@ class UpdateConfig:
     def _bound_checks(self) -> list[tuple[bool, str]]:
         low, high = self.sampling_correction_min, self.sampling_correction_max
         checks = [
-            (low is None or low >= 0, f"update.sampling_correction_min must be None or >= 0, got {low!r}"),
-            (high is None or high > 0, f"update.sampling_correction_max must be None or > 0, got {high!r}"),
+            (low is None or low >= 0, f"update.sampling_correction_min must be >= 0 (None: the default), got {low!r}"),
+            (high is None or high > 0, f"update.sampling_correction_max must be > 0 (None: the default), got {high!r}"),
         ]
         if self.sampling_correction in CORRECTIONS:
             low, high = self.correction_bounds
