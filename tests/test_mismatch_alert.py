@@ -65,21 +65,21 @@ def test_a_shifted_sampler_stops_the_run(tiny_model_dir, arith_jsonl, tmp_path):
     module = make_module(tiny_model_dir, rollout_engine=ShiftedSampler(0.3))
     trainer = fit(module, data(arith_jsonl), tmp_path, max_steps=10, callbacks=[alert])
     assert trainer.global_step == 2
-    assert {f.signal for f in alert.firings} == {"token_mult_prob_error", "sampling/kl"}  # the ESS stays 1
+    assert {f.signal for f in alert.firings} == {"token_mult_prob_error", "sampler_kl"}  # the ESS stays 1
     assert "token_mult_prob_error = 1.35 > 1.1 for 2 consecutive steps" in alert.firings[0].message
     written = lines(run_dir(trainer) / "alerts.jsonl")
     assert {w["alert"] for w in written} == {"MismatchAlert"} and "same dtype" in written[0]["message"]
     last = torch.load(run_dir(trainer) / "checkpoints/last.ckpt", weights_only=False)
     restored = MismatchAlert(patience=2, action="stop")
     restored.load_state_dict(next(v for k, v in last["callbacks"].items() if k.startswith("MismatchAlert")))
-    assert restored.counts == alert.counts == {"token_mult_prob_error": 2, "sampling/kl": 2}
+    assert restored.counts == alert.counts == {"token_mult_prob_error": 2, "sampler_kl": 2}
     assert [f.message for f in restored.firings] == [f.message for f in alert.firings]
 
 
 def test_a_noisy_sampler_raises_on_the_effective_sample_size(tiny_model_dir, arith_jsonl, tmp_path):
     alert = MismatchAlert(max_token_mult_prob_error=100.0, max_kl=100.0, min_ess=0.5, patience=1, action="raise")
     module = make_module(tiny_model_dir, rollout_engine=NoisySampler(1.5))
-    with pytest.raises(GRPOAlertError, match=r"sampling/ess/token = 0\.\d+ < 0.5 for 1 consecutive steps"):
+    with pytest.raises(GRPOAlertError, match=r"sampler_ess = 0\.\d+ < 0.5 for 1 consecutive steps"):
         fit(module, data(arith_jsonl), tmp_path, max_steps=3, callbacks=[alert])
 
 
@@ -103,8 +103,12 @@ def test_the_cli_has_it_on_and_a_run_shows_it(tiny_model_dir, arith_jsonl, tmp_p
     run = next(root.glob("lightning_logs/version_*"))
     rows = [r for r in lines(run / "metrics.jsonl") if "train/loss" in r]
     assert [r["train/sampling/token_mult_prob_error"] for r in rows] == pytest.approx([math.exp(0.3)] * 3, rel=1e-4)
+    patterns = metric_patterns(METRICS_TABLE.read_text())
+    names = {k for r in rows for k in r if k.startswith("train/")}
+    assert "train/alerts/sampler_kl" in names
+    assert not [k for k in names if not any(p.fullmatch(k) for p in patterns)]  # alerts included: all documented
     fired = [a for a in lines(run / "alerts.jsonl") if a["alert"] == "MismatchAlert"]
-    assert {a["signal"] for a in fired} == {"token_mult_prob_error", "sampling/kl"} and fired[0]["step"] == 2
+    assert {a["signal"] for a in fired} == {"token_mult_prob_error", "sampler_kl"} and fired[0]["step"] == 2
 
 
 def test_bad_settings_are_named():

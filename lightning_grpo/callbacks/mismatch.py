@@ -4,10 +4,11 @@ Signals, over the loss tokens of the global batch (``StepStats.mismatch``, prese
 ``update.sampling_correction`` is on):
 - ``token_mult_prob_error`` over ``max_token_mult_prob_error`` (1.1): NeMo-RL's nightly runs fail when its median
   passes 1.1 (tokens' probabilities off by ~10% on average);
-- ``sampling/kl`` (k3 KL(sampler || trainer)) over ``max_kl`` (0.01): NeMo-RL's runs gate their ``gen_kl_error``
-  mean under 0.01;
-- the normalised effective sample size of the token ratios under ``min_ess`` (0.5): the re-weighted batch carries
-  less than half its tokens' information, a few tokens dominate the correction.
+- ``sampler_kl``: ``sampling/kl`` (k3 KL(sampler || trainer)) over ``max_kl`` (0.01): NeMo-RL's runs gate their
+  ``gen_kl_error`` mean under 0.01;
+- ``sampler_ess``: ``sampling/ess/token``, the normalised effective sample size of the token ratios, under
+  ``min_ess`` (0.5): the re-weighted batch carries less than half its tokens' information, a few tokens dominate
+  the correction.
 Under the first two, uncorrected training degrades (NeMo-RL #1330, the "When Speed Kills Stability" study); under
 the third, the correction's variance does.
 """
@@ -81,6 +82,6 @@ class MismatchAlert(Alert):
         error = above("token_mult_prob_error", m.token_mult_prob_error, self.max_token_mult_prob_error, ADVICE)
         return (
             error
-            + above("sampling/kl", m.kl, self.max_kl, ADVICE)
-            + below("sampling/ess/token", m.ess_token, self.min_ess, ESS_ADVICE)
+            + above("sampler_kl", m.kl, self.max_kl, ADVICE)
+            + below("sampler_ess", m.ess_token, self.min_ess, ESS_ADVICE)
         )
