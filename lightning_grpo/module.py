@@ -181,6 +181,7 @@ class GRPOModule(L.LightningModule):
         stats = step_stats(
             rollout, scores, every_rank, lengths, update, self.counters, lr, seconds, self.rewards.accuracy, extra
         )
+        stats = dataclasses.replace(stats, mismatch=targets.mismatch)  # the typed view for MismatchAlert
         log_train_metrics(self, {f"train/{k}": v for k, v in stats.metrics().items()}, PROGRESS_BAR)
         return {"loss": torch.tensor(update.loss), "record": StepRecord(rollout, scores, targets.advantages, stats)}
 

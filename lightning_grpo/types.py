@@ -331,6 +331,35 @@ class UpdateStats:
 
 
 @dataclass(frozen=True)
+class MismatchStats:
+    """How far the sampler's log-probs (another engine: vLLM) are from the trainer's, over the loss tokens of the
+    global batch. ``targets.correction.mismatch_stats`` defines each number."""
+
+    token_mult_prob_error: float  # mean exp(|trainer - sampler logp|) per token, 1 when equal (NeMo-RL's)
+    kl: float  # KL(sampler || trainer), k3 estimator on the sampled tokens
+    logp_diff_mean: float  # mean |trainer - sampler logp| (TRL's sampling_logp_difference/mean)
+    logp_diff_max: float
+    ratio_p5: float  # percentiles of the token ratio trainer/sampler
+    ratio_p50: float
+    ratio_p95: float
+    ess_token: float  # normalised effective sample size of the token ratios, in (0, 1]
+    ess_sequence: float  # of the completions' ratios (product over their tokens)
+
+    def metrics(self) -> dict[str, float]:
+        return {
+            "sampling/token_mult_prob_error": self.token_mult_prob_error,
+            "sampling/kl": self.kl,
+            "sampling/sampling_logp_difference/mean": self.logp_diff_mean,
+            "sampling/sampling_logp_difference/max": self.logp_diff_max,
+            "sampling/token_ratio/p5": self.ratio_p5,
+            "sampling/token_ratio/p50": self.ratio_p50,
+            "sampling/token_ratio/p95": self.ratio_p95,
+            "sampling/ess/token": self.ess_token,
+            "sampling/ess/sequence": self.ess_sequence,
+        }
+
+
+@dataclass(frozen=True)
 class StepStats:
     """Every number a training step reports. ``metrics()`` names them as TRL does (``reward``, ``kl`` ...)."""
 
@@ -344,6 +373,7 @@ class StepStats:
     step_time: float  # seconds
     reward_errors: dict[str, int] = field(default_factory=dict)  # failed rows per function (skip / zero)
     extra: dict[str, float] = field(default_factory=dict)  # the rollout engine's and reward functions' own metrics
+    mismatch: MismatchStats | None = None  # when another engine sampled; its metrics come through ``extra``
 
     def metrics(self) -> dict[str, float]:
         return {

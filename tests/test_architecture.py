@@ -134,6 +134,7 @@ TESTS = {
     "callbacks/export.py": ["test_module.py", "test_lora.py"],
     "callbacks/final.py": ["test_callbacks.py"],
     "callbacks/metricsfile.py": ["test_rundir.py"],
+    "callbacks/mismatch.py": ["test_mismatch_alert.py"],
     "callbacks/monitor.py": ["test_callbacks.py"],
     "callbacks/preemption.py": ["test_resume.py"],
     "callbacks/progress.py": ["test_progress.py"],
@@ -201,7 +202,7 @@ TESTS = {
     "settings.py": ["test_settings.py"],
     "targets/build.py": ["test_targets.py"],
     "targets/config.py": ["test_targets.py"],
-    "targets/correction.py": ["test_targets.py", "test_generation.py"],
+    "targets/correction.py": ["test_correction.py", "test_targets.py", "test_generation.py"],
     "types.py": ["test_types.py"],
 }
 

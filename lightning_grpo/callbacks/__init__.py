@@ -6,6 +6,7 @@ from lightning_grpo.callbacks.divergence import KLAlert
 from lightning_grpo.callbacks.export import HFExport
 from lightning_grpo.callbacks.final import ValidateAtEnd
 from lightning_grpo.callbacks.metricsfile import MetricsFile
+from lightning_grpo.callbacks.mismatch import MismatchAlert
 from lightning_grpo.callbacks.monitor import RewardMonitor
 from lightning_grpo.callbacks.preemption import PreemptionCheckpoint
 from lightning_grpo.callbacks.samples import CompletionSampleLogger
@@ -18,6 +19,7 @@ __all__ = [
     "HFExport",
     "KLAlert",
     "MetricsFile",
+    "MismatchAlert",
     "ModeCollapseAlert",
     "PreemptionCheckpoint",
     "RewardMonitor",

@@ -20,8 +20,8 @@ from lightning_grpo.model.logprobs import TokenLogps
 from lightning_grpo.model.policy import Policy
 from lightning_grpo.ranks import Ranks
 from lightning_grpo.targets.config import UpdateConfig
-from lightning_grpo.targets.correction import correction_metrics, sampling_correction
-from lightning_grpo.types import RewardScores, Rollout
+from lightning_grpo.targets.correction import correction_metrics, mismatch_stats, sampling_correction
+from lightning_grpo.types import MismatchStats, RewardScores, Rollout
 
 
 @dataclass(frozen=True)
@@ -53,6 +53,7 @@ class Targets:
     ref_logps: Tensor | None  # [N, T] when a reference is needed
     sampling_weights: Tensor | None  # [N, T] or [N, 1] when another engine sampled (vLLM)
     sampling_logps: Tensor | None = None  # [N, T] that engine's own log-probs (the off-policy mask compares them)
+    mismatch: MismatchStats | None = None  # sampler vs trainer log-probs over every rank's loss tokens
 
     def loss(
         self, token: TokenLogps, rows: slice | Tensor, norm: LossNormalizer, config: LossConfig, entropy_coef: float
@@ -73,8 +74,10 @@ class Targets:
         )
 
     def metrics(self) -> dict[str, float]:
-        """The sampler correction's range over the loss tokens (none when the policy sampled)."""
-        return correction_metrics(self.sampling_weights, self.mask)
+        """The sampler correction's range over the loss tokens and the sampler/trainer mismatch (``sampling/*``;
+        none when the policy sampled)."""
+        mismatch = self.mismatch.metrics() if self.mismatch is not None else {}
+        return correction_metrics(self.sampling_weights, self.mask) | mismatch
 
 
 @dataclass(frozen=True)
@@ -136,9 +139,8 @@ def build_targets(
     ref_logps = policy.reference_logps(rollout, rows) if s.reference else None
     weights = None
     if correct:
-        weights = sampling_correction(
-            old_logps, rollout.sampling_logps, mask, u.sampling_correction, clip_max=u.sampling_correction_max
-        )
+        low, high = u.correction_bounds
+        weights = sampling_correction(old_logps, rollout.sampling_logps, mask, u.sampling_correction, low, high)
     return Targets(
         advantages=_advantages(every_rank, scores.weights, mask, old_logps, ref_logps, s, ranks),
         mask=mask,
@@ -148,7 +150,13 @@ def build_targets(
         ref_logps=ref_logps,
         sampling_weights=weights,
         sampling_logps=rollout.sampling_logps,
+        mismatch=_mismatch(old_logps, rollout.sampling_logps, mask, ranks) if correct else None,
     )
+
+
+def _mismatch(old_logps: Tensor, sampling_logps: Tensor, mask: Tensor, ranks: Ranks) -> MismatchStats | None:
+    """The mismatch over every rank's loss tokens (a collective), so that every rank logs and alerts alike."""
+    return mismatch_stats(*(ranks.gather_padded(t) for t in (old_logps, sampling_logps, mask)))
 
 
 def _advantages(

@@ -6,7 +6,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 from lightning_grpo.checks import raise_problems
-from lightning_grpo.targets.correction import SAMPLING_CORRECTIONS
+from lightning_grpo.targets.correction import CORRECTIONS, SAMPLING_CORRECTIONS, correction_bounds
 
 
 @dataclass(frozen=True)
@@ -21,10 +21,17 @@ class UpdateConfig:
         micro_batch_size: completions per forward/backward pass; gradients accumulate over the optimiser step.
             ``None`` takes all at once. Any value gives the same update.
         mask_truncated_completions: drop completions without EOS from the loss (DAPO).
-        sampling_correction: when another engine sampled (vLLM), re-weight the loss by the policy/sampler
-            probability ratio: token_truncate, token_mask, sequence_truncate, sequence_mask (TRL's default) or
-            ``None`` (off). Logged as ``train/sampling/importance_sampling_ratio/*``.
-        sampling_correction_max: the ratio's upper bound (clamped for ``*_truncate``, zeroed for ``*_mask``).
+        sampling_correction: when another engine sampled (vLLM), re-weight the policy term by the trainer/sampler
+            probability ratio rho (``targets/correction.py``, defaults in brackets): TRL's token_truncate,
+            token_mask, sequence_truncate, sequence_mask (TRL's default) [rho <= 3]; icepop, rho per token kept
+            inside [0.5, 5] and 0 outside; geometric_mask, a completion kept (weight 1) while the geometric mean
+            of its token ratios is inside [0.999, 1.001] (verl's preset) and dropped otherwise; decoupled, AReaL's
+            behaviour weight, rho per token, 0 above the cap [5]; or ``None`` (off). Weights logged as
+            ``train/sampling/importance_sampling_ratio/*``; the mismatch itself as ``train/sampling/*``.
+        sampling_correction_min: the ratio's lower bound (TRL's ``vllm_importance_sampling_clip_min``); ``None``
+            takes the correction's default (none for TRL's four).
+        sampling_correction_max: the ratio's upper bound (TRL's ``vllm_importance_sampling_clip_max``: clamped
+            for ``*_truncate``, zeroed above for the masks); ``None`` takes the correction's default, ``.inf`` none.
     """
 
     num_iterations: int = 1
@@ -32,7 +39,8 @@ class UpdateConfig:
     micro_batch_size: int | None = None
     mask_truncated_completions: bool = False
     sampling_correction: Literal[SAMPLING_CORRECTIONS] | None = "sequence_mask"
-    sampling_correction_max: float = 3.0
+    sampling_correction_min: float | None = None
+    sampling_correction_max: float | None = None
 
     def __post_init__(self) -> None:
         corrections = [*SAMPLING_CORRECTIONS, None]
@@ -52,12 +60,31 @@ class UpdateConfig:
                     self.sampling_correction in corrections,
                     f"update.sampling_correction must be one of {corrections}, got {self.sampling_correction!r}",
                 ),
-                (
-                    self.sampling_correction_max > 0,
-                    f"update.sampling_correction_max must be > 0, got {self.sampling_correction_max!r}",
-                ),
+                *self._bound_checks(),
             ],
         )
+
+    def _bound_checks(self) -> list[tuple[bool, str]]:
+        low, high = self.sampling_correction_min, self.sampling_correction_max
+        checks = [
+            (low is None or low >= 0, f"update.sampling_correction_min must be >= 0 (None: the default), got {low!r}"),
+            (high is None or high > 0, f"update.sampling_correction_max must be > 0 (None: the default), got {high!r}"),
+        ]
+        if self.sampling_correction in CORRECTIONS:
+            low, high = self.correction_bounds
+            checks.append(
+                (
+                    low < high,
+                    f"update.sampling_correction_min must be below update.sampling_correction_max for "
+                    f"{self.sampling_correction!r}, got [{low!r}, {high!r}]",
+                )
+            )
+        return checks
+
+    @property
+    def correction_bounds(self) -> tuple[float, float]:
+        """[low, high] of ``sampling_correction``: the settings, or the correction's defaults where ``None``."""
+        return correction_bounds(self.sampling_correction, self.sampling_correction_min, self.sampling_correction_max)
 
     @property
     def off_policy(self) -> bool:

@@ -1,0 +1,87 @@
+"""MismatchAlert: the engine that samples (vLLM) and the trainer disagree on the probabilities of the tokens.
+
+Signals, over the loss tokens of the global batch (``StepStats.mismatch``, present when another engine sampled and
+``update.sampling_correction`` is on):
+- ``token_mult_prob_error`` over ``max_token_mult_prob_error`` (1.1): NeMo-RL's nightly runs fail when its median
+  passes 1.1 (tokens' probabilities off by ~10% on average);
+- ``sampler_kl``: ``sampling/kl`` (k3 KL(sampler || trainer)) over ``max_kl`` (0.01): NeMo-RL's runs gate their
+  ``gen_kl_error`` mean under 0.01;
+- ``sampler_ess``: ``sampling/ess/token``, the normalised effective sample size of the token ratios, under
+  ``min_ess`` (0.5): the re-weighted batch carries less than half its tokens' information, a few tokens dominate
+  the correction.
+Under the first two, uncorrected training degrades (NeMo-RL #1330, the "When Speed Kills Stability" study); under
+the third, the correction's variance does.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import lightning as L
+from typing_extensions import override
+
+from lightning_grpo.callbacks.alerts import Alert, Signal, above, below
+from lightning_grpo.types import StepRecord
+
+ADVICE = (
+    "check that the sampler's weights are synced after each optimiser step and that both engines run the same "
+    "dtype (fp32 or bf16 on both; vLLM's fp8/quantised KV caches raise it); keep update.sampling_correction on "
+    "(icepop or sequence_mask are the robust choices)"
+)
+ESS_ADVICE = "a masking correction (icepop, sequence_mask) rather than truncation, or fix the mismatch at its source"
+
+
+class MismatchAlert(Alert):
+    """Warns, stops or raises when the sampler's and the trainer's log-probs of the sampled tokens drift apart.
+
+    Nothing to observe when the policy samples itself (HFGenerate, LeanDecode) or with
+    ``update.sampling_correction: null``: the alert then stays silent.
+
+    Args:
+        max_token_mult_prob_error: mean ``exp(|trainer logp - sampler logp|)`` per token above this is a signal
+            (1 when the engines agree; NeMo-RL's CI bound is 1.1).
+        max_kl: KL(sampler || trainer), k3 estimator per token, above this is a signal.
+        min_ess: normalised effective sample size of the token ratios, in (0, 1], below this is a signal.
+        patience: consecutive steps a signal must last before the alert fires.
+        action: warn, stop or raise.
+
+    Example::
+
+        import lightning as L
+        from lightning_grpo.callbacks import MismatchAlert
+
+        trainer = L.Trainer(callbacks=[MismatchAlert(max_kl=0.005, action="stop")], max_steps=0, logger=False)
+    """
+
+    def __init__(
+        self,
+        max_token_mult_prob_error: float = 1.1,
+        max_kl: float = 0.01,
+        min_ess: float = 0.5,
+        patience: int = 3,
+        action: str = "warn",
+    ) -> None:
+        super().__init__(patience=patience, action=action)
+        if max_token_mult_prob_error < 1:
+            raise ValueError(f"max_token_mult_prob_error must be >= 1 (1: agreement), got {max_token_mult_prob_error}")
+        if max_kl < 0:
+            raise ValueError(f"max_kl must be >= 0, got {max_kl}")
+        if not 0 <= min_ess <= 1:
+            raise ValueError(f"min_ess must be in [0, 1], got {min_ess}")
+        self.max_token_mult_prob_error, self.max_kl, self.min_ess = max_token_mult_prob_error, max_kl, min_ess
+
+    @override
+    def settings(self) -> dict[str, Any]:
+        return {**super().settings(), "limits": (self.max_token_mult_prob_error, self.max_kl, self.min_ess)}
+
+    @override
+    def signals(self, trainer: L.Trainer, record: StepRecord) -> list[Signal]:
+        m = record.stats.mismatch
+        if m is None:
+            return []
+        error = above("token_mult_prob_error", m.token_mult_prob_error, self.max_token_mult_prob_error, ADVICE)
+        return (
+            error
+            + above("sampler_kl", m.kl, self.max_kl, ADVICE)
+            + below("sampler_ess", m.ess_token, self.min_ess, ESS_ADVICE)
+        )
