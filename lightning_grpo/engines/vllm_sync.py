@@ -1,0 +1,120 @@
+"""The policy's weights -> what a vLLM engine loads, and the proof that it loaded them. Shared by ``VLLMColocate``
+and ``VLLMServer``; knows the policy (plain, LoRA, sharded) and nothing about how the bytes travel.
+
+A push that delivers nothing fails silently in every peer (verl #7495: an adapter never reached the engine for
+two months; vLLM leaves a tied LM head stale with only a log line): the run then trains on samples of the
+initial policy. So after a push the engine decodes a fixed probe prompt greedily and ``check_sync`` compares that
+with the policy's own forward: each engine token must be the policy's top token (up to ``atol``) and its log-prob
+the policy's within ``atol``. A mismatch raises ``WeightSyncError`` naming the engine, the step and what differed.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+from lightning_grpo.model.policy import Policy
+from lightning_grpo.model.sharding import full_state_dict, is_sharded
+
+# |engine - policy| log-prob tolerance by the policy's dtype: both sides in fp32 agree to ~2e-6 (vLLM-CPU with
+# processed_logprobs, GRPO_REFERENCE.md); half precision kernels differ by ~1e-2 on ordinary tokens.
+SYNC_ATOL = {torch.float32: 1e-3, torch.bfloat16: 0.1, torch.float16: 0.05}
+PROBE_TOKENS = 8  # greedy tokens decoded on the probe prompt after a push
+
+
+class WeightSyncError(RuntimeError):
+    """The engine does not generate from the policy's current weights."""
+
+
+def inference_weights(policy: Policy) -> dict[str, Tensor]:
+    """The policy's weights under Hugging Face names, as vLLM's loaders take them, detached. A LoRA policy's
+    adapter is merged in (the base weights as the adapter changes them); a tied LM head is listed under its own
+    name (vLLM keeps a separate tensor: reloading without it leaves the head stale). Every rank calls it: a
+    sharded policy is gathered first (a collective)."""
+    model = policy.model
+    with _merged(model) if policy.is_lora else contextlib.nullcontext():
+        state = full_state_dict(model) if is_sharded(model) else model.state_dict()
+        weights = {_hf_name(name): t.detach().clone() for name, t in state.items() if "lora_" not in name}
+    if "lm_head.weight" not in weights and "model.embed_tokens.weight" in weights:
+        weights["lm_head.weight"] = weights["model.embed_tokens.weight"].clone()  # a tensor of its own: safetensors
+    return weights
+
+
+@contextlib.contextmanager
+def _merged(model: torch.nn.Module) -> Iterator[None]:
+    """The PEFT model with its adapter merged into the base weights, unmerged afterwards (training goes on)."""
+    with torch.no_grad():
+        model.merge_adapter()
+        try:
+            yield
+        finally:
+            model.unmerge_adapter()
+
+
+def _hf_name(name: str) -> str:
+    """A PEFT name (``base_model.model.model.layers.0.q_proj.base_layer.weight``) -> the base model's."""
+    return name.removeprefix("base_model.model.").replace(".base_layer.", ".")
+
+
+def probe_prompt(policy: Policy) -> list[int]:
+    """The fixed prompt a sync is checked on: a short text any tokenizer encodes."""
+    return policy.tokenizer("The answer is", add_special_tokens=False)["input_ids"] or [policy.tokenizer.eos_token_id]
+
+
+@dataclass(frozen=True)
+class SyncCheck:
+    """Engine and policy on the probe prompt: [K] greedy tokens, their log-probs under each, the policy's top."""
+
+    tokens: list[int]
+    engine_logps: Tensor  # [K]
+    policy_logps: Tensor  # [K] the same tokens under the policy
+    policy_top: Tensor  # [K] the policy's largest log-prob at each position
+    atol: float
+
+    @property
+    def logp_error(self) -> float:
+        return float((self.engine_logps - self.policy_logps).abs().max())
+
+    @property
+    def first_not_greedy(self) -> int | None:
+        """The first position where the engine's token is not the policy's top token (beyond ``atol``)."""
+        behind = (self.policy_top - self.policy_logps > self.atol).nonzero()
+        return int(behind[0]) if len(behind) else None
+
+    @property
+    def ok(self) -> bool:
+        return self.first_not_greedy is None and self.logp_error <= self.atol
+
+
+@torch.no_grad()
+def policy_side(policy: Policy, prompt: list[int], tokens: list[int], engine_logps: list[float], atol: float):
+    """The policy's forward (temperature 1) on ``prompt + tokens`` -> a ``SyncCheck``. Every rank calls it."""
+    ids = torch.tensor([prompt + tokens], device=policy.device)  # [1, P+K]
+    with policy.generating() as model:
+        logits = model(input_ids=ids).logits[0, len(prompt) - 1 : -1].float()  # [K, V] predicting each token
+    logps = logits.log_softmax(-1)  # [K, V]
+    chosen = logps.gather(1, torch.tensor(tokens, device=ids.device).unsqueeze(1)).squeeze(1)  # [K]
+    engine = torch.tensor(engine_logps, dtype=torch.float32, device=ids.device)
+    return SyncCheck(tokens, engine.cpu(), chosen.cpu(), logps.max(-1).values.cpu(), atol)
+
+
+def check_sync(engine: str, step: int, check: SyncCheck) -> None:
+    """Raise ``WeightSyncError`` unless the engine's greedy decode is the policy's (see the module docstring)."""
+    if check.ok:
+        return
+    where = check.first_not_greedy
+    token = f"its token at position {where} is not the policy's top token; " if where is not None else ""
+    raise WeightSyncError(
+        f"{engine} does not generate from the policy's current weights after the push of step {step}: on the probe "
+        f"prompt {token}greedy tokens {check.tokens}, sampled-token log-probs differ from the policy's by up to "
+        f"{check.logp_error:.3g} (tolerance {check.atol:g}). Generation would go on from stale weights. Check that "
+        "the engine serves the policy's model and that its weight push reaches it (`lightning-grpo selfcheck`)"
+    )
+
+
+def sync_atol(policy: Policy, atol: float | None) -> float:
+    return atol if atol is not None else SYNC_ATOL.get(next(policy.model.parameters()).dtype, 0.1)
