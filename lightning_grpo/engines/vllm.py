@@ -121,8 +121,6 @@ class VLLMColocate(RolloutEngine):
         from lightning_grpo.model.loading import resolve_pretrained
 
         self.llm = self._build(resolve_pretrained(policy.name_or_path), policy, trainer, seed)
-        if trainer.global_step > 0:  # resumed: the engine holds the initial weights, the policy the checkpoint's
-            self.sync_weights(policy)
 
     def _build(self, path: str, policy: Policy, trainer: Any, seed: int) -> Any:
         on_cpu = vllm_build() == "cpu"
@@ -156,6 +154,8 @@ class VLLMColocate(RolloutEngine):
         greedy: bool,
         columns: dict[str, list[Any]] | None = None,
     ) -> Rollout:
+        if not self.pushes and self.trainer.global_step > 0:
+            self.sync_weights(policy)  # resumed: the engine holds the initial weights, the policy the checkpoint's
         prompt_ids, prompt_mask, num_truncated = tokenize_prompts(policy.tokenizer, prompts, sampling)
         requests = [ids[mask.bool()].tolist() for ids, mask in zip(prompt_ids, prompt_mask)]
         if not greedy:  # vLLM's own RNG, seeded from the step's seeded RNG: a resumed run samples the same

@@ -141,8 +141,8 @@ class VLLMServer(RolloutEngine):
         greedy: bool,
         columns: dict[str, list[Any]] | None = None,
     ) -> Rollout:
-        if self.synced_step is None and self.trainer.global_step > 0:
-            self.sync_weights(policy)  # resumed from a checkpoint: the server still has the initial weights
+        if self.synced_step is None:  # the server holds its start-up weights, or another run's: a resumed policy's
+            self.sync_weights(policy)  # differ, and a server outlives runs
         tokenizer = policy.tokenizer
         prompt_ids, prompt_mask, num_truncated = tokenize_prompts(tokenizer, prompts, sampling)
         requests = [ids[mask.bool()].tolist() for ids, mask in zip(prompt_ids, prompt_mask)]

