@@ -58,8 +58,13 @@ def train_and_resume(model_dir, arith_jsonl, tmp_path, make_engine, lora):
     first = make_engine()
     checkpoint = ModelCheckpoint(dirpath=tmp_path / "ckpt", save_last=True, every_n_train_steps=STEPS)
     trainer = fit(
-        module(model_dir, first, lora), data(arith_jsonl), tmp_path / "a", STEPS, None,
-        enable_checkpointing=True, callbacks=[checkpoint],
+        module(model_dir, first, lora),
+        data(arith_jsonl),
+        tmp_path / "a",
+        STEPS,
+        None,
+        enable_checkpointing=True,
+        callbacks=[checkpoint],
     )
     assert trainer.global_step == STEPS
     second = make_engine()
@@ -76,8 +81,14 @@ def assert_serves_policy(engine, policy):
     (tokens,), (logps,) = complete(engine, prompt)
     with policy.generating() as model:
         ids = torch.tensor([prompt])
-        greedy = model.generate(ids, attention_mask=torch.ones_like(ids), do_sample=False, max_new_tokens=len(tokens),
-                                min_new_tokens=len(tokens), pad_token_id=policy.tokenizer.pad_token_id)
+        greedy = model.generate(
+            ids,
+            attention_mask=torch.ones_like(ids),
+            do_sample=False,
+            max_new_tokens=len(tokens),
+            min_new_tokens=len(tokens),
+            pad_token_id=policy.tokenizer.pad_token_id,
+        )
         logits = model(greedy).logits[0, len(prompt) - 1 : -1].float()
     assert tokens == greedy[0, len(prompt) :].tolist()
     ours = logits.log_softmax(-1).gather(1, torch.tensor(tokens)[:, None]).squeeze(1)
@@ -134,8 +145,11 @@ class StaleHead(VLLMColocate):
 @pytest.mark.parametrize("engine", [NoPush, StaleHead], ids=["push_disabled", "lm_head_left_out"])
 def test_colocate_a_push_that_does_not_arrive_stops_the_run(model_dir, arith_jsonl, tmp_path, engine):
     grpo = module(model_dir, engine(), lora=False)
-    with pytest.raises(WeightSyncError, match=rf"{engine.__name__} does not generate from the policy's current "
-                       r"weights after the push of step 1: .*greedy tokens .*log-probs differ"):
+    with pytest.raises(
+        WeightSyncError,
+        match=rf"{engine.__name__} does not generate from the policy's current "
+        r"weights after the push of step 1: .*greedy tokens .*log-probs differ",
+    ):
         fit(grpo, data(arith_jsonl), tmp_path, max_steps=STEPS)
     free(grpo.engine)
 

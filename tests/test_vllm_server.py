@@ -56,8 +56,10 @@ def test_ddp_generates_on_the_server_through_rank_zero_and_pushes_weights_every_
     stats = requests.get(f"{server}/stats", timeout=10).json()
 
     assert stats["models_requests"] == 1  # one client: rank 0's
-    assert stats["generate_requests"] == [{"prompts": 4, "n": 4}] * 3  # both ranks' 2 prompts, in one request
-    assert stats["sampling_options"] == [False] * 3  # sampling.generation_kwargs reach the server's SamplingParams
+    probes = [{"prompts": 1, "n": 1}]  # the sync check's greedy probe, after each of the 4 pushes
+    steps = [{"prompts": 4, "n": 4}]  # both ranks' 2 prompts, in one request
+    assert stats["generate_requests"] == probes + (steps + probes) * 3
+    assert stats["sampling_options"][1::2] == [False] * 3  # sampling.generation_kwargs reach SamplingParams
     for rank in ranks:
         assert rank["global_step"] == 3
         for batch, step in zip(rank["batches"], rank["steps"]):
@@ -66,7 +68,8 @@ def test_ddp_generates_on_the_server_through_rank_zero_and_pushes_weights_every_
     assert set(ranks[0]["batches"][0]).isdisjoint(ranks[1]["batches"][0])
 
     state = ranks[0]["state"]
-    assert stats["weight_updates"] == 3 and stats["tensors_received"] == 3 * len(state)  # after every step
+    # at the start (the server may hold another run's weights) and after every step
+    assert stats["weight_updates"] == 4 and stats["tensors_received"] == 4 * len(state)
     requests.post(f"{server}/save", json={"path": str(tmp_path / "server.pt")}, timeout=10)
     served = torch.load(tmp_path / "server.pt", weights_only=True)
     for name, tensor in state.items():
@@ -84,6 +87,8 @@ def test_ddp_generates_on_the_server_through_rank_zero_and_pushes_weights_every_
     [
         ({"base_url": "localhost:8000"}, "base_url must be an http"),
         ({"connection_timeout": -1}, "connection_timeout must be >= 0"),
+        ({"weight_transfer": "gloo"}, r"weight_transfer must be one of \['disk', 'nccl'\], got 'gloo'"),
+        ({"sync_check_every": -1}, "sync_check_every must be >= 0"),
     ],
 )
 def test_bad_settings_are_refused_when_built(kwargs, match):
@@ -95,4 +100,5 @@ def test_refused_where_it_cannot_push_weights():
     if torch.cuda.is_available():
         pytest.skip("a CUDA machine can push weights")
     with pytest.raises(ValueError, match="VLLMServer cannot run on this machine: .*no CUDA GPU"):
-        VLLMServer()
+        VLLMServer(weight_transfer="nccl")
+    assert VLLMServer().weight_transfer == "disk"  # the server reads a safetensors file the trainer writes

@@ -60,7 +60,7 @@ class Recorder(L.Callback):
 def main(model_dir: str, data_path: str, out_dir: str, url: str, group_port: str) -> None:
     torch.set_num_threads(1)
     L.seed_everything(0)
-    engine = CPUVLLMServer(base_url=url, connection_timeout=60, group_port=int(group_port))
+    engine = CPUVLLMServer(base_url=url, connection_timeout=60, group_port=int(group_port), weight_transfer="nccl")
     module = GRPOModule(
         model=model_dir,
         reward_funcs=[length_reward],

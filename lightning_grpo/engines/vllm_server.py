@@ -124,8 +124,9 @@ class VLLMServer(RolloutEngine):
         )
         if self.weight_transfer == "nccl":
             self.open_weight_channel(policy.device)
-        elif self.weights_dir is None:
-            self.weights_dir = tempfile.mkdtemp(prefix="lightning_grpo_weights_")
+        else:
+            self.weights_dir = self.weights_dir or tempfile.mkdtemp(prefix="lightning_grpo_weights_")
+            Path(self.weights_dir).mkdir(parents=True, exist_ok=True)
 
     def open_weight_channel(self, device: torch.device) -> None:
         """Join the server's weight-update group (rank 0 of it; the server's workers follow)."""
