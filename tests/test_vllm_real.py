@@ -107,6 +107,8 @@ def assert_sampler_is_the_policy(trainer):
     metrics = logged(trainer)
     for key in ("train/sampling/importance_sampling_ratio/min", "train/sampling/importance_sampling_ratio/max"):
         assert metrics[key] and all(v == pytest.approx(1.0, abs=1e-3) for v in metrics[key]), (key, metrics[key])
+    assert all(mb > 1 for mb in metrics["train/vllm/push_mb"])  # the whole model, each push (1.3 MB in fp32)
+    assert all(err < 1e-3 for err in metrics["train/vllm/sync_logp_error"])  # each push checked and passed
 
 
 def free(*engines):

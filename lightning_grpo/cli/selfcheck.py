@@ -216,7 +216,7 @@ def row(check: Check, workdir: Path, server: str | None = None) -> tuple[str, st
         return check.path, reason, "-", "-"
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     command = [sys.executable, "-m", "lightning_grpo.cli.selfcheck", "--run", check.key, str(workdir)]
-    command += [server] if check.server else []
+    command += [server] if check.server and server else []
     try:
         proc = subprocess.run(command, capture_output=True, text=True, timeout=TIMEOUT, env=env)
     except subprocess.TimeoutExpired:

@@ -11,6 +11,7 @@ weights are pushed into the engine (a LoRA adapter merged in first) and the push
 from __future__ import annotations
 
 import os
+import time
 from importlib.metadata import PackageNotFoundError, version
 from typing import Any
 
@@ -23,6 +24,7 @@ from lightning_grpo.engines.vllm_sync import (
     inference_weights,
     policy_side,
     probe_prompt,
+    push_metrics,
     sync_atol,
 )
 from lightning_grpo.model.policy import Policy
@@ -110,6 +112,7 @@ class VLLMColocate(RolloutEngine):
         self.sync_check_every, self.sync_check_atol = sync_check_every, sync_check_atol
         self.llm: Any = None
         self.pushes, self.trainer = 0, None
+        self.sync_metrics: dict[str, float] = {}  # the last push's, logged with the next step
 
     @override
     def setup(self, policy: Policy, trainer: Any, seed: int) -> None:
@@ -161,9 +164,11 @@ class VLLMColocate(RolloutEngine):
         if not greedy:  # vLLM's own RNG, seeded from the step's seeded RNG: a resumed run samples the same
             sampling = _with_seed(sampling)
         completions, logps = self.complete(requests, sampling_params(sampling, num_generations, greedy))
-        return sampled_rollout(
+        rollout = sampled_rollout(
             policy, prompts, prompt_ids, prompt_mask, completions, logps, num_generations, num_truncated
         )
+        rollout.metrics.update(self.sync_metrics)
+        return rollout
 
     def complete(self, requests: list[list[int]], params: dict[str, Any]) -> tuple[list[list[int]], list[list[float]]]:
         """Token-id prompts -> their completions (``n`` each, prompt-major) and sampled tokens' log-probs."""
@@ -177,10 +182,11 @@ class VLLMColocate(RolloutEngine):
     @override
     def sync_weights(self, policy: Policy) -> None:
         """Push the policy's weights into the engine, then (every ``sync_check_every`` pushes) check them."""
-        self.push(inference_weights(policy))
-        self.pushes += 1
+        weights, start = inference_weights(policy), time.perf_counter()
+        self.push(weights)
+        self.sync_metrics, self.pushes = push_metrics(weights, time.perf_counter() - start), self.pushes + 1
         if self.sync_check_every and self.pushes % self.sync_check_every == 0:
-            self.check(policy)
+            self.sync_metrics.update(self.check(policy))
 
     def push(self, weights: dict[str, torch.Tensor]) -> None:
         """vLLM's ``reload_weights`` with the tensors (the path TRL takes, ``model.load_weights``, fails on CPU,
@@ -188,13 +194,13 @@ class VLLMColocate(RolloutEngine):
         self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": list(weights.items())})
         self.llm.reset_prefix_cache()
 
-    def check(self, policy: Policy) -> None:
+    def check(self, policy: Policy) -> dict[str, float]:
         """Raise ``WeightSyncError`` unless the engine's greedy decode of the probe prompt is the policy's."""
         prompt = probe_prompt(policy)
         params = {"n": 1, "temperature": 0.0, "max_tokens": PROBE_TOKENS, "logprobs": 0, "ignore_eos": True}
         (tokens,), (logps,) = self.complete([prompt], params)
         verdict = policy_side(policy, prompt, tokens, logps, sync_atol(policy, self.sync_check_atol))
-        check_sync(type(self).__name__, self.trainer.global_step, verdict)
+        return check_sync(type(self).__name__, self.trainer.global_step, verdict)
 
 
 def _with_seed(sampling: SamplingConfig) -> SamplingConfig:

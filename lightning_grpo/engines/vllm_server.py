@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import importlib.util
 import tempfile
+import time
 from pathlib import Path
 from typing import Any, Literal
 from urllib.parse import urlparse
@@ -28,6 +29,7 @@ from lightning_grpo.engines.vllm_sync import (
     inference_weights,
     policy_side,
     probe_prompt,
+    push_metrics,
     sync_atol,
 )
 from lightning_grpo.model.policy import Policy
@@ -98,6 +100,7 @@ class VLLMServer(RolloutEngine):
         self.sync_check_every, self.sync_check_atol = sync_check_every, sync_check_atol
         self.client: Any = None  # TRL's VLLMClient, on global rank 0 only
         self.rank, self.world_size, self.pushes = 0, 1, 0
+        self.sync_metrics: dict[str, float] = {}  # the last push's, logged with the next step
         self.synced_step: int | None = None
         self.trainer: Any = None
 
@@ -148,9 +151,11 @@ class VLLMServer(RolloutEngine):
         prompt_ids, prompt_mask, num_truncated = tokenize_prompts(tokenizer, prompts, sampling)
         requests = [ids[mask.bool()].tolist() for ids, mask in zip(prompt_ids, prompt_mask)]
         completions, logps = self._on_rank_zero(requests, num_generations, sampling, greedy)
-        return sampled_rollout(
+        rollout = sampled_rollout(
             policy, prompts, prompt_ids, prompt_mask, completions, logps, num_generations, num_truncated
         )
+        rollout.metrics.update(self.sync_metrics)
+        return rollout
 
     def _on_rank_zero(
         self, requests: list[list[int]], num_generations: int, sampling: SamplingConfig, greedy: bool
@@ -186,12 +191,13 @@ class VLLMServer(RolloutEngine):
     def sync_weights(self, policy: Policy) -> None:
         """Send the policy's weights to the server, then (every ``sync_check_every`` pushes) check them. Every
         rank calls it: a sharded policy is gathered first (a collective); rank 0 sends."""
-        weights = inference_weights(policy)
+        weights, start = inference_weights(policy), time.perf_counter()
         if self.rank == 0:
             self.push(weights)
+        self.sync_metrics = push_metrics(weights, time.perf_counter() - start)
         self.synced_step, self.pushes = self.trainer.global_step, self.pushes + 1
         if self.sync_check_every and self.pushes % self.sync_check_every == 0:
-            self.check(policy)
+            self.sync_metrics.update(self.check(policy))
 
     def push(self, weights: dict[str, Tensor]) -> None:
         """Rank 0: the weights to the server by ``weight_transfer``, then its prefix cache reset."""
@@ -207,7 +213,7 @@ class VLLMServer(RolloutEngine):
             self.client._post(url, json={"method": "reload_weights", "kwargs": {"weights_path": self.weights_dir}})
         self.client.reset_prefix_cache()  # cached prompt states were computed with the old weights
 
-    def check(self, policy: Policy) -> None:
+    def check(self, policy: Policy) -> dict[str, float]:
         """Raise ``WeightSyncError`` on every rank unless the server's greedy decode of the probe prompt is the
         policy's (rank 0 asks the server; every rank runs the policy's forward, a collective when sharded)."""
         prompt, answer = probe_prompt(policy), None
@@ -220,7 +226,7 @@ class VLLMServer(RolloutEngine):
             [answer] * self.world_size if self.rank == 0 else None, self.rank, self.world_size
         )
         verdict = policy_side(policy, prompt, tokens, logps, sync_atol(policy, self.sync_check_atol))
-        check_sync(type(self).__name__, self.trainer.global_step, verdict)
+        return check_sync(type(self).__name__, self.trainer.global_step, verdict)
 
 
 def _offsets(sizes: list[int]) -> list[tuple[int, int]]:

@@ -102,10 +102,11 @@ def policy_side(policy: Policy, prompt: list[int], tokens: list[int], engine_log
     return SyncCheck(tokens, engine.cpu(), chosen.cpu(), logps.max(-1).values.cpu(), atol)
 
 
-def check_sync(engine: str, step: int, check: SyncCheck) -> None:
-    """Raise ``WeightSyncError`` unless the engine's greedy decode is the policy's (see the module docstring)."""
+def check_sync(engine: str, step: int, check: SyncCheck) -> dict[str, float]:
+    """Raise ``WeightSyncError`` unless the engine's greedy decode is the policy's (see the module docstring);
+    the check's metric when it is."""
     if check.ok:
-        return
+        return {"vllm/sync_logp_error": check.logp_error}
     where = check.first_not_greedy
     token = f"its token at position {where} is not the policy's top token; " if where is not None else ""
     raise WeightSyncError(
@@ -114,6 +115,12 @@ def check_sync(engine: str, step: int, check: SyncCheck) -> None:
         f"{check.logp_error:.3g} (tolerance {check.atol:g}). Generation would go on from stale weights. Check that "
         "the engine serves the policy's model and that its weight push reaches it (`lightning-grpo selfcheck`)"
     )
+
+
+def push_metrics(weights: dict[str, Tensor], seconds: float) -> dict[str, float]:
+    """What a push moved and how long it took, logged with the next step (``train/vllm/*``)."""
+    megabytes = sum(t.numel() * t.element_size() for t in weights.values()) / 2**20
+    return {"vllm/push_mb": megabytes, "vllm/push_s": seconds}
 
 
 def sync_atol(policy: Policy, atol: float | None) -> float:
