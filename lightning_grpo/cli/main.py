@@ -49,9 +49,13 @@ from lightning_grpo.callbacks import (
     RewardMonitor,
     RunSummary,
 )
+from lightning_grpo.callbacks.faults import FaultCheckpoint
 from lightning_grpo.callbacks.final import ValidateAtEnd
 from lightning_grpo.callbacks.progress import StepProgressBar
 from lightning_grpo.callbacks.threads import TorchThreads
+from lightning_grpo.checkpoints import AtomicCheckpointIO
+from lightning_grpo.cli.failure import debugging, failure_message
+from lightning_grpo.cli.resume import continue_run_dir, resume_path
 from lightning_grpo.data import PromptDataModule
 from lightning_grpo.module import GRPOModule
 from lightning_grpo.settings import MOVED
@@ -211,13 +215,26 @@ class GRPOCLI(LightningCLI):
             self.parser.error(str(err))
 
     def instantiate_trainer(self, **kwargs: Any) -> Any:
-        """The trainer, with ``MetricsFile`` (no settings) and ``StepProgressBar`` unless the progress bar is off or
-        another one is configured."""
+        """The trainer, with ``MetricsFile`` and ``FaultCheckpoint`` (no settings), ``StepProgressBar`` unless the
+        progress bar is off or another one is configured, and atomic checkpoint writes unless another
+        ``CheckpointIO`` plugin is configured."""
         config = self.config_init[self.subcommand]["trainer"] if self.subcommand else self.config_init["trainer"]
-        callbacks = [*(config.get("callbacks") or []), MetricsFile()]
+        callbacks = [*(config.get("callbacks") or []), MetricsFile(), FaultCheckpoint()]
         if config.get("enable_progress_bar") is not False and not any(isinstance(c, ProgressBar) for c in callbacks):
             callbacks.append(StepProgressBar())
-        return super().instantiate_trainer(**kwargs, callbacks=callbacks)
+        plugins = config.get("plugins") or []
+        plugins = plugins if isinstance(plugins, list) else [plugins]
+        if not any(hasattr(p, "save_checkpoint") for p in plugins):
+            plugins = [*plugins, AtomicCheckpointIO()]
+        return super().instantiate_trainer(**kwargs, callbacks=callbacks, plugins=plugins)
+
+    def fit(self, model: Any, datamodule: Any = None, ckpt_path: str | None = None, **kwargs: Any) -> None:
+        """``trainer.fit`` with ``--ckpt_path`` checked and resolved (``last``: across the run's versions), and a
+        resumed run continuing its own directory (``cli/resume.py``)."""
+        ckpt_path = resume_path(self.trainer, ckpt_path)
+        if ckpt_path and ckpt_path not in ("hpc", "best"):
+            continue_run_dir(self.trainer, ckpt_path)
+        self.trainer.fit(model, datamodule=datamodule, ckpt_path=ckpt_path, **kwargs)
 
     def add_arguments_to_parser(self, parser: LightningArgumentParser) -> None:
         parser.add_lightning_class_args(RunSummary, "summary")
@@ -271,7 +288,7 @@ def main(args: list[str] | None = None) -> None:
         SUBCOMMANDS[argv[0]](argv[1:])
         return
     check_not_bare(argv)
-    argv = resolve_configs(argv)
+    given, argv = argv, resolve_configs(argv)
     if args is None:
         sys.argv[1:] = argv  # LightningCLI reads sys.argv itself (given both, it warns)
     importable_dirs(argv)
@@ -280,16 +297,22 @@ def main(args: list[str] | None = None) -> None:
     # ModelCheckpoint(every_n_train_steps) under manual optimisation warns, with a code listing, that it saves the
     # weights after the step: for GRPO that is what a checkpoint of step N should hold (resume is exact).
     warnings.filterwarnings("ignore", message="Using ModelCheckpoint with manual optimization and every_n_train_steps")
-    GRPOCLI(
-        GRPOModule,
-        PromptDataModule,
-        trainer_defaults=TRAINER_DEFAULTS,
-        save_config_kwargs={"overwrite": True},
-        parser_class=GRPOArgumentParser,
-        parser_kwargs=parser_kwargs(),
-        auto_configure_optimizers=False,  # the module builds its own: see model.optimizer
-        args=None if args is None else argv,
-    )
+    try:
+        GRPOCLI(
+            GRPOModule,
+            PromptDataModule,
+            trainer_defaults=TRAINER_DEFAULTS,
+            save_config_kwargs={"overwrite": True},
+            parser_class=GRPOArgumentParser,
+            parser_kwargs=parser_kwargs(),
+            auto_configure_optimizers=False,  # the module builds its own: see model.optimizer
+            args=None if args is None else argv,
+        )
+    except Exception as err:  # inside fit: one message, the trace in the run directory's error.log
+        if debugging():
+            raise
+        print(failure_message(err, given), file=sys.stderr)
+        raise SystemExit(1) from None
 
 
 if __name__ == "__main__":
