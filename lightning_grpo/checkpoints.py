@@ -20,7 +20,6 @@ import contextlib
 import os
 import shutil
 import zipfile
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -68,25 +67,22 @@ class AtomicCheckpointIO(TorchCheckpointIO):
         _fsync_dir(target.parent)
 
 
-@contextlib.contextmanager
-def atomic_dir(target: Path) -> Iterator[Path]:
-    """A temporary directory beside ``target`` to write into; renamed to ``target`` when the block ends well
-    (an existing ``target`` is replaced), removed when it fails. An export is whole or absent."""
-    partial = target.with_name(f".{target.name}.tmp-{os.getpid()}")
-    shutil.rmtree(partial, ignore_errors=True)
-    partial.mkdir(parents=True)
-    try:
-        yield partial
-        for file in partial.rglob("*"):
-            if file.is_file():
-                with open(file, "rb") as f:
-                    os.fsync(f.fileno())
-        if target.exists():
-            shutil.rmtree(target)
-        os.replace(partial, target)
-    except BaseException:
-        shutil.rmtree(partial, ignore_errors=True)
-        raise
+def partial_dir(target: Path) -> Path:
+    """Where an export to ``target`` is written before ``publish_dir`` renames it: beside it, the same name on
+    every rank."""
+    return target.with_name(f".{target.name}.partial")
+
+
+def publish_dir(partial: Path, target: Path) -> None:
+    """Flush every file of ``partial`` to the disk and rename it to ``target`` (an existing ``target`` is replaced):
+    an export is whole or absent, never half-written under its final name."""
+    for file in partial.rglob("*"):
+        if file.is_file():
+            with open(file, "rb") as f:
+                os.fsync(f.fileno())
+    if target.exists():
+        shutil.rmtree(target)
+    os.replace(partial, target)
     _fsync_dir(target.parent)
 
 

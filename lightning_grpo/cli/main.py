@@ -55,7 +55,7 @@ from lightning_grpo.callbacks.progress import StepProgressBar
 from lightning_grpo.callbacks.threads import TorchThreads
 from lightning_grpo.checkpoints import AtomicCheckpointIO
 from lightning_grpo.cli.failure import debugging, failure_message
-from lightning_grpo.cli.resume import continue_run_dir, resume_path
+from lightning_grpo.cli.resume import continue_run_dir, model_mismatch, refuse_unreadable, resume_path
 from lightning_grpo.data import PromptDataModule
 from lightning_grpo.module import GRPOModule
 from lightning_grpo.settings import MOVED
@@ -207,6 +207,29 @@ def parser_kwargs() -> dict[str, Any]:
 
 
 class GRPOCLI(LightningCLI):
+    def parse_arguments(self, parser: LightningArgumentParser, args: Any) -> None:
+        """The arguments, and an explicit ``--ckpt_path`` checked before Lightning reads its settings."""
+        super().parse_arguments(parser, args)
+        config = self.config.get(self.config.get("subcommand")) or self.config
+        self.configured_model = None
+        ckpt_path = config.get("ckpt_path")
+        if ckpt_path and Path(ckpt_path).is_file():
+            try:
+                refuse_unreadable(ckpt_path)
+            except ValueError as err:
+                parser.error(str(err))
+            self.configured_model = config.get("model", {}).get("model")
+
+    def before_instantiate_classes(self) -> None:
+        """A checkpoint of another model than the configured one is refused, naming both."""
+        subcommand = self.config.get("subcommand")
+        config = self.config.get(subcommand) or self.config
+        default = self.parser.get_defaults().get(subcommand or "model", {})
+        default = default.get("model", {}).get("model") if subcommand else default.get("model")
+        problem = model_mismatch(config.get("ckpt_path"), self.configured_model, default, config.model.model)
+        if problem:
+            self.parser.error(problem)
+
     def instantiate_classes(self) -> None:
         """Bad settings end the program with their message, before any model is loaded or step taken."""
         try:

@@ -69,3 +69,27 @@ def continue_run_dir(trainer: L.Trainer, ckpt_path: str) -> None:
     warnings.filterwarnings("ignore", message="Experiment logs directory .* exists and is not empty")
     trainer.loggers = [type(logger)(save_dir=logger.save_dir, name=logger.name, version=run.name)]
     rank_zero_info(f"Resuming run {run}: its metrics, alerts and summary continue there")
+
+
+def refuse_unreadable(ckpt_path: str) -> None:
+    """An explicit ``--ckpt_path`` file that cannot be read is refused before anything loads (Lightning's CLI reads
+    its settings first), naming the newest readable checkpoint of the same run."""
+    why = unreadable(ckpt_path)
+    if why is None:
+        return
+    path = Path(ckpt_path).resolve()
+    root = path.parent.parent.parent if path.parent.name == "checkpoints" else path.parent
+    good, _ = last_readable([p for p in run_checkpoints(root) if p.resolve() != path])
+    other = f"; the newest readable checkpoint of this run is {good}" if good else ""
+    raise ValueError(f"--ckpt_path {ckpt_path!r} cannot be resumed from: {why}{other}")
+
+
+def model_mismatch(ckpt_path: str, configured: object, default: object, resumed: object) -> str | None:
+    """Why the checkpoint may not be resumed with this config: it trained another model than the one configured
+    (Lightning's CLI would quietly take the checkpoint's). ``None`` when they agree or no model was configured."""
+    if configured is None or str(configured) == str(default) or str(configured) == str(resumed):
+        return None
+    return (
+        f"--ckpt_path {ckpt_path!r} holds a run of model {str(resumed)!r}, but the config trains model "
+        f"{str(configured)!r}: resume with that run's model, or start a new run without --ckpt_path"
+    )
