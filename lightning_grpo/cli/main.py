@@ -55,6 +55,7 @@ from lightning_grpo.callbacks.progress import StepProgressBar
 from lightning_grpo.callbacks.threads import TorchThreads
 from lightning_grpo.checkpoints import AtomicCheckpointIO
 from lightning_grpo.cli.failure import debugging, failure_message
+from lightning_grpo.cli.preflight import preflight
 from lightning_grpo.cli.resume import continue_run_dir, model_mismatch, refuse_unreadable, resume_path
 from lightning_grpo.data import PromptDataModule
 from lightning_grpo.module import GRPOModule
@@ -252,8 +253,13 @@ class GRPOCLI(LightningCLI):
         return super().instantiate_trainer(**kwargs, callbacks=callbacks, plugins=plugins)
 
     def fit(self, model: Any, datamodule: Any = None, ckpt_path: str | None = None, **kwargs: Any) -> None:
-        """``trainer.fit`` with ``--ckpt_path`` checked and resolved (``last``: across the run's versions), and a
+        """``trainer.fit`` after the checks that need the model and the data (``cli/preflight.py``), with
+        ``--ckpt_path`` checked and resolved (``last``: across the run's versions), and a
         resumed run continuing its own directory (``cli/resume.py``)."""
+        try:
+            preflight(self.trainer, model, datamodule)
+        except (ValueError, TypeError, FileNotFoundError) as err:  # a user's data or reward: no traceback
+            self.parser.error(str(err))
         ckpt_path = resume_path(self.trainer, ckpt_path)
         if ckpt_path and ckpt_path not in ("hpc", "best"):
             continue_run_dir(self.trainer, ckpt_path)
