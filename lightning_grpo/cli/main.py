@@ -12,9 +12,9 @@ format, a tensor at a time.
 
 Every constructor argument is a config key with its docstring as ``--help``. Always on, each with its own
 config section: the run summary (``summary:``), the Hugging Face export (``export:``), the reward monitor
-(``reward_monitor:``), the mode-collapse, KL and sampler-mismatch alerts (``collapse_alert:``, ``kl_alert:``,
-``mismatch_alert:``, action ``warn``),
-the sample logger (``samples:``), ``metrics.jsonl`` for ``report`` (``MetricsFile``, no settings), the preemption
+(``reward_monitor:``), the mode-collapse, KL, sampler-mismatch and unscored-reward alerts (``collapse_alert:``,
+``kl_alert:``, ``mismatch_alert:``, ``unscored_alert:``, action ``warn``), the sample logger (``samples:``),
+``metrics.jsonl`` for ``report`` (``MetricsFile``, no settings), the preemption
 checkpoint (``preemption:``: SIGTERM or Ctrl+C save ``checkpoints/last.ckpt`` and exit) and torch's threads per
 process (``threads:``). All of them write into the run's own directory, whatever the logger. Other callbacks go
 under ``trainer.callbacks``.
@@ -27,7 +27,6 @@ is an error naming ``--model.num_generations``, not a silent match.
 
 from __future__ import annotations
 
-import difflib
 import re
 import sys
 import warnings
@@ -48,6 +47,7 @@ from lightning_grpo.callbacks import (
     PreemptionCheckpoint,
     RewardMonitor,
     RunSummary,
+    UnscoredRewardAlert,
 )
 from lightning_grpo.callbacks.faults import FaultCheckpoint
 from lightning_grpo.callbacks.final import ValidateAtEnd
@@ -57,9 +57,9 @@ from lightning_grpo.checkpoints import AtomicCheckpointIO
 from lightning_grpo.cli.failure import debugging, failure_message
 from lightning_grpo.cli.preflight import preflight
 from lightning_grpo.cli.resume import continue_run_dir, model_mismatch, refuse_unreadable, resume_path
+from lightning_grpo.cli.suggest import did_you_mean
 from lightning_grpo.data import PromptDataModule
 from lightning_grpo.module import GRPOModule
-from lightning_grpo.settings import MOVED
 
 TRAINER_DEFAULTS = {"log_every_n_steps": 1, "num_sanity_val_steps": -1}
 DESCRIPTION = (
@@ -115,35 +115,6 @@ class GRPOArgumentParser(LightningArgumentParser):
         parsers = [parser, *(subcommands.choices.values() if subcommands else [])]
         options = [o for p in parsers for o in p._option_string_actions]
         super().error(message + did_you_mean(message, options), ex)
-
-
-def unknown_options(message: str) -> list[str]:
-    """The options an error message says are unknown: given on the command line (``unrecognized arguments:
-    --model.num_generatons 4``) or in a config file (``Group 'model' does not accept option 'num_generatons'``)."""
-    unknown = re.findall(r"(--[\w.]+)", message.split("arguments:", 1)[-1]) if "arguments:" in message else []
-    in_files = re.findall(r"Group '([\w.]+)' does not accept option '([\w.]+)'", message)
-    nested = re.findall(r"Subcommand '\w+' does not accept option '([\w.]+)'", message)
-    return unknown + [f"--{g}.{o}" for g, o in in_files] + [f"--{o}" for o in nested]
-
-
-def did_you_mean(message: str, options: list[str]) -> str:
-    """``; did you mean --model.num_generations?`` for each unknown option in an error message, and the new place of
-    a setting that moved into a section (``--model.num_iterations`` -> ``--model.update.num_iterations``).
-
-    >>> did_you_mean("unrecognized arguments: --model.num_generatons 4", ["--model.num_generations", "--data.x"])
-    '; did you mean --model.num_generations?'
-    >>> did_you_mean("Group 'model' does not accept option 'num_generation'", ["--model.num_generations"])
-    '; did you mean --model.num_generations?'
-    >>> did_you_mean("unrecognized arguments: --model.peft_config {}", [])
-    '; --model.peft_config moved to --model.policy.peft_config (settings sections: `lightning-grpo fit --help`)'
-    """
-    unknown = unknown_options(message)
-    keys = {u: u[8:].split(".")[0] for u in unknown if u.startswith("--model.")}  # --model.peft_config.r: peft_config
-    moved = [f"--model.{k} moved to --model.{MOVED[k]}" for k in dict.fromkeys(keys.values()) if k in MOVED]
-    if moved:
-        return "; " + ", ".join(moved) + " (settings sections: `lightning-grpo fit --help`)"
-    close = [m for u in unknown if u not in options for m in difflib.get_close_matches(u, options, n=1, cutoff=0.8)]
-    return f"; did you mean {', '.join(dict.fromkeys(close))}?" if close else ""
 
 
 def importable_dirs(argv: list[str]) -> list[str]:
@@ -272,6 +243,7 @@ class GRPOCLI(LightningCLI):
         parser.add_lightning_class_args(ModeCollapseAlert, "collapse_alert")
         parser.add_lightning_class_args(KLAlert, "kl_alert")
         parser.add_lightning_class_args(MismatchAlert, "mismatch_alert")
+        parser.add_lightning_class_args(UnscoredRewardAlert, "unscored_alert")
         parser.add_lightning_class_args(CompletionSampleLogger, "samples")
         parser.add_lightning_class_args(PreemptionCheckpoint, "preemption")
         parser.add_lightning_class_args(TorchThreads, "threads")
