@@ -17,6 +17,7 @@ unreadable one it passes is reported.
 from __future__ import annotations
 
 import contextlib
+import errno
 import os
 import shutil
 import zipfile
@@ -61,10 +62,20 @@ class AtomicCheckpointIO(TorchCheckpointIO):
                 f.flush()
                 os.fsync(f.fileno())
             os.replace(partial, target)
-        except BaseException:
+        except BaseException as err:
             partial.unlink(missing_ok=True)  # a full disk leaves no partial file behind either
-            raise
+            if not isinstance(err, Exception):
+                raise
+            raise OSError(_failed_write(target, err)) from err
         _fsync_dir(target.parent)
+
+
+def _failed_write(target: Path, err: Exception) -> str:
+    """Why a checkpoint could not be written, in words (torch reports a full disk as ``unexpected pos``, with the
+    ``ENOSPC`` error as its context)."""
+    chain = [err, err.__context__, err.__cause__]
+    full = "no space left on the device; " if any(getattr(e, "errno", None) == errno.ENOSPC for e in chain) else ""
+    return f"checkpoint {target} could not be written: {full}{type(err).__name__}: {err}. Earlier ones are intact"
 
 
 def partial_dir(target: Path) -> Path:
