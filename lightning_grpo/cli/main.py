@@ -34,7 +34,7 @@ from pathlib import Path
 from typing import Any, NoReturn
 
 from jsonargparse import DefaultHelpFormatter
-from lightning.pytorch.callbacks import ProgressBar
+from lightning.pytorch.callbacks import Checkpoint, ProgressBar
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
 
 from lightning_grpo.callbacks import (
@@ -221,7 +221,9 @@ class GRPOCLI(LightningCLI):
         plugins = plugins if isinstance(plugins, list) else [plugins]
         if not any(hasattr(p, "save_checkpoint") for p in plugins):
             plugins = [*plugins, AtomicCheckpointIO()]
-        return super().instantiate_trainer(**kwargs, callbacks=callbacks, plugins=plugins)
+        trainer = super().instantiate_trainer(**kwargs, callbacks=callbacks, plugins=plugins)
+        trainer.callbacks = metrics_file_after_loggers(trainer.callbacks)
+        return trainer
 
     def fit(self, model: Any, datamodule: Any = None, ckpt_path: str | None = None, **kwargs: Any) -> None:
         """``trainer.fit`` after the checks that need the model and the data (``cli/preflight.py``), with
@@ -248,6 +250,15 @@ class GRPOCLI(LightningCLI):
         parser.add_lightning_class_args(PreemptionCheckpoint, "preemption")
         parser.add_lightning_class_args(TorchThreads, "threads")
         parser.add_lightning_class_args(ValidateAtEnd, "validate_at_end")
+
+
+def metrics_file_after_loggers(callbacks: list) -> list:
+    """``MetricsFile`` after every callback that logs (reward monitor, alerts: LightningCLI adds those after the
+    trainer's own), so ``metrics.jsonl`` holds each step's own values, from the first step of a run or resume;
+    checkpoint callbacks stay last, where Lightning puts them."""
+    files = [c for c in callbacks if isinstance(c, MetricsFile)]
+    checkpoints = [c for c in callbacks if isinstance(c, Checkpoint)]
+    return [c for c in callbacks if c not in files and c not in checkpoints] + files + checkpoints
 
 
 def report_main(args: list[str]) -> None:
