@@ -8,7 +8,7 @@ import pytest
 from lightning_grpo.callbacks import UnscoredRewardAlert
 from lightning_grpo.data import PromptDataModule, load_any
 from lightning_grpo.model.loading import resolve_pretrained
-from lightning_grpo.rewards.scoring import check_signatures
+from lightning_grpo.rewards.convention import check_signatures
 from tests.helpers import fit, length_reward, make_module
 
 
