@@ -7,6 +7,7 @@ Validation rows are never training rows: without a validation split, some traini
 
 from __future__ import annotations
 
+import json
 import os
 import warnings
 from pathlib import Path
@@ -44,16 +45,71 @@ def load_any(source: str, split: str, name: str | None = None) -> Dataset:
         files = sorted(p for p in path.glob(f"{split}.*") if p.suffix in FILE_FORMATS)
         if not files:
             raise FileNotFoundError(f"dataset directory {source!r} has no {split}.(json|jsonl|csv|parquet) file")
+        if files[0].suffix in TEXT_FORMATS:
+            check_text_file(files[0])
         return load_dataset(FILE_FORMATS[files[0].suffix], data_files=str(files[0]), split="train")
     if path.suffix in FILE_FORMATS:
         if not path.exists():
             raise FileNotFoundError(f"dataset file {source!r} does not exist")
         if path.stat().st_size == 0:
             raise ValueError(f"dataset {source!r} has no rows: the file is empty")
+        if path.suffix in TEXT_FORMATS:
+            check_text_file(path)
         if split != "train":  # a single file is one split, which the datasets library names "train"
             raise FileNotFoundError(f"dataset file {source!r} holds only the 'train' split, not {split!r}")
         return load_dataset(FILE_FORMATS[path.suffix], data_files=str(path), split="train")
     return load_dataset(source, name, split=split)
+
+
+TEXT_FORMATS = (".json", ".jsonl", ".csv")
+
+
+def check_text_file(path: Path) -> None:
+    """A JSON/JSONL/CSV dataset file read before any compute: UTF-8 throughout, at least one non-blank line, and
+    for JSON lines one object a line; each problem named with the file and line (the datasets library names
+    neither, or fails only when the bad row is drawn)."""
+    lines = path.read_bytes().splitlines()
+    for number, raw in enumerate(lines, 1):
+        try:
+            raw.decode("utf-8")
+        except UnicodeDecodeError as err:
+            raise ValueError(
+                f"dataset file {str(path)!r} line {number} is not UTF-8 (byte {raw[err.start]:#04x} at column "
+                f"{err.start + 1}): save the file as UTF-8"
+            ) from None
+    if not any(line.strip() for line in lines):
+        raise ValueError(f"dataset {str(path)!r} has no rows: its {len(lines)} lines are all blank")
+    if path.suffix != ".csv" and not _one_json_document(path):
+        _check_json_lines(path, lines)
+
+
+def _one_json_document(path: Path) -> bool:
+    """A ``.json`` file holding one document (an array of rows, or ``{"data": [...]}``), not JSON lines."""
+    if path.suffix != ".json":
+        return False
+    try:
+        json.loads(path.read_text(encoding="utf-8"))
+    except json.JSONDecodeError:
+        return False
+    return True
+
+
+def _check_json_lines(path: Path, lines: list[bytes]) -> None:
+    for number, raw in enumerate(lines, 1):
+        if not raw.strip():
+            continue
+        try:
+            row = json.loads(raw)
+        except json.JSONDecodeError as err:
+            raise ValueError(
+                f"dataset file {str(path)!r} line {number} is not valid JSON ({err.msg} at column {err.colno}): "
+                "each line must be one JSON object"
+            ) from None
+        if not isinstance(row, dict):
+            raise ValueError(
+                f"dataset file {str(path)!r} line {number} is a JSON {type(row).__name__}, not an object: each line "
+                'must be one row, e.g. {"prompt": "...", "answer": "..."}'
+            )
 
 
 Message = dict[str, str]
@@ -187,7 +243,20 @@ class PromptDataModule(L.LightningDataModule):
             val = self._checked(val, hp.val_split)
         if val is not None and hp.max_val_prompts:
             val = val.select(range(min(hp.max_val_prompts, len(val))))
+        self._check_one_batch(train, val)
         self.train_data, self.val_data = train, val
+
+    def _check_one_batch(self, train: Dataset, val: Dataset | None) -> None:
+        """Every rank draws at least one full batch of prompts: fewer rows would train on short batches."""
+        hp, ranks = self.hparams, self.trainer.world_size if self.trainer is not None else 1
+        if len(train) >= hp.batch_size * ranks:
+            return
+        held = f" ({len(val)} more are held out for validation: data.val_size)" if val is not None else ""
+        per_rank = f" on each of {ranks} processes" if ranks > 1 else ""
+        raise ValueError(
+            f"dataset {hp.dataset!r} has {len(train)} training rows{held}, fewer than one batch: data.batch_size="
+            f"{hp.batch_size} prompts{per_rank}. Lower data.batch_size or add rows"
+        )
 
     def _held_out(self, train: Dataset) -> tuple[Dataset, Dataset | None]:
         """``(train, val)`` with ``val`` carved out of ``train``, or ``(train, None)`` said out loud."""

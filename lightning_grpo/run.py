@@ -95,10 +95,12 @@ def numerical_abort(trainer: L.Trainer, message: str) -> FloatingPointError:
     that stops training, naming the checkpoint."""
     path = run_dir(trainer) / "checkpoints" / "numerical-abort.ckpt"
     trainer.save_checkpoint(path)
-    return FloatingPointError(
+    error = FloatingPointError(
         f"{message}; training stopped at global step {trainer.global_step} with a checkpoint at {path}. Try a lower "
         "learning_rate, max_grad_norm, or reward functions that return finite numbers"
     )
+    error.checkpoint_path = str(path)  # FaultCheckpoint writes no second one; the CLI names it
+    return error
 
 
 def step_seed(seed: int, rank: int, step: int, waited: int = 0) -> int:

@@ -34,6 +34,7 @@ LAYERS = {
     "targets": 4,
     "dynamic": 4,
     "run": 4,  # the run directory, its checkpoint, logging a step
+    "checkpoints": 4,  # checkpoint files: atomic writes, readable, found across versions
     "settings": 5,
     "module": 5,
     "callbacks": 6,

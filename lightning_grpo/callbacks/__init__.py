@@ -4,6 +4,7 @@ from lightning_grpo.callbacks.alerts import Alert, GRPOAlertError
 from lightning_grpo.callbacks.collapse import ModeCollapseAlert
 from lightning_grpo.callbacks.divergence import KLAlert
 from lightning_grpo.callbacks.export import HFExport
+from lightning_grpo.callbacks.faults import FaultCheckpoint
 from lightning_grpo.callbacks.final import ValidateAtEnd
 from lightning_grpo.callbacks.metricsfile import MetricsFile
 from lightning_grpo.callbacks.mismatch import MismatchAlert
@@ -11,10 +12,12 @@ from lightning_grpo.callbacks.monitor import RewardMonitor
 from lightning_grpo.callbacks.preemption import PreemptionCheckpoint
 from lightning_grpo.callbacks.samples import CompletionSampleLogger
 from lightning_grpo.callbacks.summary import RunSummary
+from lightning_grpo.callbacks.unscored import UnscoredRewardAlert
 
 __all__ = [
     "Alert",
     "CompletionSampleLogger",
+    "FaultCheckpoint",
     "GRPOAlertError",
     "HFExport",
     "KLAlert",
@@ -24,5 +27,6 @@ __all__ = [
     "PreemptionCheckpoint",
     "RewardMonitor",
     "RunSummary",
+    "UnscoredRewardAlert",
     "ValidateAtEnd",
 ]

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import shutil
 from pathlib import Path
 
 import lightning as L
 from lightning.pytorch.utilities import rank_zero_warn
 from typing_extensions import override
 
+from lightning_grpo.checkpoints import partial_dir, publish_dir
 from lightning_grpo.run import run_dir
 
 
@@ -46,7 +48,13 @@ class HFExport(L.Callback):
     def on_fit_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         path = Path(self.dirpath) if self.dirpath else _unused(run_dir(trainer) / "hf_model", self.overwrite)
         self.path = Path(trainer.strategy.broadcast(str(path)))  # rank 0's choice: it writes
-        pl_module.save_pretrained(str(self.path), merged=self.merged)  # every rank: a sharded policy is gathered
+        partial = partial_dir(self.path)  # written beside, renamed when whole: a kill or a full disk leaves no half
+        if trainer.is_global_zero:
+            shutil.rmtree(partial, ignore_errors=True)  # an earlier run's, killed while exporting
+        trainer.strategy.barrier("hf_export_start")
+        pl_module.save_pretrained(str(partial), merged=self.merged)  # every rank: a sharded policy is gathered
+        if trainer.is_global_zero:
+            publish_dir(partial, self.path)
         trainer.strategy.barrier("hf_export")
 
 

@@ -32,6 +32,7 @@ class RunSummary(L.Callback):
         self.before: dict[str, float] = {}
         self.after: dict[str, float] = {}
         self.started = 0.0
+        self.earlier = 0.0  # seconds trained before a resume: the summary covers the whole run
         self.path: Path | None = None
 
     @override
@@ -53,7 +54,7 @@ class RunSummary(L.Callback):
     def summary(self, trainer: L.Trainer) -> dict[str, Any]:
         out: dict[str, Any] = {
             "steps": trainer.global_step,
-            "wall_time_s": round(time.time() - self.started, 1),
+            "wall_time_s": round(self._elapsed(), 1),
         }
         for key in TRACKED:
             name = key.split("/", 1)[1]
@@ -70,14 +71,18 @@ class RunSummary(L.Callback):
         self.path.write_text(json.dumps(summary, indent=2) + "\n")
         print(format_summary(summary) + f"\nsummary written to {self.path}")
 
+    def _elapsed(self) -> float:
+        return self.earlier + (time.time() - self.started if self.started else 0.0)
+
     @override
     def state_dict(self) -> dict[str, Any]:
-        return {"before": self.before, "after": self.after}
+        return {"before": self.before, "after": self.after, "elapsed": self._elapsed()}
 
     @override
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         self.before = state_dict.get("before", {})
         self.after = state_dict.get("after", {})
+        self.earlier = state_dict.get("elapsed", 0.0)
 
 
 def _pct(x: float | None) -> str:

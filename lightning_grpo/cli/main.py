@@ -12,9 +12,9 @@ format, a tensor at a time.
 
 Every constructor argument is a config key with its docstring as ``--help``. Always on, each with its own
 config section: the run summary (``summary:``), the Hugging Face export (``export:``), the reward monitor
-(``reward_monitor:``), the mode-collapse, KL and sampler-mismatch alerts (``collapse_alert:``, ``kl_alert:``,
-``mismatch_alert:``, action ``warn``),
-the sample logger (``samples:``), ``metrics.jsonl`` for ``report`` (``MetricsFile``, no settings), the preemption
+(``reward_monitor:``), the mode-collapse, KL, sampler-mismatch and unscored-reward alerts (``collapse_alert:``,
+``kl_alert:``, ``mismatch_alert:``, ``unscored_alert:``, action ``warn``), the sample logger (``samples:``),
+``metrics.jsonl`` for ``report`` (``MetricsFile``, no settings), the preemption
 checkpoint (``preemption:``: SIGTERM or Ctrl+C save ``checkpoints/last.ckpt`` and exit) and torch's threads per
 process (``threads:``). All of them write into the run's own directory, whatever the logger. Other callbacks go
 under ``trainer.callbacks``.
@@ -27,7 +27,6 @@ is an error naming ``--model.num_generations``, not a silent match.
 
 from __future__ import annotations
 
-import difflib
 import re
 import sys
 import warnings
@@ -35,7 +34,7 @@ from pathlib import Path
 from typing import Any, NoReturn
 
 from jsonargparse import DefaultHelpFormatter
-from lightning.pytorch.callbacks import ProgressBar
+from lightning.pytorch.callbacks import Checkpoint, ProgressBar
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
 
 from lightning_grpo.callbacks import (
@@ -48,13 +47,19 @@ from lightning_grpo.callbacks import (
     PreemptionCheckpoint,
     RewardMonitor,
     RunSummary,
+    UnscoredRewardAlert,
 )
+from lightning_grpo.callbacks.faults import FaultCheckpoint
 from lightning_grpo.callbacks.final import ValidateAtEnd
 from lightning_grpo.callbacks.progress import StepProgressBar
 from lightning_grpo.callbacks.threads import TorchThreads
+from lightning_grpo.checkpoints import AtomicCheckpointIO
+from lightning_grpo.cli.failure import debugging, failure_message
+from lightning_grpo.cli.preflight import preflight
+from lightning_grpo.cli.resume import continue_run_dir, model_mismatch, refuse_unreadable, resume_path
+from lightning_grpo.cli.suggest import did_you_mean
 from lightning_grpo.data import PromptDataModule
 from lightning_grpo.module import GRPOModule
-from lightning_grpo.settings import MOVED
 
 TRAINER_DEFAULTS = {"log_every_n_steps": 1, "num_sanity_val_steps": -1}
 DESCRIPTION = (
@@ -110,35 +115,6 @@ class GRPOArgumentParser(LightningArgumentParser):
         parsers = [parser, *(subcommands.choices.values() if subcommands else [])]
         options = [o for p in parsers for o in p._option_string_actions]
         super().error(message + did_you_mean(message, options), ex)
-
-
-def unknown_options(message: str) -> list[str]:
-    """The options an error message says are unknown: given on the command line (``unrecognized arguments:
-    --model.num_generatons 4``) or in a config file (``Group 'model' does not accept option 'num_generatons'``)."""
-    unknown = re.findall(r"(--[\w.]+)", message.split("arguments:", 1)[-1]) if "arguments:" in message else []
-    in_files = re.findall(r"Group '([\w.]+)' does not accept option '([\w.]+)'", message)
-    nested = re.findall(r"Subcommand '\w+' does not accept option '([\w.]+)'", message)
-    return unknown + [f"--{g}.{o}" for g, o in in_files] + [f"--{o}" for o in nested]
-
-
-def did_you_mean(message: str, options: list[str]) -> str:
-    """``; did you mean --model.num_generations?`` for each unknown option in an error message, and the new place of
-    a setting that moved into a section (``--model.num_iterations`` -> ``--model.update.num_iterations``).
-
-    >>> did_you_mean("unrecognized arguments: --model.num_generatons 4", ["--model.num_generations", "--data.x"])
-    '; did you mean --model.num_generations?'
-    >>> did_you_mean("Group 'model' does not accept option 'num_generation'", ["--model.num_generations"])
-    '; did you mean --model.num_generations?'
-    >>> did_you_mean("unrecognized arguments: --model.peft_config {}", [])
-    '; --model.peft_config moved to --model.policy.peft_config (settings sections: `lightning-grpo fit --help`)'
-    """
-    unknown = unknown_options(message)
-    keys = {u: u[8:].split(".")[0] for u in unknown if u.startswith("--model.")}  # --model.peft_config.r: peft_config
-    moved = [f"--model.{k} moved to --model.{MOVED[k]}" for k in dict.fromkeys(keys.values()) if k in MOVED]
-    if moved:
-        return "; " + ", ".join(moved) + " (settings sections: `lightning-grpo fit --help`)"
-    close = [m for u in unknown if u not in options for m in difflib.get_close_matches(u, options, n=1, cutoff=0.8)]
-    return f"; did you mean {', '.join(dict.fromkeys(close))}?" if close else ""
 
 
 def importable_dirs(argv: list[str]) -> list[str]:
@@ -203,6 +179,29 @@ def parser_kwargs() -> dict[str, Any]:
 
 
 class GRPOCLI(LightningCLI):
+    def parse_arguments(self, parser: LightningArgumentParser, args: Any) -> None:
+        """The arguments, and an explicit ``--ckpt_path`` checked before Lightning reads its settings."""
+        super().parse_arguments(parser, args)
+        config = self.config.get(self.config.get("subcommand")) or self.config
+        self.configured_model = None
+        ckpt_path = config.get("ckpt_path")
+        if ckpt_path and Path(ckpt_path).is_file():
+            try:
+                refuse_unreadable(ckpt_path)
+            except ValueError as err:
+                parser.error(str(err))
+            self.configured_model = config.get("model", {}).get("model")
+
+    def before_instantiate_classes(self) -> None:
+        """A checkpoint of another model than the configured one is refused, naming both."""
+        subcommand = self.config.get("subcommand")
+        config = self.config.get(subcommand) or self.config
+        default = self.parser.get_defaults().get(subcommand or "model", {})
+        default = default.get("model", {}).get("model") if subcommand else default.get("model")
+        problem = model_mismatch(config.get("ckpt_path"), self.configured_model, default, config.model.model)
+        if problem:
+            self.parser.error(problem)
+
     def instantiate_classes(self) -> None:
         """Bad settings end the program with their message, before any model is loaded or step taken."""
         try:
@@ -211,13 +210,33 @@ class GRPOCLI(LightningCLI):
             self.parser.error(str(err))
 
     def instantiate_trainer(self, **kwargs: Any) -> Any:
-        """The trainer, with ``MetricsFile`` (no settings) and ``StepProgressBar`` unless the progress bar is off or
-        another one is configured."""
+        """The trainer, with ``MetricsFile`` and ``FaultCheckpoint`` (no settings), ``StepProgressBar`` unless the
+        progress bar is off or another one is configured, and atomic checkpoint writes unless another
+        ``CheckpointIO`` plugin is configured."""
         config = self.config_init[self.subcommand]["trainer"] if self.subcommand else self.config_init["trainer"]
-        callbacks = [*(config.get("callbacks") or []), MetricsFile()]
+        callbacks = [*(config.get("callbacks") or []), MetricsFile(), FaultCheckpoint()]
         if config.get("enable_progress_bar") is not False and not any(isinstance(c, ProgressBar) for c in callbacks):
             callbacks.append(StepProgressBar())
-        return super().instantiate_trainer(**kwargs, callbacks=callbacks)
+        plugins = config.get("plugins") or []
+        plugins = plugins if isinstance(plugins, list) else [plugins]
+        if not any(hasattr(p, "save_checkpoint") for p in plugins):
+            plugins = [*plugins, AtomicCheckpointIO()]
+        trainer = super().instantiate_trainer(**kwargs, callbacks=callbacks, plugins=plugins)
+        trainer.callbacks = metrics_file_after_loggers(trainer.callbacks)
+        return trainer
+
+    def fit(self, model: Any, datamodule: Any = None, ckpt_path: str | None = None, **kwargs: Any) -> None:
+        """``trainer.fit`` after the checks that need the model and the data (``cli/preflight.py``), with
+        ``--ckpt_path`` checked and resolved (``last``: across the run's versions), and a
+        resumed run continuing its own directory (``cli/resume.py``)."""
+        try:
+            preflight(self.trainer, model, datamodule)
+        except (ValueError, TypeError, FileNotFoundError) as err:  # a user's data or reward: no traceback
+            self.parser.error(str(err))
+        ckpt_path = resume_path(self.trainer, ckpt_path)
+        if ckpt_path and ckpt_path not in ("hpc", "best"):
+            continue_run_dir(self.trainer, ckpt_path)
+        self.trainer.fit(model, datamodule=datamodule, ckpt_path=ckpt_path, **kwargs)
 
     def add_arguments_to_parser(self, parser: LightningArgumentParser) -> None:
         parser.add_lightning_class_args(RunSummary, "summary")
@@ -226,10 +245,20 @@ class GRPOCLI(LightningCLI):
         parser.add_lightning_class_args(ModeCollapseAlert, "collapse_alert")
         parser.add_lightning_class_args(KLAlert, "kl_alert")
         parser.add_lightning_class_args(MismatchAlert, "mismatch_alert")
+        parser.add_lightning_class_args(UnscoredRewardAlert, "unscored_alert")
         parser.add_lightning_class_args(CompletionSampleLogger, "samples")
         parser.add_lightning_class_args(PreemptionCheckpoint, "preemption")
         parser.add_lightning_class_args(TorchThreads, "threads")
         parser.add_lightning_class_args(ValidateAtEnd, "validate_at_end")
+
+
+def metrics_file_after_loggers(callbacks: list) -> list:
+    """``MetricsFile`` after every callback that logs (reward monitor, alerts: LightningCLI adds those after the
+    trainer's own), so ``metrics.jsonl`` holds each step's own values, from the first step of a run or resume;
+    checkpoint callbacks stay last, where Lightning puts them."""
+    files = [c for c in callbacks if isinstance(c, MetricsFile)]
+    checkpoints = [c for c in callbacks if isinstance(c, Checkpoint)]
+    return [c for c in callbacks if c not in files and c not in checkpoints] + files + checkpoints
 
 
 def report_main(args: list[str]) -> None:
@@ -271,7 +300,7 @@ def main(args: list[str] | None = None) -> None:
         SUBCOMMANDS[argv[0]](argv[1:])
         return
     check_not_bare(argv)
-    argv = resolve_configs(argv)
+    given, argv = argv, resolve_configs(argv)
     if args is None:
         sys.argv[1:] = argv  # LightningCLI reads sys.argv itself (given both, it warns)
     importable_dirs(argv)
@@ -280,16 +309,22 @@ def main(args: list[str] | None = None) -> None:
     # ModelCheckpoint(every_n_train_steps) under manual optimisation warns, with a code listing, that it saves the
     # weights after the step: for GRPO that is what a checkpoint of step N should hold (resume is exact).
     warnings.filterwarnings("ignore", message="Using ModelCheckpoint with manual optimization and every_n_train_steps")
-    GRPOCLI(
-        GRPOModule,
-        PromptDataModule,
-        trainer_defaults=TRAINER_DEFAULTS,
-        save_config_kwargs={"overwrite": True},
-        parser_class=GRPOArgumentParser,
-        parser_kwargs=parser_kwargs(),
-        auto_configure_optimizers=False,  # the module builds its own: see model.optimizer
-        args=None if args is None else argv,
-    )
+    try:
+        GRPOCLI(
+            GRPOModule,
+            PromptDataModule,
+            trainer_defaults=TRAINER_DEFAULTS,
+            save_config_kwargs={"overwrite": True},
+            parser_class=GRPOArgumentParser,
+            parser_kwargs=parser_kwargs(),
+            auto_configure_optimizers=False,  # the module builds its own: see model.optimizer
+            args=None if args is None else argv,
+        )
+    except Exception as err:  # inside fit: one message, the trace in the run directory's error.log
+        if debugging():
+            raise
+        print(failure_message(err, given), file=sys.stderr)
+        raise SystemExit(1) from None
 
 
 if __name__ == "__main__":

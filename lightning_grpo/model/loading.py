@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import copy
 import importlib.util
+import re
+from pathlib import Path
 
 import torch
 from torch import Tensor, nn
@@ -25,9 +27,26 @@ def cuda_package_problems(package: str, runs: str) -> list[str]:
 DTYPES = {"auto": "auto", "float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
+HUB_NAME = re.compile(r"^[\w-][\w.-]*(/[\w-][\w.-]*)?$")  # huggingface_hub's rule: "name" or "org/name"
+
+
 def resolve_pretrained(name: str) -> str:
-    """A Hugging Face name or local path; embedded names (``lightning-grpo/...``) are written locally first."""
-    return demo.resolve(name)
+    """A Hugging Face name or local path; embedded names (``lightning-grpo/...``) are written locally first. A name
+    that is no existing path and cannot be a hub name is refused naming it (not ``Repo id must be in the form``).
+
+    >>> resolve_pretrained("/no/such/model")
+    Traceback (most recent call last):
+    ...
+    FileNotFoundError: model '/no/such/model' is neither an existing directory nor a Hugging Face hub name \
+('org/name', e.g. 'Qwen/Qwen2.5-0.5B-Instruct'): check the path
+    """
+    resolved = demo.resolve(name)
+    if Path(resolved).exists() or HUB_NAME.match(resolved):
+        return resolved
+    raise FileNotFoundError(
+        f"model {name!r} is neither an existing directory nor a Hugging Face hub name ('org/name', e.g. "
+        "'Qwen/Qwen2.5-0.5B-Instruct'): check the path"
+    )
 
 
 def load_policy(

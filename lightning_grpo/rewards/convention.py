@@ -163,3 +163,38 @@ def is_correctness_reward(fn: RewardFunc) -> bool:
     e.g. ``exact_match_reward``, ``math_verify_reward``), else a name in ``KNOWN_CORRECTNESS``."""
     flag = getattr(fn, "is_correctness", getattr(_unwrapped(fn), "is_correctness", None))
     return bool(flag) if flag is not None else reward_name(fn) in KNOWN_CORRECTNESS
+
+
+PASSED = ("prompts", "completions", "completion_ids")  # and SHARED_KWARGS, and the dataset's other columns
+
+
+def check_signatures(reward_funcs: Sequence[RewardFunc], columns: list[str]) -> None:
+    """Before any compute: every function accepts the keyword arguments scoring passes (``prompts``,
+    ``completions``, ``completion_ids``, ``trainer_state`` and the dataset ``columns``) and needs no other.
+
+    >>> def needs_label(completions, label, **kwargs): ...
+    >>> check_signatures([needs_label], ["answer"])
+    Traceback (most recent call last):
+    ...
+    TypeError: reward function 'needs_label' needs argument 'label', which is not passed: reward functions \
+receive prompts, completions, completion_ids, trainer_state and the dataset columns ['answer']
+    """
+    given = [*PASSED, *SHARED_KWARGS, *columns]
+    for fn in reward_funcs:
+        try:
+            params = inspect.signature(fn).parameters.values()
+        except (TypeError, ValueError):  # a builtin without a signature: judged at its first call
+            continue
+        named = {p.name: p for p in params if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)}
+        needed = [n for n, p in named.items() if p.default is p.empty and n not in given]
+        receives = f"reward functions receive {', '.join(given[:4])} and the dataset columns {columns}"
+        if needed:
+            raise TypeError(
+                f"reward function {reward_name(fn)!r} needs argument {needed[0]!r}, which is not passed: {receives}"
+            )
+        if not any(p.kind == p.VAR_KEYWORD for p in params) and set(given) - named.keys():
+            refused = sorted(set(given) - named.keys())
+            raise TypeError(
+                f"reward function {reward_name(fn)!r} does not accept {refused}: add **kwargs to its signature "
+                f"({receives})"
+            )

@@ -1,0 +1,131 @@
+"""Checkpoint files on disk: written atomically, checked before a resume, found across a run's versions. Knows
+Lightning's ``CheckpointIO`` plugin API and files; nothing about GRPO.
+
+A checkpoint is written next to its final name (``.last.ckpt.tmp-<pid>`` in the same directory, hence the same
+filesystem), flushed to the disk (``fsync``), then renamed over the final name, and the directory entry is
+flushed too. A process killed mid-write, or a disk that fills up, leaves the previous checkpoint intact and at
+worst a temporary file, never a truncated ``.ckpt`` under a final name. (Lightning's own ``TorchCheckpointIO``
+writes the final file in place: a kill leaves it truncated, and resume fails with ``PytorchStreamReader failed
+reading zip archive``.)
+
+A resume checks the checkpoint first: ``torch.save`` writes a zip archive whose every member has a CRC, so a
+truncated or corrupt file is found without unpickling it (``readable``). ``--ckpt_path last`` looks at every
+version of the run (``<save_dir>/<name>/version_*/checkpoints``) and the newest readable checkpoint wins; each
+unreadable one it passes is reported.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import os
+import shutil
+import zipfile
+from pathlib import Path
+from typing import Any
+
+import torch
+from lightning.fabric.utilities.cloud_io import get_filesystem
+from lightning.pytorch.plugins.io import TorchCheckpointIO
+from typing_extensions import override
+
+
+def _fsync_dir(path: Path) -> None:
+    """Flush a directory entry (a rename) to the disk; some filesystems cannot open a directory: skipped there."""
+    with contextlib.suppress(OSError):
+        fd = os.open(path, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+
+
+def _is_local(path: str | Path) -> bool:
+    return type(get_filesystem(str(path))).__name__ == "LocalFileSystem"
+
+
+class AtomicCheckpointIO(TorchCheckpointIO):
+    """``TorchCheckpointIO`` that writes into a temporary file beside the target, fsyncs and renames it, so a
+    checkpoint under its final name is always complete. Remote paths (``s3://`` ...) are written as Lightning
+    writes them (object stores replace an object whole)."""
+
+    @override
+    def save_checkpoint(self, checkpoint: dict[str, Any], path: Any, storage_options: Any | None = None) -> None:
+        if storage_options is not None or not _is_local(path):
+            return super().save_checkpoint(checkpoint, path, storage_options)
+        target = Path(path)
+        target.parent.mkdir(parents=True, exist_ok=True)
+        partial = target.with_name(f".{target.name}.tmp-{os.getpid()}")
+        try:
+            with open(partial, "wb") as f:
+                torch.save(checkpoint, f)
+                f.flush()
+                os.fsync(f.fileno())
+            os.replace(partial, target)
+        except BaseException as err:
+            partial.unlink(missing_ok=True)  # a full disk leaves no partial file behind either
+            if not isinstance(err, Exception):
+                raise
+            raise OSError(_failed_write(target, err)) from err
+        _fsync_dir(target.parent)
+
+
+def _failed_write(target: Path, err: Exception) -> str:
+    """Why a checkpoint could not be written, in words (torch reports a full disk as ``unexpected pos``, with the
+    ``ENOSPC`` error as its context)."""
+    chain = [err, err.__context__, err.__cause__]
+    full = "no space left on the device; " if any(getattr(e, "errno", None) == errno.ENOSPC for e in chain) else ""
+    return f"checkpoint {target} could not be written: {full}{type(err).__name__}: {err}. Earlier ones are intact"
+
+
+def partial_dir(target: Path) -> Path:
+    """Where an export to ``target`` is written before ``publish_dir`` renames it: beside it, the same name on
+    every rank."""
+    return target.with_name(f".{target.name}.partial")
+
+
+def publish_dir(partial: Path, target: Path) -> None:
+    """Flush every file of ``partial`` to the disk and rename it to ``target`` (an existing ``target`` is replaced):
+    an export is whole or absent, never half-written under its final name."""
+    for file in partial.rglob("*"):
+        if file.is_file():
+            with open(file, "rb") as f:
+                os.fsync(f.fileno())
+    if target.exists():
+        shutil.rmtree(target)
+    os.replace(partial, target)
+    _fsync_dir(target.parent)
+
+
+def unreadable(path: str | Path) -> str | None:
+    """Why the checkpoint at ``path`` cannot be resumed from (``None``: it can). A directory (a distributed
+    checkpoint) and a remote path are taken as they are."""
+    path = Path(path)
+    if not _is_local(path) or path.is_dir():
+        return None
+    if not path.exists():
+        return "it does not exist"
+    try:
+        with zipfile.ZipFile(path) as archive:
+            bad = archive.testzip()  # reads every member and checks its CRC
+    except (zipfile.BadZipFile, OSError, EOFError) as err:
+        return f"it is truncated or not a checkpoint ({err})"
+    return None if bad is None else f"its member {bad!r} is corrupt"
+
+
+def run_checkpoints(run_root: Path) -> list[Path]:
+    """Every ``.ckpt`` of a run, newest first: in ``run_root/checkpoints`` and every ``run_root/*/checkpoints``
+    (``version_0``, ``version_1`` ... of one logger name), so a resumed run finds what an earlier version wrote."""
+    found = [*run_root.glob("checkpoints/*.ckpt"), *run_root.glob("*/checkpoints/*.ckpt")]
+    return sorted(found, key=lambda p: p.stat().st_mtime, reverse=True)
+
+
+def last_readable(candidates: list[Path]) -> tuple[Path | None, list[str]]:
+    """The first readable checkpoint of ``candidates`` and a line for each unreadable one passed on the way."""
+    skipped = []
+    for path in candidates:
+        why = unreadable(path)
+        if why is None:
+            return path, skipped
+        skipped.append(f"{path}: {why}")
+    return None, skipped

@@ -1,0 +1,54 @@
+"""An exception that ends ``lightning-grpo fit`` -> one message: the cause, the checkpoint kept and the command
+that resumes from it, where the full traceback is. ``LIGHTNING_GRPO_DEBUG=1`` prints the traceback instead.
+
+``FaultCheckpoint`` (always on under the CLI) writes the checkpoint and ``error.log`` and names them on the
+exception (``checkpoint_path``, ``error_log``); this module only words them.
+"""
+
+from __future__ import annotations
+
+import os
+import shlex
+
+DEBUG = "LIGHTNING_GRPO_DEBUG"
+
+
+def debugging() -> bool:
+    return os.environ.get(DEBUG, "") not in ("", "0")
+
+
+def without_ckpt_path(argv: list[str]) -> list[str]:
+    """``argv`` less any ``--ckpt_path X`` / ``--ckpt_path=X``.
+
+    >>> without_ckpt_path(["fit", "--config", "a.yaml", "--ckpt_path", "x.ckpt", "--ckpt_path=y"])
+    ['fit', '--config', 'a.yaml']
+    """
+    out, skip = [], False
+    for arg in argv:
+        if skip:
+            skip = False
+        elif arg == "--ckpt_path":
+            skip = True
+        elif not arg.startswith("--ckpt_path="):
+            out.append(arg)
+    return out
+
+
+def cause(err: BaseException) -> str:
+    """``Type: message`` and the exception's notes, the chained cause's when the message is empty."""
+    text = str(err) or (str(err.__cause__) if err.__cause__ else "")
+    notes = "".join(f"\n  {n}" for n in getattr(err, "__notes__", []))
+    return f"{type(err).__name__}: {text}{notes}"
+
+
+def failure_message(err: BaseException, argv: list[str]) -> str:
+    """What the user reads when ``fit`` fails: the cause, then how to resume and where the trace is."""
+    lines = [f"lightning-grpo: error: {cause(err)}"]
+    checkpoint = getattr(err, "checkpoint_path", None)
+    if checkpoint:
+        command = shlex.join(["lightning-grpo", *without_ckpt_path(argv), "--ckpt_path", str(checkpoint)])
+        lines.append(f"Training so far is saved in {checkpoint}; after fixing the cause, resume with:\n  {command}")
+    log = getattr(err, "error_log", None)
+    where = f"in {log}, or rerun" if log else "rerun"
+    lines.append(f"Full traceback: {where} with {DEBUG}=1.")
+    return "\n".join(lines)
