@@ -56,7 +56,7 @@ def test_short_cli_run_writes_summary_and_export(tmp_path):
 @pytest.mark.parametrize(
     "flag,value,message",
     [
-        ("--model.loss.loss_type", "ppo", "Expected a typing.Literal['dapo', 'grpo', 'bnpo', 'dr_grpo', 'luspo'"),
+        ("--model.loss.loss_type", "ppo", "Expected a typing.Literal['grpo', 'bnpo', 'dr_grpo', 'dapo', 'luspo'"),
         ("--model.num_generations", "1", "num_generations must be >= 2, got 1"),
         ("--model.sampling.top_p", "1.5", "sampling.top_p must be in (0, 1], got 1.5"),
     ],
