@@ -7,9 +7,11 @@
 - ``VLLMServer``: a separate ``vllm serve`` process through TRL's client; weights pushed after each step.
   Both check every push on a probe prompt (``vllm_sync.py``); ``vllm_launch.py`` starts a server.
 - ``ToolCalling``: multi-turn episodes with tools and environments (TRL's ``tools`` / ``environment_factory``).
+- ``OpenAIAgent``: the user's own agent program against an OpenAI-compatible endpoint over the policy.
 - ``RolloutFunction``: a user's own ``rollout_func`` (TRL's escape hatch).
 """
 
+from lightning_grpo.engines.agents import OpenAIAgent, agent_reward
 from lightning_grpo.engines.custom import RolloutFunction
 from lightning_grpo.engines.environments import environment_reward
 from lightning_grpo.engines.hf import HFGenerate
@@ -23,10 +25,12 @@ __all__ = [
     "HFGenerate",
     "HermesParser",
     "LeanDecode",
+    "OpenAIAgent",
     "RolloutFunction",
     "ToolCall",
     "ToolCalling",
     "VLLMColocate",
     "VLLMServer",
+    "agent_reward",
     "environment_reward",
 ]
