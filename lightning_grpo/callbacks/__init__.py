@@ -11,6 +11,7 @@ from lightning_grpo.callbacks.monitor import RewardMonitor
 from lightning_grpo.callbacks.preemption import PreemptionCheckpoint
 from lightning_grpo.callbacks.samples import CompletionSampleLogger
 from lightning_grpo.callbacks.summary import RunSummary
+from lightning_grpo.callbacks.tools import ToolUseAlert
 
 __all__ = [
     "Alert",
@@ -24,5 +25,6 @@ __all__ = [
     "PreemptionCheckpoint",
     "RewardMonitor",
     "RunSummary",
+    "ToolUseAlert",
     "ValidateAtEnd",
 ]

@@ -12,8 +12,8 @@ format, a tensor at a time.
 
 Every constructor argument is a config key with its docstring as ``--help``. Always on, each with its own
 config section: the run summary (``summary:``), the Hugging Face export (``export:``), the reward monitor
-(``reward_monitor:``), the mode-collapse, KL and sampler-mismatch alerts (``collapse_alert:``, ``kl_alert:``,
-``mismatch_alert:``, action ``warn``),
+(``reward_monitor:``), the mode-collapse, KL, sampler-mismatch and tool-use alerts (``collapse_alert:``,
+``kl_alert:``, ``mismatch_alert:``, ``tool_alert:``, action ``warn``),
 the sample logger (``samples:``), ``metrics.jsonl`` for ``report`` (``MetricsFile``, no settings), the preemption
 checkpoint (``preemption:``: SIGTERM or Ctrl+C save ``checkpoints/last.ckpt`` and exit) and torch's threads per
 process (``threads:``). All of them write into the run's own directory, whatever the logger. Other callbacks go
@@ -48,6 +48,7 @@ from lightning_grpo.callbacks import (
     PreemptionCheckpoint,
     RewardMonitor,
     RunSummary,
+    ToolUseAlert,
 )
 from lightning_grpo.callbacks.final import ValidateAtEnd
 from lightning_grpo.callbacks.progress import StepProgressBar
@@ -226,6 +227,7 @@ class GRPOCLI(LightningCLI):
         parser.add_lightning_class_args(ModeCollapseAlert, "collapse_alert")
         parser.add_lightning_class_args(KLAlert, "kl_alert")
         parser.add_lightning_class_args(MismatchAlert, "mismatch_alert")
+        parser.add_lightning_class_args(ToolUseAlert, "tool_alert")
         parser.add_lightning_class_args(CompletionSampleLogger, "samples")
         parser.add_lightning_class_args(PreemptionCheckpoint, "preemption")
         parser.add_lightning_class_args(TorchThreads, "threads")
