@@ -16,6 +16,7 @@ arguments' values in the user message the same way. Run it for your tools:
 from __future__ import annotations
 
 import argparse
+import functools
 import inspect
 import random
 import string
@@ -28,6 +29,7 @@ from lightning_grpo.demo.tiny import TOOL_CHAT_TEMPLATE, build_tiny_qwen2, build
 CALL_PIECES = ['<tool_call>{"name": "', '", "arguments": {', "}}</tool_call>"]  # a call's fixed JSON, no names
 CALL_RATE = 0.1  # share of warm-started replies (to a prompt that lists the tools) that start with a call
 COPY_FIRST = 0.5  # share of the warm start spent on tool episodes alone (the copying is learnt first)
+POOL = 3000  # synthetic episodes drawn from during the warm start
 MODEL_SIZE = {"hidden_size": 128, "intermediate_size": 512}  # 2 layers; 64 wide did not learn to copy strings
 
 
@@ -62,10 +64,8 @@ def random_value(kind: str, rng: random.Random) -> Any:
 def tool_episode(tokenizer: Any, tools: list[Callable], tool: Callable, rng: random.Random) -> tuple[list[int], ...]:
     """Token ids of one synthetic episode: the prompt without and with the tools listed, the call turn, the tool's
     reply with the next header, the answer (the reply copied), and a guess (the tool's output for other values)."""
-    from transformers.utils import get_json_schema
-
-    schemas = [get_json_schema(t) for t in tools]
-    properties = get_json_schema(tool)["function"]["parameters"]["properties"]
+    schemas = _schemas(tuple(tools))
+    properties = schemas[tools.index(tool)]["function"]["parameters"]["properties"]
     args = {name: random_value(p.get("type", "string"), rng) for name, p in properties.items()}
     other = {name: random_value(p.get("type", "string"), rng) for name, p in properties.items()}
     chat = [{"role": "user", "content": " ".join(str(v) for v in args.values())}]
@@ -82,6 +82,13 @@ def tool_episode(tokenizer: Any, tools: list[Callable], tool: Callable, rng: ran
     guess = str(tool(**other)) + tokenizer.eos_token
     return (*(tokenizer(p, add_special_tokens=False)["input_ids"] for p in pieces),
             tokenizer(guess, add_special_tokens=False)["input_ids"])  # fmt: skip
+
+
+@functools.lru_cache(maxsize=8)
+def _schemas(tools: tuple[Callable, ...]) -> list[dict[str, Any]]:
+    from transformers.utils import get_json_schema
+
+    return [get_json_schema(t) for t in tools]
 
 
 def _example(episode: tuple, kind: int, decide: float, rng: random.Random) -> tuple[list, list]:
@@ -103,6 +110,7 @@ def warm_start_tools(
     import torch
 
     rng = random.Random(seed)
+    pool = [tool_episode(tokenizer, tools, rng.choice(tools), rng) for _ in range(POOL)]  # rendering is the slow part
     threads = torch.get_num_threads()
     torch.set_num_threads(1)  # matmuls this small do not split: on a busy 2-core machine 2 threads ran 9x slower
     decide = CALL_RATE / (1 - CALL_RATE)  # decision tokens trained per guess: calls / guesses = CALL_RATE / rest
@@ -111,10 +119,7 @@ def warm_start_tools(
     for step in range(steps):
         copying = step < COPY_FIRST * steps
         kinds = [2 if copying else i % 3 for i in range(batch)]
-        rows = [
-            _example(tool_episode(tokenizer, tools, rng.choice(tools), rng), k, 0.0 if copying else decide, rng)
-            for k in kinds
-        ]
+        rows = [_example(rng.choice(pool), k, 0.0 if copying else decide, rng) for k in kinds]
         width = max(len(ids) for ids, _ in rows)
         input_ids = torch.tensor([ids + [tokenizer.pad_token_id] * (width - len(ids)) for ids, _ in rows])
         labels = torch.tensor([lab + [-100] * (width - len(lab)) for _, lab in rows])
