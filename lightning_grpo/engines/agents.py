@@ -28,7 +28,7 @@ from lightning_grpo.engines.hf import HFGenerate
 from lightning_grpo.engines.served import ServedEpisode, template_message
 from lightning_grpo.engines.toolcalls import HermesParser, resolve_tool
 from lightning_grpo.model.policy import Policy
-from lightning_grpo.rewards.scoring import ON_ERROR
+from lightning_grpo.rewards.calls import ON_ERROR
 from lightning_grpo.rollout import RolloutEngine, SamplingConfig, pad_rows
 from lightning_grpo.types import Prompt, Rollout
 
