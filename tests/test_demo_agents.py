@@ -52,3 +52,20 @@ def test_a_new_tool_is_learnt(tmp_path):
 def test_the_new_tool_s_control_stays(tmp_path):
     summary = fit(tmp_path, REVERSE, "--model.rollout_engine", "null")
     assert abs(summary["accuracy_after"] - summary["accuracy_before"]) <= 0.10, summary
+
+
+def test_any_tool_s_call_is_spelled_out_and_parses_back():
+    import random
+
+    from lightning_grpo.demo.anytool import CALL_PIECES, build_anytool_tokenizer, reverse, tool_episode
+    from lightning_grpo.engines import HermesParser, ToolCall
+
+    tokenizer = build_anytool_tokenizer()
+    plain, prompt, call, reply, answer, guess = tool_episode(tokenizer, [reverse], reverse, random.Random(0))
+    word = tokenizer.decode(plain, skip_special_tokens=True).removeprefix("user").strip("<>|")
+    tokens = tokenizer.convert_ids_to_tokens(call)
+    assert tokens[0] == CALL_PIECES[0] and "".join(tokens[1:8]) == "reverse"  # the name spelled byte by byte
+    text = tokenizer.decode(call, skip_special_tokens=True)
+    (parsed,) = HermesParser().parse(text)[1]
+    assert parsed == ToolCall("reverse", {"text": parsed.arguments["text"]}) and parsed.arguments["text"] in word
+    assert tokenizer.decode(answer, skip_special_tokens=True) == parsed.arguments["text"][::-1]
