@@ -103,7 +103,7 @@ def _example(episode: tuple, kind: int, decide: float, rng: random.Random) -> tu
 
 
 def warm_start_tools(
-    model: Any, tokenizer: Any, tools: list[Callable], steps: int = 800, batch: int = 32, seed: int = 0
+    model: Any, tokenizer: Any, tools: list[Callable], steps: int = 600, batch: int = 32, seed: int = 0
 ) -> None:
     """Next-token training on synthetic episodes of ``tools`` (see the module's docstring); the first
     ``COPY_FIRST`` of the steps on tool episodes alone."""
@@ -132,7 +132,7 @@ def warm_start_tools(
     model.eval()
 
 
-def write_tool_model(path: Path, tools: list[Callable], steps: int = 800) -> None:
+def write_tool_model(path: Path, tools: list[Callable], steps: int = 600) -> None:
     """A 2-layer Qwen2 warm-started to call ``tools``, with its tokenizer, saved with save_pretrained."""
     tokenizer = build_anytool_tokenizer()
     model = build_tiny_qwen2(tokenizer, **MODEL_SIZE)
@@ -171,7 +171,7 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=inspect.getdoc(warm_start_tools))
     parser.add_argument("tools", nargs="+", help="import paths of the tools (package.module.function)")
     parser.add_argument("--out", required=True, help="the model directory to write")
-    parser.add_argument("--steps", type=int, default=800)
+    parser.add_argument("--steps", type=int, default=600)
     args = parser.parse_args(argv)
     write_tool_model(Path(args.out), [resolve_tool(t) for t in args.tools], args.steps)
 
