@@ -254,5 +254,15 @@ class RolloutEngine:
         (environments reset from them); single-turn engines ignore them."""
         raise NotImplementedError
 
+    def complete(
+        self, policy: Policy, contexts: list[list[int]], budgets: list[int], sampling: SamplingConfig, greedy: bool
+    ) -> list[tuple[list[int], list[float] | None]]:
+        """Token ids in, token ids out, for the agent endpoint (``engines.OpenAIAgent``): one continuation of each
+        context, at most its budget of tokens, cut after the first EOS, with the sampler's log-prob of each sampled
+        token (``None`` where this engine cannot give them). Sampled as ``generate`` samples."""
+        raise NotImplementedError(
+            f"{type(self).__name__} cannot serve the agent endpoint: it has no complete(); use HFGenerate or LeanDecode"
+        )
+
     def sync_weights(self, policy: Policy) -> None:
         """Make the next ``generate`` use the policy's current weights (after each training step)."""

@@ -12,6 +12,7 @@ from lightning_grpo.callbacks.monitor import RewardMonitor
 from lightning_grpo.callbacks.preemption import PreemptionCheckpoint
 from lightning_grpo.callbacks.samples import CompletionSampleLogger
 from lightning_grpo.callbacks.summary import RunSummary
+from lightning_grpo.callbacks.tools import ToolUseAlert
 from lightning_grpo.callbacks.unscored import UnscoredRewardAlert
 
 __all__ = [
@@ -28,5 +29,6 @@ __all__ = [
     "RewardMonitor",
     "RunSummary",
     "UnscoredRewardAlert",
+    "ToolUseAlert",
     "ValidateAtEnd",
 ]

@@ -43,9 +43,21 @@ def episode_text(completion: Any) -> str:
     return "\n".join(_message_line(m) for m in completion)
 
 
+def _call_text(call: dict[str, Any]) -> str:
+    """``name({"arg": value})``; a call the parser could not read, as ``<unreadable call: why>``.
+
+    >>> _call_text({"function": {"name": "unknown", "arguments": {}}, "error": "not valid JSON: {bad"})
+    '<unreadable call: not valid JSON: {bad>'
+    """
+    if call.get("error"):
+        return f"<unreadable call: {call['error']}>"
+    f = call["function"]
+    arguments = f["arguments"] if isinstance(f["arguments"], str) else json.dumps(f["arguments"])
+    return f"{f['name']}({arguments})"
+
+
 def _message_line(message: dict[str, Any]) -> str:
-    functions = [c["function"] for c in message.get("tool_calls") or []]
-    calls = [f"{f['name']}({json.dumps(f['arguments'])})" for f in functions]
+    calls = [_call_text(c) for c in message.get("tool_calls") or []]
     role = f"tool {message['name']}" if message.get("role") == "tool" and message.get("name") else message.get("role")
     return f"{role}: " + " ".join(filter(None, [completion_text([message]), *calls]))
 

@@ -12,10 +12,10 @@ format, a tensor at a time.
 
 Every constructor argument is a config key with its docstring as ``--help``. Always on, each with its own
 config section: the run summary (``summary:``), the Hugging Face export (``export:``), the reward monitor
-(``reward_monitor:``), the mode-collapse, KL, sampler-mismatch and unscored-reward alerts (``collapse_alert:``,
-``kl_alert:``, ``mismatch_alert:``, ``unscored_alert:``, action ``warn``), the sample logger (``samples:``),
-``metrics.jsonl`` for ``report`` (``MetricsFile``, no settings), the preemption
-checkpoint (``preemption:``: SIGTERM or Ctrl+C save ``checkpoints/last.ckpt`` and exit) and torch's threads per
+(``reward_monitor:``), the mode-collapse, KL, sampler-mismatch, unscored-reward and tool-use alerts
+(``collapse_alert:``, ``kl_alert:``, ``mismatch_alert:``, ``unscored_alert:``, ``tool_alert:``, action
+``warn``), the sample logger (``samples:``), ``metrics.jsonl`` for ``report`` (``MetricsFile``, no settings),
+the preemption checkpoint (``preemption:``: SIGTERM or Ctrl+C save ``checkpoints/last.ckpt`` and exit) and torch's threads per
 process (``threads:``). All of them write into the run's own directory, whatever the logger. Other callbacks go
 under ``trainer.callbacks``.
 
@@ -47,6 +47,7 @@ from lightning_grpo.callbacks import (
     PreemptionCheckpoint,
     RewardMonitor,
     RunSummary,
+    ToolUseAlert,
     UnscoredRewardAlert,
 )
 from lightning_grpo.callbacks.faults import FaultCheckpoint
@@ -246,6 +247,7 @@ class GRPOCLI(LightningCLI):
         parser.add_lightning_class_args(KLAlert, "kl_alert")
         parser.add_lightning_class_args(MismatchAlert, "mismatch_alert")
         parser.add_lightning_class_args(UnscoredRewardAlert, "unscored_alert")
+        parser.add_lightning_class_args(ToolUseAlert, "tool_alert")
         parser.add_lightning_class_args(CompletionSampleLogger, "samples")
         parser.add_lightning_class_args(PreemptionCheckpoint, "preemption")
         parser.add_lightning_class_args(TorchThreads, "threads")

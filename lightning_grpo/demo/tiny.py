@@ -156,11 +156,11 @@ def write_splits(path: Path, splits: dict[str, list[dict]]) -> None:
             f.writelines(json.dumps(r) + "\n" for r in rows)
 
 
-def _tools_demo(name: str) -> Callable[[Path], None]:
-    def write(path: Path) -> None:  # demo_tools imports this module: looked up when first used
-        from lightning_grpo.demo import calc as demo_tools
+def _tools_demo(name: str, module: str = "calc") -> Callable[[Path], None]:
+    def write(path: Path) -> None:  # the demo modules import this one: looked up when first used
+        import importlib
 
-        getattr(demo_tools, name)(path)
+        getattr(importlib.import_module(f"lightning_grpo.demo.{module}"), name)(path)
 
     return write
 
@@ -172,6 +172,9 @@ EMBEDDED: dict[str, Callable[[Path], None]] = {
     "lightning-grpo/tiny-qwen2-tools": _tools_demo("write_tiny_qwen2_tools"),  # the tool template (demo/calc.py)
     "lightning-grpo/tiny-qwen2-calc": _tools_demo("write_tiny_qwen2_calc"),  # warm-started to call a calculator
     "lightning-grpo/tiny-mul": _tools_demo("write_tiny_mul"),
+    # any tool: a warm start from the tool's own schema (demo/anytool.py), here for reverse(text)
+    "lightning-grpo/tiny-qwen2-reverse": _tools_demo("write_tiny_qwen2_reverse", "anytool"),
+    "lightning-grpo/tiny-reverse": _tools_demo("write_tiny_reverse", "anytool"),
 }
 
 

@@ -7,13 +7,17 @@
 - ``VLLMServer``: a separate ``vllm serve`` process through TRL's client; weights pushed after each step.
   Both check every push on a probe prompt (``vllm_sync.py``); ``vllm_launch.py`` starts a server.
 - ``ToolCalling``: multi-turn episodes with tools and environments (TRL's ``tools`` / ``environment_factory``).
+- ``OpenAIAgent``: the user's own agent program against an OpenAI-compatible endpoint over the policy.
+- ``OpenEnvFactory``: an OpenEnv environment as a ``ToolCalling`` ``environment_factory`` (in-process).
 - ``RolloutFunction``: a user's own ``rollout_func`` (TRL's escape hatch).
 """
 
+from lightning_grpo.engines.agents import OpenAIAgent, agent_reward
 from lightning_grpo.engines.custom import RolloutFunction
 from lightning_grpo.engines.environments import environment_reward
 from lightning_grpo.engines.hf import HFGenerate
 from lightning_grpo.engines.lean import LeanDecode
+from lightning_grpo.engines.openenv import OpenEnvFactory
 from lightning_grpo.engines.toolcalls import HermesParser, ToolCall
 from lightning_grpo.engines.tools import ToolCalling
 from lightning_grpo.engines.vllm import VLLMColocate
@@ -23,10 +27,13 @@ __all__ = [
     "HFGenerate",
     "HermesParser",
     "LeanDecode",
+    "OpenAIAgent",
+    "OpenEnvFactory",
     "RolloutFunction",
     "ToolCall",
     "ToolCalling",
     "VLLMColocate",
     "VLLMServer",
+    "agent_reward",
     "environment_reward",
 ]

@@ -53,7 +53,7 @@ def tool_suffix_ids(
     then the next assistant header. Found as TRL does, by rendering a dummy conversation with and without them;
     ``template_kwargs`` are the run's ``chat_template_kwargs`` (Qwen3's ``enable_thinking`` changes the header)."""
     kwargs = template_kwargs or {}
-    dummy = _call_messages(tool_messages[0]["name"])
+    dummy = _call_messages(tool_messages[0].get("name") or PROBE)  # a user message may follow a call, too
     prefix = tokenizer.apply_chat_template(dummy, tokenize=True, return_dict=False, **kwargs)
     full = tokenizer.apply_chat_template(
         dummy + tool_messages, add_generation_prompt=True, tokenize=True, return_dict=False, **kwargs

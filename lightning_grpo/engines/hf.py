@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import torch
 from typing_extensions import override
 
 from lightning_grpo.model.policy import Policy
@@ -19,6 +20,7 @@ from lightning_grpo.rollout import (
     check_generation_batch_size,
     generation_chunks,
     pad_right,
+    pad_rows,
     tokenize_prompts,
 )
 from lightning_grpo.types import Prompt, Rollout
@@ -74,3 +76,31 @@ class HFGenerate(RolloutEngine):
             num_generations,
             num_truncated,
         )
+
+    @override
+    def complete(
+        self, policy: Policy, contexts: list[list[int]], budgets: list[int], sampling: SamplingConfig, greedy: bool
+    ) -> list[tuple[list[int], list[float] | None]]:
+        """One left-padded ``generate`` call over the contexts; log-probs from its processed scores (after
+        temperature and the top-k/top-p/min-p filters: the distribution each token was drawn from)."""
+        tokenizer, eos = policy.tokenizer, policy.eos_token_ids
+        ids, mask = pad_rows(contexts, tokenizer.pad_token_id, left=True)  # [n, C]
+        config = sampling.generation_config(tokenizer, greedy=greedy)
+        config.eos_token_id, config.max_new_tokens = eos, max(budgets)
+        config.output_scores, config.return_dict_in_generate = True, True
+        with policy.generating() as model:
+            out = model.generate(
+                input_ids=ids.to(policy.device),
+                attention_mask=mask.to(policy.device),
+                generation_config=config,
+                synced_gpus=policy.synced_generation,
+            )
+        new = out.sequences[:, ids.shape[1] :]  # [n, t]
+        logps = torch.stack(
+            [s.float().log_softmax(-1).gather(1, new[:, i : i + 1]).squeeze(1) for i, s in enumerate(out.scores)], 1
+        )  # [n, t]
+        turns = []
+        for row, row_logps, budget in zip(new.tolist(), logps.tolist(), budgets):
+            cut = min(next((i + 1 for i, t in enumerate(row) if t in eos), len(row)), budget)
+            turns.append((row[:cut], row_logps[:cut]))
+        return turns

@@ -28,8 +28,10 @@ class ToolCall:
     error: str | None = None
 
     def message(self) -> dict[str, Any]:
-        """The ``tool_calls`` entry of the assistant message, as chat templates expect it."""
-        return {"type": "function", "function": {"name": self.name, "arguments": self.arguments}}
+        """The ``tool_calls`` entry of the assistant message, as chat templates expect it; a call that could not be
+        read keeps why (templates ignore the key; the sample log shows it)."""
+        entry: dict[str, Any] = {"type": "function", "function": {"name": self.name, "arguments": self.arguments}}
+        return entry if self.error is None else {**entry, "error": self.error}
 
 
 @dataclass

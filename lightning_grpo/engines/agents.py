@@ -1,0 +1,319 @@
+"""Prompts -> a Rollout played by the user's own agent program against an OpenAI-compatible endpoint over the policy.
+
+For each of the N = B * G rows, ``agent(base_url, row)`` runs on its own thread; its requests reach the endpoint
+(``engines.endpoint``), are gathered here on the trainer's thread and generated in batches by the sampler engine
+(``complete``: HF ``generate`` by default), recorded token by token (``engines.served``). When every agent has
+returned, failed or run out of time, the records become the Rollout: the sampled tokens as they were sampled, the
+tokens the model was shown between its turns masked out of the loss (``tool_mask``). Knows threads, the episode
+record and the Rollout; nothing about HTTP or rewards beyond the agent's own.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import queue
+import threading
+import time
+import uuid
+from collections.abc import Callable
+from typing import Any, Literal
+
+import torch
+from typing_extensions import override
+
+from lightning_grpo.engines.endpoint import Endpoint, Refusal, Request
+from lightning_grpo.engines.episodes import EpisodeStats
+from lightning_grpo.engines.hf import HFGenerate
+from lightning_grpo.engines.served import ServedEpisode, template_message
+from lightning_grpo.engines.toolcalls import HermesParser, resolve_tool
+from lightning_grpo.model.policy import Policy
+from lightning_grpo.rewards.calls import ON_ERROR
+from lightning_grpo.rollout import RolloutEngine, SamplingConfig, pad_rows
+from lightning_grpo.types import Prompt, Rollout
+
+AGENT_ARGUMENTS = ("client", "base_url")
+NOT_PLAYING = (
+    "no episode {session!r} is being played: the endpoint serves only the episodes of the rollout in progress, "
+    "at the base URL the agent was given"
+)
+
+
+class OpenAIAgent(RolloutEngine):
+    """Your agent, unchanged, against the policy (``rollout_engine: {class_path: lightning_grpo.engines.OpenAIAgent}``).
+
+    ``agent(client, row)`` gets an ``openai.OpenAI`` client bound to its episode (``agent_argument: client``, the
+    default: one connection pool for all, as building a client per episode costs ~0.1 s of CPU), or its episode's
+    base URL (``agent_argument: base_url``, for ``OpenAI(base_url=base_url, api_key="-")`` or any other HTTP
+    client), and the dataset row (``prompt`` and the other columns), and returns a reward (a number: the
+    ``agent_reward`` column, scored by the reward function ``lightning_grpo.engines.agent_reward``), the
+    conversation's messages after the prompt (scored by your reward functions), or ``None`` (the recorded
+    conversation is scored). It may be ``async def``. ``references/agents.md``: what is recorded, the limits.
+
+    Metrics (``train/...``): ``agents/errors`` and ``agents/timeouts`` (fractions of episodes), ``agents/requests``
+    (per episode), ``agents/restarts`` (requests that did not continue their episode), and the tool engine's
+    ``tools/call_frequency``, ``tools/failure_frequency`` (calls that could not be parsed or name no tool of the
+    request), ``turns/mean``.
+
+    Args:
+        agent: the callable, or its import path.
+        agent_argument: what the agent gets first: ``client`` (an ``openai.OpenAI``, ``pip install openai``) or
+            ``base_url`` (a string).
+        timeout: seconds the N agents of a rollout may take together; one still running then is abandoned (its
+            later requests are refused) and counts as failed. ``None``: no limit.
+        on_error: an agent that raises, returns something else or runs out of time: ``raise`` (the run stops,
+            naming the row and the error), ``skip`` (its reward is ``None`` and none of its tokens is trained) or
+            ``zero`` (its reward is 0 and its tokens are trained: a crash the model caused is penalised).
+        sampler: the engine that generates (``HFGenerate`` by default); it needs ``complete``.
+        parser: reads tool calls from the model's text; default Hermes/Qwen ``<tool_call>{json}</tool_call>``.
+        batch_wait: seconds to wait for the other agents' requests before generating a partial batch.
+        port: the endpoint's port on 127.0.0.1; 0 picks a free one.
+    """
+
+    def __init__(
+        self,
+        agent: Callable | str,
+        agent_argument: Literal[AGENT_ARGUMENTS] = "client",
+        timeout: float | None = 120.0,
+        on_error: Literal[ON_ERROR] = "zero",
+        sampler: RolloutEngine | None = None,
+        parser: Any = None,
+        batch_wait: float = 0.05,
+        port: int = 0,
+    ) -> None:
+        if on_error not in ON_ERROR:
+            raise ValueError(f"on_error must be one of {list(ON_ERROR)}, got {on_error!r}")
+        if timeout is not None and timeout <= 0:
+            raise ValueError(f"timeout must be a positive number of seconds or None (no limit), got {timeout!r}")
+        if agent_argument not in AGENT_ARGUMENTS:
+            raise ValueError(f"agent_argument must be one of {list(AGENT_ARGUMENTS)}, got {agent_argument!r}")
+        if batch_wait < 0:
+            raise ValueError(f"batch_wait must be >= 0 seconds, got {batch_wait!r}")
+        self.agent = resolve_tool(agent, "agent")
+        self.timeout, self.on_error, self.batch_wait = timeout, on_error, batch_wait
+        self.agent_argument, self._client = agent_argument, None
+        self.sampler = sampler or HFGenerate()
+        self.parser = parser or HermesParser()
+        self.endpoint = Endpoint(port=port)
+        self.inbox: queue.Queue = queue.Queue()
+        self.live: dict[str, ServedEpisode] = {}
+        self.lock = threading.Lock()
+
+    @override
+    def problems(self, sampling: SamplingConfig) -> list[str]:
+        return self.sampler.problems(sampling)
+
+    @override
+    def setup(self, policy: Policy, trainer: Any, seed: int) -> None:
+        if policy.synced_generation:
+            raise ValueError("OpenAIAgent does not serve sharded (FSDP) policies yet: use DDP or one device")
+        self.sampler.setup(policy, trainer, seed)
+        self.endpoint.start(self._accept)
+
+    def _accept(self, request: Request) -> None:
+        """On the server's thread: refuse what is not ours to serve, queue the rest for the trainer's thread."""
+        with self.lock:
+            episode = self.live.get(request.session)
+        if episode is None:
+            raise Refusal(404, NOT_PLAYING.format(session=request.session))
+        if episode.status != "running":
+            raise Refusal(410, f"episode {request.session!r} has ended ({episode.status}); it takes no more requests")
+        if request.body.get("stream"):
+            raise Refusal(400, "stream=true is not served: the endpoint answers whole replies")
+        if request.body.get("n", 1) != 1:
+            raise Refusal(400, f"n={request.body.get('n')!r}: one completion a request (GRPO's G are G episodes)")
+        self.inbox.put(request)
+
+    @override
+    def generate(
+        self,
+        policy: Policy,
+        prompts: list[Prompt],
+        num_generations: int,
+        sampling: SamplingConfig,
+        greedy: bool,
+        columns: dict[str, list[Any]] | None = None,
+    ) -> Rollout:
+        self.endpoint.start(self._accept)  # setup() is skipped when the engine is driven by hand
+        rows = [{"prompt": p, **{k: v[i] for k, v in (columns or {}).items()}} for i, p in enumerate(prompts)]
+        episodes = [
+            ServedEpisode(uuid.uuid4().hex, dict(r), sampling.max_completion_length)
+            for r in rows
+            for _ in range(num_generations)
+        ]
+        with self.lock:
+            self.live = {e.session: e for e in episodes}
+        for episode in episodes:
+            handle = self._handle(self.endpoint.base_url(episode.session))
+            threading.Thread(target=self._play, args=(episode, handle), name="agent", daemon=True).start()
+        try:
+            self._serve(policy, episodes, sampling, greedy)
+        finally:
+            self._close(episodes)
+        return self._rollout(policy, episodes, num_generations, sampling)
+
+    def _handle(self, base_url: str) -> Any:
+        """What the agent gets: the base URL, or a client on it that shares one connection pool with the others
+        (no retries: a refused request is final)."""
+        if self.agent_argument == "base_url":
+            return base_url
+        if self._client is None:
+            from openai import OpenAI
+
+            self._client = OpenAI(base_url=base_url, api_key="lightning-grpo", max_retries=0, timeout=None)
+        return self._client.with_options(base_url=base_url)
+
+    def _play(self, episode: ServedEpisode, handle: Any) -> None:
+        """One agent run, on its own thread; whatever happens ends as the episode's status."""
+        try:
+            value = self.agent(handle, dict(episode.row))
+            value = asyncio.run(value) if inspect.iscoroutine(value) else value
+            if not (value is None or isinstance(value, int | float | list)):
+                raise TypeError(f"the agent returned {type(value).__name__}: return a reward, messages or None")
+            episode.outcome, status = value, "done"
+        except BaseException as e:  # noqa: BLE001 - any failure of user code is this episode's failure
+            episode.error, status = f"{type(e).__name__}: {e}", "failed"
+        with self.lock:
+            if episode.status == "running":  # not already timed out
+                episode.status = status
+        self.inbox.put(episode)
+
+    def _serve(self, policy: Policy, episodes: list[ServedEpisode], sampling: SamplingConfig, greedy: bool) -> None:
+        """Answer requests in batches until every agent has ended or the time is up."""
+        deadline = time.monotonic() + self.timeout if self.timeout else float("inf")
+        held: list[Request] = []  # a second request of an episode waits for the next batch
+        while any(e.status == "running" for e in episodes):
+            batch, held = self._collect(held, deadline)
+            if time.monotonic() >= deadline:
+                with self.lock:
+                    for e in episodes:
+                        e.status = "timeout" if e.status == "running" else e.status
+                return
+            self._answer(policy, batch, sampling, greedy)
+
+    def _collect(self, held: list[Request], deadline: float) -> tuple[list[Request], list[Request]]:
+        """The requests to generate now: one per episode, once every running agent has asked or ``batch_wait``
+        passed without a new one."""
+        items: list[Any] = list(held)
+        wait = min(1.0, max(0.0, deadline - time.monotonic()))
+        while True:
+            try:
+                items.append(self.inbox.get(timeout=wait))
+            except queue.Empty:
+                if any(isinstance(i, Request) for i in items) or time.monotonic() >= deadline or not self._running():
+                    break
+                continue
+            asking = {i.session for i in items if isinstance(i, Request)}
+            wait = 0.0 if len(asking) >= self._running() else self.batch_wait
+        batch, later, taken = [], [], set()
+        for item in (i for i in items if isinstance(i, Request)):
+            (later if item.session in taken else batch).append(item)
+            taken.add(item.session)
+        return batch, later
+
+    def _running(self) -> int:
+        with self.lock:
+            return sum(e.status == "running" for e in self.live.values())
+
+    def _answer(self, policy: Policy, batch: list[Request], sampling: SamplingConfig, greedy: bool) -> None:
+        tokenizer, template_kwargs = policy.tokenizer, sampling.chat_template_kwargs or {}
+        limit = getattr(policy.model.config, "max_position_embeddings", None)
+        todo = []
+        for request in batch:
+            episode = self.live[request.session]
+            try:
+                context = episode.context(tokenizer, request.kind, request.body, template_kwargs)
+            except Refusal as refusal:
+                request.answer(refusal)
+                continue
+            budget = episode.turn_budget(request.body, limit)
+            if budget <= 0:
+                request.answer(episode.empty_reply(request.kind))
+            else:
+                todo.append((request, episode, context, budget))
+        if not todo:
+            return
+        try:
+            turns = self.sampler.complete(policy, [t[2] for t in todo], [t[3] for t in todo], sampling, greedy)
+        except Exception as e:
+            for request, *_ in todo:
+                request.answer(Refusal(500, f"generation failed: {type(e).__name__}: {e}"))
+            raise
+        for (request, episode, _, _), (ids, logps) in zip(todo, turns):
+            reply = episode.take_turn(tokenizer, ids, logps, policy.eos_token_ids, self.parser, request.kind)
+            request.answer(reply)
+
+    def _close(self, episodes: list[ServedEpisode]) -> None:
+        """No episode takes requests any more; any still queued is refused."""
+        with self.lock:
+            self.live = {}
+        while True:
+            try:
+                item = self.inbox.get_nowait()
+            except queue.Empty:
+                return
+            if isinstance(item, Request):
+                item.answer(Refusal(410, "the rollout has ended"))
+
+    def _rollout(
+        self, policy: Policy, episodes: list[ServedEpisode], group_size: int, sampling: SamplingConfig
+    ) -> Rollout:
+        failed = [e for e in episodes if e.status != "done"]
+        if failed and self.on_error == "raise":
+            e = failed[0]
+            why = e.error or f"still running after timeout={self.timeout}s"
+            raise RuntimeError(f"agent {getattr(self.agent, '__name__', self.agent)!r} failed on row {e.row}: {why}")
+        for e in episodes:
+            if not e.prompt_ids:  # the agent never asked: the row's prompt, nothing to train
+                e.prompt, e.prompt_ids = e.row["prompt"], _render(policy.tokenizer, e.row["prompt"], sampling)
+            if e.status != "done" and self.on_error == "skip":
+                e.model_mask = [0] * len(e.ids)
+            if isinstance(e.outcome, list):  # the agent's own transcript, in the template's form for the rewards
+                e.messages = [template_message(m, e.call_names) for m in e.outcome]
+        stats = EpisodeStats.of(episodes)
+        rewards = [_reward(e, self.on_error) for e in episodes]
+        columns = {"agent_reward": rewards, "episode_id": [e.session for e in episodes]}
+        metrics = {**stats.metrics(), **_metrics(episodes)}
+        rollout = stats.rollout(policy.tokenizer, episodes, group_size, 0, columns, metrics, policy.device)
+        logps, _ = pad_rows([e.logps for e in episodes], 0.0, dtype=torch.float32, min_width=1)
+        rollout.sampling_logps = logps[:, : rollout.completion_ids.shape[1]].to(policy.device)
+        return rollout
+
+    def close(self) -> None:
+        self.endpoint.stop()
+
+
+def _render(tokenizer: Any, prompt: Prompt, sampling: SamplingConfig) -> list[int]:
+    if isinstance(prompt, str):
+        return tokenizer(prompt)["input_ids"]
+    kwargs = sampling.chat_template_kwargs or {}
+    return list(
+        tokenizer.apply_chat_template(prompt, add_generation_prompt=True, tokenize=True, return_dict=False, **kwargs)
+    )
+
+
+def _reward(episode: ServedEpisode, on_error: str) -> float | None:
+    if episode.status != "done":
+        return 0.0 if on_error == "zero" else None
+    outcome = episode.outcome
+    return float(outcome) if isinstance(outcome, int | float) else None
+
+
+def _metrics(episodes: list[ServedEpisode]) -> dict[str, float]:
+    n = len(episodes)
+    return {
+        "agents/errors": sum(e.status == "failed" for e in episodes) / n,
+        "agents/timeouts": sum(e.status == "timeout" for e in episodes) / n,
+        "agents/requests": sum(e.requests for e in episodes) / n,
+        "agents/restarts": float(sum(e.restarts for e in episodes)),
+    }
+
+
+def agent_reward(completions: list[Any], agent_reward: list[float | None], **kwargs: Any) -> list[float | None]:
+    """The reward each agent returned (``None`` where it returned messages), as a reward function: add
+    ``lightning_grpo.engines.agent_reward`` to ``reward_funcs``.
+
+    >>> agent_reward(["a", "b"], agent_reward=[1.0, None])
+    [1.0, None]
+    """
+    return list(agent_reward)

@@ -1,0 +1,225 @@
+"""An agent's requests to the endpoint -> one episode's exact token record (what the policy sampled, what it was
+shown), and the policy's sampled turns -> the replies the agent reads.
+
+Token in, token out: the model's tokens are recorded as sampled, never re-tokenised. A request whose messages are
+the episode's conversation so far (as the agent got it back) plus new ones (tool results, a user turn) continues the
+episode: only the new messages are rendered, with the template's scaffolding, and appended as tokens the model did
+not write (``model_mask`` 0). Any other request starts the episode over from its own messages (counted in
+``restarts``): the rollout keeps the last run. Knows token ids, chat templates and the API's message shapes;
+nothing about HTTP or generation.
+"""
+
+from __future__ import annotations
+
+import json
+import uuid
+from dataclasses import dataclass, field
+from typing import Any
+
+from transformers import PreTrainedTokenizerBase
+
+from lightning_grpo.engines.endpoint import Refusal, chat_reply, text_reply
+from lightning_grpo.engines.episodes import tool_suffix_ids
+
+
+@dataclass(frozen=True)
+class CallRecord:
+    """A tool call the model wrote: failed when it could not be parsed or names no tool of the request."""
+
+    name: str
+    failed: bool
+
+
+def _text(content: Any) -> str:
+    """Message content as text: a string, ``None``, or the API's list of ``{"type": "text", "text": ...}`` parts."""
+    if content is None:
+        return ""
+    if isinstance(content, list):
+        return "".join(p.get("text", "") for p in content if isinstance(p, dict))
+    return str(content)
+
+
+def _arguments(arguments: Any) -> dict[str, Any]:
+    """Call arguments as a dict: the API sends them as a JSON string, chat templates want the object."""
+    if isinstance(arguments, str):
+        try:
+            arguments = json.loads(arguments)
+        except json.JSONDecodeError:
+            return {"__raw__": arguments}
+    return arguments if isinstance(arguments, dict) else {"__raw__": arguments}
+
+
+def normal(message: dict[str, Any]) -> tuple:
+    """What makes two messages the same turn, whichever way a client serialised it (ids, ``None`` fields, arguments
+    as a string or an object do not count)."""
+    functions = [c.get("function", {}) for c in message.get("tool_calls") or []]
+    calls = tuple((f.get("name"), json.dumps(_arguments(f.get("arguments")), sort_keys=True)) for f in functions)
+    return message.get("role"), _text(message.get("content")).strip(), calls
+
+
+def template_message(message: dict[str, Any], call_names: dict[str, str]) -> dict[str, Any]:
+    """A message as chat templates expect it: text content, arguments as objects, tool replies named."""
+    out: dict[str, Any] = {"role": message.get("role"), "content": _text(message.get("content"))}
+    if message.get("tool_calls"):
+        out["tool_calls"] = [
+            {
+                "type": "function",
+                "function": {"name": c["function"]["name"], "arguments": _arguments(c["function"].get("arguments"))},
+            }
+            for c in message["tool_calls"]
+        ]
+    if out["role"] == "tool":
+        out["name"] = message.get("name") or call_names.get(message.get("tool_call_id", ""), "tool")
+    return out
+
+
+@dataclass
+class ServedEpisode:
+    """One episode as the endpoint served it. ``prompt_ids`` + ``ids`` is exactly what the policy last saw; ``ids``
+    holds the model's turns (``model_mask`` 1, ``logps`` the sampler's) and what was shown between them (0)."""
+
+    session: str
+    row: dict[str, Any]
+    budget: int  # model-written tokens still allowed (sampling.max_completion_length counts them all)
+    prompt: Any = None
+    prompt_ids: list[int] = field(default_factory=list)
+    ids: list[int] = field(default_factory=list)
+    model_mask: list[int] = field(default_factory=list)
+    logps: list[float] = field(default_factory=list)
+    messages: list[dict] = field(default_factory=list)  # the completion: every message after the prompt
+    seen: list[tuple] = field(default_factory=list)  # the conversation so far, ``normal`` form
+    text: str = ""  # /completions: the prompt text so far
+    call_names: dict[str, str] = field(default_factory=dict)  # tool_call id -> tool name
+    tool_names: set[str] = field(default_factory=set)
+    results: list[CallRecord] = field(default_factory=list)
+    turns: int = 0
+    requests: int = 0
+    restarts: int = 0
+    ended: str = "answer"  # how the last model turn ended: answer (EOS) or tokens (budget or context ran out)
+    status: str = "running"  # running, done, failed, timeout
+    outcome: Any = None  # what the agent returned
+    error: str | None = None
+
+    def context(self, tokenizer: PreTrainedTokenizerBase, kind: str, body: dict, template_kwargs: dict) -> list[int]:
+        """The ids the policy continues for this request: the episode so far plus what the request added."""
+        self.requests += 1
+        try:
+            if kind == "chat":
+                self._chat(tokenizer, body, template_kwargs)
+            else:
+                self._text_prompt(tokenizer, body)
+        except (TypeError, KeyError, ValueError) as e:  # a malformed request, or a template that refuses it
+            raise Refusal(400, f"cannot render the request: {type(e).__name__}: {e}") from e
+        return self.prompt_ids + self.ids
+
+    def _chat(self, tokenizer: PreTrainedTokenizerBase, body: dict, template_kwargs: dict) -> None:
+        messages = body.get("messages")
+        if not isinstance(messages, list) or not messages:
+            raise Refusal(400, "messages must be a non-empty list of {'role': ..., 'content': ...}")
+        seen, norm = len(self.seen), [normal(m) for m in messages]
+        self.tool_names = {t.get("function", {}).get("name") for t in body.get("tools") or []}
+        if self.turns and len(norm) > seen and norm[:seen] == self.seen:
+            new = [template_message(m, self.call_names) for m in messages[seen:]]
+            self._shown(tool_suffix_ids(tokenizer, new, template_kwargs))
+            self.messages += new
+        else:
+            self.restarts += bool(self.turns)
+            chat = [template_message(m, self.call_names) for m in messages]
+            ids = tokenizer.apply_chat_template(
+                chat,
+                tools=body.get("tools") or None,
+                add_generation_prompt=True,
+                tokenize=True,
+                return_dict=False,
+                **template_kwargs,
+            )
+            self._start(chat, list(ids))
+        self.seen = norm
+
+    def _text_prompt(self, tokenizer: PreTrainedTokenizerBase, body: dict) -> None:
+        prompt = body.get("prompt")
+        prompt = prompt[0] if isinstance(prompt, list) and len(prompt) == 1 else prompt
+        if not isinstance(prompt, str):
+            raise Refusal(400, f"prompt must be one string, got {type(prompt).__name__}")
+        if self.turns and prompt.startswith(self.text) and len(prompt) > len(self.text):
+            self._shown(tokenizer(prompt[len(self.text) :], add_special_tokens=False)["input_ids"])
+            self.messages.append({"role": "user", "content": prompt[len(self.text) :]})
+        elif not (self.turns and prompt == self.text):
+            self.restarts += bool(self.turns)
+            self._start(prompt, tokenizer(prompt)["input_ids"])
+        self.text = prompt
+
+    def _start(self, prompt: Any, ids: list[int]) -> None:
+        self.prompt, self.prompt_ids, self.turns = prompt, ids, 0
+        self.ids, self.model_mask, self.logps, self.messages, self.results = [], [], [], [], []
+
+    def _shown(self, ids: list[int]) -> None:
+        self.ids += ids
+        self.model_mask += [0] * len(ids)
+        self.logps += [0.0] * len(ids)
+
+    def turn_budget(self, body: dict, max_positions: int | None) -> int:
+        """Tokens the model may write now: the episode's budget, the request's ``max_tokens``, the context."""
+        limits = [self.budget, body.get("max_completion_tokens") or body.get("max_tokens") or self.budget]
+        if max_positions:
+            limits.append(max_positions - len(self.prompt_ids) - len(self.ids))
+        return max(0, min(limits))
+
+    def take_turn(
+        self,
+        tokenizer: PreTrainedTokenizerBase,
+        ids: list[int],
+        logps: list[float] | None,
+        eos: list[int],
+        parser: Any,
+        kind: str,
+    ) -> dict[str, Any]:
+        """Record the sampled turn and answer it: text, tool calls parsed from it (as the API shapes them)."""
+        self.ids += ids
+        self.model_mask += [1] * len(ids)
+        self.logps += list(logps) if logps is not None else [0.0] * len(ids)
+        self.budget -= len(ids)
+        self.turns += 1
+        self.ended = "answer" if ids and ids[-1] in eos else "tokens"
+        text = tokenizer.decode(ids, skip_special_tokens=True)
+        usage = (len(self.prompt_ids) + len(self.ids) - len(ids), len(ids))
+        extra = {"token_ids": list(ids), "sampler_logprobs": list(logps) if logps is not None else None}
+        finish = "stop" if self.ended == "answer" else "length"
+        if kind != "chat":
+            self.text += text
+            self.messages.append({"role": "assistant", "content": text})
+            return text_reply(text, finish, usage, extra)
+        return self._chat_turn(text, parser, finish, usage, extra)
+
+    def _chat_turn(self, text: str, parser: Any, finish: str, usage: tuple[int, int], extra: dict) -> dict:
+        content, calls = parser.parse(text)
+        good = [c for c in calls if c.error is None]
+        self.results += [CallRecord(c.name, c.error is not None or c.name not in self.tool_names) for c in calls]
+        if len(good) < len(calls):
+            content = text.strip()  # a call that cannot be read stays in the text, as the model wrote it
+        api_calls = [
+            {
+                "id": f"call_{uuid.uuid4().hex[:16]}",
+                "type": "function",
+                "function": {"name": c.name, "arguments": json.dumps(c.arguments)},
+            }
+            for c in good
+        ]
+        self.call_names |= {c["id"]: c["function"]["name"] for c in api_calls}
+        reply = chat_reply(content, api_calls, "tool_calls" if api_calls and finish == "stop" else finish, usage, extra)
+        message = reply["choices"][0]["message"]
+        self.messages.append(template_message(message, self.call_names))
+        self.seen.append(normal(message))
+        return reply
+
+    def empty_reply(self, kind: str) -> dict[str, Any]:
+        """No token left to write: an empty answer cut by length (the episode records nothing)."""
+        usage, extra = (len(self.prompt_ids) + len(self.ids), 0), {"token_ids": [], "sampler_logprobs": []}
+        if kind != "chat":
+            return text_reply("", "length", usage, extra)
+        reply = chat_reply("", [], "length", usage, extra)
+        self.seen.append(normal(reply["choices"][0]["message"]))
+        self.messages.append({"role": "assistant", "content": ""})
+        self.turns += 1
+        self.ended = "tokens"
+        return reply

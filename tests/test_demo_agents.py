@@ -1,0 +1,58 @@
+"""The agent and own-tool templates, run as a user runs them: held-out accuracy rises by 40+ points within 5
+minutes with the tool; the same model and task without it stays where it started."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+AGENT = str(ROOT / "templates" / "agent_openai_cpu.yaml")
+REVERSE = str(ROOT / "templates" / "reverse_tool_cpu.yaml")
+NO_TOOL_AGENT = ["--model.rollout_engine.init_args.agent", "lightning_grpo.demo.agents.calculator_agent_no_tool"]
+
+
+def fit(cwd: Path, config: str, *args: str) -> dict:
+    exe = shutil.which("lightning-grpo")
+    assert exe, "the console script is installed with the package"
+    root = ["--trainer.default_root_dir", "runs/here"]
+    proc = subprocess.run(
+        [exe, "fit", "--config", config, *root, *args], cwd=cwd, capture_output=True, text=True, timeout=900
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    (summary,) = cwd.glob("runs/here/lightning_logs/*/summary.json")
+    return json.loads(summary.read_text())
+
+
+@pytest.mark.slow
+def test_an_openai_sdk_agent_learns_to_use_its_tool(tmp_path):
+    summary = fit(tmp_path, AGENT)
+    assert summary["accuracy_after"] - summary["accuracy_before"] >= 0.40, summary
+    assert summary["wall_time_s"] < 300, summary
+
+
+@pytest.mark.slow
+def test_the_agent_without_its_tool_stays(tmp_path):
+    summary = fit(tmp_path, AGENT, *NO_TOOL_AGENT)
+    assert abs(summary["accuracy_after"] - summary["accuracy_before"]) <= 0.10, summary
+
+
+def test_any_tool_s_call_is_spelled_out_and_parses_back():
+    import random
+
+    from lightning_grpo.demo.anytool import CALL_PIECES, build_anytool_tokenizer, reverse, tool_episode
+    from lightning_grpo.engines import HermesParser, ToolCall
+
+    tokenizer = build_anytool_tokenizer()
+    plain, prompt, call, reply, answer, guess = tool_episode(tokenizer, [reverse], reverse, random.Random(0))
+    word = tokenizer.decode(plain, skip_special_tokens=True).removeprefix("user").strip("<>|")
+    tokens = tokenizer.convert_ids_to_tokens(call)
+    assert tokens[0] == CALL_PIECES[0] and "".join(tokens[1:8]) == "reverse"  # the name spelled byte by byte
+    text = tokenizer.decode(call, skip_special_tokens=True)
+    (parsed,) = HermesParser().parse(text)[1]
+    assert parsed == ToolCall("reverse", {"text": parsed.arguments["text"]}) and parsed.arguments["text"] in word
+    assert tokenizer.decode(answer, skip_special_tokens=True) == parsed.arguments["text"][::-1]
