@@ -15,9 +15,9 @@ config section: the run summary (``summary:``), the Hugging Face export (``expor
 (``reward_monitor:``), the mode-collapse, KL, sampler-mismatch, unscored-reward and tool-use alerts
 (``collapse_alert:``, ``kl_alert:``, ``mismatch_alert:``, ``unscored_alert:``, ``tool_alert:``, action
 ``warn``), the sample logger (``samples:``), ``metrics.jsonl`` for ``report`` (``MetricsFile``, no settings),
-the preemption checkpoint (``preemption:``: SIGTERM or Ctrl+C save ``checkpoints/last.ckpt`` and exit) and torch's threads per
-process (``threads:``). All of them write into the run's own directory, whatever the logger. Other callbacks go
-under ``trainer.callbacks``.
+the preemption checkpoint (``preemption:``: SIGTERM or Ctrl+C save ``checkpoints/last.ckpt`` and exit) and
+torch's threads per process (``threads:``). All of them write into the run's own directory, whatever the logger.
+Other callbacks go under ``trainer.callbacks``.
 
 Import paths in a config (``class_path: my_rewards.MyReward``, ``reward_funcs: [my_rewards.f]``) also find
 modules in the working directory and next to each ``--config`` file, as ``python script.py`` would; they come
