@@ -6,9 +6,11 @@
 - ``VLLMColocate``: a vLLM engine inside each training process (CUDA, ``pip install vllm``).
 - ``VLLMServer``: a separate ``trl vllm-serve`` process through TRL's client; weights pushed after each step.
 - ``ToolCalling``: multi-turn episodes with tools and environments (TRL's ``tools`` / ``environment_factory``).
+- ``AsyncRollouts``: any of these in a producer process, sampling ahead of the trainer (``max_staleness``).
 - ``RolloutFunction``: a user's own ``rollout_func`` (TRL's escape hatch).
 """
 
+from lightning_grpo.engines.async_rollouts import AsyncRollouts
 from lightning_grpo.engines.custom import RolloutFunction
 from lightning_grpo.engines.environments import environment_reward
 from lightning_grpo.engines.hf import HFGenerate
@@ -19,6 +21,7 @@ from lightning_grpo.engines.vllm import VLLMColocate
 from lightning_grpo.engines.vllm_server import VLLMServer
 
 __all__ = [
+    "AsyncRollouts",
     "HFGenerate",
     "HermesParser",
     "LeanDecode",
