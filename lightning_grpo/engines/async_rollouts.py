@@ -177,7 +177,7 @@ class AsyncRollouts(RolloutEngine):
         own = {
             "version": self.version,
             "submitted": self.submitted,
-            "ready": [{f.name: getattr(a, f.name) for f in dataclasses.fields(a)} for a in self.ready],
+            "ready": [plain(a) for a in self.ready],
         }
         if not (dist.is_available() and dist.is_initialized()):
             return {"ranks": [own]}
@@ -191,7 +191,7 @@ class AsyncRollouts(RolloutEngine):
         rank = dist.get_rank() if dist.is_available() and dist.is_initialized() else 0
         own = state["ranks"][rank]
         self.version, self.submitted = own["version"], own["submitted"]
-        self.ready = collections.deque(Produced(**a) for a in own["ready"])
+        self.ready = collections.deque(from_plain(a) for a in own["ready"])
 
     def teardown(self) -> None:
         """End the producer process (it finishes the request in hand)."""
@@ -201,3 +201,15 @@ class AsyncRollouts(RolloutEngine):
             if self.process.is_alive():
                 self.process.terminate()
         self.process = None
+
+
+def plain(answer: Produced) -> dict[str, Any]:
+    """An answer as dicts, lists and tensors: what ``torch.load(weights_only=True)`` reads back."""
+    fields = {f.name: getattr(answer, f.name) for f in dataclasses.fields(answer)}
+    for name in ("rollout", "batch"):
+        fields[name] = {f.name: getattr(fields[name], f.name) for f in dataclasses.fields(fields[name])}
+    return fields
+
+
+def from_plain(fields: dict[str, Any]) -> Produced:
+    return Produced(**fields | {"rollout": Rollout(**fields["rollout"]), "batch": PromptBatch(**fields["batch"])})
