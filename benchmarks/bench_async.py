@@ -1,6 +1,7 @@
 """Asynchronous GRPO against our synchronous run and TRL's, side by side on one shape (default: gen).
 
     python benchmarks/bench_async.py --repeats 3 --warmup 2 --steps 8 --json async.json
+    python benchmarks/bench_async.py --learning --seeds 3 --learning-steps 300   # held-out accuracy, sync vs k=1
 
 Rows, each a fresh worker process of ``trl_vs_lightning_grpo.py`` (interleaved per repeat, so a load change on
 a shared machine hits every row alike): ours synchronous on 2 threads; ours with ``AsyncRollouts`` at k = 1 and
@@ -18,7 +19,7 @@ import statistics
 import sys
 from pathlib import Path
 
-from trl_vs_lightning_grpo import MODEL_DEFAULTS, Runner, run_grpo, task_for
+from trl_vs_lightning_grpo import MODEL_DEFAULTS, Runner, mean_std, run_grpo, task_for, template_settings
 
 ROWS = {  # label: (side, threads per process, max_staleness)
     "ours sync, 2 threads": ("ours", 2, None),
@@ -55,6 +56,33 @@ def measure(args: argparse.Namespace) -> dict[str, list[dict[str, float]]]:
     return runs
 
 
+def learning(args: argparse.Namespace) -> dict[str, list[float]]:
+    """Greedy held-out accuracy on the tiny task after ``--learning-steps`` steps with templates/tiny_cpu.yaml's
+    settings, synchronous and async k = 1 (the same seeds)."""
+    settings, beta = template_settings()
+    accuracy: dict[str, list[float]] = {"sync": [], "async k=1": []}
+    for seed in range(args.seeds):
+        for label, k in (("sync", None), ("async k=1", 1)):
+            result = run_grpo(
+                Runner(1),
+                "ours",
+                task_for("tiny"),
+                settings,
+                model="tiny",
+                beta=beta,
+                seed=seed,
+                warmup_steps=0,
+                timed_steps=args.learning_steps,
+                eval_accuracy=True,
+                **({} if k is None else {"max_staleness": k}),
+            )
+            accuracy[label].append(result.accuracy)
+            print(f"  seed {seed} {label:10s}: held-out accuracy {result.accuracy:.3f}", flush=True)
+    for label, values in accuracy.items():
+        print(f"{label}: held-out accuracy {mean_std(values)} over {args.seeds} seeds, {args.learning_steps} steps")
+    return accuracy
+
+
 def table(runs: dict[str, list[dict[str, float]]]) -> dict[str, dict[str, float]]:
     med = {label: {k: statistics.median(r[k] for r in rs) for k in rs[0]} for label, rs in runs.items()}
     sync, trl = med["ours sync, 2 threads"], med["trl, 2 threads"]
@@ -77,13 +105,20 @@ def main() -> None:
     p.add_argument("--steps", type=int, default=8, help="timed optimiser steps")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--json", type=Path)
+    p.add_argument("--learning", action="store_true", help="instead: held-out accuracy, sync vs async k = 1")
+    p.add_argument("--seeds", type=int, default=3)
+    p.add_argument("--learning-steps", type=int, default=300)
     args = p.parse_args()
     print(f"$ {shlex.join(sys.orig_argv)}  (load average {os.getloadavg()})", flush=True)
-    runs = measure(args)
-    med = table(runs)
+    report = {"command": shlex.join(sys.orig_argv)}
+    if args.learning:
+        report["accuracy"] = learning(args)
+    else:
+        report["runs"] = measure(args)
+        report["medians"] = table(report["runs"])
     print(f"load average after: {os.getloadavg()}")
     if args.json:
-        args.json.write_text(json.dumps({"command": shlex.join(sys.orig_argv), "runs": runs, "medians": med}, indent=2))
+        args.json.write_text(json.dumps(report, indent=2))
 
 
 if __name__ == "__main__":
