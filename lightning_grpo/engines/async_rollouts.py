@@ -20,6 +20,7 @@ rank's own prompts, seeds and weights (the same on every rank after an update).
 
 from __future__ import annotations
 
+import atexit
 import collections
 import dataclasses
 import queue
@@ -118,6 +119,7 @@ class AsyncRollouts(RolloutEngine):
             target=produce, args=(*args, self.producer_threads, self.requests, self.results), daemon=True
         )
         self.process.start()
+        atexit.register(self.teardown)  # a fit that raised skips Lightning's teardown hook
 
     def _submit(self, batch: PromptBatch) -> None:
         k = self.max_staleness
@@ -199,7 +201,7 @@ class AsyncRollouts(RolloutEngine):
             self.requests.put(None)
             self.process.join(timeout=30)
             if self.process.is_alive():
-                self.process.terminate()
+                self.process.kill()  # it ignores SIGTERM (left to the trainer)
         self.process = None
 
 

@@ -12,6 +12,8 @@ current when it was submitted, whatever the timing, which makes an asynchronous 
 from __future__ import annotations
 
 import copy
+import os
+import queue
 import signal
 import time
 from dataclasses import dataclass
@@ -102,15 +104,15 @@ def produce(
     requests: Any,
     results: Any,
 ) -> None:
-    """The producer process's loop: take a request, copy its weights, sample, send the answer; ``None`` ends.
-    Signals are left to the trainer, which finishes its step and closes the producer (a scheduler's SIGTERM
-    reaches the whole process group)."""
+    """The producer process's loop: take a request, copy its weights, sample, send the answer; ``None`` ends, and
+    so does the trainer's death. SIGTERM and SIGINT are left to the trainer, which finishes its step, saves the
+    queue and ends the producer (a scheduler's SIGTERM and a Ctrl+C reach the whole process group)."""
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     torch.set_num_threads(threads)
     policy.model = copy.deepcopy(mailbox.staging)  # private: the trainer may publish while this one samples
-    have, waited_since = mailbox.version.value, time.perf_counter()
-    while (request := requests.get()) is not None:
+    have, waited_since, trainer = mailbox.version.value, time.perf_counter(), os.getppid()
+    while (request := next_request(requests, trainer)) is not None:
         start = time.perf_counter()
         have = mailbox.take(policy.model, have)
         assert have == request.version, f"request of version {request.version} served with {have}"
@@ -118,6 +120,16 @@ def produce(
         answer = Produced(rollout, request.batch, have, torch.get_rng_state(), 0.0, start - waited_since)
         answer.busy_s, waited_since = time.perf_counter() - start, time.perf_counter()
         results.put(answer)
+
+
+def next_request(requests: Any, trainer: int) -> Request | None:
+    """The next request; ``None`` when told to stop or when the trainer process is gone (this one re-parented)."""
+    while True:
+        try:
+            return requests.get(timeout=1.0)
+        except queue.Empty:
+            if os.getppid() != trainer:
+                return None
 
 
 def sample(
