@@ -18,6 +18,7 @@ from lightning_grpo.data import PromptDataModule
 from lightning_grpo.engines import AsyncRollouts
 from lightning_grpo.targets.correction import sampling_correction
 from tests.helpers import fit, logged, make_module
+from tests.test_family import signal_on_even_sums
 from tests.test_resume import SendSignal
 
 
@@ -143,3 +144,33 @@ def test_two_process_ddp_async_run(tiny_model_dir, arith_jsonl, tmp_path):
     assert [s["staleness"] for s in ranks[0]["seen"]] == [1.0, 1.0, 1.0]
     queues = torch.load(tmp_path / "last.ckpt", weights_only=False)["rollout_engine"]["ranks"]
     assert [len(q["ready"]) for q in queues] == [1, 1]  # both ranks' rollouts sampled ahead are in the checkpoint
+
+
+async def answer_column_reward(prompts, completions, answer, **kwargs):
+    """An async reward reading a dataset column: the column must be the rollout's own batch's, not the step's."""
+    assert all(str(int(p[0]) + int(p[2])) == a for p, a in zip(prompts, answer)), "columns of another batch"
+    return [float(c.strip() == a) + len(c) / 8 for c, a in zip(completions, answer)]
+
+
+@pytest.mark.slow
+def test_k1_with_filter_groups_and_an_async_reward(tiny_model_dir, arith_jsonl, tmp_path):
+    module = make_module(
+        tiny_model_dir,
+        reward_funcs=[signal_on_even_sums, answer_column_reward],
+        accuracy_reward=None,
+        advantages={"filter_groups": True},
+        rollout_engine=AsyncRollouts(max_staleness=1),
+    )
+    records = []
+
+    class Keep(L.Callback):
+        def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
+            if outputs:
+                records.append(outputs["record"])
+
+    trainer = fit(module, data(arith_jsonl), tmp_path, max_steps=2, callbacks=[Keep()])
+    assert trainer.global_step == 2 and len(records) == 2
+    for record in records:
+        assert len(record.rollout) == 4 * 4 and record.stats.rewards.frac_zero_std == 0.0  # groups with signal
+        assert all((int(p[0]) + int(p[2])) % 2 == 0 for p in record.rollout.prompts)
+        assert record.rollout.metrics["async/staleness/max"] <= 1.0

@@ -110,6 +110,12 @@ class AsyncRollouts(RolloutEngine):
     # ---- the producer process -----------------------------------------------------------------------------
 
     def _start(self, policy: Policy, num_generations: int, sampling: SamplingConfig) -> None:
+        if policy.device.type != "cpu" or policy.synced_generation:
+            raise ValueError(
+                "rollout_engine AsyncRollouts samples on CPU from an unsharded copy of the policy, got a policy on "
+                f"{policy.device} (sharded: {policy.synced_generation}): on GPU use VLLMServer, or "
+                "trainer.accelerator: cpu"
+            )
         context = mp.get_context("spawn")
         # after a resume, the requests submitted before it were answered by the producer before it
         self.mailbox = WeightsMailbox(policy.model, context, self.version, self.submitted)
