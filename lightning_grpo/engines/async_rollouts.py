@@ -202,8 +202,10 @@ class AsyncRollouts(RolloutEngine):
         self.ready = collections.deque(from_plain(a) for a in own["ready"])
 
     def teardown(self) -> None:
-        """End the producer process (it finishes the request in hand)."""
+        """End the producer process once it has answered every request (a checkpoint after the fit keeps them)."""
         if self.process is not None and self.process.is_alive():
+            while self.pending:
+                self.ready.append(self._receive())
             self.requests.put(None)
             self.process.join(timeout=30)
             if self.process.is_alive():
