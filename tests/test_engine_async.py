@@ -106,6 +106,7 @@ def test_k1_importance_weights_are_the_ratio_to_the_sampling_version(tiny_model_
         assert expected != 1.0  # the weights moved between sampling and training: a real correction
 
 
+@pytest.mark.slow
 def test_resume_after_sigterm_continues_exactly(tiny_model_dir, arith_jsonl, tmp_path):
     # the checkpoint keeps the rollout sampled ahead (awaited at save), so the resumed run trains on it
     def run(name, **kw):
