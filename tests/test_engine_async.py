@@ -18,7 +18,7 @@ from lightning_grpo.data import PromptDataModule
 from lightning_grpo.engines import AsyncRollouts
 from lightning_grpo.targets.correction import sampling_correction
 from tests.helpers import fit, logged, make_module
-from tests.test_family import signal_on_even_sums
+from tests.test_dynamic import signal_on_even_sums
 from tests.test_resume import SendSignal
 
 
