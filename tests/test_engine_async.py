@@ -142,7 +142,7 @@ def test_two_process_ddp_async_run(tiny_model_dir, arith_jsonl, tmp_path):
     assert ranks[0]["global_step"] == ranks[1]["global_step"] == 3
     for a, b in zip(ranks[0]["seen"], ranks[1]["seen"]):
         assert a["completions"] != b["completions"]  # each rank's producer: own prompts, own seed
-    assert [s["staleness"] for s in ranks[0]["seen"]] == [1.0, 1.0, 1.0]
+    assert [s["staleness"] for s in ranks[0]["seen"]] == [0.0, 1.0, 1.0]  # the first batch: version 0 at update 0
     queues = torch.load(tmp_path / "last.ckpt", weights_only=False)["rollout_engine"]["ranks"]
     assert [len(q["ready"]) for q in queues] == [1, 1]  # both ranks' rollouts sampled ahead are in the checkpoint
 

@@ -11,7 +11,7 @@ samples and updates, from the producer process. The batch's dataset columns trav
 
 Off-policy correction: the producer also returns its own log-probs (``Rollout.sampling_logps``); the trainer
 recomputes the proximal log-probs with the current weights and the ``update.sampling_correction`` weights apply
-(``targets.correction``). A rollout sampled by the current weights (staleness 0) carries none: the ratio is 1.
+(``targets.correction``); k = 0 computes none (the sampler is the trained policy).
 
 Checkpoints save the queue's content: the rollouts in flight are awaited and saved with their batches (every
 rank's), so a resumed run trains on what the uninterrupted one would have. One producer per rank (DDP): each
@@ -157,8 +157,6 @@ class AsyncRollouts(RolloutEngine):
         """The answer's rollout with the staleness metrics, and its batch; the RNG continues from the producer's
         when the trainer waited for it (k = 0: as the synchronous path's)."""
         rollout, staleness = answer.rollout, self.version - answer.version
-        if staleness == 0:
-            rollout.sampling_logps = None  # sampled by the current weights: no correction to make
         if self.max_staleness == 0:
             torch.set_rng_state(answer.rng_state)
         now = time.perf_counter()
