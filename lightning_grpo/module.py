@@ -133,6 +133,10 @@ class GRPOModule(L.LightningModule):
         """The rollout engine's own set-up, once Lightning has started the processes (vLLM joins their group)."""
         self.engine.setup(self.policy, self.trainer, self.settings.seed)
 
+    @override
+    def teardown(self, stage: str) -> None:
+        self.engine.teardown()
+
     # ---- training -----------------------------------------------------------------------------------------
 
     @override
@@ -145,7 +149,10 @@ class GRPOModule(L.LightningModule):
 
     def _training_step(self, batch: PromptBatch) -> dict[str, Any] | None:
         start, ranks = time.perf_counter(), Ranks(self.trainer)
-        rollout = self.sample(batch.prompts, self.settings.num_generations, columns=batch.columns)  # seeded RNG
+        produced = self.engine.rollout(self.policy, batch, self.settings.num_generations, self.settings.sampling)
+        if produced is None:  # an engine sampling ahead fills its pipeline: no update yet
+            return None
+        rollout, batch = produced  # the batch it answers (an earlier one when sampled ahead)
         kept = self._filter_groups(rollout, self._score(rollout, batch), len(batch), ranks)
         if kept is None:  # filter_groups: no update this batch, waiting for more groups with signal
             return None
@@ -309,10 +316,12 @@ class GRPOModule(L.LightningModule):
     def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         checkpoint["grpo_counters"] = self.counters.state_dict()
         checkpoint["entropy_controller"] = self.entropy.state_dict()
+        checkpoint["rollout_engine"] = self.engine.state_dict()
 
     @override
     def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         self.counters.load_state_dict(checkpoint.get("grpo_counters", {}))
+        self.engine.load_state_dict(checkpoint.get("rollout_engine", {}))
         if "entropy_controller" in checkpoint:
             self.entropy.load_state_dict(checkpoint["entropy_controller"])
 

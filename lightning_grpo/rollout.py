@@ -16,7 +16,7 @@ from transformers import GenerationConfig, PreTrainedTokenizerBase
 
 from lightning_grpo.checks import raise_problems
 from lightning_grpo.model.policy import Policy
-from lightning_grpo.types import Prompt, Rollout, pad_rows
+from lightning_grpo.types import Prompt, PromptBatch, Rollout, pad_rows
 
 
 @dataclass(frozen=True)
@@ -264,5 +264,22 @@ class RolloutEngine:
             f"{type(self).__name__} cannot serve the agent endpoint: it has no complete(); use HFGenerate or LeanDecode"
         )
 
+    def rollout(
+        self, policy: Policy, batch: PromptBatch, num_generations: int, sampling: SamplingConfig
+    ) -> tuple[Rollout, PromptBatch] | None:
+        """A training step's rollout and the prompt batch it answers: ``batch``'s own here; an engine that
+        samples ahead (``AsyncRollouts``) answers an earlier batch, or ``None`` while its pipeline fills."""
+        return self.generate(policy, batch.prompts, num_generations, sampling, False, columns=batch.columns), batch
+
     def sync_weights(self, policy: Policy) -> None:
         """Make the next ``generate`` use the policy's current weights (after each training step)."""
+
+    def state_dict(self) -> dict[str, Any]:
+        """What a checkpoint keeps of the engine (rollouts sampled ahead); every rank calls it."""
+        return {}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore ``state_dict()``'s content on resume."""
+
+    def teardown(self) -> None:
+        """Release what the engine started (processes) at the end of a fit."""

@@ -7,12 +7,14 @@
 - ``VLLMServer``: a separate ``vllm serve`` process through TRL's client; weights pushed after each step.
   Both check every push on a probe prompt (``vllm_sync.py``); ``vllm_launch.py`` starts a server.
 - ``ToolCalling``: multi-turn episodes with tools and environments (TRL's ``tools`` / ``environment_factory``).
+- ``AsyncRollouts``: any of these in a producer process, sampling ahead of the trainer (``max_staleness``).
 - ``OpenAIAgent``: the user's own agent program against an OpenAI-compatible endpoint over the policy.
 - ``OpenEnvFactory``: an OpenEnv environment as a ``ToolCalling`` ``environment_factory`` (in-process).
 - ``RolloutFunction``: a user's own ``rollout_func`` (TRL's escape hatch).
 """
 
 from lightning_grpo.engines.agents import OpenAIAgent, agent_reward
+from lightning_grpo.engines.async_rollouts import AsyncRollouts
 from lightning_grpo.engines.custom import RolloutFunction
 from lightning_grpo.engines.environments import environment_reward
 from lightning_grpo.engines.hf import HFGenerate
@@ -24,6 +26,7 @@ from lightning_grpo.engines.vllm import VLLMColocate
 from lightning_grpo.engines.vllm_server import VLLMServer
 
 __all__ = [
+    "AsyncRollouts",
     "HFGenerate",
     "HermesParser",
     "LeanDecode",

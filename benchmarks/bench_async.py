@@ -1,0 +1,125 @@
+"""Asynchronous GRPO against our synchronous run and TRL's, side by side on one shape (default: gen).
+
+    python benchmarks/bench_async.py --repeats 3 --warmup 2 --steps 8 --json async.json
+    python benchmarks/bench_async.py --learning --seeds 3 --learning-steps 300   # held-out accuracy, sync vs k=1
+
+Rows, each a fresh worker process of ``trl_vs_lightning_grpo.py`` (interleaved per repeat, so a load change on
+a shared machine hits every row alike): ours synchronous on 2 threads; ours with ``AsyncRollouts`` at k = 1 and
+k = 2, trainer and producer processes on 1 thread each; TRL 1.16 on 2 threads. Peak RSS of an async row is the
+trainer's plus its producer's (shared-memory weights counted in both: an upper bound).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shlex
+import statistics
+import sys
+from pathlib import Path
+
+from trl_vs_lightning_grpo import MODEL_DEFAULTS, Runner, mean_std, run_grpo, task_for, template_settings
+
+ROWS = {  # label: (side, threads per process, max_staleness)
+    "ours sync, 2 threads": ("ours", 2, None),
+    "ours async k=1, 1+1 threads": ("ours", 1, 1),
+    "ours async k=2, 1+1 threads": ("ours", 1, 2),
+    "trl, 2 threads": ("trl", 2, None),
+}
+
+
+def measure(args: argparse.Namespace) -> dict[str, list[dict[str, float]]]:
+    settings, task = MODEL_DEFAULTS[args.model], task_for(args.model)
+    runs: dict[str, list[dict[str, float]]] = {label: [] for label in ROWS}
+    for repeat in range(args.repeats):
+        for label, (side, threads, k) in ROWS.items():
+            extra = {} if k is None else {"max_staleness": k}
+            result = run_grpo(
+                Runner(threads),
+                side,
+                task,
+                settings,
+                model=args.model,
+                beta=0.0,
+                seed=args.seed + repeat,
+                warmup_steps=args.warmup,
+                timed_steps=args.steps,
+                eval_accuracy=False,
+                **extra,
+            )
+            runs[label].append({"steps_per_s": result.steps_per_s, "peak_rss_mb": result.peak_rss_mb})
+            print(
+                f"  repeat {repeat + 1}: {label:30s} {result.steps_per_s:.3f} steps/s {result.peak_rss_mb:.0f} MB",
+                flush=True,
+            )
+    return runs
+
+
+def learning(args: argparse.Namespace) -> dict[str, list[float]]:
+    """Greedy held-out accuracy on the tiny task after ``--learning-steps`` steps with templates/tiny_cpu.yaml's
+    settings, synchronous and async k = 1 (the same seeds)."""
+    settings, beta = template_settings()
+    accuracy: dict[str, list[float]] = {"sync": [], "async k=1": []}
+    for seed in range(args.seeds):
+        for label, k in (("sync", None), ("async k=1", 1)):
+            result = run_grpo(
+                Runner(1),
+                "ours",
+                task_for("tiny"),
+                settings,
+                model="tiny",
+                beta=beta,
+                seed=seed,
+                warmup_steps=0,
+                timed_steps=args.learning_steps,
+                eval_accuracy=True,
+                **({} if k is None else {"max_staleness": k}),
+            )
+            accuracy[label].append(result.accuracy)
+            print(f"  seed {seed} {label:10s}: held-out accuracy {result.accuracy:.3f}", flush=True)
+    for label, values in accuracy.items():
+        print(f"{label}: held-out accuracy {mean_std(values)} over {args.seeds} seeds, {args.learning_steps} steps")
+    return accuracy
+
+
+def table(runs: dict[str, list[dict[str, float]]]) -> dict[str, dict[str, float]]:
+    med = {label: {k: statistics.median(r[k] for r in rs) for k in rs[0]} for label, rs in runs.items()}
+    sync, trl = med["ours sync, 2 threads"], med["trl, 2 threads"]
+    print(f"\n{'row':32s} {'steps/s':>8s} {'x sync':>7s} {'x trl':>7s} {'peak RSS MB':>12s} {'x trl':>6s}")
+    for label, m in med.items():
+        m["x_sync"], m["x_trl"] = m["steps_per_s"] / sync["steps_per_s"], m["steps_per_s"] / trl["steps_per_s"]
+        m["rss_x_trl"] = m["peak_rss_mb"] / trl["peak_rss_mb"]
+        print(
+            f"{label:32s} {m['steps_per_s']:8.3f} {m['x_sync']:7.2f} {m['x_trl']:7.2f} "
+            f"{m['peak_rss_mb']:12.0f} {m['rss_x_trl']:6.2f}"
+        )
+    return med
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--model", choices=list(MODEL_DEFAULTS), default="gen")
+    p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--warmup", type=int, default=2, help="untimed optimiser steps first (k = 1 fills one batch)")
+    p.add_argument("--steps", type=int, default=8, help="timed optimiser steps")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--json", type=Path)
+    p.add_argument("--learning", action="store_true", help="instead: held-out accuracy, sync vs async k = 1")
+    p.add_argument("--seeds", type=int, default=3)
+    p.add_argument("--learning-steps", type=int, default=300)
+    args = p.parse_args()
+    print(f"$ {shlex.join(sys.orig_argv)}  (load average {os.getloadavg()})", flush=True)
+    report = {"command": shlex.join(sys.orig_argv)}
+    if args.learning:
+        report["accuracy"] = learning(args)
+    else:
+        report["runs"] = measure(args)
+        report["medians"] = table(report["runs"])
+    print(f"load average after: {os.getloadavg()}")
+    if args.json:
+        args.json.write_text(json.dumps(report, indent=2))
+
+
+if __name__ == "__main__":
+    main()

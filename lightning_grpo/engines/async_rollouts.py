@@ -1,0 +1,223 @@
+"""Asynchronous GRPO: generation in its own process, overlapped with training, under a staleness bound. Prompt
+batches -> Rollouts sampled ``max_staleness`` updates ago. Knows the producer process and an inner engine; nothing
+about rewards or losses.
+
+Step ``t`` submits its prompt batch and trains on the rollout of the batch submitted ``k = max_staleness`` steps
+earlier, sampled by the weights of then (``engines.producer``): the producer samples batch ``t`` while the
+trainer scores and updates on batch ``t - k``. The first ``k`` steps only fill the pipeline (no update, like
+``filter_groups`` waiting), and the staleness is at most ``k`` by construction: admission pacing, nothing is
+generated that would be thrown away. With ``k = 0`` the trainer waits for each batch: the synchronous path's
+samples and updates, from the producer process. The batch's dataset columns travel with its rollout.
+
+Off-policy correction: the producer also returns its own log-probs (``Rollout.sampling_logps``); the trainer
+recomputes the proximal log-probs with the current weights and the ``update.sampling_correction`` weights apply
+(``targets.correction``); k = 0 computes none (the sampler is the trained policy).
+
+Checkpoints save the queue's content: the rollouts in flight are awaited and saved with their batches (every
+rank's), so a resumed run trains on what the uninterrupted one would have. One producer per rank (DDP): each
+rank's own prompts, seeds and weights (the same on every rank after an update).
+"""
+
+from __future__ import annotations
+
+import atexit
+import collections
+import dataclasses
+import queue
+import time
+from typing import Any
+
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+from typing_extensions import override
+
+from lightning_grpo.engines.hf import HFGenerate
+from lightning_grpo.engines.producer import Produced, Request, WeightsMailbox, generator_policy, produce
+from lightning_grpo.model.policy import Policy
+from lightning_grpo.rollout import RolloutEngine, SamplingConfig
+from lightning_grpo.types import Prompt, PromptBatch, Rollout
+
+POLL_S = 1.0  # how often a wait checks that the producer is alive
+
+
+class AsyncRollouts(RolloutEngine):
+    """Sample in a separate process while the trainer updates, at most ``max_staleness`` updates behind.
+
+    Args:
+        engine: what samples in the producer (and in-process for validation): ``None`` is ``HFGenerate``.
+        max_staleness: k, updates between the weights that sampled a batch and the update that trains on it;
+            0 is the synchronous behaviour, 1 one-step-off. The pipeline holds k batches.
+        producer_threads: torch threads of the producer process (the trainer keeps its own).
+    """
+
+    def __init__(self, engine: RolloutEngine | None = None, max_staleness: int = 1, producer_threads: int = 1) -> None:
+        self.engine = engine or HFGenerate()
+        self.max_staleness = max_staleness
+        self.producer_threads = producer_threads
+        self.version = 0  # updates published: the trainer's policy version
+        self.submitted = 0  # requests sent since the start of training
+        self.pending: collections.deque[int] = collections.deque()  # versions of requests not yet answered
+        self.ready: collections.deque[Produced] = collections.deque()  # answers received (or restored) not used
+        self.process: Any = None
+        self.last_receive, self.waited_s = time.perf_counter(), 0.0  # trainer's idle time since last_receive
+
+    @override
+    def problems(self, sampling: SamplingConfig) -> list[str]:
+        own = [] if self.max_staleness >= 0 else [f"max_staleness must be >= 0, got {self.max_staleness!r}"]
+        if self.producer_threads < 1:
+            own.append(f"producer_threads must be >= 1, got {self.producer_threads!r}")
+        return own + self.engine.problems(sampling)
+
+    @override
+    def setup(self, policy: Policy, trainer: Any, seed: int) -> None:
+        self.engine.setup(policy, trainer, seed)
+
+    @override
+    def generate(
+        self,
+        policy: Policy,
+        prompts: list[Prompt],
+        num_generations: int,
+        sampling: SamplingConfig,
+        greedy: bool,
+        columns: dict[str, list[Any]] | None = None,
+    ) -> Rollout:
+        """In-process, with the trainer's weights: validation, test and predict."""
+        return self.engine.generate(policy, prompts, num_generations, sampling, greedy, columns=columns)
+
+    @override
+    def rollout(
+        self, policy: Policy, batch: PromptBatch, num_generations: int, sampling: SamplingConfig
+    ) -> tuple[Rollout, PromptBatch] | None:
+        if self.process is None:
+            self._start(policy, num_generations, sampling)
+        self._submit(batch)
+        if len(self.ready) + len(self.pending) <= self.max_staleness:
+            return None  # filling the pipeline
+        if not self.ready:
+            self.ready.append(self._receive())
+        return self._use(self.ready.popleft())
+
+    @override
+    def sync_weights(self, policy: Policy) -> None:
+        """Publish the updated weights, once the producer has taken those of every request submitted so far."""
+        while self.mailbox.taken.value < self.submitted:
+            self._check_alive("take the weights of its requests")
+            time.sleep(0.0005)
+        self.version = self.mailbox.publish(policy.model)
+
+    # ---- the producer process -----------------------------------------------------------------------------
+
+    def _start(self, policy: Policy, num_generations: int, sampling: SamplingConfig) -> None:
+        if policy.device.type != "cpu" or policy.synced_generation:
+            raise ValueError(
+                "rollout_engine AsyncRollouts samples on CPU from an unsharded copy of the policy, got a policy on "
+                f"{policy.device} (sharded: {policy.synced_generation}): on GPU use VLLMServer, or "
+                "trainer.accelerator: cpu"
+            )
+        context = mp.get_context("spawn")
+        # after a resume, the requests submitted before it were answered by the producer before it
+        self.mailbox = WeightsMailbox(policy.model, context, self.version, self.submitted)
+        self.requests, self.results = context.Queue(), context.Queue()
+        args = (generator_policy(policy), self.mailbox, self.engine, sampling, num_generations)
+        self.process = context.Process(
+            target=produce, args=(*args, self.producer_threads, self.requests, self.results), daemon=True
+        )
+        self.process.start()
+        atexit.register(self.teardown)  # a fit that raised skips Lightning's teardown hook
+
+    def _submit(self, batch: PromptBatch) -> None:
+        k = self.max_staleness
+        salt = 0 if k == 0 else self.submitted + 1
+        self.requests.put(Request(batch, self.version, torch.get_rng_state(), salt, sampling_logps=k > 0))
+        self.pending.append(self.version)
+        self.submitted += 1
+
+    def _receive(self) -> Produced:
+        start = time.perf_counter()
+        while True:
+            try:
+                answer = self.results.get(timeout=POLL_S)
+                break
+            except queue.Empty:
+                self._check_alive("answer")
+        self.pending.popleft()
+        self.waited_s += time.perf_counter() - start
+        return answer
+
+    def _check_alive(self, what: str) -> None:
+        if not self.process.is_alive():
+            raise RuntimeError(
+                f"the rollout producer process died (exit code {self.process.exitcode}) before it could {what}: "
+                "see its error above"
+            )
+
+    def _use(self, answer: Produced) -> tuple[Rollout, PromptBatch]:
+        """The answer's rollout with the staleness metrics, and its batch; the RNG continues from the producer's
+        when the trainer waited for it (k = 0: as the synchronous path's)."""
+        rollout, staleness = answer.rollout, self.version - answer.version
+        if self.max_staleness == 0:
+            torch.set_rng_state(answer.rng_state)
+        now = time.perf_counter()
+        rollout.metrics = {**rollout.metrics, **self._metrics(answer, staleness, now - self.last_receive)}
+        self.last_receive, self.waited_s = now, 0.0
+        return rollout, answer.batch
+
+    def _metrics(self, answer: Produced, staleness: int, step_s: float) -> dict[str, float]:
+        return {
+            "async/staleness/mean": float(staleness),
+            "async/staleness/max": float(staleness),
+            "async/queue_depth": float(len(self.ready) + self.results.qsize()),
+            "async/producer_idle_fraction": answer.idle_s / max(answer.idle_s + answer.busy_s, 1e-9),
+            "async/trainer_idle_fraction": min(self.waited_s / max(step_s, 1e-9), 1.0),
+            "async/generation_s": answer.busy_s,
+        }
+
+    # ---- checkpoints and shutdown -------------------------------------------------------------------------
+
+    def state_dict(self) -> dict[str, Any]:
+        """The queue's content: answers in flight are awaited, then every rank's are saved with the counters."""
+        while self.pending:
+            self.ready.append(self._receive())
+        own = {
+            "version": self.version,
+            "submitted": self.submitted,
+            "ready": [plain(a) for a in self.ready],
+        }
+        if not (dist.is_available() and dist.is_initialized()):
+            return {"ranks": [own]}
+        every: list[Any] = [None] * dist.get_world_size()
+        dist.all_gather_object(every, own)
+        return {"ranks": every}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        if not state:  # a checkpoint of a synchronous run: nothing was sampled ahead
+            return
+        rank = dist.get_rank() if dist.is_available() and dist.is_initialized() else 0
+        own = state["ranks"][rank]
+        self.version, self.submitted = own["version"], own["submitted"]
+        self.ready = collections.deque(from_plain(a) for a in own["ready"])
+
+    def teardown(self) -> None:
+        """End the producer process once it has answered every request (a checkpoint after the fit keeps them)."""
+        if self.process is not None and self.process.is_alive():
+            while self.pending:
+                self.ready.append(self._receive())
+            self.requests.put(None)
+            self.process.join(timeout=30)
+            if self.process.is_alive():
+                self.process.kill()  # it ignores SIGTERM (left to the trainer)
+        self.process = None
+
+
+def plain(answer: Produced) -> dict[str, Any]:
+    """An answer as dicts, lists and tensors: what ``torch.load(weights_only=True)`` reads back."""
+    fields = {f.name: getattr(answer, f.name) for f in dataclasses.fields(answer)}
+    for name in ("rollout", "batch"):
+        fields[name] = {f.name: getattr(fields[name], f.name) for f in dataclasses.fields(fields[name])}
+    return fields
+
+
+def from_plain(fields: dict[str, Any]) -> Produced:
+    return Produced(**fields | {"rollout": Rollout(**fields["rollout"]), "batch": PromptBatch(**fields["batch"])})

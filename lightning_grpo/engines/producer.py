@@ -1,0 +1,147 @@
+"""The generator process of asynchronous GRPO: prompt requests in, sampled Rollouts (with the policy version
+that sampled them) out. Knows an inner rollout engine and a copy of the policy; nothing about rewards or losses.
+
+Weights travel through a ``WeightsMailbox``: one copy of the policy's tensors in shared memory
+(``share_memory_()``), written by the trainer after each update under a lock, read by the producer into its own
+private copy before each request. The private copy lets the trainer publish while the producer generates; the
+mailbox holds only the newest version, so the trainer publishes version ``v + 1`` only once the producer has taken
+the weights of every request submitted under ``v`` (``taken``): each request is sampled with exactly the weights
+current when it was submitted, whatever the timing, which makes an asynchronous run reproducible.
+"""
+
+from __future__ import annotations
+
+import copy
+import os
+import queue
+import signal
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+
+from lightning_grpo.model.policy import Policy
+from lightning_grpo.rollout import RolloutEngine, SamplingConfig
+from lightning_grpo.types import PromptBatch, Rollout
+
+
+@dataclass
+class Request:
+    """One training step's prompts, to be sampled with the weights of ``version``."""
+
+    batch: PromptBatch
+    version: int  # the trainer's version when submitted: updates published so far
+    rng_state: Tensor  # the trainer's CPU RNG state at submission (the step's seeded state)
+    salt: int  # 0: sample from ``rng_state`` as the synchronous path would; else mixed in to vary the seed
+    sampling_logps: bool  # also compute the sampler's log-probs of the completions (for the correction)
+
+
+@dataclass
+class Produced:
+    """A Request's answer."""
+
+    rollout: Rollout
+    batch: PromptBatch
+    version: int  # the weights that sampled it
+    rng_state: Tensor  # the RNG state after sampling (k = 0 hands it back, so the trainer continues from it)
+    busy_s: float  # seconds generating this request
+    idle_s: float  # seconds waiting for it (the producer had nothing to do)
+
+
+class WeightsMailbox:
+    """The newest published weights in shared memory, their version, and how many requests took weights."""
+
+    def __init__(self, model: nn.Module, context: Any, version: int = 0, taken: int = 0) -> None:
+        self.staging = copy.deepcopy(model).cpu().share_memory()
+        self.version = context.Value("q", version, lock=False)
+        self.taken = context.Value("q", taken, lock=False)  # requests whose weights the producer has copied
+        self.lock = context.Lock()
+
+    @staticmethod
+    def _tensors(model: nn.Module) -> list[Tensor]:
+        return list(model.state_dict().values())
+
+    @torch.no_grad()
+    def publish(self, model: nn.Module) -> int:
+        """Copy ``model``'s current weights in; the new version."""
+        with self.lock:
+            for staged, current in zip(self._tensors(self.staging), self._tensors(model)):
+                staged.copy_(current.detach())
+            self.version.value += 1
+            return self.version.value
+
+    @torch.no_grad()
+    def take(self, private: nn.Module, have: int) -> int:
+        """Copy the newest weights into ``private`` when newer than ``have``; count one request served. The
+        version ``private`` now holds."""
+        with self.lock:
+            version = self.version.value
+            if version != have:
+                for mine, staged in zip(self._tensors(private), self._tensors(self.staging)):
+                    mine.copy_(staged)
+            self.taken.value += 1
+            return version
+
+
+def generator_policy(policy: Policy) -> Policy:
+    """A shallow copy of ``policy`` for the producer: tokenizer and settings shared, no reference model, and the
+    model to be replaced (``Policy`` is an ``nn.Module``: its submodule table is copied, not shared)."""
+    clone = copy.copy(policy)
+    clone._modules = {"model": None}
+    clone.__dict__["reference"] = None
+    return clone
+
+
+def produce(
+    policy: Policy,
+    mailbox: WeightsMailbox,
+    engine: RolloutEngine,
+    sampling: SamplingConfig,
+    num_generations: int,
+    threads: int,
+    requests: Any,
+    results: Any,
+) -> None:
+    """The producer process's loop: take a request, copy its weights, sample, send the answer; ``None`` ends, and
+    so does the trainer's death. SIGTERM and SIGINT are left to the trainer, which finishes its step, saves the
+    queue and ends the producer (a scheduler's SIGTERM and a Ctrl+C reach the whole process group)."""
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    torch.set_num_threads(threads)
+    policy.model = copy.deepcopy(mailbox.staging)  # private: the trainer may publish while this one samples
+    have, waited_since, trainer = mailbox.version.value, time.perf_counter(), os.getppid()
+    while (request := next_request(requests, trainer)) is not None:
+        start = time.perf_counter()
+        have = mailbox.take(policy.model, have)
+        assert have == request.version, f"request of version {request.version} served with {have}"
+        rollout = sample(policy, engine, sampling, num_generations, request)
+        answer = Produced(rollout, request.batch, have, torch.get_rng_state(), 0.0, start - waited_since)
+        answer.busy_s, waited_since = time.perf_counter() - start, time.perf_counter()
+        results.put(answer)
+
+
+def next_request(requests: Any, trainer: int) -> Request | None:
+    """The next request; ``None`` when told to stop or when the trainer process is gone (this one re-parented)."""
+    while True:
+        try:
+            return requests.get(timeout=1.0)
+        except queue.Empty:
+            if os.getppid() != trainer:
+                return None
+
+
+def sample(
+    policy: Policy, engine: RolloutEngine, sampling: SamplingConfig, num_generations: int, request: Request
+) -> Rollout:
+    """The request's completions from its RNG state, with the sampler's log-probs when asked; the batch's
+    dataset columns travel with it, repeated per completion."""
+    torch.set_rng_state(request.rng_state)
+    if request.salt:
+        torch.manual_seed(int(torch.randint(0, 2**62, (1,))) + request.salt)
+    batch = request.batch
+    rollout = engine.generate(policy, batch.prompts, num_generations, sampling, False, columns=batch.columns)
+    if request.sampling_logps:
+        rollout.sampling_logps = policy.logps(rollout, [slice(None)])  # [N, T] the weights of request.version
+    return rollout

@@ -1,0 +1,64 @@
+"""A 2-process CPU (gloo) asynchronous GRPO run (one producer per rank); each rank writes what it saw to
+OUT_DIR/rank<k>.json and rank 0 a checkpoint with every rank's queue.
+
+Run by tests/test_engine_async.py as a subprocess: Lightning's DDP launcher starts rank 1 by re-running this script.
+"""
+
+import json
+import sys
+
+import lightning as L
+import torch
+
+from lightning_grpo import GRPOModule, PromptDataModule
+from lightning_grpo.engines import AsyncRollouts
+
+
+def length_reward(completions, **kwargs):
+    return [len(c) / 8 for c in completions]
+
+
+class Probe(L.Callback):
+    def __init__(self):
+        self.seen = []
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
+        if outputs:  # {} while the pipeline fills
+            rollout = outputs["record"].rollout
+            self.seen.append({"completions": rollout.completions, "staleness": rollout.metrics["async/staleness/max"]})
+
+
+def main(model_dir: str, data_path: str, out_dir: str) -> None:
+    torch.set_num_threads(1)
+    L.seed_everything(0)
+    module = GRPOModule(
+        model=model_dir,
+        reward_funcs=[length_reward],
+        num_generations=4,
+        sampling={"max_completion_length": 6},
+        optim={"learning_rate": 1e-2},
+        rollout_engine=AsyncRollouts(max_staleness=1),
+    )
+    probe = Probe()
+    trainer = L.Trainer(
+        max_steps=3,
+        accelerator="cpu",
+        devices=2,
+        strategy="ddp",
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        limit_val_batches=0,
+        default_root_dir=out_dir,
+        callbacks=[probe],
+    )
+    trainer.fit(module, PromptDataModule(data_path, batch_size=2, val_split=None))
+    trainer.save_checkpoint(f"{out_dir}/last.ckpt")  # every rank's queue, gathered to rank 0
+    flat = torch.cat([p.detach().flatten() for p in module.policy.model.parameters()])
+    with open(f"{out_dir}/rank{trainer.global_rank}.json", "w") as f:
+        json.dump({"global_step": trainer.global_step, "param_head": flat[:64].tolist(), "seen": probe.seen}, f)
+
+
+if __name__ == "__main__":
+    main(*sys.argv[1:])

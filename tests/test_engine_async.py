@@ -1,0 +1,177 @@
+"""AsyncRollouts: a producer process samples ahead of the trainer; k = 0 equals the synchronous path, k >= 1 trains
+on rollouts at most k updates old with the sampling correction, and checkpoints keep the queue."""
+
+from __future__ import annotations
+
+import copy
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import lightning as L
+import pytest
+import torch
+
+from lightning_grpo.callbacks import PreemptionCheckpoint
+from lightning_grpo.data import PromptDataModule
+from lightning_grpo.engines import AsyncRollouts
+from lightning_grpo.targets.correction import sampling_correction
+from tests.helpers import fit, logged, make_module
+from tests.test_dynamic import signal_on_even_sums
+from tests.test_resume import SendSignal
+
+
+def data(arith_jsonl):
+    return PromptDataModule(arith_jsonl, batch_size=4, val_split=None)  # 16 rows: 4 steps per epoch
+
+
+def weights(module) -> list[torch.Tensor]:
+    return [p.detach().clone() for p in module.policy.model.parameters()]
+
+
+def test_k0_updates_equal_the_synchronous_path(tiny_model_dir, arith_jsonl, tmp_path):
+    # the producer process samples each step's batch from the step's RNG state and the weights of that step
+    sync = make_module(tiny_model_dir)
+    fit(sync, data(arith_jsonl), tmp_path / "sync", max_steps=3)
+    k0 = make_module(tiny_model_dir, rollout_engine=AsyncRollouts(max_staleness=0))
+    trainer = fit(k0, data(arith_jsonl), tmp_path / "k0", max_steps=3)
+    for a, b in zip(weights(sync), weights(k0)):
+        torch.testing.assert_close(a, b, rtol=0, atol=0)
+    assert logged(trainer)["train/async/staleness/max"] == [0.0, 0.0, 0.0]
+    assert k0.engine.process is None  # ended with the fit
+
+
+def test_k1_trains_one_step_behind_with_the_correction(tiny_model_dir, arith_jsonl, tmp_path):
+    module = make_module(tiny_model_dir, rollout_engine=AsyncRollouts(max_staleness=1))
+    trainer = fit(module, data(arith_jsonl), tmp_path, max_steps=3)
+    metrics = logged(trainer)
+    assert trainer.global_step == 3
+    # the first batch only filled the pipeline; after it, every batch was sampled one update earlier
+    assert metrics["train/async/staleness/max"] == [0.0, 1.0, 1.0]
+    assert len(metrics["train/sampling/importance_sampling_ratio/mean"]) == 2  # corrected when stale
+    assert module.engine.version == 3
+
+
+def test_stale_importance_weights_by_hand():
+    # batch sampled by version t - 1 with token log-probs [-1.2, -0.7]; the proximal policy (version t) gives
+    # [-1.0, -0.9]. Per token: e^0.2 = 1.2214, e^-0.2 = 0.8187; per sequence the shifts cancel: e^0 = 1.
+    proximal, sampler, mask = torch.tensor([[-1.0, -0.9]]), torch.tensor([[-1.2, -0.7]]), torch.ones(1, 2)
+    token = sampling_correction(proximal, sampler, mask, "token_truncate", clip_max=3.0)
+    torch.testing.assert_close(token, torch.tensor([[1.2214, 0.8187]]), atol=1e-4, rtol=0)
+    assert sampling_correction(proximal, sampler, mask, "sequence_mask").item() == 1.0
+    # a completion whose log-prob rose by 1.5 since it was sampled: e^1.5 = 4.48 > 3, masked out of the loss
+    assert sampling_correction(torch.tensor([[-0.5]]), torch.tensor([[-2.0]]), torch.ones(1, 1)).item() == 0.0
+
+
+class StaleWeights(L.Callback):
+    """Recomputes, independently of the engine, the log-probs of each step's rollout under the weights that
+    sampled it (version t - 1) and under the step's own (version t), and the weights they make."""
+
+    def __init__(self) -> None:
+        self.versions: dict[int, list[torch.Tensor]] = {}
+        self.checked: list[tuple[float, float]] = []
+
+    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
+        self.versions[trainer.global_step] = weights(pl_module)
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
+        if not outputs or trainer.global_step < 2:
+            return
+        rollout, step = outputs["record"].rollout, trainer.global_step - 1  # the step that just trained
+        sampled = logps_with(pl_module, self.versions[step - 1], rollout)  # [N, T]
+        proximal = logps_with(pl_module, self.versions[step], rollout)
+        torch.testing.assert_close(rollout.sampling_logps, sampled, atol=1e-4, rtol=0)  # the producer's own
+        mask = rollout.completion_mask.bool()
+        rho = ((proximal - sampled) * mask).sum(1).exp()  # [N] sequence-level, as sequence_mask takes it
+        rho = torch.where(rho > 3.0, 0.0, rho)
+        expected = rho.unsqueeze(1).expand_as(mask)[mask].mean().item()
+        self.checked.append((expected, trainer.callback_metrics["train/sampling/importance_sampling_ratio/mean"]))
+
+
+def logps_with(module, params: list[torch.Tensor], rollout) -> torch.Tensor:
+    model = copy.deepcopy(module.policy.model)
+    with torch.no_grad():
+        for p, value in zip(model.parameters(), params):
+            p.copy_(value)
+    return module.policy.token_logps(rollout, slice(None), model=model.eval()).logps.detach()
+
+
+def test_k1_importance_weights_are_the_ratio_to_the_sampling_version(tiny_model_dir, arith_jsonl, tmp_path):
+    module, check = make_module(tiny_model_dir, rollout_engine=AsyncRollouts(max_staleness=1)), StaleWeights()
+    fit(module, data(arith_jsonl), tmp_path, max_steps=3, callbacks=[check])
+    assert len(check.checked) == 2
+    for expected, logged_mean in check.checked:
+        assert abs(expected - float(logged_mean)) < 1e-4
+        assert expected != 1.0  # the weights moved between sampling and training: a real correction
+
+
+@pytest.mark.slow
+def test_resume_after_sigterm_continues_exactly(tiny_model_dir, arith_jsonl, tmp_path):
+    # the checkpoint keeps the rollout sampled ahead (awaited at save), so the resumed run trains on it
+    def run(name, **kw):
+        module = make_module(tiny_model_dir, rollout_engine=AsyncRollouts(max_staleness=1))
+        return module, fit(module, data(arith_jsonl), tmp_path / name, max_steps=4, **kw)
+
+    full, reference = run("full")
+    with pytest.raises(SystemExit):
+        run("first", callbacks=[SendSignal(at=1), PreemptionCheckpoint()])
+    ckpt = tmp_path / "first" / "lightning_logs" / "version_0" / "checkpoints" / "last.ckpt"
+    saved = torch.load(ckpt, weights_only=False)
+    assert saved["global_step"] == 2 and len(saved["rollout_engine"]["ranks"][0]["ready"]) == 1
+    resumed, second = run("second", ckpt_path=ckpt)
+    for a, b in zip(weights(full), weights(resumed)):
+        torch.testing.assert_close(a, b, rtol=0, atol=1e-6)
+    expected, got = logged(reference), logged(second)
+    for key in ("train/reward", "train/async/staleness/max", "train/sampling/importance_sampling_ratio/mean"):
+        assert expected[key][-2:] == pytest.approx(got[key], abs=1e-6), key  # the last two updates
+
+
+@pytest.mark.slow
+def test_two_process_ddp_async_run(tiny_model_dir, arith_jsonl, tmp_path):
+    script = Path(__file__).with_name("async_ddp_run.py")
+    proc = subprocess.run(
+        [sys.executable, str(script), tiny_model_dir, arith_jsonl, str(tmp_path)],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    ranks = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in (0, 1)]
+    assert ranks[0]["param_head"] == ranks[1]["param_head"]  # gradients all-reduced, weights equal
+    assert ranks[0]["global_step"] == ranks[1]["global_step"] == 3
+    for a, b in zip(ranks[0]["seen"], ranks[1]["seen"]):
+        assert a["completions"] != b["completions"]  # each rank's producer: own prompts, own seed
+    assert [s["staleness"] for s in ranks[0]["seen"]] == [0.0, 1.0, 1.0]  # the first batch: version 0 at update 0
+    queues = torch.load(tmp_path / "last.ckpt", weights_only=False)["rollout_engine"]["ranks"]
+    assert [len(q["ready"]) for q in queues] == [1, 1]  # both ranks' rollouts sampled ahead are in the checkpoint
+
+
+async def answer_column_reward(prompts, completions, answer, **kwargs):
+    """An async reward reading a dataset column: the column must be the rollout's own batch's, not the step's."""
+    assert all(str(int(p[0]) + int(p[2])) == a for p, a in zip(prompts, answer)), "columns of another batch"
+    return [0.0] * len(completions)  # no signal of its own: which groups have one is signal_on_even_sums' call
+
+
+@pytest.mark.slow
+def test_k1_with_filter_groups_and_an_async_reward(tiny_model_dir, arith_jsonl, tmp_path):
+    module = make_module(
+        tiny_model_dir,
+        reward_funcs=[signal_on_even_sums, answer_column_reward],
+        accuracy_reward=None,
+        advantages={"filter_groups": True},
+        rollout_engine=AsyncRollouts(max_staleness=1),
+    )
+    records = []
+
+    class Keep(L.Callback):
+        def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
+            if outputs:
+                records.append(outputs["record"])
+
+    trainer = fit(module, data(arith_jsonl), tmp_path, max_steps=2, callbacks=[Keep()])
+    assert trainer.global_step == 2 and len(records) == 2
+    for record in records:
+        assert len(record.rollout) == 4 * 4 and record.stats.rewards.frac_zero_std == 0.0  # groups with signal
+        assert all((int(p[0]) + int(p[2])) % 2 == 0 for p in record.rollout.prompts)
+        assert record.rollout.metrics["async/staleness/max"] <= 1.0
