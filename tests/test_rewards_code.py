@@ -135,5 +135,6 @@ def test_metrics_count_timeouts(reward):
         "sandbox/timeouts": 1.0,
         "sandbox/killed": 0.0,
         "sandbox/failures": 0.0,
+        "sandbox/cgroup": float(not reward.sandbox.isolation.lost),
     }
     assert reward.metrics()["sandbox/programs"] == 0.0  # reset by the previous call

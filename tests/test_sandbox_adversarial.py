@@ -11,11 +11,9 @@ tampering, grading hacks. All run with kernel isolation; the ones process mode a
 
 import os
 import secrets
-import signal
 import socket
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -351,13 +349,15 @@ def test_the_leaking_attacks_find_the_secret_without_the_sandbox(trainer, name, 
     assert SECRET in namespace["solve"](), name
 
 
-def test_script_tests_are_weaker_an_always_equal_object_fools_them(kernel_reward):
-    """Documented: test code that is not ``assert call(literals) == literal`` runs inside and can be fooled."""
+def test_script_tests_are_graded_outside_an_always_equal_object_fools_none(kernel_reward):
+    """Test code of any shape runs in the grader, apart from the program: an always-equal object never reaches it."""
     code = "class E:\n    def __eq__(self, other):\n        return True\ndef solve():\n    return E()"
-    assert kernel_reward([code], test_cases=[["assert solve() == 1"]]) == [0.0]  # parsed: verdict outside
+    assert kernel_reward([code], test_cases=[["assert solve() == 1"]]) == [0.0]  # parsed: verdict in the trainer
     humaneval = "def check(candidate):\n    assert candidate() == 1\ncheck(solve)"
     assert kernel_reward([code], test_cases=[[humaneval]]) == [0.0]  # unwrapped and parsed too
-    assert kernel_reward([code], test_cases=[["x = solve()\nassert x == 1"]]) == [1.0]  # a script: inside
+    assert kernel_reward([code], test_cases=[["x = solve()\nassert x == 1"]]) == [0.0]  # a script: in the grader
+    honest = "def solve():\n    return 1"
+    assert kernel_reward([honest], test_cases=[["x = solve()\nassert x == 1"]]) == [1.0]
 
 
 def test_timeouts_and_kills_of_attacks_are_counted(kernel_reward):
@@ -369,9 +369,25 @@ def test_timeouts_and_kills_of_attacks_are_counted(kernel_reward):
         "sandbox/timeouts": 1.0,
         "sandbox/killed": 1.0,
         "sandbox/failures": 0.0,
+        "sandbox/cgroup": float(not kernel_reward.sandbox.isolation.lost),
     }
 
 
-def test_trainer_is_unharmed_after_the_suite():
-    os.kill(os.getpid(), 0)
-    assert signal.getsignal(signal.SIGTERM) is not None and time.monotonic() > 0
+def children(pid):
+    """Live or unreaped children of ``pid`` (the fourth field of ``/proc/<child>/stat`` is the parent)."""
+    found = []
+    for proc in Path("/proc").iterdir():
+        try:
+            if proc.name.isdigit() and int((proc / "stat").read_text().rsplit(")", 1)[1].split()[1]) == pid:
+                found.append(int(proc.name))
+        except (OSError, IndexError, ValueError):
+            continue
+    return found
+
+
+def test_nothing_of_the_suite_is_left_in_the_trainer(trainer):
+    """After every attack: no process of the sandboxes left, none unreaped, the trainer's files untouched."""
+    directory, _, stand_in = trainer
+    assert leftover_processes() == []
+    assert children(os.getpid()) == [stand_in]  # every sandbox's bwrap was reaped; the stand-in still runs
+    assert (directory / "canary.txt").read_text() == "intact" and os.environ["LGRPO_CANARY_SECRET"] == SECRET

@@ -3,7 +3,8 @@
 A completion's code is its last ```` ```python ```` block, else the whole text. Test formats accepted per row:
 a list of assert statements (MBPP, HumanEval-style), a list of ``{"input": stdin, "output": stdout}`` dicts
 (open-r1, Codeforces-style), APPS' ``{"inputs": [...], "outputs": [...]}``, or any of these as a JSON string.
-The sandbox returns what each program printed or returned; the verdict is made here (``code_tests.py``).
+The sandbox returns what each program printed or returned, test code running apart from the program; the verdict is
+made here (``code_tests.py``).
 """
 
 from __future__ import annotations
@@ -27,13 +28,14 @@ def score(tests: list[Test], result: SandboxResult) -> float:
 class CodeExecutionReward:
     """Fraction of the row's tests the completion's code passes, in [0, 1]; 0.0 on timeout, crash or no code.
 
-    Programs run in parallel in a ``Sandbox`` (see ``sandbox.py`` for the isolation and limits). Rows whose
+    Programs run in parallel in a ``Sandbox`` (see ``sandbox/runner.py`` for the isolation and limits). Rows whose
     ``test_cases`` is ``None`` or empty score ``None``. ``metrics()`` returns the sandbox counters
-    (``sandbox/programs``, ``sandbox/timeouts``, ``sandbox/killed``, ``sandbox/failures``) since its last call.
+    (``sandbox/programs``, ``sandbox/timeouts``, ``sandbox/killed``, ``sandbox/failures``) since its last call, and
+    ``sandbox/cgroup`` (1.0 when a cgroup bounds each sandbox as a whole).
 
     Args:
-        timeout_seconds: wall-clock limit per completion (its tests run in one sandboxed process).
-        memory_mb: address-space limit per process.
+        timeout_seconds: wall-clock limit per completion (all its tests, in one sandbox).
+        memory_mb: address-space limit per process, and the memory of the whole sandbox where a cgroup is allowed.
         max_workers: programs run at once; default the number of CPUs.
         isolation: "auto" (kernel namespaces, else a loud fallback), "strict" (refuse to run without them),
             "process" (rlimits and an audit hook only).

@@ -1,15 +1,17 @@
 """A row's ``test_cases`` -> sandbox cases plus expected values kept here, and the verdict from their outputs.
 
-The verdict is made in the trainer's process, from data the program produced: its stdout per stdin case, or
-the ``repr`` of a value, parsed back with ``ast.literal_eval`` (only built-in types can come out, so no object
-with an always-true ``__eq__`` reaches the comparison). Expected values never enter the sandbox.
+The verdict is made in the trainer's process, from data the sandbox returned: the program's stdout per stdin
+case, or a value as tagged JSON (``decode_value``: built-in types only, length-capped before it is parsed, so no
+object with an always-equal ``__eq__`` reaches the comparison). Expected values never enter the sandbox.
 
 Asserts of the HumanEval/MBPP shape, ``assert f(1, [2]) == (3, 4)`` (also ``is None/True/False``, a bare
 ``assert f(1)`` or ``assert not f(1)``; directly, or in HumanEval's ``def check(candidate)`` called on ``f``),
-become a value case ``f(1, [2])`` and an expected ``(3, 4)``. The expression must be a call with literal
-arguments, optionally wrapped in data converters (``sorted(f(1))``): any other expression
-(``math.isclose(f(1), 2.5)``) could compute the verdict inside, so such test code runs inside as a script and
-only counts as passed when it runs to the end: weaker, a program can forge that from inside.
+become a value case ``f(1, [2])`` and an expected ``(3, 4)``; data converters around the call (``sorted(f(1))``)
+are applied by the sandbox's grader, outside the program's process, with its own builtins. Any other test code
+(``math.isclose(f(1), 2.5)``, a mix of asserts) becomes a script case: it also runs in the grader, never in the
+program's process, calling the program over a pipe with only literals crossing, and passes when it runs to the
+end. A test string that mixes plain asserts with other code runs whole as one script there, so its expected
+values never reach the program either.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
+from lightning_grpo.sandbox.records import decode_value
 from lightning_grpo.sandbox.runner import Case
 
 TEST_FORMATS = "a list of assert strings, a list of {'input', 'output'} dicts, {'inputs': [...], 'outputs': [...]}"
@@ -187,9 +190,9 @@ def passes(check: Check, output: bytes | None) -> bool:
     if check.compare == "ran":
         return True
     try:
-        value = ast.literal_eval(output.decode("utf-8", errors="strict"))
-    except (*_LITERAL_ERRORS, UnicodeDecodeError):
-        return False  # not a literal of built-in types: an object whose repr is not data
+        value = decode_value(output)  # refuses an over-long text before parsing it
+    except ValueError:
+        return False  # not a value of built-in types
     if check.compare == "eq":
         return value == check.expected  # built-in types on both sides: Python's own ==, as the assert had it
     if check.compare == "is":

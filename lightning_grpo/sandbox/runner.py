@@ -1,22 +1,27 @@
 """Untrusted Python + cases -> what it printed or returned per case, run in a kernel sandbox. Knows no verdicts.
 
-A case is a stdin to run the program on, an expression to evaluate after defining the code, or a test script
-to run after it. The result holds, per case, the program's stdout, the ``repr`` of the value, or an empty
-output for a script that ran to the end; ``None`` when the case did not finish. Expected outputs are never
-sent in: the caller compares (``code_tests.py``), so nothing the program does inside can hand out a pass.
+A case is a stdin to run the program on, an expression to evaluate against the program's definitions, or test
+code to run against them. The result holds, per case, the program's stdout, the value as tagged JSON
+(``records.decode_value`` reads it back), or an empty output for test code that ran to the end; ``None`` when the
+case did not finish. Expected outputs are never sent in: the caller compares (``code_tests.py``).
 
-Layers, each covering another's gap (``sandbox_isolation.py`` has the namespaces):
+The program and the test code run in separate processes (``inside/``): the program's process answers calls over
+a pipe and only literals come back, so nothing the program defines reaches the tests. Layers, each covering
+another's gap:
 
-- kernel namespaces through bubblewrap: own pid, mount, network, ipc, uts and user namespaces, own ``/proc``,
-  read-only interpreter, a private tmpfs, no environment; the whole namespace dies with the program;
-- rlimits set by the child before the code runs: CPU seconds, address space, file size, processes; as root a
-  pids cgroup per program as well (RLIMIT_NPROC does not bind root);
+- kernel namespaces through bubblewrap (``isolation.py``): own pid, mount, network, ipc, uts and user
+  namespaces, own ``/proc``, read-only interpreter, a private tmpfs, no environment; the sandbox's first process
+  is non-dumpable, so the program cannot write to it, and the whole namespace dies with it;
+- a cgroup around the whole sandbox (``cgroups.py``): memory, CPU quota and process count of all its processes
+  together; the kill goes through it, so a detached process dies too;
+- rlimits set in the program's process before the code runs: CPU seconds, address space, file size, processes;
 - a wall-clock deadline enforced here (a ``time.sleep`` uses no CPU), then SIGKILL;
 - the program's own stdout/stderr read through a bounded buffer keeping the last ``LOG_BYTES``; each case's
-  output is capped at ``max_output_bytes``.
+  output is capped at ``max_output_bytes``, a value's text at ``max_value_bytes`` before anything parses it.
 
 Where namespaces are refused, ``isolation="auto"`` falls back to process mode (rlimits, a session kill, an
-audit hook) with a warning naming what is lost; ``"strict"`` raises instead.
+audit hook) with a warning naming what is lost; ``"strict"`` raises instead. Where a cgroup controller is
+refused, a warning says what is lost and ``Sandbox.isolation.lost`` lists it.
 """
 
 from __future__ import annotations
@@ -34,24 +39,26 @@ import tempfile
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from functools import cache
 
+from lightning_grpo.sandbox.cgroups import CgroupLimits, SandboxCgroup
 from lightning_grpo.sandbox.isolation import (
     BOOTSTRAP,
     INNER_BOOTSTRAP,
     ISOLATION_MODES,
     PYTHON_FLAGS,
     Isolation,
-    PidsCgroup,
     bwrap_command,
     interpreter,
     probe,
 )
+from lightning_grpo.sandbox.records import MAX_VALUE_BYTES, SandboxResult, result
 
 CASE_KINDS = ("stdin", "value", "script")
 LOG_BYTES = 8192
 REPORT_CAP_BYTES = 64 * 2**20  # records beyond this are dropped: those cases count as unfinished
+SUPERVISOR_MB = 48  # the cgroup's share for bwrap and the first process, on top of the program's memory_mb
 _READ_CHUNK = 65536
 
 
@@ -65,18 +72,6 @@ class Case:
     def __post_init__(self) -> None:
         if self.kind not in CASE_KINDS or not isinstance(self.source, str):
             raise ValueError(f"Case kind must be one of {list(CASE_KINDS)} with a str source, got {self!r:.200}")
-
-
-@dataclass
-class SandboxResult:
-    """What one program produced, case by case; ``None`` where a case did not finish."""
-
-    outputs: list[bytes | None]  # stdout (stdin case), repr of the value (value case), b"" (script ran to the end)
-    errors: list[str | None] = field(default_factory=list)  # per case: exception, exit, or None
-    timed_out: bool = False  # killed at the wall-clock deadline
-    killed: bool = False  # died of a signal (a resource limit or a crash), not the deadline
-    log: str = ""  # the last LOG_BYTES of what the program wrote to stdout/stderr outside stdin cases
-    error: str | None = None  # first failure: case error, timeout, signal or sandbox failure
 
 
 @dataclass
@@ -110,9 +105,15 @@ class Sandbox:
         timeout_seconds: wall-clock limit per program (all its cases), start to kill.
         cpu_seconds: CPU-time limit (RLIMIT_CPU); default ``ceil(timeout_seconds) + 1``, a backstop one second
             behind the wall-clock deadline so the two never race (CPU time never exceeds wall time).
-        memory_mb: address-space limit per process (RLIMIT_AS). The interpreter itself needs ~30 MB.
+        memory_mb: address-space limit per process (RLIMIT_AS; the interpreter itself needs ~30 MB) and, with a
+            memory cgroup, the resident memory of all the program's processes together (the cgroup adds the
+            tmpfs, 2 x ``file_size_mb``, and ``SUPERVISOR_MB`` for the sandbox's own processes).
         file_size_mb: largest file the program may write (RLIMIT_FSIZE), and the size of its tmpfs.
         max_output_bytes: stdout kept per case; a longer output is cut (and so will not match).
+        max_value_bytes: longest text of a value (its ``repr`` from the program, its JSON to the trainer); a
+            longer one is not parsed and the case fails.
+        cpus: CPUs the whole sandbox may use at once (a cgroup CPU quota), so its CPU time stays below
+            ``cpus * timeout_seconds`` however many processes it starts.
         max_processes: processes and threads a program may have at once, the harness included.
         max_workers: programs run at once; default the number of CPUs.
         isolation: "auto" (kernel namespaces, else process mode with a warning), "strict" (namespaces or
@@ -130,11 +131,13 @@ class Sandbox:
         memory_mb: int = 512,
         file_size_mb: int = 16,
         max_output_bytes: int = 2**20,
+        max_value_bytes: int = MAX_VALUE_BYTES,
+        cpus: float = 1.0,
         max_processes: int = 16,
         max_workers: int | None = None,
         isolation: str = "auto",
     ) -> None:
-        for name, value in [("timeout_seconds", timeout_seconds), ("memory_mb", memory_mb)]:
+        for name, value in [("timeout_seconds", timeout_seconds), ("memory_mb", memory_mb), ("cpus", cpus)]:
             if value <= 0:
                 raise ValueError(f"{name} must be > 0, got {value}")
         for name, value in [("file_size_mb", file_size_mb), ("max_output_bytes", max_output_bytes)]:
@@ -153,6 +156,8 @@ class Sandbox:
         self.memory_mb = memory_mb
         self.file_size_mb = file_size_mb
         self.max_output_bytes = max_output_bytes
+        self.max_value_bytes = max_value_bytes
+        self.cpus = cpus
         self.max_processes = max_processes
         self.max_workers = max_workers or os.cpu_count() or 1
         self.isolation_mode = isolation
@@ -168,12 +173,14 @@ class Sandbox:
         return probe(self.isolation_mode)
 
     def metrics(self, reset: bool = True) -> dict[str, float]:
-        """``sandbox/programs``, ``sandbox/timeouts``, ``sandbox/killed``, ``sandbox/failures`` since the last reset."""
+        """``sandbox/programs``, ``/timeouts``, ``/killed``, ``/failures`` since the last reset, and
+        ``sandbox/cgroup`` (1.0 when a memory, CPU and pids cgroup bounds each sandbox, else 0.0: see the warning)."""
         with self._lock:
             counters = self.counters
             if reset:
                 self.counters = SandboxCounters()
-        return {f"sandbox/{k}": float(v) for k, v in vars(counters).items()}
+        bounded = float(not self.isolation.lost)
+        return {**{f"sandbox/{k}": float(v) for k, v in vars(counters).items()}, "sandbox/cgroup": bounded}
 
     def run_many(self, codes: list[str], cases: list[list[Case]]) -> list[SandboxResult]:
         """``run(codes[i], cases[i])`` for every i, ``max_workers`` at a time, results in input order."""
@@ -190,19 +197,19 @@ class Sandbox:
         refused) is reported in ``error`` with every case unfinished."""
         cases = [c if isinstance(c, Case) else Case(*c) for c in cases]
         token = secrets.token_hex(16)
-        job = {"code": code, "cases": [[c.kind, c.source] for c in cases], "token": token, **self._limits()}
+        job = {"code": code, "cases": [[c.kind, c.source] for c in cases], "token": token, "limits": self._limits()}
         failed = False
         try:
-            result = self._execute(marshal.dumps(job), token, len(cases))
+            outcome = self._execute(marshal.dumps(job), token, len(cases))
         except OSError as err:
             failed = True
-            result = SandboxResult([None] * len(cases), [None] * len(cases), error=f"sandbox failed to run: {err}")
+            outcome = SandboxResult([None] * len(cases), [None] * len(cases), error=f"sandbox failed to run: {err}")
         with self._lock:
             self.counters.failures += failed
             self.counters.programs += 1
-            self.counters.timeouts += result.timed_out
-            self.counters.killed += result.killed
-        return result
+            self.counters.timeouts += outcome.timed_out
+            self.counters.killed += outcome.killed
+        return outcome
 
     def _limits(self) -> dict:
         return {
@@ -211,31 +218,44 @@ class Sandbox:
             "file_size_bytes": self.file_size_mb * 2**20,
             "max_processes": self.max_processes,
             "max_output_bytes": self.max_output_bytes,
+            "max_value_bytes": self.max_value_bytes,
             "block_processes": self.isolation.block_processes,
         }
 
+    def _cgroup(self, isolation: Isolation) -> SandboxCgroup | None:
+        """The sandbox's cgroup: the program's memory plus the tmpfs and the supervisor; bwrap and the first process
+        besides the program's ``max_processes``."""
+        if not isolation.cgroups:
+            return None
+        memory = (self.memory_mb + 2 * max(self.file_size_mb, 1) + SUPERVISOR_MB) * 2**20
+        return SandboxCgroup(isolation.cgroups, CgroupLimits(memory, self.cpus, self.max_processes + 2))
+
     def _execute(self, job: bytes, token: str, n: int) -> SandboxResult:
-        isolation, cgroup, workdir = self.isolation, None, None
+        isolation, workdir = self.isolation, None
+        cgroup = self._cgroup(isolation)
+        prefix = cgroup.enter_prefix() if cgroup else []
         try:
             if isolation.kernel:
-                cgroup = PidsCgroup(isolation.pids_cgroup, self.max_processes + 2) if isolation.pids_cgroup else None
                 tmpfs = max(self.file_size_mb, 1) * 2**20
-                command = [*(cgroup.enter_prefix() if cgroup else ()), *bwrap_command(isolation.bwrap, tmpfs)]
-                command += [interpreter(), *PYTHON_FLAGS, INNER_BOOTSTRAP]
+                command = [*prefix, *bwrap_command(isolation.bwrap, tmpfs), interpreter(), *PYTHON_FLAGS]
+                command.append(INNER_BOOTSTRAP)
                 env, cwd = {}, "/"
             else:
                 workdir = tempfile.mkdtemp(prefix="lightning_grpo_sandbox_")
-                command = [*network_namespace_prefix(), sys.executable, *PYTHON_FLAGS, BOOTSTRAP]
+                command = [*prefix, *network_namespace_prefix(), sys.executable, *PYTHON_FLAGS, BOOTSTRAP]
                 env = {"PATH": os.defpath, "HOME": workdir, "TMPDIR": workdir, "LANG": "C.UTF-8"}
                 cwd = workdir
-            return self._supervise(command, env, cwd, job, token, n)
+            return self._supervise(command, env, cwd, job, token, n, cgroup)
         finally:
             if cgroup is not None:
+                cgroup.kill()
                 cgroup.remove()
             if workdir is not None:
                 shutil.rmtree(workdir, ignore_errors=True)
 
-    def _supervise(self, command: list[str], env: dict, cwd: str, job: bytes, token: str, n: int) -> SandboxResult:
+    def _supervise(
+        self, command: list[str], env: dict, cwd: str, job: bytes, token: str, n: int, cgroup: SandboxCgroup | None
+    ) -> SandboxResult:
         deadline = time.monotonic() + self.timeout_seconds
         proc = subprocess.Popen(
             command,
@@ -248,13 +268,14 @@ class Sandbox:
         )
         try:
             _send(proc, job)
-            cap = min(REPORT_CAP_BYTES, n * (self.max_output_bytes + 2048) + 4096)  # output, header, error
+            cap = min(REPORT_CAP_BYTES, n * (max(self.max_output_bytes, self.max_value_bytes) + 2048) + 4096)
             report, log, timed_out = _read(proc, deadline, cap)
             if not timed_out:
                 timed_out = _wait(proc, deadline)
         finally:
-            _kill_group(proc)
-        return _result(report, log, token, n, timed_out, proc.returncode, self.timeout_seconds)
+            _kill(proc, cgroup)
+        oom = cgroup is not None and cgroup.out_of_memory()
+        return result(report, log, token, n, timed_out, proc.returncode, self.timeout_seconds, oom)
 
 
 def _send(proc: subprocess.Popen, job: bytes) -> None:
@@ -301,8 +322,11 @@ def _wait(proc: subprocess.Popen, deadline: float) -> bool:
     return True
 
 
-def _kill_group(proc: subprocess.Popen) -> None:
-    """SIGKILL the whole process group (the child is not reaped yet), then reap the child."""
+def _kill(proc: subprocess.Popen, cgroup: SandboxCgroup | None) -> None:
+    """SIGKILL every process of the sandbox: through its cgroup (a process that left the group or the session
+    included), and its process group (the child is not reaped yet, so the group id cannot be reused); then reap."""
+    if cgroup is not None:
+        cgroup.kill()
     try:
         os.killpg(proc.pid, signal.SIGKILL)
     except (ProcessLookupError, PermissionError):
@@ -310,55 +334,3 @@ def _kill_group(proc: subprocess.Popen) -> None:
     proc.wait()
     proc.stdout.close()
     proc.stderr.close()
-
-
-def _records(report: bytes, token: str, n: int) -> tuple[list[bytes | None], list[str | None]]:
-    """The first frame of each case index: ``\\n<token> <index> <output length or -1> <error length>\\n`` then the
-    output and the error. A malformed frame ends the parse (the cases after it count as unfinished)."""
-    outputs: list[bytes | None] = [None] * n
-    errors: list[str | None] = [None] * n
-    seen, header, at = set(), f"\n{token} ".encode(), 0
-    while (at := report.find(header, at)) >= 0:
-        end = report.find(b"\n", at + len(header))
-        try:
-            index, size, error_size = (int(x) for x in report[at + len(header) : end].split(b" "))
-        except ValueError:
-            break
-        start = end + 1
-        output = None if size < 0 else report[start : start + size]
-        error = report[start + max(size, 0) : start + max(size, 0) + error_size].decode("utf-8", "replace")
-        at = start + max(size, 0) + error_size
-        if end < 0 or at > len(report) or not -1 <= index < n or error_size < 0:
-            break
-        if index not in seen:
-            seen.add(index)
-            if index >= 0:
-                outputs[index], errors[index] = output, (error[:500] or None)
-            elif error:
-                errors.append(error[:500])  # no cases: the definition's error
-    return outputs, errors
-
-
-def _result(
-    report: bytes, log: bytes, token: str, n: int, timed_out: bool, returncode: int | None, timeout: float
-) -> SandboxResult:
-    outputs, errors = _records(report, token, n)
-    killed = not timed_out and returncode is not None and (returncode < 0 or returncode > 128)
-    result = SandboxResult(outputs[:n], errors[:n], timed_out, killed, log.decode("utf-8", errors="replace"))
-    if timed_out:
-        result.error = f"timed out after {timeout} s"
-    elif killed:
-        signum = -returncode if returncode < 0 else returncode - 128
-        result.error = f"killed by {_signal_name(signum)} (a resource limit or a crash)"
-    else:
-        result.error = next((e for e in errors if e is not None), None)
-        if result.error is None and (returncode != 0 or None in result.outputs):
-            result.error = f"exited with status {returncode} before finishing every case"
-    return result
-
-
-def _signal_name(signum: int) -> str:
-    try:
-        return signal.Signals(signum).name
-    except ValueError:
-        return f"signal {signum}"

@@ -1,0 +1,249 @@
+"""Test code + the program's process behind a pipe -> what each case produced. Knows no expected values.
+
+Runs in the sandbox's first process, never in the program's: a value case's expression and a script case's test
+code run here, and every name they take from the program is a ``Remote``, so a call goes over the pipe and only
+the ``repr`` of the result comes back, parsed here as a literal of built-in types (capped in size first). What
+the program defines (shadowed builtins, patched standard-library modules, always-equal objects, frame or memory
+inspection) never reaches the test code: names resolve to this process's builtins, then to this process's own
+standard library, then to the program. A result that is not a literal stays an opaque ``Remote``: it can be
+called, its attributes read, and ``bool``/``len``/iteration asked of the program, but it compares equal only to
+itself. Values go to the trainer as tagged JSON (``encode``), which it parses in C.
+"""
+
+import _json
+import builtins
+import marshal
+import os
+import sys
+
+STDLIB = frozenset(sys.stdlib_module_names)
+_LITERALS = (int, float, complex, str, bytes, bool, type(None))
+
+
+class ProgramError(Exception):
+    """The program raised something that is not a built-in exception (or the program's process is gone)."""
+
+
+class Program:
+    """The first process's side of the pipes to the program's process.
+
+    Args:
+        requests_fd: where requests are written (marshal).
+        replies_fd: where framed replies are read (untrusted: every length is checked against the caps).
+        limits: ``max_output_bytes`` and ``max_value_bytes``.
+    """
+
+    def __init__(self, requests_fd, replies_fd, limits):
+        self.requests_fd, self.replies_fd = requests_fd, replies_fd
+        self.output_cap, self.value_cap = limits["max_output_bytes"] + 1, limits["max_value_bytes"]
+        self.dead = None  # why the program's process can no longer answer
+
+    def ask(self, request):
+        """(kind, payload) of the program's reply; raises ProgramError once the process is gone or misbehaved."""
+        if self.dead:
+            raise ProgramError(self.dead)
+        try:
+            data = marshal.dumps(request)
+            write_all(self.requests_fd, len(data).to_bytes(4, "little") + data)
+            header = _read_exactly(self.replies_fd, 5)
+            size = int.from_bytes(header[1:], "little")
+            if header[:1] not in b"voerk" or size > self.output_cap + self.value_cap + 32:
+                raise ProgramError(f"malformed reply from the program ({size} bytes)")
+            return header[:1], _read_exactly(self.replies_fd, size)
+        except (OSError, EOFError, ProgramError) as err:
+            self.dead = f"the program's process exited before finishing every case ({err})"
+            raise ProgramError(self.dead) from None
+        except ValueError as err:  # marshal: the test passed something that is not data
+            raise ProgramError(f"arguments must be literals or the program's own objects: {err}") from None
+
+    def result(self, request):
+        """The value of a request: a literal, or a ``Remote`` for anything else; the program's exception raised."""
+        kind, payload = self.ask(request)
+        if kind == b"v":
+            ident, _, text = payload.partition(b" ")
+            try:
+                return literal(text, self.value_cap)
+            except ValueError:
+                return Remote(self, int(ident))
+        if kind == b"r":
+            name, _, message = payload.decode("utf-8", "replace").partition("\n")
+            found = _exception(name)
+            raise found(message) if found is not ProgramError else ProgramError(f"{name}: {message}")
+        raise ProgramError(payload.decode("utf-8", "replace")[:500])
+
+
+def _exception(name):
+    """The built-in exception of that name (tests catch ``ValueError``...), else ``ProgramError``."""
+    found = getattr(builtins, name, None)
+    return found if isinstance(found, type) and issubclass(found, Exception) else ProgramError
+
+
+class Remote:
+    """An object living in the program's process; equal only to itself."""
+
+    __slots__ = ("_program", "_id")
+
+    def __init__(self, program, ident):
+        object.__setattr__(self, "_program", program)
+        object.__setattr__(self, "_id", ident)
+
+    def __call__(self, *args, **kwargs):
+        wire = [_argument(a) for a in args], {k: _argument(v) for k, v in kwargs.items()}
+        return self._program.result(("call", self._id, *wire))
+
+    def __getattr__(self, name):
+        return self._program.result(("attr", self._id, name))
+
+    def __bool__(self):
+        return _exactly(bool, self._program.result(("op", self._id, "bool")))
+
+    def __len__(self):
+        return _exactly(int, self._program.result(("op", self._id, "len")))
+
+    def __iter__(self):
+        return iter(_exactly(list, self._program.result(("op", self._id, "list"))))
+
+    def __repr__(self):
+        return f"<object {self._id} of the program>"
+
+
+def _exactly(kind, value):
+    if type(value) is not kind:
+        raise TypeError(f"the program answered a {type(value).__name__} where a {kind.__name__} was due")
+    return value
+
+
+def _argument(value):
+    return ("h", value._id) if type(value) is Remote else ("v", value)
+
+
+class Names(dict):
+    """A test's globals: its own names, then builtins, then this process's standard library, then the program's."""
+
+    def __init__(self, program):
+        super().__init__(__builtins__=builtins, __name__="__test__")
+        self.program = program
+
+    def __missing__(self, name):
+        if hasattr(builtins, name):
+            raise KeyError(name)  # the lookup falls through to this process's builtins
+        if name in STDLIB:
+            value = __import__(name)
+        else:
+            try:
+                value = self.program.result(("name", name))
+            except KeyError:
+                raise KeyError(name) from None
+        self[name] = value
+        return value
+
+
+def literal(text, cap):
+    """A literal of built-in types parsed from ``text`` (at most ``cap`` bytes); ValueError for anything else.
+
+    >>> literal(b"(1, [2.5, None], {'a': {3}}, -1j, b'x')", 100)
+    (1, [2.5, None], {'a': {3}}, (-0-1j), b'x')
+    """
+    if len(text) > cap:
+        raise ValueError(f"value text longer than {cap} bytes")
+    try:
+        import _ast
+
+        tree = compile(text.decode("utf-8", "strict"), "<value>", "eval", _ast.PyCF_ONLY_AST)
+        return _node(_ast, tree.body)
+    except (SyntaxError, UnicodeDecodeError, TypeError, MemoryError, RecursionError) as err:
+        raise ValueError(f"not a literal: {type(err).__name__}") from None
+
+
+def _node(_ast, node):
+    kind = type(node)
+    if kind is _ast.Constant and type(node.value) in _LITERALS:
+        return node.value
+    if kind in (_ast.Tuple, _ast.List, _ast.Set):
+        items = [_node(_ast, e) for e in node.elts]
+        return {_ast.Tuple: tuple, _ast.List: list, _ast.Set: set}[kind](items)
+    if kind is _ast.Dict and None not in node.keys:
+        return {_node(_ast, k): _node(_ast, v) for k, v in zip(node.keys, node.values)}
+    if kind is _ast.Call and type(node.func) is _ast.Name and node.func.id == "set" and not node.args:
+        return set()
+    if kind is _ast.UnaryOp and type(node.op) in (_ast.USub, _ast.UAdd):
+        operand = _node(_ast, node.operand)
+        if type(operand) in (int, float, complex):
+            return -operand if type(node.op) is _ast.USub else operand
+    if kind is _ast.BinOp and type(node.op) in (_ast.Add, _ast.Sub):
+        left, right = _node(_ast, node.left), _node(_ast, node.right)
+        if type(left) in (int, float) and type(right) is complex:
+            return left + right if type(node.op) is _ast.Add else left - right
+    raise TypeError(f"{kind.__name__} is not a literal")
+
+
+def encode(value):
+    """Tagged JSON of a literal: lists and scalars as JSON; tuples, sets, frozensets, dicts, bytes and complex
+    numbers as one-key objects (``t``, ``s``, ``f``, ``d``, ``b``, ``c``). TypeError for anything else.
+
+    >>> encode((1, [2.5, None], {"a": {True}}, b"x"))
+    '{"t":[1,[2.5,null],{"d":[["a",{"s":[true]}]]},{"b":"x"}]}'
+    """
+    kind = type(value)
+    if value is None or kind is bool:
+        return {None: "null", True: "true", False: "false"}[value]
+    if kind is int:
+        return str(value)
+    if kind is float:
+        return {"inf": "Infinity", "-inf": "-Infinity", "nan": "NaN"}.get(repr(value), repr(value))
+    if kind is str:
+        return _json.encode_basestring_ascii(value)
+    if kind is list:
+        return "[" + ",".join(encode(v) for v in value) + "]"
+    if kind in _TAGS:
+        return f'{{"{_TAGS[kind]}":{_TAGS_BODY[kind](value)}}}'
+    raise TypeError(f"a {kind.__name__} is not a literal of built-in types")
+
+
+_TAGS = {tuple: "t", set: "s", frozenset: "f", dict: "d", bytes: "b", complex: "c"}
+_TAGS_BODY = {
+    tuple: lambda v: encode(list(v)),
+    set: lambda v: encode(list(v)),
+    frozenset: lambda v: encode(list(v)),
+    dict: lambda v: encode([[k, x] for k, x in v.items()]),
+    bytes: lambda v: _json.encode_basestring_ascii(v.decode("latin-1")),
+    complex: lambda v: encode([v.real, v.imag]),
+}
+
+
+def run_case(program, kind, source):
+    """(output, None) or (None, error) for one case: stdout, a value's tagged JSON, or b"" for a script."""
+    try:
+        if kind == "stdin":
+            reply, payload = program.ask(("stdin", source))
+            return (payload, None) if reply == b"o" else (None, payload.decode("utf-8", "replace")[:500])
+        program.result(("define",))  # the code must run before any test (its error is the case's)
+        if kind == "script":
+            exec(compile(source, "<test>", "exec"), Names(program))
+            return b"", None
+        value = eval(compile(source, "<test>", "eval"), Names(program))
+        text = encode(value).encode()
+        if len(text) > program.value_cap:
+            return None, f"value longer than {program.value_cap} bytes"
+        return text, None
+    except ProgramError as err:  # the program's own error (or its death), as it reported it
+        return None, str(err)[:500]
+    except SystemExit as err:
+        return None, f"SystemExit: {err.code}"
+    except BaseException as err:  # noqa: B036 - test code and the program's answers may raise anything
+        return None, f"{type(err).__name__}: {err}"[:500]
+
+
+def write_all(fd, data):
+    while data:
+        data = data[os.write(fd, data) :]
+
+
+def _read_exactly(fd, size):
+    data = bytearray()
+    while len(data) < size:
+        chunk = os.read(fd, min(size - len(data), 1 << 20))
+        if not chunk:
+            raise EOFError("the program's process closed its channel")
+        data += chunk
+    return bytes(data)

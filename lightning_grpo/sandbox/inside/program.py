@@ -1,0 +1,209 @@
+"""Requests from the sandbox's first process -> what the untrusted code printed or returned, in its own process.
+
+Knows how to run the code; nothing about tests: no test code and no expected value ever reaches this process.
+``boot.py`` forks it before reading the job, so not even the test code's text is in its memory. Requests come
+in as marshal (from its trusted parent); answers go out as frames ``kind (1 byte) + length (4) + payload`` that
+the parent parses as untrusted data. Objects stay here: a value crosses as its ``repr`` capped in size, which
+the grader reads as a literal or else keeps as an opaque handle (the id sent with it) to call or inspect later.
+"""
+
+import fcntl
+import io
+import marshal
+import os
+import resource
+import sys
+
+OPEN_FILES = 256  # the harness keeps its descriptors at 100 and above
+_real_exit = os._exit
+HARNESS_PID = None
+
+
+def limit_resources(limits):
+    """CPU seconds (SIGKILL one second past the soft limit), address space, file size, processes, open files;
+    no POSIX message queues (kernel objects that would outlive a process)."""
+    cpu, memory, fsize = limits["cpu_seconds"], limits["memory_bytes"], limits["file_size_bytes"]
+    resource.setrlimit(resource.RLIMIT_CPU, (cpu, cpu + 1))
+    resource.setrlimit(resource.RLIMIT_AS, (memory, memory))
+    resource.setrlimit(resource.RLIMIT_FSIZE, (fsize, fsize))
+    resource.setrlimit(resource.RLIMIT_NPROC, (limits["max_processes"], limits["max_processes"]))
+    resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
+    resource.setrlimit(resource.RLIMIT_NOFILE, (OPEN_FILES, OPEN_FILES))
+    resource.setrlimit(resource.RLIMIT_MSGQUEUE, (0, 0))
+
+
+def _exit_as_exception(status=0):
+    """``os._exit`` inside a case ends that case, not the harness (a convenience: ``posix._exit`` still works).
+
+    A forked child (multiprocessing ends its workers with ``os._exit``) really exits.
+    """
+    if os.getpid() != HARNESS_PID:
+        _real_exit(status)
+    raise SystemExit(status)
+
+
+def high_fd(fd):
+    """``fd`` moved above the descriptors a program usually touches, closed on exec."""
+    high = fcntl.fcntl(fd, fcntl.F_DUPFD_CLOEXEC, 100)
+    os.close(fd)
+    return high
+
+
+def _module(name):
+    """A fresh module registered in ``sys.modules``, so pickling its functions (multiprocessing) finds them."""
+    module = type(sys)(name)
+    module.__builtins__ = __builtins__
+    sys.modules[name] = module
+    return module.__dict__
+
+
+def _run(source, namespace):
+    """None when ``source`` ran to the end, else the reason; any exit is a failure."""
+    try:
+        exec(compile(source, "<solution>", "exec"), namespace)
+        return None
+    except SystemExit as err:
+        return f"SystemExit: {err.code}"
+    except BaseException as err:  # noqa: B036 - untrusted code may raise anything; it all means "failed"
+        return f"{type(err).__name__}: {err}"[:500]
+
+
+def _receive(fd):
+    header = _read_exactly(fd, 4)
+    return marshal.loads(_read_exactly(fd, int.from_bytes(header, "little")))
+
+
+def _read_exactly(fd, size):
+    data = bytearray()
+    while len(data) < size:
+        chunk = os.read(fd, size - len(data))
+        if not chunk:
+            raise EOFError("the first process closed the request channel")
+        data += chunk
+    return bytes(data)
+
+
+class Server:
+    """The code's namespace and the objects handed out, answering one request at a time."""
+
+    def __init__(self, code, limits, replies_fd):
+        self.code, self.replies_fd = code, replies_fd
+        self.output_cap, self.value_cap = limits["max_output_bytes"] + 1, limits["max_value_bytes"] + 1
+        self.objects = {}
+        self.definitions = None  # (namespace, error) once the code ran as module ``solution``
+
+    def reply(self, kind, payload=b""):
+        _flush()  # before the answer: the first process may end the sandbox as soon as it has the last one
+        data = kind + len(payload).to_bytes(4, "little") + payload
+        while data:
+            data = data[os.write(self.replies_fd, data) :]
+
+    def define(self):
+        if self.definitions is None:
+            namespace = _module("solution")
+            self.definitions = (namespace, _run(self.code, namespace))
+        return self.definitions
+
+    def value(self, value):
+        """Keep ``value`` here and send its id and ``repr`` (cut past the cap: the grader will not parse it)."""
+        self.objects[len(self.objects)] = value
+        try:
+            text = repr(value).encode("utf-8", "replace")[: self.value_cap]
+        except BaseException:  # noqa: B036 - a hostile __repr__: the value stays an opaque handle
+            text = b""
+        self.reply(b"v", f"{len(self.objects) - 1} ".encode() + text)
+
+    def stdin(self, text):
+        output, error = stdin_case(self.code, text, self.output_cap)
+        self.reply(b"o", output) if error is None else self.reply(b"e", error.encode("utf-8", "replace"))
+
+    def answer(self, request):
+        kind = request[0]
+        if kind == "stdin":
+            return self.stdin(request[1])
+        namespace, error = self.define()
+        if error is not None:
+            return self.reply(b"e", error.encode("utf-8", "replace"))
+        try:
+            self.value(self.evaluate(namespace, request))
+        except BaseException as err:  # noqa: B036 - whatever the code raised goes back by name
+            self.reply(b"r", f"{type(err).__name__}\n{err}"[:500].encode("utf-8", "replace"))
+
+    def evaluate(self, namespace, request):
+        kind, *rest = request
+        if kind == "define":
+            return None
+        if kind == "name":
+            return namespace[rest[0]]  # KeyError: the grader turns it into a NameError
+        target = self.objects[rest[0]]
+        if kind == "attr":
+            return getattr(target, rest[1])
+        if kind == "op":
+            return {"bool": bool, "len": len, "list": list}[rest[1]](target)
+        args = [self.objects[v] if tag == "h" else v for tag, v in rest[1]]
+        kwargs = {k: self.objects[v] if tag == "h" else v for k, (tag, v) in rest[2].items()}
+        return target(*args, **kwargs)
+
+
+def stdin_case(code, text, cap):
+    """Fresh ``__main__`` run with ``text`` on fd 0 and fd 1 captured: ``input()``, ``open(0)``, ``os.write(1)``.
+
+    The program may close any descriptor (``open(0)`` closes fd 0 when collected): the harness keeps its own
+    above 100 and treats a lost one as an unfinished case. Returns (stdout, None) or (None, error).
+    """
+    stdin, stdout = high_fd(os.memfd_create("stdin")), high_fd(os.memfd_create("stdout"))
+    try:
+        os.write(stdin, text.encode("utf-8", "replace"))
+        os.dup2(stdin, 0)
+        os.lseek(0, 0, os.SEEK_SET)
+        os.dup2(stdout, 1)
+        sys.stdin, sys.stdout = open(0, closefd=False), open(1, "w", closefd=False)
+        error = _run(code, _module("__main__"))
+        try:
+            sys.stdout.flush()
+        except BaseException:  # noqa: B036 - the program's own stdout object may raise anything
+            pass
+        sys.stdout = sys.__stdout__
+        os.dup2(2, 1)
+        return (None if error else os.pread(stdout, cap, 0)), error
+    except OSError as err:
+        return None, f"the program broke its standard streams: {err}"
+    finally:
+        for fd in (stdin, stdout):
+            try:
+                os.close(fd)
+            except OSError:
+                pass
+
+
+def serve(requests_fd, replies_fd, block_processes):
+    """The forked program process: limits, then answer requests until the first process closes the channel."""
+    global HARNESS_PID
+    HARNESS_PID = os.getpid()
+    setup = _receive(requests_fd)
+    limit_resources(setup["limits"])
+    sys.dont_write_bytecode = True
+    sys.stdin = io.StringIO()
+    os._exit = _exit_as_exception
+    if setup["limits"]["block_processes"]:
+        block_processes(os.path.realpath(os.getcwd()))
+    server = Server(setup["code"], setup["limits"], replies_fd)
+    while True:
+        try:
+            request = _receive(requests_fd)
+        except (EOFError, OSError):
+            break
+        try:
+            server.answer(request)
+        except OSError:  # the program closed the reply channel: nothing more can be answered
+            break
+    _real_exit(0)
+
+
+def _flush():
+    """What the code printed, into the log now: the process is killed, not exited, once the cases are done."""
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except BaseException:  # noqa: B036 - the program may have replaced either with anything
+            pass  # no atexit handler of the program runs after the last answer
