@@ -174,26 +174,43 @@ def _candidates(controller: str) -> list[tuple[int, Path]]:
     for kind, point, options in _mounts():
         if kind == "cgroup" and controller in options and controller in own:
             found += [(1, point / own[controller]), (1, point)]
-        elif kind == "cgroup2" and controller in (point / "cgroup.controllers").read_text().split():
+        elif kind == "cgroup2" and controller in _read_words(point / "cgroup.controllers"):
             found += [(2, point / own.get("", "")), (2, point)]
     return list(dict.fromkeys(found))
 
 
+def _read_words(path: Path) -> list[str]:
+    try:
+        return path.read_text().split()
+    except OSError:
+        return []
+
+
 def _usable_parent(version: int, base: Path, controller: str) -> Path | None:
-    """``base/GROUP`` if a leaf with ``controller`` can be created and entered there, else None."""
+    """``base/GROUP`` if a leaf with ``controller`` can be created and entered there, else None (and no
+    directory left behind). On v2 the controller must be enabled below ``base``: refused (EBUSY) where ``base``
+    has processes of its own and is not the root, as a container's or a service's cgroup usually has."""
     parent = base / GROUP
+    created = not parent.exists()
     try:
         parent.mkdir(exist_ok=True)
         if version == 2:
             for directory in (base, parent):
-                if controller not in (directory / "cgroup.subtree_control").read_text().split():
+                if controller not in _read_words(directory / "cgroup.subtree_control"):
                     (directory / "cgroup.subtree_control").write_text(f"+{controller}")
         group = SandboxCgroup({controller: (version, parent)}, CgroupLimits(64 * 2**20, 1.0, 8))
         entered = subprocess.run([*group.enter_prefix(), "true"], capture_output=True, timeout=10).returncode
         group.remove()
-        return parent if entered == 0 else None
+        if entered == 0:
+            return parent
     except (OSError, subprocess.SubprocessError):
-        return None
+        pass
+    if created:
+        try:
+            parent.rmdir()
+        except OSError:
+            pass
+    return None
 
 
 @cache

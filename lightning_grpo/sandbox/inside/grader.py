@@ -39,26 +39,51 @@ class Program:
         self.dead = None  # why the program's process can no longer answer
 
     def ask(self, request):
-        """(kind, payload) of the program's reply; raises ProgramError once the process is gone or misbehaved."""
+        """(kind, payload, changes) of the program's reply, ``changes`` the frames that say which arguments it
+        mutated; raises ProgramError once the process is gone or misbehaved."""
         if self.dead:
             raise ProgramError(self.dead)
         try:
             data = marshal.dumps(request)
             write_all(self.requests_fd, len(data).to_bytes(4, "little") + data)
-            header = _read_exactly(self.replies_fd, 5)
-            size = int.from_bytes(header[1:], "little")
-            if header[:1] not in b"voerk" or size > self.output_cap + self.value_cap + 32:
-                raise ProgramError(f"malformed reply from the program ({size} bytes)")
-            return header[:1], _read_exactly(self.replies_fd, size)
+            changes = []
+            while True:
+                header = _read_exactly(self.replies_fd, 5)
+                size = int.from_bytes(header[1:], "little")
+                if header[:1] not in b"voerkm" or size > self.output_cap + self.value_cap + 32 or len(changes) > 256:
+                    raise ProgramError(f"malformed reply from the program ({size} bytes)")
+                payload = _read_exactly(self.replies_fd, size)
+                if header[:1] != b"m":
+                    return header[:1], payload, changes
+                changes.append(payload)
         except (OSError, EOFError, ProgramError) as err:
             self.dead = f"the program's process exited before finishing every case ({err})"
             raise ProgramError(self.dead) from None
         except ValueError as err:  # marshal: the test passed something that is not data
             raise ProgramError(f"arguments must be literals or the program's own objects: {err}") from None
 
-    def result(self, request):
-        """The value of a request: a literal, or a ``Remote`` for anything else; the program's exception raised."""
-        kind, payload = self.ask(request)
+    def module(self):
+        """A ``solution`` module whose attributes are the program's names (``from solution import f``)."""
+        module = type(sys)("solution")
+
+        def attribute(name):
+            if name.startswith("__"):
+                raise AttributeError(name)
+            try:
+                return self.result(("name", name))
+            except KeyError:
+                raise AttributeError(f"the program defines no {name!r}") from None
+
+        module.__getattr__ = attribute
+        return module
+
+    def result(self, request, arguments=None):
+        """The value of a request: a literal, or a ``Remote`` for anything else; the program's exception raised.
+        ``arguments`` (position or keyword -> object) take the new contents the program gave them in place."""
+        kind, payload, changes = self.ask(request)
+        for change in changes:
+            key, _, text = change.partition(b" ")
+            _update((arguments or {}).get(key.decode("ascii", "replace")), text, self.value_cap)
         if kind == b"v":
             ident, _, text = payload.partition(b" ")
             try:
@@ -70,6 +95,19 @@ class Program:
             found = _exception(name)
             raise found(message) if found is not ProgramError else ProgramError(f"{name}: {message}")
         raise ProgramError(payload.decode("utf-8", "replace")[:500])
+
+
+def _update(target, text, cap):
+    """An argument the program mutated (a list, dict or set) takes its new contents, as a caller's would."""
+    try:
+        new = literal(text, cap)
+    except ValueError:
+        return
+    if type(target) is list and type(new) is list:
+        target[:] = new
+    elif type(target) in (dict, set) and type(new) is type(target):
+        target.clear()
+        target.update(new)
 
 
 def _exception(name):
@@ -89,7 +127,8 @@ class Remote:
 
     def __call__(self, *args, **kwargs):
         wire = [_argument(a) for a in args], {k: _argument(v) for k, v in kwargs.items()}
-        return self._program.result(("call", self._id, *wire))
+        sent = {**{str(i): a for i, a in enumerate(args)}, **kwargs}  # the program's in-place changes come back
+        return self._program.result(("call", self._id, *wire), sent)
 
     def __getattr__(self, name):
         return self._program.result(("attr", self._id, name))
@@ -215,9 +254,10 @@ def run_case(program, kind, source):
     """(output, None) or (None, error) for one case: stdout, a value's tagged JSON, or b"" for a script."""
     try:
         if kind == "stdin":
-            reply, payload = program.ask(("stdin", source))
+            reply, payload, _ = program.ask(("stdin", source))
             return (payload, None) if reply == b"o" else (None, payload.decode("utf-8", "replace")[:500])
         program.result(("define",))  # the code must run before any test (its error is the case's)
+        sys.modules["solution"] = program.module()
         if kind == "script":
             exec(compile(source, "<test>", "exec"), Names(program))
             return b"", None

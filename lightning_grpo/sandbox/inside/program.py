@@ -142,7 +142,14 @@ class Server:
             return {"bool": bool, "len": len, "list": list}[rest[1]](target)
         args = [self.objects[v] if tag == "h" else v for tag, v in rest[1]]
         kwargs = {k: self.objects[v] if tag == "h" else v for k, (tag, v) in rest[2].items()}
-        return target(*args, **kwargs)
+        sent = {**{str(i): a for i, a in enumerate(args)}, **kwargs}
+        mutable = {k: (v, repr(v)) for k, v in sent.items() if type(v) in (list, dict, set)}
+        value = target(*args, **kwargs)
+        for key, (argument, before) in mutable.items():  # in-place changes go back, as a caller would see them
+            after = repr(argument).encode("utf-8", "replace")[: self.value_cap]
+            if after != before.encode("utf-8", "replace")[: self.value_cap]:
+                self.reply(b"m", f"{key} ".encode() + after)
+        return value
 
 
 def stdin_case(code, text, cap):
