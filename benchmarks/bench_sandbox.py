@@ -1,22 +1,25 @@
 """Throughput of the code sandbox: programs per second and the isolation's overhead per program.
 
     PYTHONPATH=. python benchmarks/bench_sandbox.py                      # kernel vs process mode, now
-    PYTHONPATH=. python benchmarks/bench_sandbox.py --before 0aaf8ee     # and the sandbox of an older commit
+    PYTHONPATH=. python benchmarks/bench_sandbox.py --before a45f338     # and the sandbox of an older commit
 
-Two shapes, each run ``--programs`` times with ``--workers`` programs at once (completions are scored in
+Four shapes, each run ``--programs`` times with ``--workers`` programs at once (completions are scored in
 parallel), after one warm-up run:
 - trivial: ``print(1)`` with one stdin case;
-- stdin100: read two numbers, print their sum, on 100 stdin cases in one program.
+- stdin100: read two numbers, print their sum, on 100 stdin cases in one program;
+- calls100: ``add(i, 2 * i)`` as 100 value cases (each a call into the program's process and a value back);
+- script100: one test script calling ``add`` 100 times in a loop (HumanEval's ``check(candidate)`` shape).
+Then what the trainer pays to parse one value text, at the cap and at the old cap.
 Overhead per program = sequential latency of the kernel sandbox minus a bare ``python -I -S -c pass`` start
 (the floor any process-per-program sandbox pays), and minus process mode (what the namespaces add).
-``--before REF`` loads ``sandbox.py`` and ``_sandbox_boot.py`` of a git commit (the audit-hook sandbox before
-kernel isolation) into a temporary package and times its API.
+``--before REF`` extracts commit REF (``git archive``) and times its ``Sandbox`` on the same shapes, in a
+child process, right before this tree's (its ``Case`` API must match: true since the kernel sandbox).
 """
 
 from __future__ import annotations
 
 import argparse
-import importlib.util
+import ast
 import subprocess
 import sys
 import tempfile
@@ -25,36 +28,21 @@ from concurrent.futures import ThreadPoolExecutor
 from functools import partial
 from pathlib import Path
 
-from lightning_grpo.sandbox.runner import Case, Sandbox
-
 REPO = Path(__file__).resolve().parents[1]
 TRIVIAL = "print(1)"
 SUM = "a, b = map(int, input().split())\nprint(a + b)"
+ADD = "def add(a, b):\n    return a + b"
 STDINS = [f"{i} {2 * i}\n" for i in range(100)]
+CHECK = "def check(candidate):\n    for i in range(100):\n        assert candidate(i, 2 * i) == 3 * i\ncheck(add)"
 
 
-def shapes_now() -> dict[str, tuple[str, list[Case]]]:
-    return {"trivial": (TRIVIAL, [Case("stdin", "")]), "stdin100": (SUM, [Case("stdin", s) for s in STDINS])}
-
-
-def shapes_before() -> dict[str, tuple[str, list]]:
-    """The old API took tests with expected outputs inside: ``{"input", "output"}`` dicts."""
-    sums = [{"input": s, "output": str(3 * i)} for i, s in enumerate(STDINS)]
-    return {"trivial": (TRIVIAL, [{"input": "", "output": "1"}]), "stdin100": (SUM, sums)}
-
-
-def load_old_sandbox(ref: str):
-    """``Sandbox`` from ``lightning_grpo/sandbox/runner.py`` at ``ref``, with its bootstrap beside it."""
-    directory = Path(tempfile.mkdtemp(prefix="old_sandbox_"))
-    for name in ("sandbox.py", "_sandbox_boot.py"):
-        source = subprocess.run(
-            ["git", "show", f"{ref}:lightning_grpo/rewards/{name}"], cwd=REPO, check=True, capture_output=True
-        ).stdout
-        (directory / name).write_bytes(source)
-    spec = importlib.util.spec_from_file_location("old_sandbox", directory / "sandbox.py")
-    module = sys.modules["old_sandbox"] = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module.Sandbox
+def shapes(case) -> dict[str, tuple[str, list]]:
+    return {
+        "trivial": (TRIVIAL, [case("stdin", "")]),
+        "stdin100": (SUM, [case("stdin", s) for s in STDINS]),
+        "calls100": (ADD, [case("value", f"add({i}, {2 * i})") for i in range(100)]),
+        "script100": (ADD, [case("script", CHECK)]),
+    }
 
 
 def per_second(run, programs: int, workers: int) -> tuple[float, float]:
@@ -77,39 +65,85 @@ def bare_python_ms(repeats: int = 20) -> float:
     return 1000 * (time.perf_counter() - start) / repeats
 
 
+def measure(label: str, modes: list[str], programs: int, workers: int) -> list[tuple]:
+    """Rows (label, mode, shape, programs/s, ms/program) for the ``lightning_grpo`` on ``sys.path``."""
+    from lightning_grpo.sandbox.runner import Case, Sandbox
+
+    rows = []
+    for isolation in modes:
+        sandbox = Sandbox(timeout_seconds=10, max_workers=1, isolation=isolation)
+        for shape, (code, cases) in shapes(Case).items():
+            result = sandbox.run(code, cases)
+            assert result.error is None and None not in result.outputs, result
+            run = partial(sandbox.run, code, cases)
+            rows.append((label, isolation, shape, *per_second(run, programs, workers)))
+    return rows
+
+
+def before(ref: str, args: argparse.Namespace) -> list[tuple]:
+    """The rows of commit ``ref``'s sandbox, measured by this script in a child process on ``ref``'s tree."""
+    with tempfile.TemporaryDirectory(prefix="bench_sandbox_") as tree:
+        archive = subprocess.run(["git", "archive", ref, "lightning_grpo"], cwd=REPO, check=True, capture_output=True)
+        subprocess.run(["tar", "-x", "-C", tree], input=archive.stdout, check=True)
+        command = [sys.executable, __file__, "--rows-of", ref, "--programs", str(args.programs)]
+        command += ["--workers", str(args.workers), "--modes", "strict"]
+        done = subprocess.run(command, env={"PYTHONPATH": tree, "PATH": "/usr/bin:/bin"}, capture_output=True)
+        if done.returncode != 0:
+            raise RuntimeError(done.stderr.decode()[-2000:])
+        return [tuple(row) for row in ast.literal_eval(done.stdout.decode().splitlines()[-1])]
+
+
+def value_parse_costs() -> str:
+    """What the trainer pays to parse one value: ``decode_value`` of the largest text the sandbox lets through
+    (``MAX_VALUE_BYTES`` of JSON numbers) against ``ast.literal_eval`` of a 1 MiB ``repr`` (the old cap)."""
+    import resource
+
+    from lightning_grpo.sandbox.records import MAX_VALUE_BYTES, decode_value
+
+    text = "[" + ",".join(["0"] * ((MAX_VALUE_BYTES - 2) // 2)) + "]"  # one element per 2 bytes: the worst case
+    start = time.perf_counter()
+    decode_value(text.encode())
+    json_ms = 1000 * (time.perf_counter() - start)
+    rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    start = time.perf_counter()
+    ast.literal_eval("[" + ", ".join(["0"] * (2**20 // 3)) + "]")
+    literal_s = time.perf_counter() - start
+    grown = (resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - rss) / 1024
+    return (
+        f"value parse: decode_value of {MAX_VALUE_BYTES >> 10} KiB {json_ms:.1f} ms; "
+        f"ast.literal_eval of a 1 MiB repr {literal_s:.2f} s, peak RSS +{grown:.0f} MB"
+    )
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--programs", type=int, default=40)
     parser.add_argument("--workers", type=int, default=2)
-    parser.add_argument("--before", default=None, help="git ref of an older sandbox to time too")
+    parser.add_argument("--before", default=None, help="git ref of an older sandbox to time too, first")
+    parser.add_argument("--modes", default="process,strict", help="isolation modes to time, comma-separated")
+    parser.add_argument("--rows-of", default=None, help=argparse.SUPPRESS)  # the child process of --before
     args = parser.parse_args()
-    rows = []
-    if args.before:
-        old = load_old_sandbox(args.before)(timeout_seconds=10, max_workers=1)
-        for shape, (code, tests) in shapes_before().items():
-            run = partial(old.run, code, tests)
-            rows.append((f"before ({args.before})", shape, *per_second(run, args.programs, args.workers)))
-    for isolation in ("process", "strict"):
-        sandbox = Sandbox(timeout_seconds=10, max_workers=1, isolation=isolation)
-        for shape, (code, cases) in shapes_now().items():
-            result = sandbox.run(code, cases)
-            assert result.error is None and None not in result.outputs, result
-            run = partial(sandbox.run, code, cases)
-            rows.append((f"now, {isolation}", shape, *per_second(run, args.programs, args.workers)))
+    if args.rows_of:
+        print(repr(measure(f"before ({args.rows_of})", args.modes.split(","), args.programs, args.workers)))
+        return
+    rows = before(args.before, args) if args.before else []
+    rows += measure("now", args.modes.split(","), args.programs, args.workers)
     bare = bare_python_ms()
-    print(f"{'sandbox':24s} {'shape':9s} {'programs/s':>10s} {'ms/program':>10s}   ({args.workers} workers)")
-    for name, shape, rate, latency in rows:
-        print(f"{name:24s} {shape:9s} {rate:10.1f} {latency:10.1f}")
-    kernel = {shape: (rate, latency) for name, shape, rate, latency in rows if name == "now, strict"}
-    process = {shape: (rate, latency) for name, shape, rate, latency in rows if name == "now, process"}
+    header = f"{'sandbox':22s} {'mode':8s} {'shape':9s} {'programs/s':>10s} {'ms/program':>10s}"
+    print(f"{header}   ({args.workers} workers)")
+    for label, mode, shape, rate, latency in rows:
+        print(f"{label:22s} {mode:8s} {shape:9s} {rate:10.1f} {latency:10.1f}")
     print(f"bare `python -I -S -c pass`: {bare:.1f} ms")
-    for shape, (rate, latency) in kernel.items():
-        parallel = 1000 / rate - 1000 / process[shape][0]  # wall time per program, amortised over the workers
-        print(
-            f"overhead per program ({shape}): sequential {latency - bare:.1f} ms over a bare python start, "
-            f"{latency - process[shape][1]:.1f} ms over process mode; with {args.workers} workers "
-            f"{parallel:.1f} ms over process mode ({1000 / rate:.1f} ms per program in all)"
-        )
+    print(value_parse_costs())
+    now = {(mode, shape): (rate, latency) for label, mode, shape, rate, latency in rows if label == "now"}
+    kernel = {shape: value for (mode, shape), value in now.items() if mode == "strict"}
+    process = {shape: value for (mode, shape), value in now.items() if mode == "process"}
+    for shape, (_, latency) in kernel.items():
+        if shape in process:
+            print(
+                f"overhead per program ({shape}): sequential {latency - bare:.1f} ms over a bare python start, "
+                f"{latency - process[shape][1]:.1f} ms over process mode"
+            )
 
 
 if __name__ == "__main__":
