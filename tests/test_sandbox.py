@@ -19,6 +19,7 @@ from lightning_grpo.sandbox.runner import Case, Sandbox, SandboxResult
 TIMEOUT = 2.0
 SLACK = 1.5  # start-up, kill and reap on a loaded 2-core machine
 KERNEL = sandbox_isolation.probe("auto").kernel
+BOOT_PATHS = (sandbox_isolation.BOOTSTRAP, sandbox_isolation.INNER_BOOTSTRAP)  # in every sandbox's command line
 CGROUP = float(not sandbox_isolation.probe("auto").lost)  # 1.0: memory, CPU and pids cgroups bound each sandbox
 
 
@@ -32,7 +33,8 @@ def sandbox_processes():
     pids = []
     for proc in Path("/proc").iterdir():
         try:
-            if proc.name.isdigit() and b"_boot.py" in (proc / "cmdline").read_bytes():
+            cmdline = (proc / "cmdline").read_bytes()
+            if proc.name.isdigit() and any(p.encode() in cmdline for p in BOOT_PATHS):
                 pids.append(int(proc.name))
         except OSError:
             continue  # exited while we looked
@@ -266,3 +268,17 @@ def test_the_cgroup_kill_reaches_processes_that_left_the_session():
     group.kill()
     shell.wait()
     assert group.remove() and group.members() == set()
+
+
+def test_process_mode_without_a_cgroup_leaves_nothing_at_the_deadline(monkeypatch):
+    """The program's process stays in the process group the trainer kills (the cgroup's kill is absent here)."""
+    monkeypatch.setattr(sandbox_isolation, "cgroup_parents", lambda: {})
+    sandbox_isolation.probe.cache_clear()
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            sandbox = Sandbox(timeout_seconds=1, isolation="process")
+            assert not sandbox.isolation.cgroups
+            assert run(sandbox, "import time\ntime.sleep(3600)", [Case("value", "1")]).timed_out
+    finally:
+        sandbox_isolation.probe.cache_clear()

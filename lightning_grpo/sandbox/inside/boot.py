@@ -35,12 +35,12 @@ def make_undumpable():
 
 
 def start_program(program):
-    """Fork the program's process; in it, only its two pipe ends (high, close-on-exec) and the log remain."""
+    """Fork the program's process; in it, only its two pipe ends (high, close-on-exec) and the log remain. It stays
+    in our process group, which the trainer kills at the deadline (in process mode the only kill but the cgroup's)."""
     requests, replies = os.pipe(), os.pipe()
     pid = os.fork()
     if pid == 0:
         try:
-            os.setpgid(0, 0)  # process mode: one killpg reaches it and what it forks without setsid
             os.dup2(os.open(os.devnull, os.O_RDONLY), 0)  # not the job
             os.dup2(2, 1)  # not the record channel: the program's stdout goes to the log
             os.close(requests[1])
@@ -97,7 +97,7 @@ def finish(pid, requests_fd, dead):
     killer), so the trainer counts the death; else 0 (its errors are in the records)."""
     os.close(requests_fd)
     try:
-        os.killpg(pid, 9)  # process mode: nothing else would end its group; in a pid namespace our exit does
+        os.kill(pid, 9)  # process mode: nothing else would end it; in a pid namespace our exit does
     except OSError:
         pass
     if not dead:
