@@ -113,6 +113,19 @@ def bwrap_command(bwrap: str, tmpfs_bytes: int) -> list[str]:
     ]
 
 
+@cache
+def network_namespace_prefix() -> tuple[str, ...]:
+    """Process mode: ``("unshare", "--net", "--")`` where a network namespace may be created, else ``()``."""
+    unshare = shutil.which("unshare")
+    if unshare is None:
+        return ()
+    try:
+        ok = subprocess.run([unshare, "--net", "true"], capture_output=True, timeout=10).returncode == 0
+    except (OSError, subprocess.SubprocessError):
+        ok = False
+    return (unshare, "--net", "--") if ok else ()
+
+
 @dataclass(frozen=True)
 class Isolation:
     """How programs are started. ``bwrap`` None: process mode (rlimits, session kill, audit hook)."""

@@ -30,17 +30,13 @@ import marshal
 import math
 import os
 import secrets
-import selectors
 import shutil
-import signal
-import subprocess
 import sys
 import tempfile
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from functools import cache
 
 from lightning_grpo.sandbox.cgroups import CgroupLimits, SandboxCgroup
 from lightning_grpo.sandbox.isolation import (
@@ -51,15 +47,15 @@ from lightning_grpo.sandbox.isolation import (
     Isolation,
     bwrap_command,
     interpreter,
+    network_namespace_prefix,
     probe,
 )
 from lightning_grpo.sandbox.records import MAX_VALUE_BYTES, SandboxResult, result
+from lightning_grpo.sandbox.supervise import supervise
 
 CASE_KINDS = ("stdin", "value", "script")
-LOG_BYTES = 8192
 REPORT_CAP_BYTES = 64 * 2**20  # records beyond this are dropped: those cases count as unfinished
 SUPERVISOR_MB = 48  # the cgroup's share for bwrap and the first process, on top of the program's memory_mb
-_READ_CHUNK = 65536
 
 
 @dataclass(frozen=True)
@@ -83,19 +79,6 @@ class SandboxCounters:
     timeouts: int = 0
     killed: int = 0
     failures: int = 0
-
-
-@cache
-def network_namespace_prefix() -> tuple[str, ...]:
-    """Process mode: ``("unshare", "--net", "--")`` where a network namespace may be created, else ``()``."""
-    unshare = shutil.which("unshare")
-    if unshare is None:
-        return ()
-    try:
-        ok = subprocess.run([unshare, "--net", "true"], capture_output=True, timeout=10).returncode == 0
-    except (OSError, subprocess.SubprocessError):
-        ok = False
-    return (unshare, "--net", "--") if ok else ()
 
 
 class Sandbox:
@@ -256,81 +239,7 @@ class Sandbox:
     def _supervise(
         self, command: list[str], env: dict, cwd: str, job: bytes, token: str, n: int, cgroup: SandboxCgroup | None
     ) -> SandboxResult:
-        deadline = time.monotonic() + self.timeout_seconds
-        proc = subprocess.Popen(
-            command,
-            cwd=cwd,
-            env=env,
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            start_new_session=True,  # its own process group: killpg reaches bwrap or every process-mode child
-        )
-        try:
-            _send(proc, job)
-            cap = min(REPORT_CAP_BYTES, n * (max(self.max_output_bytes, self.max_value_bytes) + 2048) + 4096)
-            report, log, timed_out = _read(proc, deadline, cap)
-            if not timed_out:
-                timed_out = _wait(proc, deadline)
-        finally:
-            _kill(proc, cgroup)
+        cap = min(REPORT_CAP_BYTES, n * (max(self.max_output_bytes, self.max_value_bytes) + 2048) + 4096)
+        ended = supervise(command, env, cwd, job, time.monotonic() + self.timeout_seconds, cap, cgroup)
         oom = cgroup is not None and cgroup.out_of_memory()
-        return result(report, log, token, n, timed_out, proc.returncode, self.timeout_seconds, oom)
-
-
-def _send(proc: subprocess.Popen, job: bytes) -> None:
-    """The job on stdin; the child reads all of it before running anything, so this cannot deadlock."""
-    try:
-        proc.stdin.write(job)
-        proc.stdin.close()
-    except BrokenPipeError:
-        pass  # the child died before reading: its exit status says why
-
-
-def _read(proc: subprocess.Popen, deadline: float, cap: int) -> tuple[bytes, bytes, bool]:
-    """Records (first ``cap`` bytes) and log (last LOG_BYTES) until both close or ``deadline``; + timed_out."""
-    report, log = bytearray(), bytearray()
-    with selectors.DefaultSelector() as selector:
-        selector.register(proc.stdout.fileno(), selectors.EVENT_READ, report)
-        selector.register(proc.stderr.fileno(), selectors.EVENT_READ, log)
-        while selector.get_map():
-            remaining = deadline - time.monotonic()
-            if remaining <= 0:
-                return bytes(report), bytes(log), True
-            for key, _ in selector.select(remaining):
-                chunk = os.read(key.fd, _READ_CHUNK)
-                if not chunk:
-                    selector.unregister(key.fd)
-                elif key.data is report:
-                    report += chunk[: max(0, cap - len(report))]
-                else:
-                    log += chunk
-                    del log[: max(0, len(log) - LOG_BYTES)]
-    return bytes(report), bytes(log), False
-
-
-def _wait(proc: subprocess.Popen, deadline: float) -> bool:
-    """Wait until the child exits or ``deadline`` (its pipes can close first); True if it timed out.
-
-    The exited child is left unreaped (WNOWAIT): while it is a zombie its PID, which is also the process
-    group id, cannot be reused, so the ``killpg`` that follows cannot hit an unrelated process.
-    """
-    while time.monotonic() < deadline:
-        if os.waitid(os.P_PID, proc.pid, os.WEXITED | os.WNOHANG | os.WNOWAIT) is not None:
-            return False
-        time.sleep(0.002)
-    return True
-
-
-def _kill(proc: subprocess.Popen, cgroup: SandboxCgroup | None) -> None:
-    """SIGKILL every process of the sandbox: through its cgroup (a process that left the group or the session
-    included), and its process group (the child is not reaped yet, so the group id cannot be reused); then reap."""
-    if cgroup is not None:
-        cgroup.kill()
-    try:
-        os.killpg(proc.pid, signal.SIGKILL)
-    except (ProcessLookupError, PermissionError):
-        pass  # already gone
-    proc.wait()
-    proc.stdout.close()
-    proc.stderr.close()
+        return result(*ended[:2], token, n, ended[2], ended[3], self.timeout_seconds, oom)
