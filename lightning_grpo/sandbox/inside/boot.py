@@ -85,11 +85,27 @@ def main():
         grader.write_all(requests_fd, len(setup).to_bytes(4, "little") + setup)
     except OSError:
         pass  # the program's process is gone: every case will say so
-    for index, (kind, source) in enumerate(job["cases"]):
-        report(1, job["token"], index, *grader.run_case(session, kind, source))
+    run_cases(grader, session, job["cases"], job["token"])
     if not job["cases"]:  # no tests: whether the code runs at all
         report(1, job["token"], -1, None, grader.run_case(session, "script", "")[1])
     os._exit(finish(pid, requests_fd, session.dead))
+
+
+def run_cases(grader, session, cases, token):
+    """Every case, reported as soon as it is done; consecutive stdin cases go to the program as one request."""
+    index = 0
+    while index < len(cases):
+        kind, source = cases[index]
+        if kind != "stdin":
+            report(1, token, index, *grader.run_case(session, kind, source))
+            index += 1
+            continue
+        end = index
+        while end < len(cases) and cases[end][0] == "stdin":
+            end += 1
+        for offset, outcome in enumerate(grader.run_stdin_cases(session, [s for _, s in cases[index:end]])):
+            report(1, token, index + offset, *outcome)
+        index = end
 
 
 def finish(pid, requests_fd, dead):

@@ -37,30 +37,65 @@ class Program:
         self.requests_fd, self.replies_fd = requests_fd, replies_fd
         self.output_cap, self.value_cap = limits["max_output_bytes"] + 1, limits["max_value_bytes"]
         self.dead = None  # why the program's process can no longer answer
+        self.definition = None  # "" once the code ran, else its error
+        self.names = {}  # the program's functions and classes, by name
 
     def ask(self, request):
         """(kind, payload, changes) of the program's reply, ``changes`` the frames that say which arguments it
         mutated; raises ProgramError once the process is gone or misbehaved."""
+        self.send(request)
+        return self.receive()
+
+    def send(self, request):
         if self.dead:
             raise ProgramError(self.dead)
         try:
             data = marshal.dumps(request)
-            write_all(self.requests_fd, len(data).to_bytes(4, "little") + data)
-            changes = []
-            while True:
-                header = _read_exactly(self.replies_fd, 5)
-                size = int.from_bytes(header[1:], "little")
-                if header[:1] not in b"voerkm" or size > self.output_cap + self.value_cap + 32 or len(changes) > 256:
-                    raise ProgramError(f"malformed reply from the program ({size} bytes)")
-                payload = _read_exactly(self.replies_fd, size)
-                if header[:1] != b"m":
-                    return header[:1], payload, changes
-                changes.append(payload)
-        except (OSError, EOFError, ProgramError) as err:
+        except ValueError as err:  # the test passed something that is not data
+            raise ProgramError(f"arguments must be literals or the program's own objects: {err}") from None
+        self._guard(write_all, self.requests_fd, len(data).to_bytes(4, "little") + data)
+
+    def receive(self):
+        changes = []
+        while True:
+            header = self._guard(_read_exactly, self.replies_fd, 5)
+            size = int.from_bytes(header[1:], "little")
+            if header[:1] not in b"voerkm" or size > self.output_cap + self.value_cap + 32 or len(changes) > 256:
+                self.dead = f"the program's process broke its channel (a malformed reply of {size} bytes)"
+                raise ProgramError(self.dead)
+            payload = self._guard(_read_exactly, self.replies_fd, size)
+            if header[:1] != b"m":
+                return header[:1], payload, changes
+            changes.append(payload)
+
+    def _guard(self, function, *args):
+        if self.dead:
+            raise ProgramError(self.dead)
+        try:
+            return function(*args)
+        except (OSError, EOFError) as err:
             self.dead = f"the program's process exited before finishing every case ({err})"
             raise ProgramError(self.dead) from None
-        except ValueError as err:  # marshal: the test passed something that is not data
-            raise ProgramError(f"arguments must be literals or the program's own objects: {err}") from None
+
+    def define(self):
+        """Run the code once, before any test (its error is every test's); the names it gives, remembered."""
+        if self.definition is None:
+            self.definition = ""
+            try:
+                self.result(("define",))
+            except ProgramError as err:
+                self.definition = str(err)
+        if self.definition:
+            raise ProgramError(self.definition)
+
+    def lookup(self, name):
+        """The program's global ``name`` (KeyError if none); an object's handle is kept for the next test."""
+        if name not in self.names:
+            value = self.result(("name", name))
+            if type(value) is not Remote:
+                return value  # data may change between calls: asked again next time
+            self.names[name] = value
+        return self.names[name]
 
     def module(self):
         """A ``solution`` module whose attributes are the program's names (``from solution import f``)."""
@@ -170,7 +205,7 @@ class Names(dict):
             value = __import__(name)
         else:
             try:
-                value = self.program.result(("name", name))
+                value = self.program.lookup(name)
             except KeyError:
                 raise KeyError(name) from None
         self[name] = value
@@ -250,13 +285,26 @@ _TAGS_BODY = {
 }
 
 
-def run_case(program, kind, source):
-    """(output, None) or (None, error) for one case: stdout, a value's tagged JSON, or b"" for a script."""
+def run_stdin_cases(program, sources):
+    """[(stdout, None) or (None, error)] for consecutive stdin cases: one request, one reply each."""
     try:
-        if kind == "stdin":
-            reply, payload, _ = program.ask(("stdin", source))
-            return (payload, None) if reply == b"o" else (None, payload.decode("utf-8", "replace")[:500])
-        program.result(("define",))  # the code must run before any test (its error is the case's)
+        program.send(("stdin", sources))
+    except ProgramError as err:
+        return [(None, str(err)[:500])] * len(sources)
+    outcomes = []
+    for _ in sources:
+        try:
+            reply, payload, _ = program.receive()
+            outcomes.append((payload, None) if reply == b"o" else (None, payload.decode("utf-8", "replace")[:500]))
+        except ProgramError as err:
+            outcomes.append((None, str(err)[:500]))
+    return outcomes
+
+
+def run_case(program, kind, source):
+    """(output, None) or (None, error) for a value or script case: a value's tagged JSON, or b"" for a script."""
+    try:
+        program.define()
         sys.modules["solution"] = program.module()
         if kind == "script":
             exec(compile(source, "<test>", "exec"), Names(program))

@@ -113,9 +113,11 @@ class Server:
             text = b""
         self.reply(b"v", f"{len(self.objects) - 1} ".encode() + text)
 
-    def stdin(self, text):
-        output, error = stdin_case(self.code, text, self.output_cap)
-        self.reply(b"o", output) if error is None else self.reply(b"e", error.encode("utf-8", "replace"))
+    def stdin(self, texts):
+        """One reply per stdin case, in order (the first process sends consecutive ones at once)."""
+        for text in texts:
+            output, error = stdin_case(self.code, text, self.output_cap)
+            self.reply(b"o", output) if error is None else self.reply(b"e", error.encode("utf-8", "replace"))
 
     def answer(self, request):
         kind = request[0]
