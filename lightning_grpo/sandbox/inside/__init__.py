@@ -1,2 +1,3 @@
 """The sandbox's inside: the modules that run in its processes, standard library only, bound read-only at
-``/_sandbox`` (``boot.py`` is the first process, ``grader.py`` its test side, ``program.py`` the program's side)."""
+``/_sandbox``: ``boot.py`` (the first process), ``grader.py`` (its test side), ``values.py`` (literals in and
+out), ``program.py`` (the program's process) and ``hooks.py`` (process mode's walls)."""
