@@ -123,6 +123,10 @@ class Server:
         kind = request[0]
         if kind == "stdin":
             return self.stdin(request[1])
+        if kind == "calls":  # plain calls of the program's names, sent at once: one reply each, in order
+            for source in request[1]:
+                self.answer(("eval", source))
+            return None
         namespace, error = self.define()
         if error is not None:
             return self.reply(b"e", error.encode("utf-8", "replace"))
@@ -137,6 +141,8 @@ class Server:
             return None
         if kind == "name":
             return namespace[rest[0]]  # KeyError: the grader turns it into a NameError
+        if kind == "eval":
+            return eval(compile(rest[0], "<test>", "eval"), namespace)
         target = self.objects[rest[0]]
         if kind == "attr":
             return getattr(target, rest[1])

@@ -49,6 +49,15 @@ def _node(_ast, node):
     raise TypeError(f"{kind.__name__} is not a literal")
 
 
+def is_literal(_ast, node):
+    """Whether an AST node is a literal ``literal`` would accept."""
+    try:
+        _node(_ast, node)
+        return True
+    except (TypeError, RecursionError, MemoryError):
+        return False
+
+
 def encode(value):
     """Tagged JSON of a literal: lists and scalars as JSON; tuples, sets, frozensets, dicts, bytes and complex
     numbers as one-key objects (``t``, ``s``, ``f``, ``d``, ``b``, ``c``). TypeError for anything else.
