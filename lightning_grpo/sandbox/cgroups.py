@@ -198,6 +198,8 @@ def _usable_parent(version: int, base: Path, controller: str) -> Path | None:
             for directory in (base, parent):
                 if controller not in _read_words(directory / "cgroup.subtree_control"):
                     (directory / "cgroup.subtree_control").write_text(f"+{controller}")
+        if controller == "cpu":
+            _weigh_as_cpus(version, parent)
         group = SandboxCgroup({controller: (version, parent)}, CgroupLimits(64 * 2**20, 1.0, 8))
         entered = subprocess.run([*group.enter_prefix(), "true"], capture_output=True, timeout=10).returncode
         group.remove()
@@ -211,6 +213,16 @@ def _usable_parent(version: int, base: Path, controller: str) -> Path | None:
         except OSError:
             pass
     return None
+
+
+def _weigh_as_cpus(version: int, parent: Path) -> None:
+    """The group holding every sandbox competes for CPU as one entity: at the default weight, one task's. Weighed
+    as one task per CPU, sandboxes running side by side (``max_workers``, one per CPU) keep the share that
+    separate processes had before they were grouped, on a machine busy with other work."""
+    cpus = os.cpu_count() or 1
+    file, value = ("cpu.shares", 1024 * cpus) if version == 1 else ("cpu.weight", min(10_000, 100 * cpus))
+    if (parent / file).exists():
+        (parent / file).write_text(str(value))
 
 
 @cache

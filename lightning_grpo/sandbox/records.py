@@ -3,7 +3,8 @@ format of ``inside/boot.py``; nothing about tests or verdicts.
 
 Both parsers read untrusted bytes in the trainer's process, so both are bounded: frames are read from at most
 the report cap the runner applies, and a value's text is refused past ``max_bytes`` before it is parsed, then
-parsed by ``json`` in C (a ``repr`` read by ``ast.literal_eval`` costs ~2.7 s and ~490 MB per MiB here).
+parsed by ``json`` in C (``ast.literal_eval`` of a ``repr`` costs seconds and hundreds of MB per MiB:
+``benchmarks/bench_sandbox.py`` prints both).
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 VALUE_TAGS = {"t": tuple, "s": set, "f": frozenset, "d": dict, "b": bytes, "c": complex}
-MAX_VALUE_BYTES = 2**16  # a value case's tagged JSON, at most: parsed by json in ~3-5 ms on this CPU
+MAX_VALUE_BYTES = 2**16  # a value case's tagged JSON, at most (json parses the worst case in milliseconds)
 
 
 @dataclass
