@@ -188,6 +188,10 @@ def test_settings_are_checked():
     assert SandboxResult([None]).errors == [] and not SandboxResult([]).timed_out
     with pytest.raises(ValueError, match="timeout_seconds must be > 0, got 0"):
         Sandbox(timeout_seconds=0)
+    with pytest.raises(ValueError, match=r"max_value_bytes must be in \[1, 65536\] \(the trainer's cap\), got 0"):
+        Sandbox(max_value_bytes=0)
+    with pytest.raises(ValueError, match="cpus must be > 0, got 0"):
+        Sandbox(cpus=0)
     with pytest.raises(ValueError, match="max_workers must be >= 1"):
         Sandbox(max_workers=0)
     with pytest.raises(ValueError, match=r"isolation must be one of \['auto', 'strict', 'process'\], got 'off'"):

@@ -81,6 +81,39 @@ class SandboxCounters:
     failures: int = 0
 
 
+def _check_settings(
+    *,
+    timeout_seconds,
+    cpu_seconds,
+    memory_mb,
+    file_size_mb,
+    max_output_bytes,
+    max_value_bytes,
+    cpus,
+    max_processes,
+    max_workers,
+    isolation,
+) -> None:
+    """Every ``Sandbox`` setting, each error naming the setting, its value and what is allowed."""
+    for name, value in [("timeout_seconds", timeout_seconds), ("memory_mb", memory_mb), ("cpus", cpus)]:
+        if value <= 0:
+            raise ValueError(f"{name} must be > 0, got {value}")
+    for name, value in [("file_size_mb", file_size_mb), ("max_output_bytes", max_output_bytes)]:
+        if value < 0:
+            raise ValueError(f"{name} must be >= 0, got {value}")
+    if not 0 < max_value_bytes <= MAX_VALUE_BYTES:
+        cap = MAX_VALUE_BYTES
+        raise ValueError(f"max_value_bytes must be in [1, {cap}] (the trainer's cap), got {max_value_bytes}")
+    if cpu_seconds is not None and cpu_seconds < 1:
+        raise ValueError(f"cpu_seconds must be >= 1 or None (ceil of timeout_seconds + 1), got {cpu_seconds}")
+    if max_workers is not None and max_workers < 1:
+        raise ValueError(f"max_workers must be >= 1 or None (one per CPU), got {max_workers}")
+    if max_processes < 1:
+        raise ValueError(f"max_processes must be >= 1 (the harness itself), got {max_processes}")
+    if isolation not in ISOLATION_MODES:
+        raise ValueError(f"isolation must be one of {list(ISOLATION_MODES)}, got {isolation!r}")
+
+
 class Sandbox:
     """Runs untrusted Python programs on cases, several at a time, and returns what they produced.
 
@@ -94,7 +127,7 @@ class Sandbox:
         file_size_mb: largest file the program may write (RLIMIT_FSIZE), and the size of its tmpfs.
         max_output_bytes: stdout kept per case; a longer output is cut (and so will not match).
         max_value_bytes: longest text of a value (its ``repr`` from the program, its JSON to the trainer); a
-            longer one is not parsed and the case fails.
+            longer one is not parsed and the case fails. At most ``MAX_VALUE_BYTES``, the trainer's own cap.
         cpus: CPUs the whole sandbox may use at once (a cgroup CPU quota), so its CPU time stays below
             ``cpus * timeout_seconds`` however many processes it starts.
         max_processes: processes and threads a program may have at once, the harness included.
@@ -120,20 +153,7 @@ class Sandbox:
         max_workers: int | None = None,
         isolation: str = "auto",
     ) -> None:
-        for name, value in [("timeout_seconds", timeout_seconds), ("memory_mb", memory_mb), ("cpus", cpus)]:
-            if value <= 0:
-                raise ValueError(f"{name} must be > 0, got {value}")
-        for name, value in [("file_size_mb", file_size_mb), ("max_output_bytes", max_output_bytes)]:
-            if value < 0:
-                raise ValueError(f"{name} must be >= 0, got {value}")
-        if cpu_seconds is not None and cpu_seconds < 1:
-            raise ValueError(f"cpu_seconds must be >= 1 or None (ceil of timeout_seconds + 1), got {cpu_seconds}")
-        if max_workers is not None and max_workers < 1:
-            raise ValueError(f"max_workers must be >= 1 or None (one per CPU), got {max_workers}")
-        if max_processes < 1:
-            raise ValueError(f"max_processes must be >= 1 (the harness itself), got {max_processes}")
-        if isolation not in ISOLATION_MODES:
-            raise ValueError(f"isolation must be one of {list(ISOLATION_MODES)}, got {isolation!r}")
+        _check_settings(**{k: v for k, v in locals().items() if k != "self"})  # the arguments, by name
         self.timeout_seconds = timeout_seconds
         self.cpu_seconds = cpu_seconds or math.ceil(timeout_seconds) + 1
         self.memory_mb = memory_mb
