@@ -17,6 +17,7 @@ import os
 import secrets
 import signal
 import subprocess
+import threading
 import time
 from dataclasses import dataclass
 from functools import cache
@@ -111,20 +112,35 @@ class SandboxCgroup:
         return any(line.split()[:1] == ["oom_kill"] and line.split()[1] != "0" for line in lines)
 
     def remove(self, timeout: float = 5.0) -> bool:
-        """Wait until the last process is reaped (pid namespace teardown is asynchronous), then remove it."""
+        """Wait until the last process is reaped (pid namespace teardown is asynchronous), then remove it. A leaf
+        still busy at ``timeout`` (a machine too loaded to reap in time) is retried by later calls, once each."""
         deadline = time.monotonic() + timeout
+        late = []
         for leaf in self.leaves:
-            while True:
-                try:
-                    leaf.rmdir()
+            while not _rmdir(leaf):
+                if time.monotonic() > deadline:
+                    late.append(leaf)
                     break
-                except FileNotFoundError:
-                    break
-                except OSError:
-                    if time.monotonic() > deadline:
-                        return False
-                    time.sleep(0.001)
-        return True
+                time.sleep(0.001)
+        with _stragglers_lock:
+            retried = {leaf for leaf in _stragglers if _rmdir(leaf)}
+            _stragglers.difference_update(retried)
+            _stragglers.update(late)
+        return not late
+
+
+_stragglers: set[Path] = set()  # leaves a remove() gave up on
+_stragglers_lock = threading.Lock()
+
+
+def _rmdir(leaf: Path) -> bool:
+    try:
+        leaf.rmdir()
+    except FileNotFoundError:
+        pass
+    except OSError:
+        return False
+    return True
 
 
 def _kill_members(pids: set[int], members) -> None:
