@@ -144,7 +144,7 @@ TESTS = {
     "callbacks/tools.py": ["test_tool_use_alert.py"],
     "callbacks/summary.py": ["test_module.py", "test_demo.py"],
     "callbacks/threads.py": ["test_threads.py"],
-    "callbacks/unscored.py": ["test_faults.py"],
+    "callbacks/unscored.py": ["test_preflight.py"],
     "checks.py": ["test_settings.py"],
     "checkpoints.py": ["test_checkpoints.py"],
     "cli/failure.py": ["test_faults.py"],
