@@ -155,7 +155,8 @@ def test_fit_help_fits_on_a_few_screens(capsys, monkeypatch):
     with pytest.raises(SystemExit):
         main(["fit", "--help"])
     out = capsys.readouterr().out
-    assert len(out.splitlines()) < 560, "fit --help grew: was 1,565 lines before the known subclasses went"
+    # 533 lines before this turn's sections (policy, update, reward_calls) and alerts (mismatch, unscored, tool use)
+    assert len(out.splitlines()) < 600, "fit --help grew: was 1,565 lines before the known subclasses went"
     assert "known subclasses" not in out and "torch.nn.Identity" not in out
     assert "--model.num_generations" in out and "--data.few_shot" in out
 

@@ -49,7 +49,8 @@ def test_k1_trains_one_step_behind_with_the_correction(tiny_model_dir, arith_jso
     assert trainer.global_step == 3
     # the first batch only filled the pipeline; after it, every batch was sampled one update earlier
     assert metrics["train/async/staleness/max"] == [0.0, 1.0, 1.0]
-    assert len(metrics["train/sampling/importance_sampling_ratio/mean"]) == 2  # corrected when stale
+    ratios = metrics["train/sampling/importance_sampling_ratio/mean"]  # the producer's log-probs ride every rollout
+    assert len(ratios) == 3 and ratios[0] == pytest.approx(1.0, abs=1e-5)  # fresh weights: ratio 1; stale: not
     assert module.engine.version == 3
 
 

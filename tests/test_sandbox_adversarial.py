@@ -247,6 +247,9 @@ PROCESS_MODE_STOPS |= {"symlink_then_write", "remove_canary", "tcp_connect", "dn
 CASES = [(category, name, code) for category, attacks in ATTACKS.items() for name, code in attacks]
 
 
+EARLIER_CHILDREN: set[int] = set()  # children of the test process before the attacks ran
+
+
 @pytest.fixture(scope="module")
 def trainer(tmp_path_factory):
     """A trainer's secret in a file, its environment, and a stand-in trainer process's environment, command line
@@ -255,6 +258,7 @@ def trainer(tmp_path_factory):
     (directory / "canary.txt").write_text("intact")
     (directory / "secret.txt").write_text(SECRET)
     os.environ["LGRPO_CANARY_SECRET"] = SECRET
+    EARLIER_CHILDREN.update(children(os.getpid()))  # the suite's own workers (math-verify's, multiprocessing's)
     stand_in = subprocess.Popen(
         [sys.executable, "-c", f"import time\nsecret = {SECRET!r}\ntime.sleep(600)"],
         env={"LGRPO_CANARY_SECRET": SECRET},
@@ -389,5 +393,6 @@ def test_nothing_of_the_suite_is_left_in_the_trainer(trainer):
     """After every attack: no process of the sandboxes left, none unreaped, the trainer's files untouched."""
     directory, _, stand_in = trainer
     assert leftover_processes() == []
-    assert children(os.getpid()) == [stand_in]  # every sandbox's bwrap was reaped; the stand-in still runs
+    new = sorted(set(children(os.getpid())) - EARLIER_CHILDREN)
+    assert new == [stand_in]  # every sandbox's bwrap was reaped; the stand-in still runs
     assert (directory / "canary.txt").read_text() == "intact" and os.environ["LGRPO_CANARY_SECRET"] == SECRET

@@ -94,7 +94,7 @@ def default_accuracy_reward(reward_funcs: Sequence[RewardFunc], requested: str |
     functions), else the correctness reward when exactly one of ``reward_funcs`` is one, else ``None``.
 
     >>> from lightning_grpo.rewards.correctness import exact_match_reward
-    >>> default_accuracy_reward([exact_match_reward, reward_name], None)
+    >>> default_accuracy_reward([exact_match_reward, trl_trainer_state], None)
     'exact_match_reward'
     """
     names = reward_names(reward_funcs)
