@@ -32,7 +32,7 @@ from torch.distributed.tensor import DTensor
 from transformers.models.qwen2.modeling_qwen2 import Qwen2DecoderLayer
 
 from lightning_grpo import GRPOModule, PromptDataModule
-from lightning_grpo.types import Rollout
+from lightning_grpo.engines import HFGenerate
 
 STEPS, PROMPTS_PER_RANK = 3, 2
 LORA = {"r": 4, "lora_alpha": 8, "target_modules": "all-linear"}
@@ -79,32 +79,19 @@ class StopAt(L.Callback):
             trainer.should_stop = True
 
 
-class Replay(GRPOModule):
-    """Generation replaced by the rollouts the 2 DDP ranks sampled at the same step (rank order)."""
+class ReplayEngine(HFGenerate):
+    """Training rollouts are the ones the 2 DDP ranks sampled at the same step, concatenated in rank order;
+    greedy (validation) generation is HFGenerate's."""
 
-    def __init__(self, ddp_dir: str, **kw):
-        super().__init__(**kw)
+    def __init__(self, ddp_dir: str):
+        super().__init__()
         self.recorded = [torch.load(Path(ddp_dir) / f"rank{r}.pt", weights_only=False)["steps"] for r in (0, 1)]
+        self.step = 0
 
-    def sample(self, prompts, num_generations, seed=None, greedy=False, columns=None) -> Rollout:
-        if greedy:
-            return super().sample(prompts, num_generations, seed, greedy, columns)
-        parts = [steps[self.global_step]["rollout"] for steps in self.recorded]
-        width = max(p.completion_ids.shape[1] for p in parts)  # each rank trimmed its own padding columns
-        return Rollout(
-            prompt_ids=torch.cat([p.prompt_ids for p in parts]),
-            prompt_mask=torch.cat([p.prompt_mask for p in parts]),
-            completion_ids=torch.cat([pad(p.completion_ids, width, self.policy.tokenizer.pad_token_id) for p in parts]),
-            completion_mask=torch.cat([pad(p.completion_mask, width, 0) for p in parts]),
-            is_truncated=torch.cat([p.is_truncated for p in parts]),
-            prompts=sum((p.prompts for p in parts), []),
-            completions=sum((p.completions for p in parts), []),
-            group_size=num_generations,
-        )
-
-
-def pad(t: torch.Tensor, width: int, value: int) -> torch.Tensor:
-    return torch.nn.functional.pad(t, (0, width - t.shape[1]), value=value)
+    def rollout(self, policy, batch, num_generations, sampling):
+        first, second = (steps[self.step]["rollout"] for steps in self.recorded)
+        self.step += 1
+        return first.cat(second, policy.tokenizer.pad_token_id), batch  # each rank trimmed its own padding
 
 
 def main(
@@ -150,7 +137,8 @@ def main(
     )
     meta = trainer.init_module(empty_init=True) if mode == "fsdp2meta" else contextlib.nullcontext()
     with meta:  # the meta device: each rank loads only its own shard, in configure_model
-        module = Replay(out_dir.replace("replay", "ddp"), **settings) if mode == "replay" else GRPOModule(**settings)
+        engine = ReplayEngine(out_dir.replace("replay", "ddp")) if mode == "replay" else None
+        module = GRPOModule(**settings, rollout_engine=engine)
     built_on_meta = all(p.is_meta for n, p in module.policy.model.named_parameters() if "lora_" not in n)
     batch_size = PROMPTS_PER_RANK * (2 if mode == "replay" else 1)
     trainer.fit(module, PromptDataModule(data_path, batch_size=batch_size, val_split=None), ckpt_path=ckpt or None)

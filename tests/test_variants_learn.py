@@ -1,78 +1,99 @@
-"""Every variant of the family learns the embedded task (the README's "max of three digits" on the tiny model):
-the training reward of the last steps beats the first steps' by a clear margin, or for the four measured slow on
-this task (see VARIANTS) at least a little. Slow: ~35 s a variant."""
+"""Every variant of the family learns, on a task where learning is unmistakable within a minute: the embedded
+prompts ("max(3,8,1)=") rewarded for answering 7, whatever the digits. The tiny model starts near chance (~0.15,
+a tenth of its answers start with 7) and every variant that follows its reward's gradient ends above 0.6 within
+60 steps (measured 0.83-0.86); one whose update has the wrong sign or no effect stays near 0.15 or falls.
+
+Why not the embedded task itself: on-policy (``num_iterations=1``) dapo, cispo and vespo take the same update
+(ratio 1), yet over 400 steps of "max of three digits" one rose by 0.15 and another by 0.05 in the same CI run: that
+task's rise at 400 steps is at the edge of its own noise, so a threshold on it tests luck. The harder task is the
+README's demo, tested end to end in ``tests/test_demo.py``. Slow: ~6 s a variant.
+"""
 
 from __future__ import annotations
-
-import csv
 
 import lightning as L
 import pytest
 import torch
-from lightning.pytorch.loggers import CSVLogger
 
 from lightning_grpo import GRPOModule, PromptDataModule
-from lightning_grpo.demo.tiny import materialize
-from lightning_grpo.rewards import exact_match_reward
+from lightning_grpo.demo import materialize
 
-STEPS, WINDOW = 400, 40
-# name -> (GRPOModule settings on top of the demo's, the least rise of the training reward in STEPS steps).
-# Most variants rise by 0.25-0.55 here. Four rise slowly on this task at the demo's learning rate, measured
-# (+0.02 to +0.09 in 400 steps; 3e-3 did not speed them up): dr_grpo and rloo (no std scaling: a binary reward's
-# std is ~0.3 here, so 3x smaller advantages), gspo (one ratio per sequence, each token's gradient divided by the
-# length), REINFORCE++ with a group baseline (batch whitening of mostly-zero rewards); rollout reuse sees half the
-# generation batches. For those the
-# test asserts that the reward rises at all; SKILL.md's table says so.
-LEARNS, SLOW = 0.15, 0.01
+STEPS, WINDOW, LEARNED = 60, 10, 0.6
+# name -> GRPOModule settings on top of the demo's
 VARIANTS = {
-    "dapo": ({}, LEARNS),
-    "grpo": ({"loss": {"loss_type": "grpo"}}, LEARNS),
-    "bnpo": ({"loss": {"loss_type": "bnpo"}}, LEARNS),
-    "dr_grpo": ({"loss": {"loss_type": "dr_grpo"}, "advantages": {"scale_rewards": "none"}}, SLOW),
-    "gspo": ({"loss": {"loss_type": "grpo", "importance_sampling_level": "sequence"}}, SLOW),
-    "luspo": ({"loss": {"loss_type": "luspo", "importance_sampling_level": "sequence"}}, LEARNS),
-    "cispo": ({"loss": {"loss_type": "cispo", "epsilon_high": 5.0}}, LEARNS),
-    "sapo": ({"loss": {"loss_type": "sapo"}}, LEARNS),
-    "vespo": ({"loss": {"loss_type": "vespo"}}, LEARNS),
-    "rloo": ({"advantages": {"adv_estimator": "rloo"}}, SLOW),
-    "reinforce_plus_plus": ({"advantages": {"adv_estimator": "reinforce_plus_plus"}}, LEARNS),
-    "reinforce_plus_plus_baseline": ({"advantages": {"adv_estimator": "reinforce_plus_plus_baseline"}}, SLOW),
-    "clip_higher_entropy": ({"loss": {"epsilon_high": 0.28, "top_entropy_quantile": 0.5}}, LEARNS),
-    "filter_groups": ({"advantages": {"filter_groups": True}}, LEARNS),
-    "reuse": ({"steps_per_generation": 2}, SLOW),  # 2 optimiser steps per generation batch: half the batches
+    "dapo": {},
+    "grpo": {"loss": {"loss_type": "grpo"}},
+    "bnpo": {"loss": {"loss_type": "bnpo"}},
+    "dr_grpo": {"loss": {"loss_type": "dr_grpo"}, "advantages": {"scale_rewards": "none"}},
+    "gspo": {"loss": {"loss_type": "grpo", "importance_sampling_level": "sequence"}},
+    "luspo": {"loss": {"loss_type": "luspo", "importance_sampling_level": "sequence"}},
+    "cispo": {"loss": {"loss_type": "cispo", "epsilon_high": 5.0}},
+    "sapo": {"loss": {"loss_type": "sapo"}},
+    "vespo": {"loss": {"loss_type": "vespo"}},
+    "rloo": {"advantages": {"adv_estimator": "rloo"}},
+    "reinforce_plus_plus": {"advantages": {"adv_estimator": "reinforce_plus_plus"}},
+    "reinforce_plus_plus_baseline": {"advantages": {"adv_estimator": "reinforce_plus_plus_baseline"}},
+    "clip_higher_entropy": {"loss": {"epsilon_high": 0.28, "top_entropy_quantile": 0.5}},
+    "filter_groups": {"advantages": {"filter_groups": True}},
+    "reuse": {"update": {"steps_per_generation": 2}},  # 2 optimiser steps per generation batch: 30 batches
+    "off_policy_passes": {"update": {"num_iterations": 2}, "loss": {"loss_type": "cispo", "epsilon_high": 5.0}},
 }
+
+
+def sevens(completions, **kwargs) -> list[float]:
+    """1.0 for an answer that starts with 7."""
+    return [1.0 if c.strip().startswith("7") else 0.0 for c in completions]
+
+
+class Rewards(L.Callback):
+    def __init__(self):
+        self.rewards = []
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
+        if outputs:  # filter_groups: no update while groups with signal are gathered
+            self.rewards.append(outputs["record"].stats.rewards.mean)
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("variant", sorted(VARIANTS))
-def test_variant_learns_the_embedded_task(variant, tmp_path):
+def test_variant_learns(variant):
+    first, last = train(dict(VARIANTS[variant]), learning_rate=1e-3)
+    print(f"{variant}: train reward {first:.3f} -> {last:.3f}")
+    assert first < 0.35, (variant, first)  # it started near chance: the rise is learnt, not given
+    assert last >= LEARNED, (variant, first, last)
+
+
+@pytest.mark.slow
+def test_without_updates_the_reward_stays_near_chance():
+    # the control: the same run whose updates are 1e6 times smaller, so that the threshold above can fail
+    first, last = train({}, learning_rate=1e-9)
+    assert last < 0.35, (first, last)
+
+
+def train(settings: dict, learning_rate: float) -> tuple[float, float]:
+    """The mean training reward of the first and the last WINDOW updates."""
     torch.set_num_threads(1)
-    settings, least_rise = VARIANTS[variant]
-    settings = dict(settings)
     module = GRPOModule(
         model=str(materialize("lightning-grpo/tiny-qwen2")),
-        reward_funcs=[exact_match_reward],
+        reward_funcs=[sevens],
         num_generations=8,
         sampling={"max_completion_length": 3},
         loss={"beta": 0.1, **settings.pop("loss", {})},
-        optim={"learning_rate": 1e-3, "warmup_ratio": 0.05, **settings.pop("optim", {})},
+        optim={"learning_rate": learning_rate, "warmup_ratio": 0.05},
         **settings,
     )
+    seen = Rewards()
     trainer = L.Trainer(
         max_steps=STEPS,
         accelerator="cpu",
-        logger=CSVLogger(tmp_path),
+        logger=False,
         enable_progress_bar=False,
         enable_model_summary=False,
         enable_checkpointing=False,
         limit_val_batches=0,
-        log_every_n_steps=1,
+        callbacks=[seen],
     )
     L.seed_everything(0)
-    data = PromptDataModule(str(materialize("lightning-grpo/tiny-max")), batch_size=16)
-    trainer.fit(module, data)
-    with open(f"{trainer.logger.log_dir}/metrics.csv") as f:
-        rewards = [float(r["train/reward"]) for r in csv.DictReader(f) if r.get("train/reward")]
-    first, last = sum(rewards[:WINDOW]) / WINDOW, sum(rewards[-WINDOW:]) / WINDOW
-    print(f"{variant}: train reward {first:.3f} -> {last:.3f} in {len(rewards)} logged steps")
-    assert last >= first + least_rise, (variant, first, last)
+    trainer.fit(module, PromptDataModule(str(materialize("lightning-grpo/tiny-max")), batch_size=8))
+    first, last = (sum(w) / len(w) for w in (seen.rewards[:WINDOW], seen.rewards[-WINDOW:]))
+    return first, last
