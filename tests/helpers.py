@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import csv
+import sys
+from pathlib import Path
 
 import lightning as L
 import torch
@@ -11,6 +13,13 @@ from lightning.pytorch.loggers import CSVLogger
 from lightning_grpo import GRPOModule
 from lightning_grpo.rewards import exact_match_reward
 from lightning_grpo.types import Rollout
+
+
+def console_script() -> str:
+    """The installed ``lightning-grpo`` script beside this interpreter, whether or not its venv is activated."""
+    exe = Path(sys.executable).with_name("lightning-grpo")
+    assert exe.exists(), f"the console script is installed with the package, beside {sys.executable}"
+    return str(exe)
 
 
 def length_reward(completions, **kwargs):

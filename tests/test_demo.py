@@ -2,7 +2,6 @@
 and a SIGTERM half-way followed by a resume must end exactly where the uninterrupted run ends."""
 
 import json
-import shutil
 import signal
 import subprocess
 import time
@@ -10,13 +9,14 @@ from pathlib import Path
 
 import pytest
 
+from tests.helpers import console_script
+
 ROOT = Path(__file__).resolve().parents[1]
 CONFIG = str(ROOT / "templates" / "tiny_cpu.yaml")
 
 
 def lightning_grpo(*args: str) -> list[str]:
-    exe = shutil.which("lightning-grpo")
-    assert exe, "the console script is installed with the package"
+    exe = console_script()
     return [exe, "fit", "--config", CONFIG, *args]
 
 

@@ -4,11 +4,12 @@ minutes with the tool; the same model and task without it stays where it started
 from __future__ import annotations
 
 import json
-import shutil
 import subprocess
 from pathlib import Path
 
 import pytest
+
+from tests.helpers import console_script
 
 ROOT = Path(__file__).resolve().parents[1]
 AGENT = str(ROOT / "templates" / "agent_openai_cpu.yaml")
@@ -17,8 +18,7 @@ NO_TOOL_AGENT = ["--model.rollout_engine.init_args.agent", "lightning_grpo.demo.
 
 
 def fit(cwd: Path, config: str, *args: str) -> dict:
-    exe = shutil.which("lightning-grpo")
-    assert exe, "the console script is installed with the package"
+    exe = console_script()
     root = ["--trainer.default_root_dir", "runs/here"]
     proc = subprocess.run(
         [exe, "fit", "--config", config, *root, *args], cwd=cwd, capture_output=True, text=True, timeout=900

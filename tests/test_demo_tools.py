@@ -4,7 +4,6 @@ within 5 minutes; the same model and task without the tool stays near where it s
 from __future__ import annotations
 
 import json
-import shutil
 import subprocess
 from pathlib import Path
 
@@ -12,6 +11,7 @@ import pytest
 
 from lightning_grpo.demo.calc import CALL_PIECES, build_calc_tokenizer, episode_texts, mul_rows
 from lightning_grpo.engines import HermesParser, ToolCall
+from tests.helpers import console_script
 
 ROOT = Path(__file__).resolve().parents[1]
 CONFIG = str(ROOT / "templates" / "tools_cpu.yaml")
@@ -39,8 +39,7 @@ def test_validation_products_are_held_out():
 
 
 def fit(cwd: Path, *args: str) -> dict:
-    exe = shutil.which("lightning-grpo")
-    assert exe, "the console script is installed with the package"
+    exe = console_script()
     proc = subprocess.run([exe, "fit", "--config", CONFIG, *args], cwd=cwd, capture_output=True, text=True, timeout=900)
     assert proc.returncode == 0, proc.stderr[-3000:]
     (summary,) = cwd.glob(f"{'runs/tools_cpu_no_tool' if args else 'runs/tools_cpu'}/lightning_logs/*/summary.json")

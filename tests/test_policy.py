@@ -76,3 +76,11 @@ def test_policy_settings_check_themselves(settings, message):
     with pytest.raises(ValueError) as err:
         PolicyConfig(**settings)
     assert message in str(err.value)
+
+
+def test_a_copy_without_models_shares_the_tokenizer_and_holds_no_model_or_reference(tiny_model_dir):
+    policy = Policy(tiny_model_dir, reference=True)
+    clone = policy.without_models()
+    assert clone.model is None and clone.reference is None and clone.tokenizer is policy.tokenizer
+    clone.model = torch.nn.Linear(1, 1)  # what the sampling process does with its own copy of the weights
+    assert policy.model is not clone.model and policy.reference is not None

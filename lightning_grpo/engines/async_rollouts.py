@@ -33,7 +33,7 @@ import torch.multiprocessing as mp
 from typing_extensions import override
 
 from lightning_grpo.engines.hf import HFGenerate
-from lightning_grpo.engines.producer import Produced, Request, WeightsMailbox, generator_policy, produce
+from lightning_grpo.engines.producer import Produced, Request, WeightsMailbox, produce
 from lightning_grpo.model.policy import Policy
 from lightning_grpo.rollout import RolloutEngine, SamplingConfig
 from lightning_grpo.types import Prompt, PromptBatch, Rollout
@@ -120,7 +120,7 @@ class AsyncRollouts(RolloutEngine):
         # after a resume, the requests submitted before it were answered by the producer before it
         self.mailbox = WeightsMailbox(policy.model, context, self.version, self.submitted)
         self.requests, self.results = context.Queue(), context.Queue()
-        args = (generator_policy(policy), self.mailbox, self.engine, sampling, num_generations)
+        args = (policy.without_models(), self.mailbox, self.engine, sampling, num_generations)
         self.process = context.Process(
             target=produce, args=(*args, self.producer_threads, self.requests, self.results), daemon=True
         )

@@ -85,15 +85,6 @@ class WeightsMailbox:
             return version
 
 
-def generator_policy(policy: Policy) -> Policy:
-    """A shallow copy of ``policy`` for the producer: tokenizer and settings shared, no reference model, and the
-    model to be replaced (``Policy`` is an ``nn.Module``: its submodule table is copied, not shared)."""
-    clone = copy.copy(policy)
-    clone._modules = {"model": None}
-    clone.__dict__["reference"] = None
-    return clone
-
-
 def produce(
     policy: Policy,
     mailbox: WeightsMailbox,

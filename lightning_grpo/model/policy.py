@@ -172,6 +172,14 @@ class Policy(nn.Module):
         for ref, param in zip(self.reference.parameters(), self.model.parameters(), strict=True):
             ref.mul_(1.0 - alpha).add_(param.detach().to(ref.dtype), alpha=alpha)
 
+    def without_models(self) -> Policy:
+        """A shallow copy sharing the tokenizer and settings, holding neither the model (its new owner sets
+        ``.model``) nor the frozen reference: what a sampling process needs (``engines/producer.py``). The
+        submodule table is the copy's own, so setting its model leaves this policy's untouched."""
+        clone = copy.copy(self)
+        clone._modules = {"model": None, "reference": None}
+        return clone
+
     def trainable_parameters(self) -> list[nn.Parameter]:
         return [p for p in self.model.parameters() if p.requires_grad]
 
