@@ -5,10 +5,10 @@
 holds only a call's scaffolding (``CALL_PIECES``): tool names and arguments are spelled byte by byte, so any tool
 can be written. ``warm_start_tools`` teaches the format by next-token training on episodes made from each tool's
 JSON schema: the user's message holds the arguments' values (space-separated, in the schema's order), the call
-copies them, the tool itself gives the reply, and the answer copies the reply. Only ``CALL_RATE`` of the replies to
-a prompt that lists the tools start with a call; the others guess (the tool's output for other values), so the model
-rarely calls and greedy decoding never does: GRPO teaches it *when* to call. Your dataset's prompts must put the
-arguments' values in the user message the same way. Run it for your tools:
+copies them, the tool itself gives the reply, and the answer copies the reply. Only ``demo.calc.CALL_RATE`` of the
+replies to a prompt that lists the tools start with a call; the others guess (the tool's output for other values),
+so the model rarely calls and greedy decoding never does: GRPO teaches it *when* to call. Your dataset's prompts
+must put the arguments' values in the user message the same way. Run it for your tools:
 
     python -m lightning_grpo.demo.anytool my_package.my_tools.reverse --out my-tiny-model   # ~2-4 min on CPU
 """
@@ -24,11 +24,10 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from lightning_grpo.demo.calc import warm_start_loop
 from lightning_grpo.demo.tiny import TOOL_CHAT_TEMPLATE, build_tiny_qwen2, build_tokenizer, write_splits
 
 CALL_PIECES = ['<tool_call>{"name": "', '", "arguments": {', "}}</tool_call>"]  # a call's fixed JSON, no names
-CALL_RATE = 0.1  # share of warm-started replies (to a prompt that lists the tools) that start with a call
-COPY_FIRST = 0.5  # share of the warm start spent on tool episodes alone (the copying is learnt first)
 POOL = 3000  # synthetic episodes drawn from during the warm start
 MODEL_SIZE = {"hidden_size": 128, "intermediate_size": 512}  # 2 layers; 64 wide did not learn to copy strings
 
@@ -106,30 +105,11 @@ def warm_start_tools(
     model: Any, tokenizer: Any, tools: list[Callable], steps: int = 600, batch: int = 32, seed: int = 0
 ) -> None:
     """Next-token training on synthetic episodes of ``tools`` (see the module's docstring); the first
-    ``COPY_FIRST`` of the steps on tool episodes alone."""
-    import torch
-
+    ``COPY_FIRST`` of the steps on tool episodes alone (``demo.calc.warm_start_loop``, the same training)."""
     rng = random.Random(seed)
     pool = [tool_episode(tokenizer, tools, rng.choice(tools), rng) for _ in range(POOL)]  # rendering is the slow part
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)  # matmuls this small do not split: on a busy 2-core machine 2 threads ran 9x slower
-    decide = CALL_RATE / (1 - CALL_RATE)  # decision tokens trained per guess: calls / guesses = CALL_RATE / rest
-    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
-    model.train()
-    for step in range(steps):
-        copying = step < COPY_FIRST * steps
-        kinds = [2 if copying else i % 3 for i in range(batch)]
-        rows = [_example(rng.choice(pool), k, 0.0 if copying else decide, rng) for k in kinds]
-        width = max(len(ids) for ids, _ in rows)
-        input_ids = torch.tensor([ids + [tokenizer.pad_token_id] * (width - len(ids)) for ids, _ in rows])
-        labels = torch.tensor([lab + [-100] * (width - len(lab)) for _, lab in rows])
-        attention = torch.tensor([[1] * len(ids) + [0] * (width - len(ids)) for ids, _ in rows])
-        loss = model(input_ids=input_ids, attention_mask=attention, labels=labels).loss
-        optimizer.zero_grad()
-        loss.backward()
-        optimizer.step()
-    torch.set_num_threads(threads)
-    model.eval()
+    draw = lambda kind, p: _example(rng.choice(pool), kind, p, rng)  # noqa: E731
+    warm_start_loop(model, tokenizer.pad_token_id, steps, batch, draw)
 
 
 def write_tool_model(path: Path, tools: list[Callable], steps: int = 600) -> None:

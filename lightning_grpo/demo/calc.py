@@ -14,6 +14,7 @@ a BPE trained on tool-calling text would have them, so a call is 7 tokens of whi
 from __future__ import annotations
 
 import random
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -83,10 +84,22 @@ def warm_start(model: Any, tokenizer: Any, steps: int = 500, batch: int = 32, se
     as makes ``CALL_RATE`` of replies to the tool prompt start with a call. The first ``COPY_FIRST`` of the steps
     train the episodes alone: with the noisy guesses mixed in from the start, the 2-layer model takes ~3x longer
     to learn to copy the digits."""
-    import torch
 
     rng = random.Random(seed)
     episodes = [_episode_ids(tokenizer, row) for row in mul_rows()[150:]]  # training prompts only
+    draw = lambda kind, p: _example(rng, rng.choice(episodes), kind, p, tokenizer)  # noqa: E731
+    warm_start_loop(model, tokenizer.pad_token_id, steps, batch, draw)
+
+
+def warm_start_loop(
+    model: Any, pad_id: int, steps: int, batch: int, example: Callable[[int, float], tuple[list[int], list[int]]]
+) -> None:
+    """The warm start's next-token training: ``steps`` AdamW steps, each on ``batch`` replies of
+    ``example(kind, decide) -> (input ids, labels)`` (kind 0: a guess without the tool, 1: a guess with it, 2: a
+    tool episode whose first token, the decision to call, is trained with probability ``decide``); the first
+    ``COPY_FIRST`` of the steps on tool episodes alone."""
+    import torch
+
     threads = torch.get_num_threads()
     torch.set_num_threads(1)  # matmuls this small do not split: on a busy 2-core machine 2 threads ran 9x slower
     decide = CALL_RATE / (1 - CALL_RATE)  # decision tokens trained per guess: calls / guesses = CALL_RATE / rest
@@ -94,10 +107,9 @@ def warm_start(model: Any, tokenizer: Any, steps: int = 500, batch: int = 32, se
     model.train()
     for step in range(steps):
         copying = step < COPY_FIRST * steps
-        kinds = [2 if copying else i % 3 for i in range(batch)]
-        rows = [_example(rng, rng.choice(episodes), k, 0.0 if copying else decide, tokenizer) for k in kinds]
+        rows = [example(2 if copying else i % 3, 0.0 if copying else decide) for i in range(batch)]
         width = max(len(ids) for ids, _ in rows)
-        input_ids = torch.tensor([ids + [tokenizer.pad_token_id] * (width - len(ids)) for ids, _ in rows])
+        input_ids = torch.tensor([ids + [pad_id] * (width - len(ids)) for ids, _ in rows])
         labels = torch.tensor([lab + [-100] * (width - len(lab)) for _, lab in rows])
         attention = torch.tensor([[1] * len(ids) + [0] * (width - len(ids)) for ids, _ in rows])
         loss = model(input_ids=input_ids, attention_mask=attention, labels=labels).loss
