@@ -15,7 +15,9 @@ MiniCPM3), then Gemma's ``final_logit_softcapping``, then the sampling temperatu
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 from torch import Tensor, nn
@@ -130,6 +132,55 @@ def position_ids_from_mask(attention_mask: Tensor) -> Tensor:
     return (attention_mask.long().cumsum(-1) - 1).clamp(min=0)
 
 
+def _completion_hidden(
+    model: nn.Module,
+    config: Any,
+    input_ids: Tensor,
+    attention_mask: Tensor,
+    completion_length: int,
+    router_aux: bool,
+    shared_prefix: bool,
+) -> tuple[Tensor, Tensor | None]:
+    """([n, T, H] the decoder's hidden states that predict each completion token, the MoE router loss or None)."""
+    positions = position_ids_from_mask(attention_mask)  # [n, P+T]
+    if shared_prefix:
+        if router_aux:
+            raise ValueError("shared_prefix does not return MoE router logits: use shared_prefix=False")
+        decoder = model.get_decoder()
+        return shared_prefix_hidden(decoder, config, input_ids, attention_mask, positions, completion_length), None
+    outputs = model.get_decoder()(
+        input_ids=input_ids,
+        attention_mask=attention_mask,
+        position_ids=positions,
+        use_cache=False,
+        **({"output_router_logits": True} if router_aux else {}),
+    )
+    aux_loss = router_aux_loss(outputs.router_logits, config, attention_mask) if router_aux else None
+    return outputs.last_hidden_state[:, -completion_length - 1 : -1], aux_loss
+
+
+def _head_logps(
+    head: nn.Module, config: Any, temperature: float, entropy_grad: bool
+) -> tuple[Callable[[Tensor, Tensor], tuple[Tensor, Tensor]], bool]:
+    """(``fn(h [c, H], y [c]) -> (log-probs [c], entropies [c])`` through the LM head, whether the head is a plain
+    bias-free linear layer: then the fused ``LinearLogps`` computes them without materialising the logits)."""
+    softcap = getattr(config, "final_logit_softcapping", None)
+    scale = logit_scale(config)
+    plain = type(head) is nn.Linear and head.bias is None and not softcap and scale > 0
+
+    def head_logps(h: Tensor, y: Tensor) -> tuple[Tensor, Tensor]:
+        if plain:  # softmax(s * z / t) = softmax(z / (t / s))
+            return LinearLogps.apply(h, head.weight, y, temperature / scale, entropy_grad)
+        logits = head(h).float() * scale  # [c, vocab]
+        if softcap:
+            logits = torch.tanh(logits / softcap) * softcap
+        logp = (logits / temperature).log_softmax(-1)  # [c, vocab]
+        entropy = -(logp.exp() * logp).sum(-1)  # [c]
+        return logp.gather(-1, y.unsqueeze(-1)).squeeze(-1), entropy if entropy_grad else entropy.detach()
+
+    return head_logps, plain
+
+
 def completion_logps(
     model: nn.Module,
     input_ids: Tensor,
@@ -156,38 +207,12 @@ def completion_logps(
             the same values and gradients, for P + G * T token positions a group instead of G * (P + T).
     """
     config = _text_config(getattr(model, "config", None))
-    positions = position_ids_from_mask(attention_mask)  # [n, P+T]
-    if shared_prefix:
-        if router_aux:
-            raise ValueError("shared_prefix does not return MoE router logits: use shared_prefix=False")
-        decoder, aux_loss = model.get_decoder(), None
-        hidden = shared_prefix_hidden(decoder, config, input_ids, attention_mask, positions, completion_length)
-    else:
-        outputs = model.get_decoder()(
-            input_ids=input_ids,
-            attention_mask=attention_mask,
-            position_ids=positions,
-            use_cache=False,
-            **({"output_router_logits": True} if router_aux else {}),
-        )
-        aux_loss = router_aux_loss(outputs.router_logits, config, attention_mask) if router_aux else None
-        hidden = outputs.last_hidden_state[:, -completion_length - 1 : -1]  # [n, T, H] predicting each completion token
+    hidden, aux_loss = _completion_hidden(
+        model, config, input_ids, attention_mask, completion_length, router_aux, shared_prefix
+    )
     targets = input_ids[:, -completion_length:]  # [n, T]
     head = model.get_output_embeddings()
-    softcap = getattr(config, "final_logit_softcapping", None)
-    scale = logit_scale(config)
-    plain = type(head) is nn.Linear and head.bias is None and not softcap and scale > 0
-
-    def head_logps(h: Tensor, y: Tensor) -> tuple[Tensor, Tensor]:
-        if plain:  # softmax(s * z / t) = softmax(z / (t / s))
-            return LinearLogps.apply(h, head.weight, y, temperature / scale, entropy_grad)
-        logits = head(h).float() * scale  # [c, vocab]
-        if softcap:
-            logits = torch.tanh(logits / softcap) * softcap
-        logp = (logits / temperature).log_softmax(-1)  # [c, vocab]
-        entropy = -(logp.exp() * logp).sum(-1)  # [c]
-        return logp.gather(-1, y.unsqueeze(-1)).squeeze(-1), entropy if entropy_grad else entropy.detach()
-
+    head_logps, plain = _head_logps(head, config, temperature, entropy_grad)
     flat_h = hidden.reshape(-1, hidden.shape[-1])  # [n*T, H]
     flat_y = targets.reshape(-1)  # [n*T]
     chunk_size = chunk_size or auto_chunk_size(head.weight.shape[0])
