@@ -121,8 +121,6 @@ class StepTimer(L.Callback):
 def run_check(key: str, workdir: str, server: str | None = None) -> None:
     """One path, in this process (and the ones Lightning's launcher starts): rank 0 writes KEY.json."""
     from lightning_grpo.data import PromptDataModule
-    from lightning_grpo.engines import VLLMColocate, VLLMServer
-    from lightning_grpo.module import GRPOModule
 
     torch.set_num_threads(1)
     check, work = BY_KEY[key], Path(workdir)
@@ -131,21 +129,7 @@ def run_check(key: str, workdir: str, server: str | None = None) -> None:
 
         with running_server(str(work / VLLM_MODEL), free_port(), log=str(work / "vllm_serve.log")) as url:
             return run_check(key, workdir, url)
-    settings, model = dict(check.settings), str(work / (VLLM_MODEL if check.vllm else "model"))
-    if settings.get("rollout_engine") == "vllm":
-        settings["rollout_engine"] = VLLMColocate(gpu_memory_utilization=0.2)
-    if check.server:  # the policy is the model the server serves: the same vocabulary, the same weights
-        settings["rollout_engine"] = VLLMServer(base_url=server, connection_timeout=60)
-        model = served_model(server)
-    module = GRPOModule(
-        model=model,
-        reward_funcs=[length_reward],
-        num_generations=2,
-        **settings,
-        sampling={"max_completion_length": 4},
-        optim={"learning_rate": 1e-3},
-        loss={"beta": 0.1},
-    )
+    module = check_module(check, work, server)
     timer = StepTimer()
     trainer = L.Trainer(
         **{**check.trainer, "strategy": strategy(check.trainer.get("strategy", "auto"), check.processes)},
@@ -167,6 +151,28 @@ def run_check(key: str, workdir: str, server: str | None = None) -> None:
         result = {"steps_per_s": timer.steps_per_second(), "peak_mb": peak_memory_mb(check)}
         result["pushes_checked"] = getattr(module.engine, "pushes", None) if check.vllm else None
         (work / f"{key}.json").write_text(json.dumps(result))
+
+
+def check_module(check: Check, work: Path, server: str | None) -> Any:
+    """The GRPOModule of one check: the tiny model (or the one the vLLM server serves) with the check's engine."""
+    from lightning_grpo.engines import VLLMColocate, VLLMServer
+    from lightning_grpo.module import GRPOModule
+
+    settings, model = dict(check.settings), str(work / (VLLM_MODEL if check.vllm else "model"))
+    if settings.get("rollout_engine") == "vllm":
+        settings["rollout_engine"] = VLLMColocate(gpu_memory_utilization=0.2)
+    if check.server:  # the policy is the model the server serves: the same vocabulary, the same weights
+        settings["rollout_engine"] = VLLMServer(base_url=server, connection_timeout=60)
+        model = served_model(server)
+    return GRPOModule(
+        model=model,
+        reward_funcs=[length_reward],
+        num_generations=2,
+        **settings,
+        sampling={"max_completion_length": 4},
+        optim={"learning_rate": 1e-3},
+        loss={"beta": 0.1},
+    )
 
 
 def free_port() -> int:

@@ -175,13 +175,7 @@ def grpo_loss(
     if sampling_weights is not None and not kind.weights_in_term:
         per_token_loss = per_token_loss * sampling_weights
 
-    sums: dict[str, Tensor] = {}
-    if c.beta > 0:
-        kl = k3_kl(ref_logps, logps)  # [n, T]
-        sums["kl"] = (kl.detach() * mask).sum()
-        if c.use_bias_correction_kl:
-            kl = kl * ratio  # unbiased reverse-KL gradient off-policy; the ratio's gradient counts on-policy too
-        per_token_loss = per_token_loss + c.beta * kl
+    per_token_loss, sums = _with_kl(per_token_loss, logps, ref_logps, ratio, mask, c)
     loss = kind.reduce(per_token_loss.expand_as(mask) * mask, mask, norm)
 
     coef = c.entropy_coef if entropy_coef is None else entropy_coef
@@ -196,6 +190,20 @@ def grpo_loss(
         sums["entropy"] = (entropies.detach() * mask).sum()  # over all loss tokens, as TRL logs it
         out.trained_entropy = (entropies.detach() * trained).sum()  # what the adaptive controller measures
     return out
+
+
+def _with_kl(
+    per_token_loss: Tensor, logps: Tensor, ref_logps: Tensor | None, ratio: Tensor, mask: Tensor, c: LossConfig
+) -> tuple[Tensor, dict[str, Tensor]]:
+    """The policy term plus ``beta`` times the k3 KL to the reference ([n, T]) and the KL's token sum (``kl``);
+    unchanged, with no sums, when ``beta`` is 0."""
+    if c.beta == 0:
+        return per_token_loss, {}
+    kl = k3_kl(ref_logps, logps)  # [n, T]
+    sums = {"kl": (kl.detach() * mask).sum()}
+    if c.use_bias_correction_kl:
+        kl = kl * ratio  # unbiased reverse-KL gradient off-policy; the ratio's gradient counts on-policy too
+    return per_token_loss + c.beta * kl, sums
 
 
 def sequence_extremes(flags: dict[str, Tensor], mask: Tensor) -> dict[str, Tensor]:
