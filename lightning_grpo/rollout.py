@@ -114,12 +114,19 @@ def render_prompts(
     return [maybe_apply_chat_template({"prompt": p}, tokenizer, **kwargs)["prompt"] for p in prompts]
 
 
+def encode_prompts(
+    tokenizer: PreTrainedTokenizerBase, prompts: list[Prompt], sampling: SamplingConfig
+) -> list[list[int]]:
+    """The token ids of each prompt as the policy reads it (chat template applied), before any cut."""
+    texts = render_prompts(tokenizer, prompts, sampling.chat_template_kwargs)
+    return tokenizer(texts, add_special_tokens=not is_conversational(prompts[0]))["input_ids"]
+
+
 def tokenize_prompts(
     tokenizer: PreTrainedTokenizerBase, prompts: list[Prompt], sampling: SamplingConfig
 ) -> tuple[Tensor, Tensor, int]:
     """Left-padded [B, P] ids and mask; prompts longer than ``sampling.max_prompt_length`` keep their last tokens."""
-    texts = render_prompts(tokenizer, prompts, sampling.chat_template_kwargs)
-    encoded = tokenizer(texts, add_special_tokens=not is_conversational(prompts[0]))["input_ids"]
+    encoded = encode_prompts(tokenizer, prompts, sampling)
     limit = sampling.max_prompt_length
     too_long = [ids for ids in encoded if limit and len(ids) > limit]
     if limit:

@@ -70,3 +70,21 @@ def test_a_reward_that_never_scores_is_named(tiny_model_dir, arith_jsonl, tmp_pa
         fit(module, data, tmp_path, max_steps=3, callbacks=[alert])
     assert [f.signal for f in alert.firings] == ["unscored/none_reward"]  # length_reward scores: not named
     assert (tmp_path / "lightning_logs" / "version_0" / "alerts.jsonl").exists()
+
+
+def test_prompts_over_max_prompt_length_are_named_at_start(tiny_model_dir, tmp_path):
+    import lightning as L
+
+    from lightning_grpo.cli.preflight import preflight
+
+    path = tmp_path / "rows.jsonl"
+    path.write_text(
+        "".join(f'{{"prompt": "{"1+" * (i % 3 * 10)}1=", "answer": "1"}}\n' for i in range(12))
+    )  # 2, 22, 42 chars
+    module = make_module(tiny_model_dir, sampling={"max_prompt_length": 16})
+    trainer = L.Trainer(accelerator="cpu", logger=False)
+    data = PromptDataModule(str(path), batch_size=4, val_split=None)
+    with pytest.warns(
+        UserWarning, match=r"8 of 12 training prompts are longer than model.sampling.max_prompt_length=16"
+    ):
+        preflight(trainer, module, data)
