@@ -56,7 +56,7 @@ class AdapterVersion:
     name: str  # "<folder>-v3": unique across runs sharing a server (a name already loaded is refused)
     number: int  # 3: vLLM's lora_int_id, new each push
     path: str  # the folder PEFT wrote: adapter_config.json, adapter_model.safetensors
-    num_bytes: int  # the files' size: what moves to the engine
+    num_bytes: int  # the size of the files the engine reads: what moves
 
 
 class AdapterVersions:
@@ -90,7 +90,7 @@ class AdapterVersions:
         self.number += 1
         path = self._folder() / f"v{self.number}"
         policy.model.save_pretrained(str(path), state_dict=state)  # PEFT: the adapter's tensors and config only
-        num_bytes = sum(f.stat().st_size for f in path.iterdir() if f.is_file())
+        num_bytes = sum(f.stat().st_size for f in path.glob("adapter_*"))  # what vLLM reads (not PEFT's README)
         self.latest = AdapterVersion(f"{self.root.name}-v{self.number}", self.number, str(path), num_bytes)
         self._remove_older()
         return self.latest
