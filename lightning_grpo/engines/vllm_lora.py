@@ -70,7 +70,6 @@ class AdapterVersions:
     def __init__(self, parent: str | None = None) -> None:
         self.parent, self.root = parent, None
         self.number = 0
-        self.latest: AdapterVersion | None = None
 
     def _folder(self) -> Path:
         if self.root is None:
@@ -91,9 +90,8 @@ class AdapterVersions:
         path = self._folder() / f"v{self.number}"
         policy.model.save_pretrained(str(path), state_dict=state)  # PEFT: the adapter's tensors and config only
         num_bytes = sum(f.stat().st_size for f in path.glob("adapter_*"))  # what vLLM reads (not PEFT's README)
-        self.latest = AdapterVersion(f"{self.root.name}-v{self.number}", self.number, str(path), num_bytes)
         self._remove_older()
-        return self.latest
+        return AdapterVersion(f"{self.root.name}-v{self.number}", self.number, str(path), num_bytes)
 
     def _remove_older(self) -> None:
         for folder in self.root.iterdir():
