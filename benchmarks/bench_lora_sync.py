@@ -86,7 +86,7 @@ def measure(model: str, count: int, work: Path) -> dict[tuple[str, str], list[tu
     policy, _, _ = lora_policy(model)
     rows = {}
     for mode in MODES:
-        engine = VLLMColocate(lora_sync=mode, cpu_kv_cache_gib=0.25)
+        engine = VLLMColocate(lora_sync=mode)
         rows["VLLMColocate", mode] = pushes(engine, policy, count)
         engine.llm = None
     with running_server(model, free_port(), log=str(work / "vllm_serve.log"), lora_rank=LORA["r"]) as url:
