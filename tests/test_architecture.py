@@ -177,6 +177,7 @@ TESTS = {
     "engines/vllm_server.py": ["test_vllm_server.py", "test_vllm_real.py"],
     "engines/vllm_sync.py": ["test_vllm_sync.py", "test_vllm_real.py"],
     "engines/vllm_launch.py": ["test_vllm_real.py"],
+    "engines/vllm_lora.py": ["test_vllm_sync.py", "test_vllm_real.py"],
     "engines/agents.py": ["test_agents.py"],
     "engines/endpoint.py": ["test_agents.py"],
     "engines/served.py": ["test_agents.py"],

