@@ -129,3 +129,14 @@ def test_the_policy_checked_against_itself_passes_and_against_a_stale_copy_fails
         for p in policy.model.parameters():
             p.add_(torch.randn_like(p) * 0.01)
     assert not policy_side(policy, prompt, tokens, logps, 1e-3).ok
+
+
+@pytest.mark.parametrize("gib", [0, 0.5, 1.5])
+def test_the_cpu_kv_cache_is_a_whole_number_of_gib(monkeypatch, gib):
+    # vLLM reads VLLM_CPU_KVCACHE_SPACE as an integer: 0.5 failed at start-up, after the model had loaded
+    from lightning_grpo.engines import vllm
+
+    monkeypatch.setattr(vllm, "vllm_problems", lambda engine: [])  # as where vLLM is installed
+    with pytest.raises(ValueError, match=rf"cpu_kv_cache_gib must be a whole number of GiB >= 1 .*got {gib}"):
+        vllm.VLLMColocate(cpu_kv_cache_gib=gib)
+    assert vllm.VLLMColocate(cpu_kv_cache_gib=2).cpu_kv_cache_gib == 2

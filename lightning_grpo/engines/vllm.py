@@ -94,7 +94,8 @@ class VLLMColocate(RolloutEngine):
     Args:
         gpu_memory_utilization: the fraction of each GPU the engine may take (weights, KV cache).
         max_model_len: the longest prompt + completion; ``None`` takes the model's.
-        cpu_kv_cache_gib: the KV cache on CPU machines, GiB (``VLLM_CPU_KVCACHE_SPACE`` when it is set wins).
+        cpu_kv_cache_gib: the KV cache on CPU machines, whole GiB (vLLM reads ``VLLM_CPU_KVCACHE_SPACE`` as an
+            integer; that variable, when set, wins).
         sync_check_every: check every this many pushes that the engine generates from the policy's weights
             (greedy tokens and log-probs of a probe prompt); 0 never checks.
         sync_check_atol: the log-prob tolerance of that check; ``None``: 1e-3 for fp32 policies, 0.1 for bf16.
@@ -107,7 +108,7 @@ class VLLMColocate(RolloutEngine):
         self,
         gpu_memory_utilization: float = 0.3,
         max_model_len: int | None = None,
-        cpu_kv_cache_gib: float = 1.0,
+        cpu_kv_cache_gib: int = 1,
         sync_check_every: int = 1,
         sync_check_atol: float | None = None,
         lora_sync: LoraSync = "adapter",
@@ -120,8 +121,11 @@ class VLLMColocate(RolloutEngine):
             )
         if not 0 < gpu_memory_utilization <= 1:
             raise ValueError(f"gpu_memory_utilization must be in (0, 1], got {gpu_memory_utilization!r}")
-        if cpu_kv_cache_gib <= 0:
-            raise ValueError(f"VLLMColocate cpu_kv_cache_gib must be > 0, got {cpu_kv_cache_gib!r}")
+        if not (isinstance(cpu_kv_cache_gib, int) and cpu_kv_cache_gib >= 1):
+            raise ValueError(
+                f"VLLMColocate cpu_kv_cache_gib must be a whole number of GiB >= 1 (vLLM reads an integer), "
+                f"got {cpu_kv_cache_gib!r}"
+            )
         if sync_check_every < 0:
             raise ValueError(f"VLLMColocate sync_check_every must be >= 0 (0: never), got {sync_check_every!r}")
         check_lora_sync("VLLMColocate", lora_sync)
@@ -152,7 +156,7 @@ class VLLMColocate(RolloutEngine):
         on_cpu = vllm_build() == "cpu"
         if on_cpu:  # in this process (no engine processes to start), the KV cache sized here, not from host RAM
             os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
-            os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", f"{self.cpu_kv_cache_gib:g}")
+            os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", str(self.cpu_kv_cache_gib))
         else:  # one engine inside each training process
             ranks = {"RANK": trainer.global_rank, "LOCAL_RANK": trainer.local_rank, "WORLD_SIZE": trainer.world_size}
             os.environ.update({k: str(v) for k, v in ranks.items()})
