@@ -81,7 +81,8 @@ def test_bad_value_fails_before_training(tmp_path, capsys, flag, value, message)
 
 
 def test_console_script_exits_zero(tmp_path):
-    """`sys.exit(main())` in the console script: a successful run must exit with status 0."""
+    """`sys.exit(main())` in the console script: a successful run must exit with status 0, and says its torch
+    threads in one line."""
     proc = subprocess.run(
         [
             sys.executable,  # what the console script runs, without needing it on PATH
@@ -104,6 +105,7 @@ def test_console_script_exits_zero(tmp_path):
         timeout=300,
     )
     assert proc.returncode == 0, proc.stderr[-2000:]
+    assert len([line for line in proc.stderr.splitlines() if line.startswith("torch threads: ")]) == 1
     assert "not recommended to provide both args and command line arguments" not in proc.stderr
 
 
