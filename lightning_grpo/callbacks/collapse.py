@@ -81,7 +81,7 @@ class ModeCollapseAlert(Alert):
         reward_ceiling: the best reward a completion can get (1.0 for a 0/1 correctness reward), if known;
             groups at the ceiling count as solved, not collapsed.
         warmup_steps: steps that set the early entropy and length; no signal is read before they pass.
-        patience: consecutive steps a signal must last before the alert fires.
+        patience: steps in a row a signal lasts before firing.
         action: warn, stop or raise.
     """
 

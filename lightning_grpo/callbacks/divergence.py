@@ -37,7 +37,7 @@ class KLAlert(Alert):
         min_kl: growth is only judged from a past KL of at least this (ratios of tiny numbers mean nothing).
         max_clip_ratio: fraction of tokens outside the clip range above this is a signal.
         window: steps over which growth is measured.
-        patience: consecutive steps a signal must last before the alert fires.
+        patience: steps in a row a signal lasts before firing.
         action: warn, stop or raise.
     """
 

@@ -69,8 +69,10 @@ def thread_line(threads: int, why: str, processes: int, cores: int, load: float 
 
 
 class TorchThreads(L.Callback):
-    """Give each local process its share of the cores (``torch.set_num_threads``) when fitting starts, and say in
-    one line how many, why, and on a busy machine (a high load average) which setting fits.
+    """Give each local process its share of the cores (``torch.set_num_threads``), and say so in one line.
+
+    The line, when fitting starts, says how many threads, why, and on a busy machine (a high load average) which
+    setting fits.
 
     Args:
         num_threads: threads per process; ``None`` takes ``OMP_NUM_THREADS`` when set, else the cores this
