@@ -132,6 +132,7 @@ TESTS = {
     "callbacks/alerts.py": ["test_callbacks.py"],
     "callbacks/collapse.py": ["test_callbacks.py", "test_types.py"],
     "callbacks/divergence.py": ["test_callbacks.py"],
+    "callbacks/early_stopping.py": ["test_early_stopping.py"],
     "callbacks/export.py": ["test_module.py", "test_lora.py"],
     "callbacks/faults.py": ["test_faults.py"],
     "callbacks/final.py": ["test_callbacks.py"],

@@ -81,7 +81,8 @@ def test_bad_value_fails_before_training(tmp_path, capsys, flag, value, message)
 
 
 def test_console_script_exits_zero(tmp_path):
-    """`sys.exit(main())` in the console script: a successful run must exit with status 0."""
+    """`sys.exit(main())` in the console script: a successful run must exit with status 0, and says its torch
+    threads in one line."""
     proc = subprocess.run(
         [
             sys.executable,  # what the console script runs, without needing it on PATH
@@ -104,6 +105,7 @@ def test_console_script_exits_zero(tmp_path):
         timeout=300,
     )
     assert proc.returncode == 0, proc.stderr[-2000:]
+    assert len([line for line in proc.stderr.splitlines() if line.startswith("torch threads: ")]) == 1
     assert "not recommended to provide both args and command line arguments" not in proc.stderr
 
 
@@ -155,10 +157,12 @@ def test_fit_help_fits_on_a_few_screens(capsys, monkeypatch):
     with pytest.raises(SystemExit):
         main(["fit", "--help"])
     out = capsys.readouterr().out
-    # 533 lines before this turn's sections (policy, update, reward_calls) and alerts (mismatch, unscored, tool use)
-    assert len(out.splitlines()) < 600, "fit --help grew: was 1,565 lines before the known subclasses went"
+    # 580 lines with each option's metavar, `--X.help` entries and `(default: ...)` on lines of their own
+    assert len(out.splitlines()) <= 450, "fit --help grew: was 1,565 lines before the known subclasses went"
     assert "known subclasses" not in out and "torch.nn.Identity" not in out
-    assert "--model.num_generations" in out and "--data.few_shot" in out
+    assert "--model.num_generations [8]  completions per prompt (G), >= 2." in out and "--data.few_shot" in out
+    assert "--model.loss.loss_type {grpo,bnpo,dr_grpo,dapo,luspo,cispo,sapo,vespo} [dapo]" in out  # choices, default
+    assert "--trainer.enable_checkpointing {true,false,null}" in out
 
 
 @pytest.mark.parametrize(

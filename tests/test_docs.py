@@ -332,6 +332,11 @@ def test_skill_front_matter():
     assert meta["name"] == "lightning-grpo" and "Use it when" in meta["description"]
 
 
+def test_skill_stays_short_with_its_details_in_the_references():
+    lines = len((ROOT / "SKILL.md").read_text().splitlines())
+    assert lines <= 500, f"SKILL.md has {lines} lines: move details to references/*.md (agent skills load it whole)"
+
+
 @pytest.mark.parametrize("doc", [ROOT / "SKILL.md", *REFERENCES], ids=lambda p: p.name)
 def test_skill_names_real_settings_and_files(doc):
     """Every `section.setting` a page names is a constructor argument; every file it names exists."""

@@ -8,7 +8,7 @@ import warnings
 
 import lightning as L
 import pytest
-from helpers import make_module
+from helpers import fit, make_module
 from lightning.pytorch.loggers import CSVLogger, TensorBoardLogger
 
 from lightning_grpo import PromptDataModule
@@ -89,3 +89,15 @@ def test_without_a_logger_a_second_export_goes_beside_the_first(tiny_model_dir, 
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         assert (second.path / "config.json").exists()
+
+
+def test_metrics_jsonl_comes_from_the_metrics_file_callback_not_the_module(tiny_model_dir, arith_jsonl, tmp_path):
+    """The CLI adds ``MetricsFile``; through the Python API the module writes no file of its own, and
+    ``callbacks=[MetricsFile()]`` gives the run the same ``metrics.jsonl``, one row a step, for ``report``."""
+    data = PromptDataModule(arith_jsonl, batch_size=4)
+    bare = fit(make_module(tiny_model_dir), data, tmp_path / "bare")
+    assert not (run_dir(bare) / "metrics.jsonl").exists()
+    with_file = fit(make_module(tiny_model_dir), data, tmp_path / "with", callbacks=[MetricsFile()])
+    rows = [json.loads(line) for line in (run_dir(with_file) / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows] == [1, 2] and all("train/reward" in r for r in rows)
+    assert [s for s, _ in write_report(run_dir(with_file)).series["train/reward"]] == [1, 2]

@@ -34,6 +34,32 @@ def test_callback_sets_the_share_when_fitting_starts(monkeypatch, restore_thread
     assert torch.get_num_threads() == 3
 
 
+def test_one_line_says_the_threads_why_and_what_fits_a_busy_machine(monkeypatch, restore_threads, caplog):
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    monkeypatch.setattr(threads, "available_cores", lambda: 4)
+    monkeypatch.setattr(threads, "load_average", lambda: 0.2)
+    with caplog.at_level("INFO"):
+        TorchThreads().setup(SimpleNamespace(num_devices=2), None, "fit")
+    assert [r.getMessage() for r in caplog.records if "torch threads" in r.getMessage()] == [
+        "torch threads: 2 per process (4 cores / 2 processes on this machine); "
+        "set threads.num_threads (or OMP_NUM_THREADS) on a busy machine."
+    ]
+    caplog.clear()
+    # another job keeps 3 of the 4 cores busy: 2 processes x 2 threads want 4, one is free -> 1 thread each
+    monkeypatch.setattr(threads, "load_average", lambda: 3.1)
+    with caplog.at_level("INFO"):
+        TorchThreads().setup(SimpleNamespace(num_devices=2), None, "fit")
+    (line,) = [r.getMessage() for r in caplog.records if "torch threads" in r.getMessage()]
+    assert "load average 3.1 on 4 cores leaves ~1 free" in line and line.endswith(
+        "set threads.num_threads: 1 (or OMP_NUM_THREADS=1)."
+    )
+    caplog.clear()
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")
+    with caplog.at_level("INFO"):
+        TorchThreads().setup(SimpleNamespace(num_devices=2), None, "fit")
+    assert "torch threads: 1 per process (OMP_NUM_THREADS=1)" in caplog.text
+
+
 def test_bad_thread_count_is_named():
     with pytest.raises(ValueError, match="num_threads must be >= 1 or None, got 0"):
         TorchThreads(num_threads=0)

@@ -3,6 +3,7 @@
 from lightning_grpo.callbacks.alerts import Alert, GRPOAlertError
 from lightning_grpo.callbacks.collapse import ModeCollapseAlert
 from lightning_grpo.callbacks.divergence import KLAlert
+from lightning_grpo.callbacks.early_stopping import StepEarlyStopping
 from lightning_grpo.callbacks.export import HFExport
 from lightning_grpo.callbacks.faults import FaultCheckpoint
 from lightning_grpo.callbacks.final import ValidateAtEnd
@@ -28,6 +29,7 @@ __all__ = [
     "PreemptionCheckpoint",
     "RewardMonitor",
     "RunSummary",
+    "StepEarlyStopping",
     "UnscoredRewardAlert",
     "ToolUseAlert",
     "ValidateAtEnd",

@@ -48,7 +48,7 @@ class Alert(L.Callback):
     """Base of ModeCollapseAlert and KLAlert.
 
     Args:
-        patience: consecutive training steps a signal must stay active before the alert fires.
+        patience: steps in a row a signal lasts before firing (training steps).
         action: ``warn`` (a warning, training goes on), ``stop`` (``trainer.should_stop`` after saving
             ``checkpoints/last.ckpt``) or ``raise`` (``GRPOAlertError``).
     """

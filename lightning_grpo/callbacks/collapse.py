@@ -28,13 +28,15 @@ from lightning_grpo.types import StepRecord, nanstd, zero_std_fraction
 ADVICE = (
     "check the reward functions can tell completions apart (samples.jsonl: different completions of a prompt "
     "with equal rewards), and set collapse_alert.reward_ceiling if groups are all correct; then a higher "
-    "temperature (0.7-1.0) or more num_generations; then a lower learning_rate, beta > 0 or epsilon_high 0.28"
+    "model.sampling.temperature (0.7-1.0) or double model.num_generations; then halve model.optim.learning_rate, "
+    "model.loss.beta 0.04 if it is 0, or model.loss.epsilon_high 0.28"
 )
 
 
 NO_SIGNAL_ADVICE = (
     "check the reward function gives different completions different scores (the usual cause), then a higher "
-    "temperature or more num_generations; if it does and every completion is right, the task is solved"
+    "model.sampling.temperature (0.7-1.0) or double model.num_generations; if it does and every completion is "
+    "right, the task is solved"
 )
 
 
@@ -79,7 +81,7 @@ class ModeCollapseAlert(Alert):
         reward_ceiling: the best reward a completion can get (1.0 for a 0/1 correctness reward), if known;
             groups at the ceiling count as solved, not collapsed.
         warmup_steps: steps that set the early entropy and length; no signal is read before they pass.
-        patience: consecutive steps a signal must last before the alert fires.
+        patience: steps in a row a signal lasts before firing.
         action: warn, stop or raise.
     """
 

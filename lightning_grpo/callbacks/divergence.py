@@ -16,8 +16,16 @@ from typing_extensions import override
 from lightning_grpo.callbacks.alerts import Alert, Signal, above
 from lightning_grpo.types import StepRecord
 
-KL_ADVICE = "a lower learning_rate, a higher beta, or fewer num_iterations per generation batch"
-CLIP_ADVICE = "a lower learning_rate or fewer num_iterations; a larger epsilon only hides the problem"
+# Halving the learning rate first: on the tiny model (tests/test_callbacks.py) 1e-2 fires and 5e-3 keeps KL under 0.45
+# for 30 steps, while doubling beta at 1e-2 still fires (the KL term pulls back slower than the step pushes out).
+KL_ADVICE = (
+    "halve model.optim.learning_rate (and again if it fires again), then double model.loss.beta (0.04 -> 0.08), "
+    "and model.update.num_iterations 1"
+)
+CLIP_ADVICE = (
+    "halve model.optim.learning_rate, or halve model.update.num_iterations (at 1 nothing is clipped); a larger "
+    "epsilon only hides the problem"
+)
 
 
 class KLAlert(Alert):
@@ -29,7 +37,7 @@ class KLAlert(Alert):
         min_kl: growth is only judged from a past KL of at least this (ratios of tiny numbers mean nothing).
         max_clip_ratio: fraction of tokens outside the clip range above this is a signal.
         window: steps over which growth is measured.
-        patience: consecutive steps a signal must last before the alert fires.
+        patience: steps in a row a signal lasts before firing.
         action: warn, stop or raise.
     """
 

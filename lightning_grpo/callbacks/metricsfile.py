@@ -1,7 +1,8 @@
 """MetricsFile: the run's scalars as ``metrics.jsonl`` in its own directory, whatever the logger.
 
 ``lightning-grpo report`` reads this file, so runs logged to MLflow, W&B, TensorBoard or CSV (or to no logger)
-are reported alike. One JSON object a line: ``{"step": 10, "train/reward": 0.41, ...}``.
+are reported alike. One JSON object a line: ``{"step": 10, "train/reward": 0.41, ...}``. The CLI adds it to every
+run; ``GRPOModule`` writes no file itself, so in your own ``Trainer`` add it to ``callbacks``.
 """
 
 from __future__ import annotations
@@ -19,7 +20,14 @@ FILENAME = "metrics.jsonl"
 
 class MetricsFile(L.Callback):
     """Appends the step's ``train/*`` metrics on the steps the loggers write (``trainer.log_every_n_steps``, and
-    the last) and the ``val/*`` metrics after every validation pass (step 0: the sanity check, the "before")."""
+    the last) and the ``val/*`` metrics after every validation pass (step 0: the sanity check, the "before").
+
+    Put it after the callbacks that log (``RewardMonitor``, the alerts), so each row holds their values of its step.
+
+    Example::
+
+        trainer = L.Trainer(callbacks=[RewardMonitor(), KLAlert(), MetricsFile()])
+    """
 
     @override
     def on_train_batch_end(

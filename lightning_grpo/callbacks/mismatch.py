@@ -42,7 +42,7 @@ class MismatchAlert(Alert):
             (1 when the engines agree; NeMo-RL's CI bound is 1.1).
         max_kl: KL(sampler || trainer), k3 estimator per token, above this is a signal.
         min_ess: normalised effective sample size of the token ratios, in (0, 1], below this is a signal.
-        patience: consecutive steps a signal must last before the alert fires.
+        patience: steps in a row a signal lasts before firing.
         action: warn, stop or raise.
 
     Example::

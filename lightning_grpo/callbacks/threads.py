@@ -28,18 +28,59 @@ def threads_per_process(local_processes: int, cores: int | None = None, env: dic
     >>> threads_per_process(2, cores=16, env={"OMP_NUM_THREADS": "4"})
     4
     """
-    env = os.environ if env is None else env
-    if env.get("OMP_NUM_THREADS", "").isdigit() and int(env["OMP_NUM_THREADS"]) > 0:
-        return int(env["OMP_NUM_THREADS"])
-    return max(1, (cores or available_cores()) // max(1, local_processes))
+    return env_threads(env) or max(1, (cores or available_cores()) // max(1, local_processes))
+
+
+def env_threads(env: dict[str, str] | None = None) -> int | None:
+    """``OMP_NUM_THREADS`` when it is a positive integer, else None."""
+    value = (os.environ if env is None else env).get("OMP_NUM_THREADS", "")
+    return int(value) if value.isdigit() and int(value) > 0 else None
+
+
+def load_average() -> float | None:
+    """The machine's 1-minute load average (runnable processes, ours included), None where the OS has none."""
+    return os.getloadavg()[0] if hasattr(os, "getloadavg") else None
+
+
+def thread_line(threads: int, why: str, processes: int, cores: int, load: float | None) -> str:
+    """The one start-up line: the threads chosen and why, and on a busy machine the setting that fits.
+
+    The machine is busy when the load average leaves fewer free cores than ``processes x threads``: threads then
+    wait for each other, and the run is many times slower than with fewer threads.
+
+    >>> print(thread_line(2, "2 cores / 1 process", processes=1, cores=2, load=0.3))  # doctest: +NORMALIZE_WHITESPACE
+    torch threads: 2 per process (2 cores / 1 process); set threads.num_threads (or OMP_NUM_THREADS) on a busy
+    machine.
+    >>> print(thread_line(2, "2 cores / 1 process", processes=1, cores=2, load=1.9))  # doctest: +NORMALIZE_WHITESPACE
+    torch threads: 2 per process (2 cores / 1 process); busy machine: 1-minute load average 1.9 on 2 cores leaves
+    ~0 free, and threads that outnumber the free cores run many times slower (2 processes x 2 threads on 2 cores);
+    set threads.num_threads: 1 (or OMP_NUM_THREADS=1).
+    """
+    line = f"torch threads: {threads} per process ({why})"
+    free = cores - round(load) if load is not None else cores
+    if processes * threads <= max(1, free):
+        return line + "; set threads.num_threads (or OMP_NUM_THREADS) on a busy machine."
+    fit = max(1, free // processes)
+    return (
+        f"{line}; busy machine: 1-minute load average {load:.1f} on {cores} cores leaves ~{max(0, free)} free, and "
+        "threads that outnumber the free cores run many times slower (2 processes x 2 threads on 2 cores); "
+        f"set threads.num_threads: {fit} (or OMP_NUM_THREADS={fit})."
+    )
 
 
 class TorchThreads(L.Callback):
-    """Give each local process its share of the cores (``torch.set_num_threads``) when fitting starts.
+    """Give each local process its share of the cores (``torch.set_num_threads``), and say so in one line.
+
+    The line, when fitting starts, says how many threads, why, and on a busy machine (a high load average) which
+    setting fits.
 
     Args:
         num_threads: threads per process; ``None`` takes ``OMP_NUM_THREADS`` when set, else the cores this
             process may use divided by the processes on this machine (``trainer.num_devices``).
+
+    Example::
+
+        trainer = L.Trainer(callbacks=[TorchThreads(num_threads=1)])
     """
 
     def __init__(self, num_threads: int | None = None) -> None:
@@ -49,7 +90,14 @@ class TorchThreads(L.Callback):
 
     @override
     def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
-        threads = self.num_threads or threads_per_process(trainer.num_devices)
-        if threads != torch.get_num_threads():
-            torch.set_num_threads(threads)
-            rank_zero_info(f"torch threads: {threads} per process ({trainer.num_devices} on this machine).")
+        processes, cores = trainer.num_devices, available_cores()
+        threads = self.num_threads or threads_per_process(processes, cores)
+        torch.set_num_threads(threads)
+        rank_zero_info(thread_line(threads, self.why(processes, cores), processes, cores, load_average()))
+
+    def why(self, processes: int, cores: int) -> str:
+        if self.num_threads:
+            return "threads.num_threads"
+        if env_threads():
+            return f"OMP_NUM_THREADS={env_threads()}"
+        return f"{cores} cores / {processes} process{'es' if processes > 1 else ''} on this machine"

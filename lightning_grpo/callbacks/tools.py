@@ -28,7 +28,7 @@ class ToolUseAlert(Alert):
     """Warns when the configured tools are never called, or every call fails, for ``patience`` steps in a row.
 
     Args:
-        patience: consecutive training steps a signal must stay active before the alert fires.
+        patience: steps in a row a signal lasts before firing (training steps).
         action: ``warn``, ``stop`` or ``raise`` (see ``Alert``).
 
     Example::

@@ -24,13 +24,14 @@ ADVICE = (
 
 
 class UnscoredRewardAlert(Alert):
-    """Warns, stops or raises when a reward function returns NaN or None for at least ``min_fraction`` of a
-    step's completions, ``patience`` steps in a row.
+    """Warns, stops or raises when a reward function leaves a step's completions unscored (NaN or None).
+
+    It fires when at least ``min_fraction`` of a step's completions are unscored, ``patience`` steps in a row.
 
     Args:
         min_fraction: fraction of a step's completions (on a rank) a function leaves unscored (NaN or None)
             for the step to count; 1.0: all of them.
-        patience: consecutive steps before the alert fires.
+        patience: steps in a row a signal lasts before firing.
         action: warn, stop or raise.
 
     Example::

@@ -18,7 +18,7 @@ class LossConfig:
     """Every option of the loss, with TRL 1.16's names and defaults. ``loss:`` in YAML.
 
     Attributes:
-        loss_type: the policy term and its reduction (SKILL.md's "which variant when"): dapo (TRL's default,
+        loss_type: the policy term and its reduction (references/concepts.md, "Variants"): dapo (TRL's default,
             token mean over the global batch), grpo (sequence mean), bnpo, dr_grpo (constant length), luspo
             (length-scaled sequences), cispo (clipped IS weight, MiniMax-M1), sapo (soft gate), vespo.
         beta: weight of the k3 KL to the reference; > 0 keeps a frozen reference (LoRA: the adapter switched off).

@@ -28,10 +28,11 @@ def score(tests: list[Test], result: SandboxResult) -> float:
 class CodeExecutionReward:
     """Fraction of the row's tests the completion's code passes, in [0, 1]; 0.0 on timeout, crash or no code.
 
-    Programs run in parallel in a ``Sandbox`` (see ``sandbox/runner.py`` for the isolation and limits). Rows whose
-    ``test_cases`` is ``None`` or empty score ``None``. ``metrics()`` returns the sandbox counters
-    (``sandbox/programs``, ``sandbox/timeouts``, ``sandbox/killed``, ``sandbox/failures``) since its last call, and
-    ``sandbox/cgroup`` (1.0 when a cgroup bounds each sandbox as a whole).
+    Programs run in parallel in a ``Sandbox`` (see ``sandbox/runner.py`` for the isolation and limits), one per
+    completion for all its tests. Rows whose ``test_cases`` is ``None`` or empty score ``None`` and a completion with
+    no code (blank) scores 0.0, neither of them run; text without a code block runs as it is. ``metrics()`` returns
+    the sandbox counters (``sandbox/programs``, ``sandbox/timeouts``, ``sandbox/killed``, ``sandbox/failures``)
+    since its last call, and ``sandbox/cgroup`` (1.0 when a cgroup bounds each sandbox as a whole).
 
     Args:
         timeout_seconds: wall-clock limit per completion (all its tests, in one sandbox).
@@ -42,8 +43,11 @@ class CodeExecutionReward:
 
     >>> reward = CodeExecutionReward(timeout_seconds=5)
     >>> solution = "```python\\ndef add(a, b):\\n    return a + b\\n```"
-    >>> reward([solution, "I can't", solution], test_cases=[["assert add(1, 2) == 3"], ["assert add(1, 2) == 3"], None])
-    [1.0, 0.0, None]
+    >>> test = ["assert add(1, 2) == 3"]
+    >>> reward([solution, "I can't", "", solution], test_cases=[test, test, test, None])
+    [1.0, 0.0, 0.0, None]
+    >>> reward.metrics()["sandbox/programs"]  # the blank completion and the row with no tests did not run
+    2.0
     """
 
     __name__ = "code_execution_reward"

@@ -27,6 +27,7 @@ from lightning_grpo.callbacks import (
     CompletionSampleLogger,
     HFExport,
     KLAlert,
+    MetricsFile,
     ModeCollapseAlert,
     RewardMonitor,
     RunSummary,
@@ -71,6 +72,7 @@ def build(args: argparse.Namespace) -> tuple[GRPOModule, PromptDataModule, L.Tra
         CompletionSampleLogger(every_n_steps=50),  # samples.jsonl and samples.csv
         RunSummary(),  # held-out accuracy before -> after, summary.json
         HFExport(),  # <log_dir>/hf_model, loadable with AutoModelForCausalLM.from_pretrained
+        MetricsFile(),  # metrics.jsonl for `lightning-grpo report`; last, after the callbacks that log
     ]
     trainer = L.Trainer(
         max_steps=args.max_steps,
