@@ -1,6 +1,7 @@
 """Asynchronous GRPO against our synchronous run and TRL's, side by side on one shape (default: gen).
 
     python benchmarks/bench_async.py --repeats 3 --warmup 2 --steps 8 --json async.json
+    python benchmarks/bench_async.py --engine hf    # our rows sample with HFGenerate instead of LeanDecode
     python benchmarks/bench_async.py --learning --seeds 3 --learning-steps 300   # held-out accuracy, sync vs k=1
 
 Rows, each a fresh worker process of ``trl_vs_lightning_grpo.py`` (interleaved per repeat, so a load change on
@@ -17,6 +18,7 @@ import os
 import shlex
 import statistics
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 from trl_vs_lightning_grpo import MODEL_DEFAULTS, Runner, mean_std, run_grpo, task_for, template_settings
@@ -30,7 +32,7 @@ ROWS = {  # label: (side, threads per process, max_staleness)
 
 
 def measure(args: argparse.Namespace) -> dict[str, list[dict[str, float]]]:
-    settings, task = MODEL_DEFAULTS[args.model], task_for(args.model)
+    settings, task = replace(MODEL_DEFAULTS[args.model], engine=args.engine), task_for(args.model)
     runs: dict[str, list[dict[str, float]]] = {label: [] for label in ROWS}
     for repeat in range(args.repeats):
         for label, (side, threads, k) in ROWS.items():
@@ -100,6 +102,7 @@ def table(runs: dict[str, list[dict[str, float]]]) -> dict[str, dict[str, float]
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--model", choices=list(MODEL_DEFAULTS), default="gen")
+    p.add_argument("--engine", choices=["lean", "hf"], default="lean", help="our rows' engine (inside AsyncRollouts)")
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--warmup", type=int, default=2, help="untimed optimiser steps first (k = 1 fills one batch)")
     p.add_argument("--steps", type=int, default=8, help="timed optimiser steps")
