@@ -140,3 +140,19 @@ def test_the_cpu_kv_cache_is_a_whole_number_of_gib(monkeypatch, gib):
     with pytest.raises(ValueError, match=rf"cpu_kv_cache_gib must be a whole number of GiB >= 1 .*got {gib}"):
         vllm.VLLMColocate(cpu_kv_cache_gib=gib)
     assert vllm.VLLMColocate(cpu_kv_cache_gib=2).cpu_kv_cache_gib == 2
+
+
+def test_adapter_sync_of_a_sharded_policy_is_refused_before_any_step(monkeypatch, tiny_model_dir):
+    # before, the first push raised, after a whole training step and a collective
+    from types import SimpleNamespace
+
+    from lightning.pytorch.strategies import ModelParallelStrategy
+
+    from lightning_grpo.engines import vllm
+
+    monkeypatch.setattr(vllm, "vllm_problems", lambda engine: [])  # as where vLLM is installed
+    policy = Policy(tiny_model_dir, PolicyConfig(peft_config=LORA))
+    trainer = SimpleNamespace(strategy=ModelParallelStrategy(data_parallel_size=2, tensor_parallel_size=1))
+    with pytest.raises(ValueError, match=r"lora_sync='adapter' cannot serve a sharded \(FSDP\) policy.*'merged'"):
+        vllm.VLLMColocate(lora_sync="adapter").setup(policy, trainer, seed=0)
+    assert Policy.shards_under(trainer.strategy) and not Policy.shards_under(None)

@@ -98,6 +98,6 @@ class TorchThreads(L.Callback):
     def why(self, processes: int, cores: int) -> str:
         if self.num_threads:
             return "threads.num_threads"
-        if env_threads():
-            return f"OMP_NUM_THREADS={env_threads()}"
+        if from_env := env_threads():
+            return f"OMP_NUM_THREADS={from_env}"
         return f"{cores} cores / {processes} process{'es' if processes > 1 else ''} on this machine"

@@ -149,6 +149,11 @@ class VLLMColocate(RolloutEngine):
         from lightning_grpo.model.loading import resolve_pretrained
 
         if policy.is_lora and self.lora_sync == "adapter":
+            if Policy.shards_under(trainer.strategy):  # refused before any step: only rank 0 holds the gathered adapter
+                raise ValueError(
+                    "rollout_engine VLLMColocate lora_sync='adapter' cannot serve a sharded (FSDP) policy, whose "
+                    "gathered adapter only rank 0 holds: set lora_sync='merged', or use VLLMServer"
+                )
             self.adapters = AdapterVersions()
         self.llm = self._build(resolve_pretrained(policy.name_or_path), policy, trainer, seed)
 
@@ -236,12 +241,7 @@ class VLLMColocate(RolloutEngine):
 
     def push_adapter(self, policy: Policy) -> int:
         """The policy's adapter saved as a new version and loaded into the engine; the bytes of its files."""
-        version = self.adapters.save(policy)
-        if version is None:
-            raise NotImplementedError(
-                "VLLMColocate lora_sync='adapter' with a sharded (FSDP2) policy: only rank 0 holds the gathered "
-                "adapter. Use lora_sync='merged'"
-            )
+        version = self.adapters.save(policy)  # never sharded here: setup refuses that
         self.load_adapter(version)
         return version.num_bytes
 

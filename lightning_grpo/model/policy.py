@@ -206,6 +206,11 @@ class Policy(nn.Module):
         if c.sync_ref_model and step % c.ref_model_sync_steps == 0:
             self.sync_reference(c.ref_model_mixup_alpha)
 
+    @staticmethod
+    def shards_under(strategy: Strategy | None) -> bool:
+        """Whether ``configure`` shards the policy under ``strategy`` (FSDP2 or Lightning's FSDP)."""
+        return isinstance(strategy, (ModelParallelStrategy, FSDPStrategy))
+
     def configure(self, strategy: Strategy | None, mesh: Any | None) -> None:
         """Place the weights for ``strategy``: FSDP2 (``ModelParallelStrategy``, its device ``mesh``) shards
         here; Lightning's FSDP wraps the module itself; otherwise a policy built on the meta device loads."""
