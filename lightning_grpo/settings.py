@@ -93,7 +93,12 @@ class GRPOSettings:
     def targets(self) -> TargetSettings:
         """What shapes the loss inputs of a step (``targets/``)."""
         return TargetSettings(
-            self.update, self.advantages, self.num_generations, self.sampling.max_completion_length, self.reference
+            self.update,
+            self.advantages,
+            self.num_generations,
+            self.sampling.max_completion_length,
+            self.reference,
+            micro_batch_unit=self.num_generations if self.policy.share_prompt_prefix else 1,
         )
 
     @property

@@ -52,17 +52,24 @@ def test_fit_updates_the_policy_and_logs_every_metric(tiny_model_dir, arith_json
 @pytest.mark.parametrize("loss_type", ["grpo", "bnpo", "dr_grpo", "dapo"])
 def test_micro_batches_give_the_same_update(tiny_model_dir, arith_jsonl, tmp_path, loss_type):
     params = []
-    for micro in (None, 3):  # 16 completions in one pass, or in passes of 3, 3, 3, 3, 3, 1
+    splits = [
+        {},  # 16 completions in one pass
+        {"update": {"micro_batch_size": 3}},  # passes of 3, 3, 3, 3, 3, 1
+        {"update": {"micro_batch_tokens": 60}},  # rows sorted by length, ~60 padded tokens a pass
+        {"update": {"micro_batch_tokens": 60}, "policy": {"padding_free": True}},  # each pass packed
+    ]
+    for split in splits:
         module = make_module(
             tiny_model_dir,
-            update={"micro_batch_size": micro},
+            **split,
             optimizer=lambda p: torch.optim.SGD(p, lr=1.0),
             loss={"loss_type": loss_type},
             optim={"max_grad_norm": None},
         )  # update = gradient, unnormalised
         fit(module, PromptDataModule(arith_jsonl, batch_size=4, val_split=None), tmp_path, max_steps=1)
         params.append(torch.cat([p.detach().flatten() for p in module.policy.model.parameters()]))
-    assert torch.allclose(params[0], params[1], atol=1e-6)
+    for other in params[1:]:
+        assert torch.allclose(params[0], other, atol=1e-6)
 
 
 def test_num_iterations_reuses_a_generation_batch(tiny_model_dir, arith_jsonl, tmp_path):

@@ -13,7 +13,7 @@ from lightning_grpo.model.policy import Policy
 from lightning_grpo.ranks import Ranks
 from lightning_grpo.run import seeded
 from lightning_grpo.targets import Targets, TargetSettings, build_targets, optimiser_steps
-from lightning_grpo.targets.build import loss_mask
+from lightning_grpo.targets.build import loss_mask, token_micro_batches
 from lightning_grpo.types import RewardScores
 
 
@@ -108,8 +108,30 @@ def test_optimiser_steps_split_the_batch_into_shuffled_whole_groups():
         optimiser_steps(targets, settings(UpdateConfig(steps_per_generation=4), group_size=2), OneRank())
 
 
+def test_token_micro_batches_sort_rows_and_keep_groups_whole():
+    tokens = torch.tensor([5, 30, 6, 7, 40, 8, 9, 10])
+    rows = token_micro_batches(tokens, budget=40)
+    assert [m.tolist() for m in rows] == [[4], [1], [7, 6, 5, 3], [2, 0]]  # 4 x 10 = 40 fits; 5 x 10 does not
+    assert sorted(torch.cat(rows).tolist()) == list(range(8))
+    groups = token_micro_batches(tokens, budget=80, unit=2)  # groups' longest rows: 30, 7, 40, 10
+    assert [m.tolist() for m in groups] == [[4, 5], [0, 1], [6, 7, 2, 3]]  # 2 groups x 2 rows x 10 = 40 fit
+
+
+def test_optimiser_steps_split_by_tokens():
+    mask = torch.ones(8, 5)
+    tokens = torch.tensor([5, 30, 6, 7, 40, 8, 9, 10])
+    targets = Targets(torch.zeros(8), mask, LossNormalizer.from_mask(mask), [], None, None, None, row_tokens=tokens)
+    s = settings(UpdateConfig(steps_per_generation=2, micro_batch_tokens=40), group_size=2)
+    for step in optimiser_steps(targets, s, OneRank()):
+        assert sorted(torch.cat(step.micro_batches).tolist()) == sorted(step.rows.tolist())
+        for micro in step.micro_batches:
+            assert len(micro) * tokens[micro].max() <= 40 or len(micro) == 1
+
+
 def test_update_settings_check_themselves():
     with pytest.raises(ValueError) as err:
         UpdateConfig(num_iterations=0, sampling_correction="clip", sampling_correction_max=0)
     text = str(err.value)
+    with pytest.raises(ValueError, match="update.micro_batch_size=4 and update.micro_batch_tokens=512 both split"):
+        UpdateConfig(micro_batch_size=4, micro_batch_tokens=512)
     assert "update.num_iterations must be >= 1, got 0" in text and "got 'clip'" in text and "_max must be > 0" in text

@@ -40,6 +40,11 @@ class PolicyConfig:
         share_prompt_prefix: the log-prob forward encodes each group's shared prompt once (Prefix Grouper): the
             same log-probs and gradients for P + G * T token positions a group instead of G * (P + T). Not with
             gradient checkpointing.
+        padding_free: the log-prob forward runs on the micro-batch's real tokens packed into one sequence, each
+            row with its own positions (``model/padding.py``); with ``share_prompt_prefix``, a group's prompt once
+            and its completions after it. The same log-probs and gradients. Pays where lengths are uneven and
+            attention is variable-length (flash-attention on GPU); sdpa and eager attention (CPU) compute the
+            block-diagonal mask densely. ``share_prompt_prefix`` with it needs sdpa or eager attention.
         sync_ref_model: TR-DPO: every ``ref_model_sync_steps`` optimiser steps the reference moves towards the
             policy, ``ref = alpha * policy + (1 - alpha) * ref`` (needs loss.beta > 0, no LoRA).
         ref_model_mixup_alpha: that alpha.
@@ -55,6 +60,7 @@ class PolicyConfig:
     disable_dropout: bool = False
     logprob_chunk_size: int | None = None
     share_prompt_prefix: bool = False
+    padding_free: bool = False
     sync_ref_model: bool = False
     ref_model_mixup_alpha: float = 0.6
     ref_model_sync_steps: int = 512

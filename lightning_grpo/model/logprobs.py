@@ -23,6 +23,7 @@ import torch
 from torch import Tensor, nn
 from torch.utils.checkpoint import checkpoint
 
+from lightning_grpo.model.padding import pack_rows, position_ids_from_mask, trim_padding
 from lightning_grpo.model.prefix import shared_prefix_hidden
 
 
@@ -127,11 +128,6 @@ def router_aux_loss(router_logits: tuple[Tensor, ...], config, attention_mask: T
     return load_balancing_loss_func(router_logits, config.num_experts, config.num_experts_per_tok, attention_mask)
 
 
-def position_ids_from_mask(attention_mask: Tensor) -> Tensor:
-    """[n, L] positions that skip left padding, as ``generate`` assigns them."""
-    return (attention_mask.long().cumsum(-1) - 1).clamp(min=0)
-
-
 def _completion_hidden(
     model: nn.Module,
     config: Any,
@@ -140,23 +136,35 @@ def _completion_hidden(
     completion_length: int,
     router_aux: bool,
     shared_prefix: bool,
+    padding_free: bool,
 ) -> tuple[Tensor, Tensor | None]:
-    """([n, T, H] the decoder's hidden states that predict each completion token, the MoE router loss or None)."""
+    """([m, H] the decoder's hidden states that predict the m completion tokens of ``attention_mask``, row-major;
+    the MoE router loss or None)."""
+    decoder, targets = model.get_decoder(), attention_mask[:, -completion_length:].bool()  # [n, T]
+    if shared_prefix and router_aux:
+        raise ValueError("shared_prefix does not return MoE router logits: use shared_prefix=False")
+    router = {"output_router_logits": True} if router_aux else {}
+    if padding_free:
+        dtype = next(decoder.parameters()).dtype
+        packed = pack_rows(input_ids, attention_mask, completion_length, shared_prefix, dtype)
+        outputs = decoder(
+            input_ids=packed.input_ids,
+            attention_mask=packed.attention_mask,
+            position_ids=packed.position_ids,
+            use_cache=False,
+            **router,
+        )
+        aux_loss = router_aux_loss(outputs.router_logits, config, None) if router_aux else None  # no padding
+        return outputs.last_hidden_state[0, packed.index], aux_loss
     positions = position_ids_from_mask(attention_mask)  # [n, P+T]
     if shared_prefix:
-        if router_aux:
-            raise ValueError("shared_prefix does not return MoE router logits: use shared_prefix=False")
-        decoder = model.get_decoder()
-        return shared_prefix_hidden(decoder, config, input_ids, attention_mask, positions, completion_length), None
-    outputs = model.get_decoder()(
-        input_ids=input_ids,
-        attention_mask=attention_mask,
-        position_ids=positions,
-        use_cache=False,
-        **({"output_router_logits": True} if router_aux else {}),
+        hidden = shared_prefix_hidden(decoder, config, input_ids, attention_mask, positions, completion_length)
+        return hidden[targets], None
+    outputs = decoder(
+        input_ids=input_ids, attention_mask=attention_mask, position_ids=positions, use_cache=False, **router
     )
     aux_loss = router_aux_loss(outputs.router_logits, config, attention_mask) if router_aux else None
-    return outputs.last_hidden_state[:, -completion_length - 1 : -1], aux_loss
+    return outputs.last_hidden_state[:, -completion_length - 1 : -1][targets], aux_loss
 
 
 def _head_logps(
@@ -191,6 +199,7 @@ def completion_logps(
     router_aux: bool = False,
     entropy_grad: bool = False,
     shared_prefix: bool = False,
+    padding_free: bool = False,
 ) -> TokenLogps:
     """Log-probs of the last ``completion_length`` tokens of each row.
 
@@ -205,27 +214,33 @@ def completion_logps(
         entropy_grad: return the entropies with their gradient (for the entropy bonus); detached otherwise.
         shared_prefix: encode the prompt of each run of rows that share it once (``lightning_grpo.model.prefix``);
             the same values and gradients, for P + G * T token positions a group instead of G * (P + T).
+        padding_free: run the decoder on the rows' real tokens packed into one sequence (``model.padding``).
+
+    Columns that every row pads are never computed, and the LM head runs on completion tokens only; the
+    log-probs and entropies of padding are 0.
     """
     config = _text_config(getattr(model, "config", None))
-    hidden, aux_loss = _completion_hidden(
-        model, config, input_ids, attention_mask, completion_length, router_aux, shared_prefix
-    )
-    targets = input_ids[:, -completion_length:]  # [n, T]
+    ids, mask, width = trim_padding(input_ids, attention_mask, completion_length)  # [n, P'+T'], T' <= T
+    hidden, aux_loss = _completion_hidden(model, config, ids, mask, width, router_aux, shared_prefix, padding_free)
+    targets = mask[:, -width:].bool()  # [n, T'] the tokens scored: the LM head runs on these m only
     head = model.get_output_embeddings()
     head_logps, plain = _head_logps(head, config, temperature, entropy_grad)
-    flat_h = hidden.reshape(-1, hidden.shape[-1])  # [n*T, H]
-    flat_y = targets.reshape(-1)  # [n*T]
+    labels = ids[:, -width:][targets]  # [m]
     chunk_size = chunk_size or auto_chunk_size(head.weight.shape[0])
     logps, entropies = [], []
-    for start in range(0, flat_y.numel(), chunk_size):
-        h, y = flat_h[start : start + chunk_size], flat_y[start : start + chunk_size]
+    for start in range(0, labels.numel(), chunk_size):
+        h, y = hidden[start : start + chunk_size], labels[start : start + chunk_size]
         if torch.is_grad_enabled() and h.requires_grad and not plain:
             lp, ent = checkpoint(head_logps, h, y, use_reentrant=False)
         else:
             lp, ent = head_logps(h, y)
         logps.append(lp)
         entropies.append(ent)
-    shape = targets.shape
-    # Copies, not views of the flat results: FSDP2 hooks the outputs of a sharded forward, and a view's hook is
-    # silently lost if anything later modifies it in place.
-    return TokenLogps(torch.cat(logps).view(shape).clone(), torch.cat(entropies).view(shape).clone(), aux_loss)
+    return TokenLogps(*(_unpacked(torch.cat(v), targets, completion_length) for v in (logps, entropies)), aux_loss)
+
+
+def _unpacked(values: Tensor, targets: Tensor, completion_length: int) -> Tensor:
+    """[m] values of the ``targets`` [n, T'] tokens -> [n, T] with 0 elsewhere. A new tensor, not a view: FSDP2
+    hooks the outputs of a sharded forward, and a view's hook is silently lost if anything later modifies it."""
+    out = values.new_zeros(targets.shape).masked_scatter(targets, values)  # [n, T']
+    return torch.nn.functional.pad(out, (0, completion_length - targets.shape[1]))

@@ -10,7 +10,7 @@ from __future__ import annotations
 import contextlib
 import copy
 import math
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
@@ -112,6 +112,7 @@ class Policy(nn.Module):
             "router_aux": router_aux,
             "entropy_grad": entropy_grad,
             "shared_prefix": self.config.share_prompt_prefix,
+            "padding_free": self.config.padding_free,
         }
         chunk = self.config.logprob_chunk_size
         if is_sharded(model):  # FSDP2 gathers each layer around each of its calls: the prompt pass, then the rest
@@ -119,16 +120,16 @@ class Policy(nn.Module):
         return completion_logps(model, ids, mask, width, self.temperature, chunk, **options)
 
     @torch.no_grad()
-    def logps(self, rollout: Rollout, micro_batches: list[slice]) -> Tensor:
+    def logps(self, rollout: Rollout, micro_batches: list[slice] | list[Tensor]) -> Tensor:
         """[N, T] log-probs under the current weights, without gradient (the sampling policy's)."""
-        return torch.cat([self.token_logps(rollout, rows).logps for rows in micro_batches])
+        return _in_row_order(micro_batches, lambda rows: self.token_logps(rollout, rows).logps)
 
     @torch.no_grad()
-    def reference_logps(self, rollout: Rollout, micro_batches: list[slice]) -> Tensor:
+    def reference_logps(self, rollout: Rollout, micro_batches: list[slice] | list[Tensor]) -> Tensor:
         """[N, T] log-probs under the initial policy: the frozen copy, or the LoRA policy with its adapter off."""
         context = self.model.disable_adapter() if self.is_lora else _eval_mode(self.reference)
         with context:
-            return torch.cat([self.token_logps(rollout, rows, self.reference).logps for rows in micro_batches])
+            return _in_row_order(micro_batches, lambda rows: self.token_logps(rollout, rows, self.reference).logps)
 
     # ---- generation ---------------------------------------------------------------------------------------
 
@@ -313,3 +314,13 @@ def clip_gradients(params: list[nn.Parameter], max_norm: float | None, root: Any
     else:
         norm = torch.nn.utils.clip_grad_norm_(params, max_norm)
     return norm.full_tensor() if isinstance(norm, DTensor) else norm
+
+
+def _in_row_order(micro_batches: list[slice] | list[Tensor], logps: Callable[[slice | Tensor], Tensor]) -> Tensor:
+    """[N, T] ``logps(rows)`` of each micro-batch, put back in row order (token-budget micro-batches take rows
+    sorted by length)."""
+    parts = [(rows, logps(rows)) for rows in micro_batches]
+    out = parts[0][1].new_zeros(sum(len(values) for _, values in parts), parts[0][1].shape[1])  # [N, T]
+    for rows, values in parts:
+        out[rows] = values
+    return out

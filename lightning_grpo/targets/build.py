@@ -33,6 +33,7 @@ class TargetSettings:
     group_size: int  # G
     max_completion_length: int  # Dr. GRPO's constant normaliser
     reference: bool  # reference log-probs are needed (loss.beta > 0 or advantages.kl_coef > 0)
+    micro_batch_unit: int = 1  # rows a micro-batch keeps together: G for the shared-prompt forward
 
     @property
     def needs_old_logps(self) -> bool:
@@ -54,6 +55,7 @@ class Targets:
     sampling_weights: Tensor | None  # [N, T] or [N, 1] when another engine sampled (vLLM)
     sampling_logps: Tensor | None = None  # [N, T] that engine's own log-probs (the off-policy mask compares them)
     mismatch: MismatchStats | None = None  # sampler vs trainer log-probs over every rank's loss tokens
+    row_tokens: Tensor | None = None  # [N] real prompt and completion tokens of each row (token-budget micro-batches)
 
     def loss(
         self, token: TokenLogps, rows: slice | Tensor, norm: LossNormalizer, config: LossConfig, entropy_coef: float
@@ -99,6 +101,34 @@ def micro_batches(n: int, size: int | None) -> list[slice]:
     return [slice(i, min(i + size, n)) for i in range(0, n, size)]
 
 
+def token_micro_batches(row_tokens: Tensor, budget: int, unit: int = 1) -> list[Tensor]:
+    """[k] row indices of each micro-batch: units of ``unit`` consecutive rows, longest first, filled while the
+    micro-batch's padded size (its units' rows x its longest row) stays within ``budget``; a longer unit goes
+    alone.
+
+    >>> [m.tolist() for m in token_micro_batches(torch.tensor([3, 9, 4, 8, 2, 2]), budget=16)]
+    [[1], [3, 2], [0, 4, 5]]
+    """
+    lengths = row_tokens.view(-1, unit).amax(dim=1)  # [U] the longest row of each unit
+    batches: list[list[int]] = []
+    longest = 0  # of the last micro-batch: its first unit's, as units come longest first
+    for u in lengths.argsort(descending=True, stable=True).tolist():
+        rows = list(range(u * unit, (u + 1) * unit))
+        if batches and (len(batches[-1]) + unit) * longest <= budget:
+            batches[-1] += rows
+        else:
+            batches.append(rows)
+            longest = int(lengths[u])
+    return [torch.tensor(b, dtype=torch.long) for b in batches]
+
+
+def split_rows(row_tokens: Tensor, u: UpdateConfig, unit: int) -> list[slice] | list[Tensor]:
+    """The micro-batches of rows with ``row_tokens`` [n] tokens each, as ``update`` sets them."""
+    if u.micro_batch_tokens is not None:
+        return token_micro_batches(row_tokens, u.micro_batch_tokens, unit)
+    return micro_batches(len(row_tokens), u.micro_batch_size)
+
+
 def rows_of(t: Tensor | None, rows: slice | Tensor) -> Tensor | None:
     return None if t is None else t[rows]
 
@@ -133,7 +163,8 @@ def build_targets(
     """
     u = s.update
     mask = loss_mask(rollout.model_mask, rollout.is_truncated, u.mask_truncated_completions)  # [N, T]
-    rows = micro_batches(len(rollout), u.micro_batch_size)
+    row_tokens = rollout.attention_mask.sum(dim=1).cpu()  # [N]
+    rows = split_rows(row_tokens, u, s.micro_batch_unit)
     correct = rollout.sampling_logps is not None and u.sampling_correction is not None
     old_logps = policy.logps(rollout, rows) if s.needs_old_logps or correct else None
     ref_logps = policy.reference_logps(rollout, rows) if s.reference else None
@@ -151,6 +182,7 @@ def build_targets(
         sampling_weights=weights,
         sampling_logps=rollout.sampling_logps,
         mismatch=_mismatch(old_logps, rollout.sampling_logps, mask, ranks) if correct else None,
+        row_tokens=row_tokens,
     )
 
 
@@ -205,6 +237,7 @@ def optimiser_steps(targets: Targets, s: TargetSettings, ranks: Ranks) -> list[O
     steps = []
     for part in rows.chunk(parts):
         mask = targets.mask[part]
-        micro = list(part.split(s.update.micro_batch_size or len(part)))
+        tokens = torch.ones(len(part)) if targets.row_tokens is None else targets.row_tokens[part]
+        micro = [part[rows] for rows in split_rows(tokens, s.update, s.micro_batch_unit)]
         steps.append(OptimiserStep(part, micro, normalizer(mask, ranks, s.max_completion_length)))
     return steps

@@ -20,6 +20,11 @@ class UpdateConfig:
             (rollouts reused, the later steps off-policy); ``data.batch_size`` must be a multiple of it.
         micro_batch_size: completions per forward/backward pass; gradients accumulate over the optimiser step.
             ``None`` takes all at once. Any value gives the same update.
+        micro_batch_tokens: instead of ``micro_batch_size``, micro-batches of rows of similar lengths, each at most
+            this many tokens as the padded forward holds them (rows x the longest row's prompt and completion;
+            a longer row goes alone): verl's ``use_dynamic_bsz``. Rows are sorted by length, longest first, so
+            little padding is computed and the first micro-batch shows the peak memory. Whole groups with
+            ``policy.share_prompt_prefix``. The same update as any other split.
         mask_truncated_completions: drop completions without EOS from the loss (DAPO).
         sampling_correction: when another engine sampled (vLLM), re-weight the policy term by the trainer/sampler
             probability ratio rho (``targets/correction.py``, defaults in brackets): TRL's token_truncate,
@@ -37,6 +42,7 @@ class UpdateConfig:
     num_iterations: int = 1
     steps_per_generation: int = 1
     micro_batch_size: int | None = None
+    micro_batch_tokens: int | None = None
     mask_truncated_completions: bool = False
     sampling_correction: Literal[SAMPLING_CORRECTIONS] | None = "sequence_mask"
     sampling_correction_min: float | None = None
@@ -55,6 +61,15 @@ class UpdateConfig:
                 (
                     self.micro_batch_size is None or self.micro_batch_size >= 1,
                     f"update.micro_batch_size must be None or >= 1, got {self.micro_batch_size!r}",
+                ),
+                (
+                    self.micro_batch_tokens is None or self.micro_batch_tokens >= 1,
+                    f"update.micro_batch_tokens must be None or >= 1, got {self.micro_batch_tokens!r}",
+                ),
+                (
+                    self.micro_batch_size is None or self.micro_batch_tokens is None,
+                    f"update.micro_batch_size={self.micro_batch_size} and update.micro_batch_tokens="
+                    f"{self.micro_batch_tokens} both split the batch: set one of them",
                 ),
                 (
                     self.sampling_correction in corrections,

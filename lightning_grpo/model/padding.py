@@ -1,0 +1,107 @@
+"""Left-padded prompts + right-padded completions -> the token layouts of the log-prob forward that skip padding.
+
+Knows attention masks and positions; nothing about models, log-probs or losses. Two layouts:
+
+- ``trim_padding``: the padded batch without the columns no row needs (leading columns that are padding in every
+  row, trailing ones past every row's last completion token). Exact: a causal model never reads a later column,
+  and a column of padding is a masked key for every row. A micro-batch of rows of similar lengths
+  (``update.micro_batch_tokens``) then pays for little padding.
+- ``pack_rows``: every real token of the micro-batch in one sequence, each row's positions starting at 0 (verl's
+  ``use_remove_padding``, OpenRLHF's ``packing_samples``). Without a shared prompt the rows are told apart by
+  their positions alone (``attention_mask=None``): transformers then builds a block-diagonal causal mask for
+  sdpa and eager attention, and flash-attention runs variable-length kernels, so no pair of rows costs
+  attention. With ``share_prompt`` each group's prompt is packed once and its G completions after it (Prefix
+  Grouper, composed), which positions cannot express: an explicit ``[1, 1, S, S]`` mask says that a completion
+  reads its group's prompt and its own past (sdpa and eager attention only).
+
+On CPU the block-diagonal mask is computed densely (``S**2`` scores a layer and head, where the padded batch has
+``n * L**2``); the MLP, the projections and the LM head run on real tokens only.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+from lightning_grpo.model.prefix import prompt_runs
+
+
+def position_ids_from_mask(attention_mask: Tensor) -> Tensor:
+    """[n, L] positions that skip left padding, as ``generate`` assigns them."""
+    return (attention_mask.long().cumsum(-1) - 1).clamp(min=0)
+
+
+def trim_padding(input_ids: Tensor, attention_mask: Tensor, completion_length: int) -> tuple[Tensor, Tensor, int]:
+    """(ids [n, P'+T'], mask [n, P'+T'], T'): the columns some row needs; at least the last prompt column (it
+    predicts the first completion token) and one completion column.
+
+    >>> ids = torch.tensor([[0, 5, 6, 7, 0], [0, 0, 5, 8, 0]])
+    >>> mask = torch.tensor([[0, 1, 1, 1, 0], [0, 0, 1, 1, 0]])
+    >>> trim_padding(ids, mask, 2)[0].tolist(), trim_padding(ids, mask, 2)[2]
+    ([[5, 6, 7], [0, 5, 8]], 1)
+    """
+    prompt_width = input_ids.shape[1] - completion_length
+    used = attention_mask.bool().any(dim=0)  # [P+T]
+    prompt_used, completion_used = used[:prompt_width], used[prompt_width:]
+    first = int(prompt_used.long().argmax()) if prompt_used.any() else prompt_width - 1
+    width = int(completion_used.nonzero().max()) + 1 if completion_used.any() else 1  # T'
+    columns = slice(first, prompt_width + width)
+    return input_ids[:, columns], attention_mask[:, columns], width
+
+
+@dataclass(frozen=True)
+class PackedRows:
+    """A micro-batch as one sequence of its S real tokens."""
+
+    input_ids: Tensor  # [1, S]
+    position_ids: Tensor  # [1, S] each row's own positions (a group's completions continue its prompt's)
+    attention_mask: Tensor | None  # [1, 1, S, S] additive (0 or the dtype's min); None: rows told by positions
+    index: Tensor  # [m] the packed token whose hidden state predicts each completion token, row-major
+
+
+def pack_rows(
+    input_ids: Tensor, attention_mask: Tensor, completion_length: int, share_prompt: bool, dtype: torch.dtype
+) -> PackedRows:
+    """The real tokens of ``input_ids`` [n, P+T] packed, a group's prompt once when ``share_prompt``.
+
+    Args:
+        attention_mask: [n, P+T] 1 on real tokens (left-padded prompt, right-padded completion).
+        completion_length: T.
+        dtype: of the additive mask (the model's).
+    """
+    n, width = input_ids.shape
+    prompt_width = width - completion_length
+    rows = torch.arange(n, device=input_ids.device)
+    keep = attention_mask.bool().clone()  # [n, P+T] tokens packed
+    owner = rows.unsqueeze(1).repeat(1, width)  # [n, P+T] the row whose copy of a token each row reads
+    if share_prompt:
+        first, counts = prompt_runs(input_ids[:, :prompt_width], attention_mask[:, :prompt_width])
+        leader = first.repeat_interleave(counts)  # [n] first row of each row's group
+        keep[:, :prompt_width] &= (leader == rows).unsqueeze(1)
+        owner[:, :prompt_width] = leader.unsqueeze(1)
+    slot = keep.flatten().cumsum(0).view(n, width) - 1  # [n, P+T] packed index of each kept token
+    read = slot.gather(0, owner)  # [n, P+T] packed index of the token (row, column) reads
+    targets = attention_mask[:, prompt_width:].bool()  # [n, T]
+    positions = position_ids_from_mask(attention_mask)  # [n, P+T]
+    return PackedRows(
+        input_ids=input_ids[keep].unsqueeze(0),
+        position_ids=positions[keep].unsqueeze(0),
+        attention_mask=_group_mask(keep, leader, positions, prompt_width, dtype) if share_prompt else None,
+        index=read[:, prompt_width - 1 : -1][targets],
+    )
+
+
+def _group_mask(keep: Tensor, leader: Tensor, positions: Tensor, prompt_width: int, dtype: torch.dtype) -> Tensor:
+    """[1, 1, S, S] additive: a token reads the earlier tokens of its group's prompt and of its own completion."""
+    n, width = keep.shape
+    row = torch.arange(n, device=keep.device).unsqueeze(1).expand(n, width)[keep]  # [S]
+    in_prompt = (torch.arange(width, device=keep.device) < prompt_width).expand(n, width)[keep]  # [S]
+    group = leader[row]  # [S]
+    branch = torch.where(in_prompt, -1, row)  # [S] -1: the group's shared prompt
+    pos = positions[keep]  # [S]
+    allowed = (group.unsqueeze(1) == group) & (pos <= pos.unsqueeze(1))  # [S, S] query x key
+    allowed &= (branch == -1) | (branch == branch.unsqueeze(1))
+    mask = torch.zeros(allowed.shape, dtype=dtype, device=keep.device)
+    return mask.masked_fill_(~allowed, torch.finfo(dtype).min)[None, None]
