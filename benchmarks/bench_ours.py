@@ -54,7 +54,8 @@ def build(spec: RunSpec) -> tuple[GRPOModule, PromptDataModule]:
         num_generations=spec.num_generations,
         seed=spec.seed,
         rollout_engine=engine(spec),
-        policy={"share_prompt_prefix": spec.share_prompt_prefix},
+        policy={"share_prompt_prefix": spec.share_prompt_prefix, "padding_free": spec.padding_free},
+        update={"micro_batch_tokens": spec.micro_batch_tokens},
         sampling={
             "max_prompt_length": spec.max_prompt_length,
             "max_completion_length": spec.max_completion_length,

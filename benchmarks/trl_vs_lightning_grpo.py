@@ -31,7 +31,16 @@ from typing import Any
 
 import torch
 import yaml
-from bench_assets import RunResult, RunSpec, Task, gen_task, matmul_gflops, qwen_100m_task, tiny_task
+from bench_assets import (
+    RunResult,
+    RunSpec,
+    Task,
+    gen_task,
+    matmul_gflops,
+    qwen_100m_task,
+    tiny_task,
+    uneven_task,
+)
 
 REPO = Path(__file__).resolve().parents[1]
 SIDES = ("ours", "trl")
@@ -53,20 +62,27 @@ class Settings:
     share_prompt_prefix: bool = True  # lightning-grpo only: the log-prob forward encodes a group's prompt once
     device: str = "cpu"  # "cuda": both sides on one GPU (the GPU mode); peak GPU memory is reported too
     vllm: bool = False  # both sides generate with a colocated vLLM engine (CUDA, ``pip install vllm``)
+    micro_batch_tokens: int | None = None  # lightning-grpo only: length-sorted token-budget micro-batches
+    padding_free: bool = False  # lightning-grpo only: the log-prob forward on packed rows
 
 
 # tiny: overhead-bound, 4 prompts x 8 = 32 completions of <= 16 tokens (most end after 1-2: the task's answer);
 # 100m: training-bound, 4 x 8 completions of 32 tokens, 151,936-token LM head;
 # gen: generation-bound, 2 x 8 completions of 128 tokens (a random model rarely samples EOS: they run to the end);
-# prompt: prompt-heavy, the gen model with 320-token prompts shared by groups of 8, 16-token completions.
+# prompt: prompt-heavy, the gen model with 320-token prompts shared by groups of 8, 16-token completions;
+# uneven: the gen model with a likelier EOS (``uneven_model``), 2 x 8 completions of 1 to 256 tokens, spread out.
 MODEL_DEFAULTS = {
     "tiny": Settings(num_generations=8, prompts_per_step=4, max_completion_length=16, learning_rate=1e-3),
     "100m": Settings(num_generations=8, prompts_per_step=4, max_completion_length=32, learning_rate=1e-6),
     "gen": Settings(num_generations=8, prompts_per_step=2, max_completion_length=128, learning_rate=1e-6),
     "prompt": Settings(num_generations=8, prompts_per_step=2, max_completion_length=16, learning_rate=1e-6),
+    "uneven": Settings(
+        num_generations=8, prompts_per_step=2, max_completion_length=256, learning_rate=1e-6, micro_batch_tokens=1024
+    ),
 }
 PROMPT_HEAVY_TOKENS = 320
 MODELS = {"both": ["tiny", "100m"], "all": list(MODEL_DEFAULTS)}
+UNSET = -1  # a command-line value that sets an optional setting to None
 
 
 def template_settings(path: Path = REPO / "templates" / "tiny_cpu.yaml") -> tuple[Settings, float]:
@@ -182,6 +198,8 @@ def task_for(model: str) -> Task:
         return tiny_task()
     if model == "100m":
         return qwen_100m_task(cache_home())
+    if model == "uneven":
+        return uneven_task(cache_home())
     return gen_task(cache_home(), PROMPT_HEAVY_TOKENS if model == "prompt" else 32)
 
 
@@ -198,8 +216,11 @@ def speed_settings(args: argparse.Namespace, model: str) -> Settings:
         "share_prompt_prefix": args.share_prompt_prefix,
         "device": args.device,
         "vllm": args.vllm or None,
+        "micro_batch_tokens": args.micro_batch_tokens,
+        "padding_free": args.padding_free,
     }
-    return Settings(**{**asdict(MODEL_DEFAULTS[model]), **{k: v for k, v in given.items() if v is not None}})
+    settings = {**asdict(MODEL_DEFAULTS[model]), **{k: v for k, v in given.items() if v is not None}}
+    return Settings(**{k: None if v == UNSET else v for k, v in settings.items()})
 
 
 def run_grpo(runner: Runner, side: str, task: Task, settings: Settings, **spec: Any) -> RunResult:
@@ -243,7 +264,8 @@ def print_comparison(c: Comparison, gflops: float, repeats: int, steps: int) -> 
         f"\n== {c.model}: {params / 1e6:.2f}M matmul params, {s.prompts_per_step} prompts x {s.num_generations} = "
         f"{n} completions/step, <= {s.max_completion_length} completion tokens, beta {c.beta}, {s.loss_type} "
         f"(median of {repeats} runs x {steps} steps on {s.device}{', vLLM colocate' if s.vllm else ''}; ours: engine "
-        f"{s.engine}, share_prompt_prefix {s.share_prompt_prefix}) =="
+        f"{s.engine}, share_prompt_prefix {s.share_prompt_prefix}, micro_batch_tokens {s.micro_batch_tokens}, "
+        f"padding_free {s.padding_free}) =="
     )
     print(f"{'side':6s}{'steps/s':>10s}{'tokens/s':>11s}{'peak RSS MB':>13s}{'floor s/step':>14s}{'of floor':>10s}")
     for side, m in c.medians(gflops).items():
@@ -415,7 +437,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help="tiny: the embedded 2-layer demo model on its max-of-three-digits task; 100m: a 90M Qwen2 "
         "with Qwen2.5's 151936 vocabulary on random prompts with a length reward; gen: Qwen2 4 layers x 256, "
         "vocabulary 32,000, 128-token completions; prompt: the gen model with 320-token prompts and 16-token "
-        "completions; both: tiny and 100m; all: every shape (default tiny)",
+        "completions; uneven: the gen model with completions of 1 to 256 tokens, spread out; both: tiny and 100m; "
+        "all: every shape (default tiny)",
     )
     p.add_argument(
         "--engine",
@@ -475,6 +498,17 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         choices=("cpu", "cuda"),
         default="cpu",
         help="cuda: the GPU mode, both sides on one GPU, peak GPU memory reported (cpu)",
+    )
+    p.add_argument(
+        "--micro-batch-tokens",
+        type=int,
+        help=f"ours: update.micro_batch_tokens, length-sorted micro-batches of at most this many padded tokens "
+        f"({UNSET}: off, one micro-batch; uneven shape 1024, the others off)",
+    )
+    p.add_argument(
+        "--padding-free",
+        type=lambda v: v.lower() in ("1", "true", "yes"),
+        help="ours: policy.padding_free, the log-prob forward on packed rows (true/false; default false)",
     )
     p.add_argument("--vllm", action="store_true", help="GPU mode: both sides generate with a colocated vLLM engine")
     p.add_argument(

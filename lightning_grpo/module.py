@@ -22,7 +22,7 @@ from typing_extensions import override
 
 from lightning_grpo.advantages import AdvantageConfig
 from lightning_grpo.dynamic import GroupBuffer
-from lightning_grpo.engines import HFGenerate
+from lightning_grpo.engines import default_engine
 from lightning_grpo.loss import LossConfig, LossOutput
 from lightning_grpo.loss.entropy import EntropyController
 from lightning_grpo.metrics import StepCounters, eval_metrics, step_stats
@@ -75,8 +75,9 @@ class GRPOModule(L.LightningModule):
         max_bad_steps: a step whose rewards, advantages or gradients are not finite is skipped (counted in
             ``train/skipped_steps``); this many in a row stop training with an error and a checkpoint.
         rollout_engine: what turns prompts into completions (``class_path`` in YAML): ``None`` is
-            ``lightning_grpo.engines.HFGenerate``; see ``lightning_grpo.engines`` for the others (LeanDecode,
-            ToolCalling, RolloutFunction, VLLMColocate, VLLMServer).
+            ``lightning_grpo.engines.LeanDecode`` (``HFGenerate`` when ``sampling.generation_kwargs`` is set, said
+            in one line); see ``lightning_grpo.engines`` for the others (ToolCalling, RolloutFunction,
+            VLLMColocate, VLLMServer, OpenAIAgent, AsyncRollouts).
         optimizer: optional optimiser factory ``params -> Optimizer`` replacing AdamW (``class_path`` in YAML).
         seed: base of the per-rank, per-step sampling seed.
     """
@@ -103,7 +104,7 @@ class GRPOModule(L.LightningModule):
         seed: int = 0,
     ) -> None:
         super().__init__()
-        self.engine = rollout_engine or HFGenerate()
+        self.engine = rollout_engine or default_engine(sampling)
         s = self.settings = GRPOSettings.build(
             self.engine.problems,
             num_generations=num_generations,
@@ -122,7 +123,7 @@ class GRPOModule(L.LightningModule):
         self.automatic_optimization = False
         self.optimizer_factory = optimizer
         self.policy = Policy(model, s.policy, s.reference, s.sampling.temperature, s.loss.router_aux_loss_coef)
-        self.targets = s.targets()
+        self.targets = s.targets(self.policy.shares_prompt_prefix)
         self.entropy = EntropyController.from_config(s.loss)
         self.group_buffer = GroupBuffer.of(s.advantages, self.policy.tokenizer.pad_token_id)
         self.counters = StepCounters()

@@ -90,15 +90,16 @@ class GRPOSettings:
             *((False, problem) for problem in engine_problems(self.sampling)),
         ]
 
-    def targets(self) -> TargetSettings:
-        """What shapes the loss inputs of a step (``targets/``)."""
+    def targets(self, shared_prompts: bool) -> TargetSettings:
+        """What shapes the loss inputs of a step (``targets/``); ``shared_prompts``: the log-prob forward encodes a
+        group's prompt once (``Policy.shares_prompt_prefix``), so micro-batches keep groups whole."""
         return TargetSettings(
             self.update,
             self.advantages,
             self.num_generations,
             self.sampling.max_completion_length,
             self.reference,
-            micro_batch_unit=self.num_generations if self.policy.share_prompt_prefix else 1,
+            micro_batch_unit=self.num_generations if shared_prompts else 1,
         )
 
     @property

@@ -195,6 +195,7 @@ TESTS = {
     "model/logprobs.py": ["test_logprobs_scaling.py", "test_moe_aux.py"],
     "model/materialize.py": ["test_materialize.py"],
     "model/policy.py": ["test_policy.py", "test_lora.py"],
+    "model/padding.py": ["test_padding.py"],
     "model/prefix.py": ["test_prefix.py"],
     "model/sharding.py": ["test_parallel.py"],
     "module.py": ["test_module.py"],

@@ -10,7 +10,6 @@ from helpers import fit, logged, make_module
 from lightning_grpo import GRPOModule, PromptDataModule
 from lightning_grpo.engines import HFGenerate, VLLMColocate
 from lightning_grpo.engines.vllm import vllm_build
-from lightning_grpo.model.logprobs import completion_logps
 from lightning_grpo.model.policy import Policy
 from lightning_grpo.rewards import exact_match_reward
 from lightning_grpo.rollout import SamplingConfig
@@ -26,9 +25,8 @@ class ShiftedSampler(HFGenerate):
 
     def generate(self, policy, prompts, num_generations, sampling, greedy, columns=None):
         rollout = super().generate(policy, prompts, num_generations, sampling, greedy)
-        width = rollout.completion_ids.shape[1]
-        with torch.no_grad():
-            own = completion_logps(policy.model, rollout.input_ids, rollout.attention_mask, width, sampling.temperature)
+        with torch.no_grad():  # the trainer's own log-probs, computed as it computes them
+            own = policy.token_logps(rollout, slice(None))
         rollout.sampling_logps = own.logps - self.shift
         return rollout
 

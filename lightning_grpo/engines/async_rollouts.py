@@ -32,7 +32,7 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 from typing_extensions import override
 
-from lightning_grpo.engines.hf import HFGenerate
+from lightning_grpo.engines.lean import LeanDecode
 from lightning_grpo.engines.producer import Produced, Request, WeightsMailbox, produce
 from lightning_grpo.model.policy import Policy
 from lightning_grpo.rollout import RolloutEngine, SamplingConfig
@@ -45,14 +45,15 @@ class AsyncRollouts(RolloutEngine):
     """Sample in a separate process while the trainer updates, at most ``max_staleness`` updates behind.
 
     Args:
-        engine: what samples in the producer (and in-process for validation): ``None`` is ``HFGenerate``.
+        engine: what samples in the producer (and in-process for validation): ``None`` is ``LeanDecode``, the
+            synchronous default.
         max_staleness: k, updates between the weights that sampled a batch and the update that trains on it;
             0 is the synchronous behaviour, 1 one-step-off. The pipeline holds k batches.
         producer_threads: torch threads of the producer process (the trainer keeps its own).
     """
 
     def __init__(self, engine: RolloutEngine | None = None, max_staleness: int = 1, producer_threads: int = 1) -> None:
-        self.engine = engine or HFGenerate()
+        self.engine = engine or LeanDecode()
         self.max_staleness = max_staleness
         self.producer_threads = producer_threads
         self.version = 0  # updates published: the trainer's policy version

@@ -38,8 +38,9 @@ class PolicyConfig:
         logprob_chunk_size: token positions per LM-head chunk when computing log-probs; ``None`` sizes chunks to
             ~32M logits (128 MB in fp32): 220 positions at Qwen2.5's 151,936-token vocabulary.
         share_prompt_prefix: the log-prob forward encodes each group's shared prompt once (Prefix Grouper): the
-            same log-probs and gradients for P + G * T token positions a group instead of G * (P + T). Not with
-            gradient checkpointing.
+            same log-probs and gradients for P + G * T token positions a group instead of G * (P + T). ``None``
+            (the default): on where it is exact, off with gradient checkpointing (it drops the prompt's cache), a
+            Mixture-of-Experts load-balancing loss or sliding-window attention (``Policy.shares_prompt_prefix``).
         padding_free: the log-prob forward runs on the micro-batch's real tokens packed into one sequence, each
             row with its own positions (``model/padding.py``); with ``share_prompt_prefix``, a group's prompt once
             and its completions after it. The same log-probs and gradients. Pays where lengths are uneven and
@@ -59,7 +60,7 @@ class PolicyConfig:
     gradient_checkpointing: bool = False
     disable_dropout: bool = False
     logprob_chunk_size: int | None = None
-    share_prompt_prefix: bool = False
+    share_prompt_prefix: bool | None = None
     padding_free: bool = False
     sync_ref_model: bool = False
     ref_model_mixup_alpha: float = 0.6
@@ -77,7 +78,7 @@ class PolicyConfig:
                 ),
                 (not qlora, f"policy.load_in_4bit (QLoRA) cannot run: {'; '.join(qlora)}"),
                 (
-                    not (self.share_prompt_prefix and self.gradient_checkpointing),
+                    not (self.share_prompt_prefix is True and self.gradient_checkpointing),
                     "policy.share_prompt_prefix=True with policy.gradient_checkpointing=True: checkpointed layers "
                     "drop the KV cache that carries the shared prompt; turn one of them off",
                 ),

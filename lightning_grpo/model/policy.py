@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import functools
 import math
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -111,7 +112,7 @@ class Policy(nn.Module):
         options = {
             "router_aux": router_aux,
             "entropy_grad": entropy_grad,
-            "shared_prefix": self.config.share_prompt_prefix,
+            "shared_prefix": self.shares_prompt_prefix,
             "padding_free": self.config.padding_free,
         }
         chunk = self.config.logprob_chunk_size
@@ -130,6 +131,19 @@ class Policy(nn.Module):
         context = self.model.disable_adapter() if self.is_lora else _eval_mode(self.reference)
         with context:
             return _in_row_order(micro_batches, lambda rows: self.token_logps(rollout, rows, self.reference).logps)
+
+    @functools.cached_property
+    def shares_prompt_prefix(self) -> bool:
+        """Whether the log-prob forward encodes a group's prompt once: ``policy.share_prompt_prefix``, or, when it
+        is ``None``, wherever that is exact: not under gradient checkpointing (it drops the prompt's cache), with
+        a load-balancing loss (the prompt's router logits would count once) or sliding-window attention."""
+        if self.config.share_prompt_prefix is not None:
+            return self.config.share_prompt_prefix
+        text = self.model.config.get_text_config()
+        windowed = "sliding_attention" in (getattr(text, "layer_types", None) or []) or (
+            getattr(text, "use_sliding_window", False) and getattr(text, "sliding_window", None)
+        )
+        return not (self.config.gradient_checkpointing or self.router_aux_coef or windowed)
 
     # ---- generation ---------------------------------------------------------------------------------------
 
