@@ -99,3 +99,13 @@ def test_imports_report_each_sides_stages_from_its_own_peak(tmp_path):
         # after importing torch) carried across exec, as ru_maxrss would be
         assert peaks[0] < 300
     assert "torchmetrics" in sides["ours"]["loaded"] and "torchmetrics" not in sides["trl"]["loaded"]
+
+
+@pytest.mark.slow  # ~15 s: two 32-token calls per loop on the gen model
+def test_lean_drop_runs_both_loops_with_the_same_tokens():
+    # the script asserts that both loops sampled the same tokens; P(EOS) 0.1 a step ends rows well before 32
+    script = SCRIPT.with_name("bench_lean_drop.py")
+    command = [sys.executable, str(script), "--repeats", "1", "--max-tokens", "32", "--eos-prob", "0.1"]
+    proc = subprocess.run(command, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
+    assert "keep every row:" in proc.stdout and "drop ended rows:" in proc.stdout and "speed-up:" in proc.stdout

@@ -1,6 +1,7 @@
 """FusedDecodeStep against the model's own forward, per architecture: the same next-token logits to fp32 rounding
-over several decode steps with left padding; greedy LeanDecode equals ``generate`` through it; and the models it
-must not take (LoRA-wrapped layers, a sliding window, bf16) run their forward."""
+over several decode steps with left padding, also after rows are dropped (``select``); greedy LeanDecode equals
+``generate`` through it; and the models it must not take (LoRA-wrapped layers, a sliding window, bf16) run their
+forward."""
 
 from __future__ import annotations
 
@@ -69,6 +70,38 @@ def test_fused_step_gives_the_forwards_logits(name):
             mask = torch.cat([mask, torch.ones(n, 1, dtype=torch.long)], dim=1)
             expected = plain(token, mask, position + step, cache)
             torch.testing.assert_close(fused(token, mask, position + step, None), expected, rtol=0, atol=2e-5)
+
+
+@pytest.mark.parametrize("name", sorted(CONFIGS))
+def test_fused_step_after_select_gives_the_forwards_logits(name):
+    """Rows 0, 2 and 3 of 4 kept after two steps (the cache narrowed by ``batch_select_indices``, the fused buffers
+    by ``select``): three more steps give the forward's logits for those rows."""
+    model = model_of(name)
+    n, width, steps, kept = 4, 7, 5, torch.tensor([0, 2, 3])
+    ids = torch.randint(3, 300, (n, width))
+    mask = torch.ones(n, width, dtype=torch.long)
+    mask[0, :3] = 0  # left padding
+    positions = (mask.cumsum(1) - 1).masked_fill(mask == 0, 1)
+    position = mask.sum(1, keepdim=True)
+    plain, cache, fused_cache = (
+        NextTokenLogits(model),
+        DynamicCache(config=model.config),
+        DynamicCache(config=model.config),
+    )
+    with torch.no_grad(), decode_weights(model, n) as fused:
+        plain(ids, mask, positions, cache)
+        plain(ids, mask, positions, fused_cache)
+        fused.bind(fused_cache, width + steps)
+        for step in range(steps):
+            if step == 2:
+                mask, position = mask[kept], position[kept]
+                cache.batch_select_indices(kept)
+                fused.select(kept, width + step)  # the prefill's columns and two decoded ones
+            token = torch.randint(3, 300, (len(mask), 1))
+            mask = torch.cat([mask, torch.ones(len(mask), 1, dtype=torch.long)], dim=1)
+            expected = plain(token, mask, position + step, cache)  # [n, V]
+            torch.testing.assert_close(fused(token, mask, position + step, None), expected, rtol=0, atol=2e-5)
+    assert len(expected) == 3
 
 
 def test_greedy_lean_decode_through_the_fused_step_equals_generate(tiny_model_dir):

@@ -1,5 +1,6 @@
 """LeanDecode against Hugging Face ``generate``: greedy token for token, the filters' distributions exactly,
-sampling statistically; early exit, generation batches, the shared prompt cache, LoRA, ranks in step."""
+sampling statistically; early exit, ended rows leaving the batch with the same tokens, generation batches, the
+shared prompt cache, LoRA, ranks in step."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 from helpers import fit, make_module
+from transformers import DynamicCache
 from transformers.generation.logits_process import (
     LogitsProcessorList,
     MinPLogitsWarper,
@@ -23,6 +25,7 @@ from transformers.generation.logits_process import (
 from lightning_grpo import PromptDataModule
 from lightning_grpo.engines import HFGenerate, LeanDecode
 from lightning_grpo.engines import lean as lean_module
+from lightning_grpo.engines.fused import FusedDecodeStep
 from lightning_grpo.engines.sampling import sample_inverse_cdf, sampling_logits
 from lightning_grpo.model.config import PolicyConfig
 from lightning_grpo.model.policy import Policy
@@ -38,6 +41,7 @@ FILTERS = {  # one filter at a time, then all together
     "repetition_penalty": dict(repetition_penalty=1.8),
     "all": dict(temperature=0.8, top_k=20, top_p=0.9, min_p=0.05, repetition_penalty=1.3),
 }
+DECODE_PATHS = {"fused": {}, "packed": dict(fused_layers=False), "plain": dict(packed_weights=False)}
 
 
 @pytest.fixture(scope="module")
@@ -105,6 +109,82 @@ def test_stops_when_every_row_has_ended(policy, monkeypatch):
     expected = HFGenerate().generate(policy, PROMPTS, 2, sampling, greedy=True)
     assert torch.equal(got.completion_ids, expected.completion_ids)
     assert got.completion_ids.shape[1] <= 3 and len(calls) <= 3  # prefill + at most 2 decode steps, not 12
+
+
+def decode_batch_sizes(monkeypatch) -> list[int]:
+    """The batch size of every decode-step forward (one token per row), through the model or the fused step."""
+    sizes = []
+    for cls in (lean_module.NextTokenLogits, FusedDecodeStep):
+        original = cls.__call__
+
+        def record(self, ids, *rest, _original=original):
+            if ids.shape[1] == 1:  # a decode step, not a prefill (the prompts are longer than one token)
+                sizes.append(ids.shape[0])
+            return _original(self, ids, *rest)
+
+        monkeypatch.setattr(cls, "__call__", record)
+    return sizes
+
+
+def end_rows_unevenly(policy, monkeypatch, engine, sampling, greedy) -> None:
+    """EOS ids that end the rows at different steps: two ids of a run with no EOS, from two rows' completions.
+    The run draws the same random numbers as the next one (a row's tokens before its EOS do not depend on it)."""
+    monkeypatch.setattr(policy.model.generation_config, "eos_token_id", [])
+    torch.manual_seed(0)
+    pilot = engine.generate(policy, PROMPTS, 4, sampling, greedy=greedy).completion_ids  # [12, T]
+    monkeypatch.setattr(policy.model.generation_config, "eos_token_id", [int(pilot[0, 2]), int(pilot[-1, 6])])
+
+
+@pytest.mark.parametrize("path", sorted(DECODE_PATHS))
+@pytest.mark.parametrize("share", [True, False], ids=["shared", "unshared"])
+@pytest.mark.parametrize("penalty", [1.0, 1.3])
+@pytest.mark.parametrize("greedy", [True, False], ids=["greedy", "sampled"])
+def test_ended_rows_leave_the_batch_with_the_same_tokens(policy, monkeypatch, greedy, penalty, share, path):
+    sampling = SamplingConfig(max_completion_length=20, temperature=1.3, top_k=50, repetition_penalty=penalty)
+    engines = {
+        drop: LeanDecode(share_prompt_cache=share, drop_finished_rows=drop, **DECODE_PATHS[path])
+        for drop in (False, True)
+    }
+    end_rows_unevenly(policy, monkeypatch, engines[False], sampling, greedy)
+    sizes = decode_batch_sizes(monkeypatch)
+    runs = {}
+    for drop, engine in engines.items():
+        torch.manual_seed(0)
+        runs[drop] = engine.generate(policy, PROMPTS, 4, sampling, greedy=greedy), list(sizes)
+        sizes.clear()
+    (kept, kept_sizes), (dropped, dropped_sizes) = runs[False], runs[True]
+    assert torch.equal(dropped.completion_ids, kept.completion_ids)
+    assert torch.equal(dropped.completion_mask, kept.completion_mask)
+    assert len(set(kept.completion_mask.sum(dim=1).tolist())) >= 2  # rows really end at different steps
+    assert set(kept_sizes) == {12} and len(dropped_sizes) == len(kept_sizes)  # as many steps
+    assert dropped_sizes == sorted(dropped_sizes, reverse=True) and dropped_sizes[-1] < 12  # the batch shrank
+
+
+def test_rows_to_keep_waits_for_a_quarter_and_keeps_one():
+    # 16 rows: 3 ended is under a quarter (keep all 16); 4 ended is a quarter (keep 12); all ended: keep 1
+    assert [lean_module.rows_to_keep(16, left) for left in (13, 12, 0)] == [16, 12, 1]
+    assert lean_module.rows_to_keep(3, 2) == 2 and lean_module.rows_to_keep(1, 0) == 1  # 1 of 3 ended: > 3/4
+
+
+def test_a_cache_with_recurrent_layers_is_not_narrowed(policy):
+    """``batch_select_indices`` would leave a linear-attention layer's per-row state whole: such a cache keeps
+    every row (and a fused step's cache, None, is narrowed by the step)."""
+    config = policy.model.config.__class__(num_hidden_layers=2)
+    assert lean_module.narrowable(DynamicCache(config=config)) and lean_module.narrowable(None)
+    config.layer_types = ["full_attention", "linear_attention"]
+    assert not lean_module.narrowable(DynamicCache(config=config))
+
+
+def test_a_rows_draw_does_not_depend_on_the_others():
+    """Rows 1 and 3 of 5 sampled alone, with the batch's size, get the tokens they get in the whole batch."""
+    logits = torch.randn(5, 600, generator=torch.Generator().manual_seed(0))  # [N, V]
+    rows = torch.tensor([1, 3])
+    torch.manual_seed(3)
+    whole, after_whole = sample_inverse_cdf(logits), torch.rand(1)  # [5]
+    torch.manual_seed(3)
+    part, after_part = sample_inverse_cdf(logits[rows], rows=rows, batch=5), torch.rand(1)  # [2]
+    assert torch.equal(part, whole[rows])
+    assert torch.equal(after_part, after_whole)  # the stream advanced as for all 5 rows
 
 
 @pytest.mark.parametrize("name", sorted(FILTERS))
@@ -183,8 +263,10 @@ def _synced_rank(rank: int, port: int, model_dir: str, out: dict) -> None:
     steps = []
     original = lean_module.Decoder.all_done
     lean_module.Decoder.all_done = lambda self, unfinished: steps.append(1) or original(self, unfinished)
-    rollout = LeanDecode().generate(policy, PROMPTS, 1, sampling, greedy=True)
-    out[rank] = (len(steps), rollout.completion_ids.shape[1])
+    with pytest.MonkeyPatch.context() as monkeypatch:
+        sizes = decode_batch_sizes(monkeypatch)
+        rollout = LeanDecode().generate(policy, PROMPTS, 1, sampling, greedy=True)
+    out[rank] = (len(steps), rollout.completion_ids.shape[1], sorted(set(sizes)))
     dist.destroy_process_group()
 
 
@@ -198,3 +280,4 @@ def test_ranks_keep_stepping_until_all_are_done(tiny_model_dir):
     # the rank that ended first took as many steps (collective forwards) as the other: 7 checks for 8 tokens
     assert out[0][0] == out[1][0] == 7
     assert out[0][1] == 1 and out[1][1] == 8
+    assert out[0][2] == [1] and out[1][2] == [3]  # rank 0's ended rows left its batch but one: never 0 rows

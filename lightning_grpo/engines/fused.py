@@ -111,7 +111,7 @@ class FusedDecodeStep:
     """``(input_ids [N, 1], attention_mask [N, L], position_ids [N, 1], cache) -> [N, V]`` fp32 next-token logits,
     as ``NextTokenLogits`` gives them, for the decode steps after a prefill: ``bind`` moves the prefill's cache into
     buffers that hold ``length`` columns, and every call writes its column there (the ``cache`` argument is then
-    not read).
+    not read). ``select`` narrows the buffers to the rows still decoding.
 
     Args:
         model: a ``fusable`` model; the weights are read now (call it per ``generate``, after the last update).
@@ -136,6 +136,15 @@ class FusedDecodeStep:
             self.keys[-1][:, :, : k.shape[2]] = k
             self.values[-1][:, :, : v.shape[2]] = v
         return self
+
+    def select(self, rows: Tensor, width: int) -> None:
+        """Keep the buffers' ``rows`` ([n] indices into the current rows), in that order: new buffers of n rows with
+        the first ``width`` columns (those written so far) copied, so a copy costs what has been decoded, not the
+        whole length."""
+        for buffers in (self.keys, self.values):
+            for i, old in enumerate(buffers):  # [N, kv heads, L, D]
+                buffers[i] = old.new_empty(len(rows), *old.shape[1:])  # [n, kv heads, L, D]
+                buffers[i][:, :, :width] = old[rows, :, :width]
 
     def __call__(self, input_ids: Tensor, attention_mask: Tensor, position_ids: Tensor, cache: object) -> Tensor:
         width = attention_mask.shape[1]  # this step's column is the last one

@@ -9,8 +9,12 @@ and the LM head 12.5 ms as ``F.linear``, which re-packs its 32.8 MB weight on ev
 ``generate`` call: about the time of copying the weight, the memory floor).
 
 Each prompt is prefilled once and its KV cache repeated for its G completions; rows are generated
-``generation_batch_size`` at a time; the loop stops when every row has ended (under sharding, when every rank's
-rows have: a forward is then a collective, so a rank that is done keeps stepping).
+``generation_batch_size`` at a time. Rows leave the batch as they end: once a quarter of the rows in the batch have
+ended, the logits, mask, positions, repetition-penalty ids and KV cache are narrowed to the rest (``DecodeRows``),
+so an ended row stops costing its share of attention, MLP and LM head (completions of 16 to 512 tokens in one
+group are common). The draw takes a random number for every row either way, so the tokens are those of the full
+batch. The loop stops when every row has ended (under sharding, when every rank's rows have: a forward is then a
+collective, so a rank that is done keeps stepping, on one row).
 """
 
 from __future__ import annotations
@@ -22,7 +26,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 from torch import Tensor, nn
-from transformers import DynamicCache
+from transformers import DynamicCache, cache_utils
 from typing_extensions import override
 
 from lightning_grpo.engines.fused import FusedDecodeStep, fusable, fused_projections
@@ -40,6 +44,9 @@ from lightning_grpo.rollout import (
 )
 from lightning_grpo.types import Prompt, Rollout
 
+# cache layers holding a recurrent state per row (linear attention); the class is new in transformers 5
+RECURRENT_LAYERS = getattr(cache_utils, "LinearAttentionCacheLayerMixin", ())
+
 
 class LeanDecode(RolloutEngine):
     """A sampling loop over the policy's forward with its KV cache; ``generate``'s sampling distribution.
@@ -55,6 +62,9 @@ class LeanDecode(RolloutEngine):
         fused_layers: with ``packed_weights``, decode Llama, Qwen2, Qwen3 and Mistral models (no adapters, no
             sliding window) with ``engines.fused.FusedDecodeStep`` instead of the model's forward: the same values
             to fp32 rounding with fewer, larger operations. Other models run their forward either way.
+        drop_finished_rows: decode only the rows that have not ended, narrowing the batch and its KV cache once a
+            quarter of it has ended. The same tokens as off (the draw takes a random number for every row); off,
+            every row stays in the batch until all have ended (the loop before, kept for comparison).
     """
 
     def __init__(
@@ -63,11 +73,13 @@ class LeanDecode(RolloutEngine):
         share_prompt_cache: bool = True,
         packed_weights: bool = True,
         fused_layers: bool = True,
+        drop_finished_rows: bool = True,
     ) -> None:
         self.generation_batch_size = check_generation_batch_size(generation_batch_size)
         self.share_prompt_cache = share_prompt_cache
         self.packed_weights = packed_weights
         self.fused_layers = fused_layers
+        self.drop_finished_rows = drop_finished_rows
 
     @override
     def problems(self, sampling: SamplingConfig) -> list[str]:
@@ -97,7 +109,7 @@ class LeanDecode(RolloutEngine):
         with policy.generating() as model:
             with decode_weights(model, rows, self.packed_weights, self.fused_layers) as step:
                 eos, pad_id, synced = policy.eos_token_ids, tokenizer.pad_token_id, policy.synced_generation
-                decoder = Decoder(NextTokenLogits(model), sampling, eos, pad_id, synced, step)
+                decoder = Decoder(NextTokenLogits(model), sampling, eos, pad_id, synced, step, self.drop_finished_rows)
                 completions = [
                     decoder(prompt_ids[chunk], prompt_mask[chunk], num_generations, greedy, self.share_prompt_cache)
                     for chunk in chunks
@@ -148,9 +160,68 @@ class NextTokenLogits:
         return out.logits[:, -1].float()  # [n, V]
 
 
+def narrowable(cache: DynamicCache | None) -> bool:
+    """The cache's rows can be dropped: key/value layers only (transformers 5.24's ``batch_select_indices`` leaves
+    a linear-attention layer's recurrent state, a hybrid layer's included, as it is). ``None``: a fused step's."""
+    return cache is None or not any(isinstance(layer, RECURRENT_LAYERS) for layer in cache.layers)
+
+
+def rows_to_keep(rows: int, left: int) -> int:
+    """How many rows a batch of ``rows``, ``left`` of them not ended, narrows to: all of them (no narrowing) until
+    a quarter have ended, and never fewer than one.
+
+    Why a quarter: narrowing copies the kept rows' KV cache once, about what one step's attention reads of it;
+    every later step then skips the dropped rows' attention, MLP and LM head. Dropping d >= rows / 4 while keeping
+    k <= 3 rows / 4, the attention saved alone (d of k rows' worth a step) repays the copy within k / d <= 3 steps.
+    Each narrowing keeps at most 3/4 of the rows, so a batch of N narrows at most log_{4/3} N times (10 for 16
+    rows, 20 for 256) and copies at most 3/4 + 9/16 + ... = 3 batches' worth of cache in all.
+
+    Never 0: under sharded generation every forward is a collective, and a rank whose rows have all ended steps
+    until every rank's have; a forward of 0 rows is untested ground for models' mask and attention code, so the
+    rank keeps one ended row (fed pad, its tokens discarded): 1/N of a step.
+    """
+    keep = max(left, 1)
+    return keep if 4 * (rows - keep) >= rows else rows
+
+
+class DecodeRows:
+    """The rows of a batch of N that are in the decode batch, and their per-row state, narrowed together.
+
+    Args:
+        mask: [N, P+T] the prompt's mask, then one column per step.
+        position: [N, 1] each row's first completion position.
+        seen: [N, V] the ids of each row for the repetition penalty, or None.
+        cache: the prefill's KV cache; None when ``fused`` holds the keys and values.
+        fused: the decode step whose buffers hold the keys and values, or None.
+    """
+
+    def __init__(
+        self,
+        mask: Tensor,
+        position: Tensor,
+        seen: Tensor | None,
+        cache: DynamicCache | None,
+        fused: FusedDecodeStep | None,
+    ) -> None:
+        self.batch = len(mask)  # N
+        self.ids = torch.arange(self.batch, device=mask.device)  # [n] the rows in the decode batch, in order
+        self.mask, self.position, self.seen, self.cache, self.fused = mask, position, seen, cache, fused
+
+    def keep(self, kept: Tensor, written: int) -> None:
+        """Narrow to ``kept`` ([n'] positions in the decode batch, ascending); ``written``: KV columns so far."""
+        self.ids, self.mask, self.position = self.ids[kept], self.mask[kept], self.position[kept]
+        if self.seen is not None:
+            self.seen = self.seen[kept]  # [n', V]
+        if self.cache is not None:
+            self.cache.batch_select_indices(kept)
+        if self.fused is not None:
+            self.fused.select(kept, written)
+
+
 class Decoder:
     """Samples completions for one batch of prompts: prefill, then one forward per token until every row (on
-    every rank, when ``synced``) has produced an EOS or ``max_completion_length`` tokens."""
+    every rank, when ``synced``) has produced an EOS or ``max_completion_length`` tokens. ``drop_finished``:
+    rows leave the forward's batch as they end (``rows_to_keep``); the tokens are the same either way."""
 
     def __init__(
         self,
@@ -160,9 +231,10 @@ class Decoder:
         pad_id: int,
         synced: bool,
         fused: FusedDecodeStep | None = None,
+        drop_finished: bool = True,
     ) -> None:
         self.forward, self.sampling, self.pad_id, self.synced = forward, sampling, pad_id, synced
-        self.eos_ids, self.fused = eos_ids, fused
+        self.eos_ids, self.fused, self.drop_finished = eos_ids, fused, drop_finished
 
     def __call__(
         self, prompt_ids: Tensor, prompt_mask: Tensor, group_size: int, greedy: bool, share_prompt: bool
@@ -177,19 +249,41 @@ class Decoder:
             forward, cache = self.fused.bind(cache, width + steps), None
         position = mask[:, :width].sum(dim=1, keepdim=True)  # [N, 1] the next token's position
         seen = self.seen_ids(prompt_ids.repeat_interleave(group_size, dim=0), logits.shape[1])  # [N, V] or None
+        rows, drop = DecodeRows(mask, position, seen, cache, self.fused), self.drop_finished and narrowable(cache)
         eos = torch.tensor(self.eos_ids, device=prompt_ids.device)
         unfinished = torch.ones(n, dtype=torch.bool, device=prompt_ids.device)  # [N]
         tokens = []
         for step in range(steps):
-            token = next_tokens(logits, self.sampling, greedy, seen).masked_fill_(~unfinished, self.pad_id)  # [N]
+            token = self.sample(logits, rows, unfinished, greedy)  # [N]
             tokens.append(token)
-            if seen is not None:
-                seen.scatter_(1, token.unsqueeze(1), True)
             unfinished &= ~torch.isin(token, eos)
             if step == steps - 1 or self.all_done(unfinished):
                 break
-            logits = forward(token.unsqueeze(1), mask[:, : width + step + 1], position + step, cache)
+            if drop:
+                self.drop_ended(rows, unfinished, width + step)
+            decoded = token.index_select(0, rows.ids).unsqueeze(1)  # [n, 1]
+            logits = forward(decoded, rows.mask[:, : width + step + 1], rows.position + step, rows.cache)  # [n, V]
         return torch.stack(tokens, dim=1)  # [N, t]
+
+    def sample(self, logits: Tensor, rows: DecodeRows, unfinished: Tensor, greedy: bool) -> Tensor:
+        """[N] next ids: drawn from the [n, V] logits of the decode batch's rows (random numbers for all N, so a
+        row's draw is the same whichever rows are in the batch), pad on rows that have ended; ``seen`` updated."""
+        drawn = next_tokens(logits, self.sampling, greedy, rows.seen, rows.ids, rows.batch)  # [n]
+        token = torch.full_like(unfinished, self.pad_id, dtype=torch.long).index_copy_(0, rows.ids, drawn)  # [N]
+        token.masked_fill_(~unfinished, self.pad_id)
+        if rows.seen is not None:
+            rows.seen.scatter_(1, token.index_select(0, rows.ids).unsqueeze(1), True)
+        return token
+
+    def drop_ended(self, rows: DecodeRows, unfinished: Tensor, written: int) -> None:
+        """Narrow the decode batch to its unfinished rows when ``rows_to_keep`` says it pays."""
+        batch, left = len(rows.ids), int(unfinished.sum())
+        keep = rows_to_keep(batch, left)
+        if keep == batch:
+            return
+        in_batch = unfinished.index_select(0, rows.ids)  # [n] unfinished, by position in the decode batch
+        kept = in_batch.nonzero().squeeze(1) if left else in_batch.new_zeros(1, dtype=torch.long)  # [keep]
+        rows.keep(kept, written)
 
     def prefill(
         self, prompt_ids: Tensor, prompt_mask: Tensor, group_size: int, share_prompt: bool

@@ -4,7 +4,9 @@ Knows logits and the ``SamplingConfig``; nothing about models or caches. The fil
 order (transformers 5: repetition penalty, then temperature, top-k, top-p, min-p), with the same tie rules, so the
 filtered distribution equals ``generate``'s to rounding. Only the draw differs: ``torch.multinomial`` makes a random
 number per vocabulary entry (13-16 ms for [16, 32000] on 2 CPU cores, as much as the LM head); inverse CDF makes
-one per row (``sample_inverse_cdf``) and draws from the same distribution.
+one per row (``sample_inverse_cdf``) and draws from the same distribution. Each row's random number is its own:
+a loop that decodes only some ``rows`` of a batch draws for the whole batch and keeps those rows' numbers, so the
+tokens do not depend on which rows are still being decoded.
 """
 
 from __future__ import annotations
@@ -74,7 +76,18 @@ def sampling_logits(logits: Tensor, sampling: SamplingConfig, greedy: bool, seen
     return logits
 
 
-def sample_inverse_cdf(logits: Tensor, block: int = 256) -> Tensor:
+def row_uniforms(like: Tensor, rows: Tensor | None = None, batch: int | None = None) -> Tensor:
+    """[n, 1] uniforms in [0, 1) for the n rows of ``like`` ([n, ...]): with ``rows`` ([n] ids in a batch of
+    ``batch``), ``batch`` are drawn and those rows' kept, so the random stream advances as for the whole batch and
+    batch row i always gets the i-th number."""
+    if rows is None:
+        return torch.rand(like.shape[0], 1, device=like.device, dtype=like.dtype)
+    return torch.rand(batch, 1, device=like.device, dtype=like.dtype).index_select(0, rows)  # [n, 1]
+
+
+def sample_inverse_cdf(
+    logits: Tensor, block: int = 256, rows: Tensor | None = None, batch: int | None = None
+) -> Tensor:
     """[N] ids drawn from ``softmax(logits)`` with one uniform per row, by inverse CDF in two levels: a block of
     ``block`` ids chosen by the cumulative mass of the blocks, then an id inside it by the cumulative mass of its
     ids. Exactly the softmax's distribution (up to rounding), with no cumulative sum over the whole vocabulary:
@@ -82,12 +95,13 @@ def sample_inverse_cdf(logits: Tensor, block: int = 256) -> Tensor:
 
     An id of probability 0 (filtered to -inf, or block padding) never increases a cumulative sum, so it is never
     the first to exceed the target; the target inside the block is a fraction < 1 of the block's own total.
+    ``rows``, ``batch``: as in ``row_uniforms``, the rows of a larger batch that ``logits`` holds.
     """
     n, vocab = logits.shape
     probs = logits.softmax(dim=-1)  # [N, V] (a faster exp than torch.exp's)
     blocks = (nn.functional.pad(probs, (0, -vocab % block)) if vocab % block else probs).view(n, -1, block)
     block_cdf = blocks.sum(dim=-1).cumsum_(dim=-1)  # [N, K]
-    target = torch.rand(n, 1, device=logits.device, dtype=block_cdf.dtype) * block_cdf[:, -1:]  # [N, 1] u * total
+    target = row_uniforms(block_cdf, rows, batch) * block_cdf[:, -1:]  # [N, 1] u * total
     k = torch.searchsorted(block_cdf, target, right=True).clamp_(max=block_cdf.shape[1] - 1)  # [N, 1]
     below = torch.where(k > 0, block_cdf.gather(1, (k - 1).clamp_(min=0)), 0.0)  # [N, 1] mass before block k
     mass = block_cdf.gather(1, k) - below  # [N, 1]
@@ -97,7 +111,19 @@ def sample_inverse_cdf(logits: Tensor, block: int = 256) -> Tensor:
     return (k * block + j).squeeze(1)
 
 
-def next_tokens(logits: Tensor, sampling: SamplingConfig, greedy: bool, seen: Tensor | None = None) -> Tensor:
-    """[N] next ids from [N, V] fp32 logits: the argmax when greedy, else a draw from the filtered distribution."""
+def next_tokens(
+    logits: Tensor,
+    sampling: SamplingConfig,
+    greedy: bool,
+    seen: Tensor | None = None,
+    rows: Tensor | None = None,
+    batch: int | None = None,
+) -> Tensor:
+    """[N] next ids from [N, V] fp32 logits: the argmax when greedy, else a draw from the filtered distribution.
+
+    Args:
+        rows: [N] ids of the logits' rows in a batch of ``batch`` rows: the draw takes ``batch`` random numbers and
+            keeps theirs, as if the whole batch were sampled. ``None``: the N rows are the batch.
+    """
     scores = sampling_logits(logits, sampling, greedy, seen)
-    return scores.argmax(dim=-1) if greedy else sample_inverse_cdf(scores)
+    return scores.argmax(dim=-1) if greedy else sample_inverse_cdf(scores, rows=rows, batch=batch)
