@@ -19,7 +19,8 @@ def test_the_reference_runs_without_dropout_and_leaves_no_module_in_eval_mode(ti
     policy.reference.get_decoder().register_forward_hook(lambda module, args, out: modes.append(module.training))
     rollout = HFGenerate().generate(policy, ["1+1="], 2, SamplingConfig(max_completion_length=4), greedy=False)
     policy.reference_logps(rollout, [slice(0, 2)])
-    assert modes and set(modes) == {False} and policy.reference.training and policy.model.training  # 2 calls: shared prompt
+    # two calls (the shared prompt, then the completions), both in eval mode
+    assert modes and set(modes) == {False} and policy.reference.training and policy.model.training
 
 
 def test_clip_gradients_returns_the_norm_before_clipping(tiny_model_dir):

@@ -33,6 +33,7 @@ from lightning_grpo.engines.fused import FusedDecodeStep, fusable, fused_project
 from lightning_grpo.engines.packing import packed_linears
 from lightning_grpo.engines.sampling import next_tokens
 from lightning_grpo.model.policy import Policy
+from lightning_grpo.model.prefix import cache_keyword
 from lightning_grpo.rollout import (
     RolloutEngine,
     SamplingConfig,
@@ -147,15 +148,16 @@ class NextTokenLogits:
 
     def __init__(self, model: nn.Module) -> None:
         self.model = model
+        self.cache_keyword = cache_keyword(model.get_decoder())
 
     def __call__(self, input_ids: Tensor, attention_mask: Tensor, position_ids: Tensor, cache: DynamicCache) -> Tensor:
         out = self.model(
             input_ids=input_ids,
             attention_mask=attention_mask,
             position_ids=position_ids,
-            past_key_values=cache,
             use_cache=True,
             logits_to_keep=1,
+            **{self.cache_keyword: cache},
         )
         return out.logits[:, -1].float()  # [n, V]
 

@@ -17,6 +17,9 @@ prompt keys that the plain forward attends to).
 
 from __future__ import annotations
 
+import functools
+import inspect
+
 import torch
 from torch import Tensor, nn
 from transformers import DynamicCache
@@ -36,6 +39,18 @@ def prompt_runs(prompt_ids: Tensor, prompt_mask: Tensor) -> tuple[Tensor, Tensor
     first = starts.nonzero().squeeze(1)  # [U]
     counts = torch.diff(first, append=torch.tensor([len(rows)], device=rows.device))  # [U]
     return first, counts
+
+
+@functools.cache
+def _cache_keyword_of(forward_class: type) -> str:
+    parameters = inspect.signature(forward_class.forward).parameters
+    return "cache" if "cache" in parameters else "past_key_values"
+
+
+def cache_keyword(decoder: nn.Module) -> str:
+    """The name a decoder's forward takes its KV cache by: ``cache`` from transformers 5.2x (which warns about
+    ``past_key_values``), ``past_key_values`` before. A causal LM's forward names it as its decoder's does."""
+    return _cache_keyword_of(type(decoder))
 
 
 def repeat_cache(cache: DynamicCache, counts: Tensor) -> None:
@@ -70,16 +85,16 @@ def shared_prefix_hidden(
         input_ids=input_ids[first, :width],
         attention_mask=attention_mask[first, :width],
         position_ids=position_ids[first, :width],
-        past_key_values=cache,
         use_cache=True,
+        **{cache_keyword(decoder): cache},
     ).last_hidden_state  # [U, P, H]
     repeat_cache(cache, counts)
     completion = decoder(
         input_ids=input_ids[:, width:],
         attention_mask=attention_mask,  # [n, P+T]: the prompt's padding stays masked
         position_ids=position_ids[:, width:],
-        past_key_values=cache,
         use_cache=True,
+        **{cache_keyword(decoder): cache},
     ).last_hidden_state  # [n, T, H]
     last_prompt = prompt[:, -1:].repeat_interleave(counts, dim=0)  # [n, 1, H] predicts the first completion token
     return torch.cat([last_prompt, completion[:, :-1]], dim=1)  # [n, T, H]
