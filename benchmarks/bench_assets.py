@@ -155,14 +155,13 @@ def gen_task(home: Path, prompt_tokens: int = SYNTHETIC_PROMPT_CHARS) -> Task:
     return cached_task(home, f"qwen2-vocab32000-4x256-prompt{prompt_tokens}", write)
 
 
-UNEVEN_EOS_SCALE = 4.0
+UNEVEN_EOS_SCALE = 6.0
+UNEVEN_PROMPT = 2  # of ``synthetic_rows()``: every row of the uneven task is this prompt
 
 
 def uneven_model(tokenizer, seed: int = 0) -> nn.Module:
-    """The gen model with its EOS row of the (tied) LM head set to a random direction of norm 4: the EOS logit
-    varies from position to position (std ~4 against the other logits' ~0.3), so sampled completions end at
-    spread-out steps, like a reasoning run's. At temperature 1 with 256 tokens at most, 16 completions ended
-    after 1, 1, 2, 5, 9, 26, 44, 99, 109, 168, 202 and 252 tokens, 4 ran to the end (this machine, seed 0)."""
+    """The gen model with its EOS row of the (tied) LM head set to a random direction of norm 6: the EOS logit
+    varies from position to position, so sampled completions end at spread-out steps, like a reasoning run's."""
     model = gen_model(tokenizer, seed)
     direction = torch.randn(model.config.hidden_size, generator=torch.Generator().manual_seed(1))
     with torch.no_grad():
@@ -171,13 +170,16 @@ def uneven_model(tokenizer, seed: int = 0) -> nn.Module:
 
 
 def uneven_task(home: Path) -> Task:
-    """The uneven-length shape: ``uneven_model`` with the gen shape's 32-token prompts."""
+    """The uneven-length shape: ``uneven_model`` and one 32-token prompt in every row, so both sides sample from
+    the same length distribution whatever prompts their data order picks (how soon EOS comes depends on the
+    prompt). 16 completions of it at temperature 1, 256 tokens at most (LeanDecode, seed 0) ended after 27, 62,
+    76, 81, 111, 120, 126, 158, 179, 216, 224 and 244 tokens; 4 ran to 256."""
 
     def write(path: Path) -> None:
         tokenizer = qwen_vocab_tokenizer(GEN_VOCAB)
-        write_task(path, tokenizer, uneven_model(tokenizer), synthetic_rows())
+        write_task(path, tokenizer, uneven_model(tokenizer), [synthetic_rows(n=4)[UNEVEN_PROMPT]] * 256)
 
-    return cached_task(home, "qwen2-vocab32000-4x256-uneven-eos4", write)
+    return cached_task(home, "qwen2-vocab32000-4x256-uneven-eos6-prompt2", write)
 
 
 def read_rows(data_dir: str, split: str) -> list[dict[str, Any]]:
@@ -234,6 +236,7 @@ class RunSpec:
     max_staleness: int | None = None  # lightning-grpo only: AsyncRollouts(max_staleness) around the engine
     micro_batch_tokens: int | None = None  # lightning-grpo only: token-budget micro-batches of length-sorted rows
     padding_free: bool = False  # lightning-grpo only: the log-prob forward on packed rows
+    drop_finished_rows: bool = True  # lightning-grpo only: LeanDecode's ended rows leave the decode batch
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> RunSpec:

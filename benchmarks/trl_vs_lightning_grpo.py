@@ -64,13 +64,14 @@ class Settings:
     vllm: bool = False  # both sides generate with a colocated vLLM engine (CUDA, ``pip install vllm``)
     micro_batch_tokens: int | None = None  # lightning-grpo only: length-sorted token-budget micro-batches
     padding_free: bool = False  # lightning-grpo only: the log-prob forward on packed rows
+    drop_finished_rows: bool = True  # lightning-grpo only: LeanDecode's ended rows leave the decode batch
 
 
 # tiny: overhead-bound, 4 prompts x 8 = 32 completions of <= 16 tokens (most end after 1-2: the task's answer);
 # 100m: training-bound, 4 x 8 completions of 32 tokens, 151,936-token LM head;
 # gen: generation-bound, 2 x 8 completions of 128 tokens (a random model rarely samples EOS: they run to the end);
 # prompt: prompt-heavy, the gen model with 320-token prompts shared by groups of 8, 16-token completions;
-# uneven: the gen model with a likelier EOS (``uneven_model``), 2 x 8 completions of 1 to 256 tokens, spread out.
+# uneven: the gen model with a likelier EOS (``uneven_model``), 2 x 8 completions of one prompt, ~30 to 256 tokens.
 MODEL_DEFAULTS = {
     "tiny": Settings(num_generations=8, prompts_per_step=4, max_completion_length=16, learning_rate=1e-3),
     "100m": Settings(num_generations=8, prompts_per_step=4, max_completion_length=32, learning_rate=1e-6),
@@ -218,6 +219,7 @@ def speed_settings(args: argparse.Namespace, model: str) -> Settings:
         "vllm": args.vllm or None,
         "micro_batch_tokens": args.micro_batch_tokens,
         "padding_free": args.padding_free,
+        "drop_finished_rows": args.drop_finished_rows,
     }
     settings = {**asdict(MODEL_DEFAULTS[model]), **{k: v for k, v in given.items() if v is not None}}
     return Settings(**{k: None if v == UNSET else v for k, v in settings.items()})
@@ -265,7 +267,7 @@ def print_comparison(c: Comparison, gflops: float, repeats: int, steps: int) -> 
         f"{n} completions/step, <= {s.max_completion_length} completion tokens, beta {c.beta}, {s.loss_type} "
         f"(median of {repeats} runs x {steps} steps on {s.device}{', vLLM colocate' if s.vllm else ''}; ours: engine "
         f"{s.engine}, share_prompt_prefix {s.share_prompt_prefix}, micro_batch_tokens {s.micro_batch_tokens}, "
-        f"padding_free {s.padding_free}) =="
+        f"padding_free {s.padding_free}, drop_finished_rows {s.drop_finished_rows}) =="
     )
     print(f"{'side':6s}{'steps/s':>10s}{'tokens/s':>11s}{'peak RSS MB':>13s}{'floor s/step':>14s}{'of floor':>10s}")
     for side, m in c.medians(gflops).items():
@@ -437,7 +439,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help="tiny: the embedded 2-layer demo model on its max-of-three-digits task; 100m: a 90M Qwen2 "
         "with Qwen2.5's 151936 vocabulary on random prompts with a length reward; gen: Qwen2 4 layers x 256, "
         "vocabulary 32,000, 128-token completions; prompt: the gen model with 320-token prompts and 16-token "
-        "completions; uneven: the gen model with completions of 1 to 256 tokens, spread out; both: tiny and 100m; "
+        "completions; uneven: the gen model, one prompt, completions of ~30 to 256 tokens; both: tiny and 100m; "
         "all: every shape (default tiny)",
     )
     p.add_argument(
@@ -507,8 +509,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     )
     p.add_argument(
         "--padding-free",
-        type=lambda v: v.lower() in ("1", "true", "yes"),
-        help="ours: policy.padding_free, the log-prob forward on packed rows (true/false; default false)",
+        action=argparse.BooleanOptionalAction,
+        help="ours: policy.padding_free, the log-prob forward on packed rows (off)",
+    )
+    p.add_argument(
+        "--drop-finished-rows",
+        action=argparse.BooleanOptionalAction,
+        help="ours: LeanDecode's drop_finished_rows, ended rows leave the decode batch (on)",
     )
     p.add_argument("--vllm", action="store_true", help="GPU mode: both sides generate with a colocated vLLM engine")
     p.add_argument(

@@ -107,11 +107,16 @@ def main(
         num_generations=4,
         sampling={"max_completion_length": 6},
         loss={"beta": 0.1, "loss_type": "dapo"},  # dapo: normalised by the tokens of all ranks, needs a global count
-        update={"micro_batch_size": 5},  # micro-batches split differently per rank and in one process: same update
+        # micro-batches split differently per rank and in one process: the same update
+        update={"micro_batch_tokens": 40} if "tokens" in options else {"micro_batch_size": 5},
         optim={"max_grad_norm": None},  # compare raw gradients
         # SGD: parameters move linearly with gradients; resume runs: AdamW, whose state must be checkpointed
         optimizer=(lambda p: torch.optim.AdamW(p, lr=1e-2)) if steps else (lambda p: torch.optim.SGD(p, lr=0.5)),
-        policy={"peft_config": LORA if lora else None, "share_prompt_prefix": "prefix" in options},
+        policy={
+            "peft_config": LORA if lora else None,
+            "share_prompt_prefix": "prefix" in options,
+            "padding_free": "packed" in options,
+        },
     )
     strategy = {
         "ddp": "ddp",

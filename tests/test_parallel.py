@@ -63,9 +63,10 @@ def test_fsdp2_matches_ddp(ddp, tiny_model_dir, arith_jsonl):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("mode", ["fsdp2+prefix", "ddp+prefix"])
+@pytest.mark.parametrize("mode", ["fsdp2+prefix", "ddp+prefix", "fsdp2+packed+tokens", "fsdp2+packed+prefix"])
 def test_a_shared_prompt_prefix_matches_ddp_without_it(ddp, tiny_model_dir, arith_jsonl, mode):
-    # Prefix Grouper under FSDP2 (each layer gathered around each of its two calls) and DDP: the plain values
+    # Prefix Grouper under FSDP2 (each layer gathered around each of its two calls) and DDP, packed rows
+    # (padding_free) in token-budget micro-batches and packed with the shared prompt: the plain values
     out, ddp_ranks = ddp
     ranks = run(mode, tiny_model_dir, arith_jsonl, out)
     for rank in (0, 1):

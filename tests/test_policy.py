@@ -85,3 +85,23 @@ def test_a_copy_without_models_shares_the_tokenizer_and_holds_no_model_or_refere
     assert clone.model is None and clone.reference is None and clone.tokenizer is policy.tokenizer
     clone.model = torch.nn.Linear(1, 1)  # what the sampling process does with its own copy of the weights
     assert policy.model is not clone.model and policy.reference is not None
+
+
+def test_the_shared_prompt_forward_is_on_by_default_where_exact(tiny_model_dir):
+    assert Policy(tiny_model_dir).shares_prompt_prefix
+    assert not Policy(tiny_model_dir, PolicyConfig(gradient_checkpointing=True)).shares_prompt_prefix
+    assert not Policy(tiny_model_dir, PolicyConfig(share_prompt_prefix=False)).shares_prompt_prefix
+    windowed = Policy(tiny_model_dir)
+    windowed.model.config.layer_types = ["sliding_attention"] * windowed.model.config.num_hidden_layers
+    assert not windowed.shares_prompt_prefix  # a sliding window would drop prompt keys the plain forward reads
+
+
+def test_the_default_engine_is_lean_decode_unless_generate_options_are_given(caplog):
+    from lightning_grpo.engines import LeanDecode, default_engine
+
+    assert type(default_engine(SamplingConfig())) is LeanDecode
+    assert type(default_engine({"max_completion_length": 8})) is LeanDecode
+    with caplog.at_level("INFO"):
+        fallback = default_engine({"generation_kwargs": {"no_repeat_ngram_size": 2}})
+    assert type(fallback) is HFGenerate
+    assert "rollout engine: HFGenerate, as sampling.generation_kwargs={'no_repeat_ngram_size': 2}" in caplog.text

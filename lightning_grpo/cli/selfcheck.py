@@ -59,6 +59,7 @@ CHECKS = [
         trainer={"strategy": "fsdp2"},
     ),
     Check("bf16", "GPU, bf16-mixed", gpus=1, trainer={"precision": "bf16-mixed"}),
+    Check("offload", "GPU, activations offloaded", gpus=1, settings={"policy": {"activation_offload": True}}),
     Check("fsdp1", "GPU, FSDP1 2 GPUs", gpus=2, processes=2, trainer={"strategy": "fsdp1"}),
     Check(
         "qlora",

@@ -33,6 +33,10 @@ class PolicyConfig:
         load_in_4bit: QLoRA: the base model in 4-bit NF4 (bitsandbytes, CUDA) under a ``peft_config`` adapter;
             ``dtype`` is the compute dtype. Refused at config time where it cannot run.
         gradient_checkpointing: recompute activations in the backward pass (off while generating).
+        activation_offload: keep the activations the training forward saves for backward in CPU memory (pinned)
+            instead of GPU memory, copied back as backward needs them (``torch.autograd.graph.save_on_cpu``): for
+            long completions on one GPU, at the cost of the copies. Composes with ``gradient_checkpointing``
+            (then only the checkpointed layers' inputs move). Changes nothing on CPU.
         disable_dropout: dropout off in the policy and reference (TRL's option; on-policy ratios are then exactly
             1 for ``update.num_iterations > 1`` too).
         logprob_chunk_size: token positions per LM-head chunk when computing log-probs; ``None`` sizes chunks to
@@ -58,6 +62,7 @@ class PolicyConfig:
     peft_config: dict[str, Any] | None = None
     load_in_4bit: bool = False
     gradient_checkpointing: bool = False
+    activation_offload: bool = False
     disable_dropout: bool = False
     logprob_chunk_size: int | None = None
     share_prompt_prefix: bool | None = None

@@ -200,8 +200,16 @@ class Policy(nn.Module):
 
     def train_logps(self, rollout: Rollout, rows: slice | Tensor, entropy_grad: bool = False) -> TokenLogps:
         """``token_logps`` with gradient for a training micro-batch, with the MoE load-balancing loss when the
-        model has one."""
-        return self.token_logps(rollout, rows, router_aux=self.router_aux_coef != 0, entropy_grad=entropy_grad)
+        model has one; its saved activations offloaded to CPU with ``activation_offload``."""
+        with self._saved_activations():
+            return self.token_logps(rollout, rows, router_aux=self.router_aux_coef != 0, entropy_grad=entropy_grad)
+
+    def _saved_activations(self) -> contextlib.AbstractContextManager:
+        """Where the training forward keeps what backward needs: CPU memory with ``activation_offload`` on a GPU
+        (pinned, so the copies overlap compute), the forward's own device otherwise."""
+        if not self.config.activation_offload or self.device.type == "cpu":
+            return contextlib.nullcontext()
+        return torch.autograd.graph.save_on_cpu(pin_memory=True)
 
     def aux_loss(self, token: TokenLogps, num_sequences: int) -> Tensor | float:
         """The MoE load-balancing term of a micro-batch's loss, weighted by its share of the ``num_sequences`` of
