@@ -47,6 +47,12 @@ class Ranks:
             return t
         return self.strategy.reduce(t.float(), reduce_op="sum")
 
+    def most(self, n: int) -> int:
+        """The largest of the ranks' ``n``."""
+        if self.world_size == 1:
+            return n
+        return int(self.strategy.all_gather(torch.tensor(n, device=self.strategy.root_device)).max())
+
     def loss(self, out: LossOutput) -> LossOutput:
         """Loss metrics of the global batch, as TRL gathers them: token sums and counts added over ranks, and
         the loss averaged (each rank's loss is scaled so that DDP's gradient average is the global gradient)."""

@@ -7,8 +7,8 @@ from __future__ import annotations
 
 import pytest
 import torch
+from test_moe_aux import tiny_mixtral
 from test_prefix import LORA, grouped_rows
-from transformers import MixtralConfig, MixtralForCausalLM
 
 from lightning_grpo.demo.tiny import build_tiny_qwen2, build_tokenizer
 from lightning_grpo.model.loading import with_lora
@@ -132,18 +132,7 @@ def test_trimming_drops_only_columns_no_row_needs():
 
 
 def test_packed_router_loss_equals_the_padded_one():
-    torch.manual_seed(0)
-    config = MixtralConfig(
-        vocab_size=64,
-        hidden_size=16,
-        intermediate_size=32,
-        num_hidden_layers=2,
-        num_attention_heads=2,
-        num_key_value_heads=1,
-        num_local_experts=4,
-        num_experts_per_tok=2,
-    )
-    model = MixtralForCausalLM(config)
+    model = tiny_mixtral()
     ids, mask = grouped_rows([3, 5], 2, 4, seed=7)
     ids = ids % 64
     padded = completion_logps(model, ids, mask, 4, router_aux=True).aux_loss

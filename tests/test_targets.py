@@ -13,7 +13,7 @@ from lightning_grpo.model.policy import Policy
 from lightning_grpo.ranks import Ranks
 from lightning_grpo.run import seeded
 from lightning_grpo.targets import Targets, TargetSettings, build_targets, optimiser_steps
-from lightning_grpo.targets.build import loss_mask, token_micro_batches
+from lightning_grpo.targets.build import loss_mask, split_rows, token_micro_batches
 from lightning_grpo.types import RewardScores
 
 
@@ -86,6 +86,9 @@ def test_truncated_completions_leave_the_loss_only_when_asked():
 class OneRank:
     world_size = 1
 
+    def most(self, n):
+        return n
+
     def sum(self, t):
         return t
 
@@ -115,6 +118,21 @@ def test_token_micro_batches_sort_rows_and_keep_groups_whole():
     assert sorted(torch.cat(rows).tolist()) == list(range(8))
     groups = token_micro_batches(tokens, budget=80, unit=2)  # groups' longest rows: 30, 7, 40, 10
     assert [m.tolist() for m in groups] == [[4, 5], [0, 1], [6, 7, 2, 3]]  # 2 groups x 2 rows x 10 = 40 fit
+
+
+def test_every_rank_runs_as_many_token_micro_batches():
+    """A rank whose rows fit in fewer passes splits them further: each pass is a collective under DDP and FSDP2."""
+
+    class MoreOnAnotherRank(OneRank):
+        def most(self, n):
+            return 4
+
+    tokens = torch.tensor([5, 30, 6, 7, 40, 8, 9, 10])
+    u = UpdateConfig(micro_batch_tokens=80)  # groups of 2 rows, longest 40, 30, 10, 7: 3 passes here
+    rows = split_rows(tokens, u, unit=2, ranks=OneRank())
+    assert [r.tolist() for r in rows] == [[4, 5], [0, 1], [6, 7, 2, 3]]
+    evened = split_rows(tokens, u, unit=2, ranks=MoreOnAnotherRank())
+    assert [r.tolist() for r in evened] == [[4, 5], [0, 1], [6, 7], [2, 3]]  # whole groups still
 
 
 def test_optimiser_steps_split_by_tokens():

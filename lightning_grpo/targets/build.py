@@ -122,11 +122,29 @@ def token_micro_batches(row_tokens: Tensor, budget: int, unit: int = 1) -> list[
     return [torch.tensor(b, dtype=torch.long) for b in batches]
 
 
-def split_rows(row_tokens: Tensor, u: UpdateConfig, unit: int) -> list[slice] | list[Tensor]:
-    """The micro-batches of rows with ``row_tokens`` [n] tokens each, as ``update`` sets them."""
-    if u.micro_batch_tokens is not None:
-        return token_micro_batches(row_tokens, u.micro_batch_tokens, unit)
-    return micro_batches(len(row_tokens), u.micro_batch_size)
+def split_rows(row_tokens: Tensor, u: UpdateConfig, unit: int, ranks: Ranks) -> list[slice] | list[Tensor]:
+    """The micro-batches of rows with ``row_tokens`` [n] tokens each, as ``update`` sets them; by tokens, as many on
+    every rank (a collective): each forward and backward pass is one under DDP and FSDP2."""
+    if u.micro_batch_tokens is None:
+        return micro_batches(len(row_tokens), u.micro_batch_size)
+    batches = token_micro_batches(row_tokens, u.micro_batch_tokens, unit)
+    return split_to(batches, ranks.most(len(batches)), unit)
+
+
+def split_to(batches: list[Tensor], count: int, unit: int) -> list[Tensor]:
+    """``batches`` of whole units, the one with most rows split in two until there are ``count``. Every rank has as
+    many units, so no rank is asked for more micro-batches than it has units.
+
+    >>> [b.tolist() for b in split_to([torch.tensor([4, 5, 6, 7]), torch.tensor([0, 1])], 4, unit=1)]
+    [[4], [5], [6, 7], [0, 1]]
+    """
+    batches = list(batches)
+    while len(batches) < count:
+        i = max(range(len(batches)), key=lambda j: len(batches[j]))
+        big = batches.pop(i)
+        half = (len(big) // unit + 1) // 2 * unit  # rows of the first half: whole units, at least one
+        batches[i:i] = [big[:half], big[half:]]
+    return batches
 
 
 def rows_of(t: Tensor | None, rows: slice | Tensor) -> Tensor | None:
@@ -164,7 +182,7 @@ def build_targets(
     u = s.update
     mask = loss_mask(rollout.model_mask, rollout.is_truncated, u.mask_truncated_completions)  # [N, T]
     row_tokens = rollout.attention_mask.sum(dim=1).cpu()  # [N]
-    rows = split_rows(row_tokens, u, s.micro_batch_unit)
+    rows = split_rows(row_tokens, u, s.micro_batch_unit, ranks)
     correct = rollout.sampling_logps is not None and u.sampling_correction is not None
     old_logps = policy.logps(rollout, rows) if s.needs_old_logps or correct else None
     ref_logps = policy.reference_logps(rollout, rows) if s.reference else None
@@ -238,6 +256,6 @@ def optimiser_steps(targets: Targets, s: TargetSettings, ranks: Ranks) -> list[O
     for part in rows.chunk(parts):
         mask = targets.mask[part]
         tokens = torch.ones(len(part)) if targets.row_tokens is None else targets.row_tokens[part]
-        micro = [part[rows] for rows in split_rows(tokens, s.update, s.micro_batch_unit)]
+        micro = [part[rows] for rows in split_rows(tokens, s.update, s.micro_batch_unit, ranks)]
         steps.append(OptimiserStep(part, micro, normalizer(mask, ranks, s.max_completion_length)))
     return steps
