@@ -8,7 +8,7 @@ from __future__ import annotations
 import pytest
 import torch
 from test_moe_aux import tiny_mixtral
-from test_prefix import LORA, grouped_rows
+from test_prefix import LORA, assert_same_outputs, grouped_rows, with_grads
 
 from lightning_grpo.demo.tiny import build_tiny_qwen2, build_tokenizer
 from lightning_grpo.model.loading import with_lora
@@ -33,15 +33,6 @@ def reference_logps(model, ids, mask, completion_length, temperature=0.7):
     return token, entropy
 
 
-def with_grads(fn, model, mask, completion_length):
-    model.zero_grad()
-    logps, entropy = fn()
-    weights = torch.linspace(-1, 1, logps.numel()).view_as(logps)  # a loss that weighs every token
-    (logps * weights * mask[:, -completion_length:]).sum().backward()
-    grads = {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
-    return logps.detach(), entropy.detach(), grads
-
-
 def assert_equal_to_reference(model, ids, mask, completion_length, layout):
     expected = with_grads(lambda: reference_logps(model, ids, mask, completion_length), model, mask, completion_length)
 
@@ -49,12 +40,7 @@ def assert_equal_to_reference(model, ids, mask, completion_length, layout):
         out = completion_logps(model, ids, mask, completion_length, temperature=0.7, **LAYOUTS[layout])
         return out.logps, out.entropy
 
-    got = with_grads(ours, model, mask, completion_length)
-    torch.testing.assert_close(got[0], expected[0], rtol=1e-5, atol=1e-5)
-    torch.testing.assert_close(got[1], expected[1], rtol=1e-5, atol=1e-4)
-    assert got[2].keys() == expected[2].keys() and expected[2]
-    for name in expected[2]:
-        torch.testing.assert_close(got[2][name], expected[2][name], rtol=1e-4, atol=1e-5, msg=name)
+    assert_same_outputs(with_grads(ours, model, mask, completion_length), expected, entropy_atol=1e-4)
 
 
 @pytest.fixture(scope="module")

@@ -35,23 +35,37 @@ def grouped_rows(prompt_lengths: list[int], group_size: int, completion_length: 
     return ids.masked_fill(mask == 0, 0), mask
 
 
-def logps_and_grads(model, ids, mask, completion_length, shared):
+def with_grads(fn, model, mask, completion_length):
+    """(log-probs, entropies, every parameter's gradient) of ``fn() -> (logps [n, T], entropies [n, T])``."""
     model.zero_grad()
-    out = completion_logps(model, ids, mask, completion_length, temperature=0.7, shared_prefix=shared)
-    weights = torch.linspace(-1, 1, out.logps.numel()).view_as(out.logps)  # a loss that weighs every token
-    (out.logps * weights * mask[:, -completion_length:]).sum().backward()
+    logps, entropy = fn()
+    weights = torch.linspace(-1, 1, logps.numel()).view_as(logps)  # a loss that weighs every token
+    (logps * weights * mask[:, -completion_length:]).sum().backward()
     grads = {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
-    return out.logps.detach(), out.entropy.detach(), grads
+    return logps.detach(), entropy.detach(), grads
+
+
+def assert_same_outputs(got, expected, entropy_atol=1e-5):
+    """Two ``with_grads`` results equal to fp32 tolerance."""
+    torch.testing.assert_close(got[0], expected[0], rtol=1e-5, atol=1e-5)  # log-probs
+    torch.testing.assert_close(got[1], expected[1], rtol=1e-5, atol=entropy_atol)  # entropies
+    assert got[2].keys() == expected[2].keys() and expected[2]
+    for name in expected[2]:
+        torch.testing.assert_close(got[2][name], expected[2][name], rtol=1e-4, atol=1e-5, msg=name)
+
+
+def logps_and_grads(model, ids, mask, completion_length, shared):
+    def forward():
+        out = completion_logps(model, ids, mask, completion_length, temperature=0.7, shared_prefix=shared)
+        return out.logps, out.entropy
+
+    return with_grads(forward, model, mask, completion_length)
 
 
 def assert_same(model, ids, mask, completion_length):
     plain = logps_and_grads(model, ids, mask, completion_length, shared=False)
     shared = logps_and_grads(model, ids, mask, completion_length, shared=True)
-    torch.testing.assert_close(shared[0], plain[0], rtol=1e-5, atol=1e-5)  # log-probs
-    torch.testing.assert_close(shared[1], plain[1], rtol=1e-5, atol=1e-5)  # entropies
-    assert shared[2].keys() == plain[2].keys() and plain[2]
-    for name in plain[2]:
-        torch.testing.assert_close(shared[2][name], plain[2][name], rtol=1e-4, atol=1e-5, msg=name)
+    assert_same_outputs(shared, plain)
 
 
 @pytest.fixture(scope="module")
