@@ -8,10 +8,9 @@ from __future__ import annotations
 import pytest
 import torch
 from test_moe_aux import tiny_mixtral
-from test_prefix import LORA, assert_same_outputs, grouped_rows, with_grads
+from test_prefix import assert_same_outputs, grouped_rows, lora_model, with_grads
 
 from lightning_grpo.demo.tiny import build_tiny_qwen2, build_tokenizer
-from lightning_grpo.model.loading import with_lora
 from lightning_grpo.model.logprobs import completion_logps
 from lightning_grpo.model.padding import pack_rows, position_ids_from_mask, trim_padding
 
@@ -66,12 +65,7 @@ def test_every_layout_equals_the_padded_forward(model, layout, prompt_lengths, g
 
 @pytest.mark.parametrize("layout", ["packed", "packed_shared"])
 def test_packed_with_lora(layout):
-    torch.manual_seed(0)
-    model = with_lora(build_tiny_qwen2(build_tokenizer()), LORA).train()
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            if "lora_B" in name:
-                p.normal_(std=0.3)
+    model = lora_model()
     ids, mask = grouped_rows([5, 2], 3, 8, seed=2)
     assert_equal_to_reference(model, ids, mask, 8, layout)
 

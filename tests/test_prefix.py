@@ -95,13 +95,20 @@ def test_a_micro_batch_that_cuts_groups(model):
     assert_same(model, ids[rows], mask[rows], 5)
 
 
-def test_shared_prefix_with_lora():
+def lora_model():
+    """The tiny model under a LoRA adapter whose B matrices are random (0 at initialisation: the adapter would
+    change nothing)."""
     torch.manual_seed(0)
     model = with_lora(build_tiny_qwen2(build_tokenizer()), LORA).train()
     with torch.no_grad():
         for name, p in model.named_parameters():
             if "lora_B" in name:
                 p.normal_(std=0.3)
+    return model
+
+
+def test_shared_prefix_with_lora():
+    model = lora_model()
     ids, mask = grouped_rows([5, 2], 3, 4, seed=2)
     assert_same(model, ids, mask, 4)
 
