@@ -182,6 +182,30 @@ def uneven_task(home: Path) -> Task:
     return cached_task(home, "qwen2-vocab32000-4x256-uneven-eos6-prompt2", write)
 
 
+QWEN05B_SIZES = dict(  # Qwen2.5-0.5B's shape (494M parameters, 136M of them the tied embedding / LM head)
+    hidden_size=896,
+    intermediate_size=4864,
+    num_hidden_layers=24,
+    num_attention_heads=14,
+    num_key_value_heads=2,
+    max_position_embeddings=32768,
+    rope_theta=1000000.0,
+)
+
+
+def qwen05b_task(home: Path) -> Task:
+    """Qwen2.5-0.5B's architecture and vocabulary with random weights, saved in bfloat16 (no download): the GPU
+    benchmarks' model. Its data is the 32-token synthetic prompts."""
+    from lightning_grpo.demo.tiny import build_tiny_qwen2
+
+    def write(path: Path) -> None:
+        tokenizer = qwen_vocab_tokenizer()
+        model = build_tiny_qwen2(tokenizer, 0, vocab_size=QWEN25_VOCAB, **QWEN05B_SIZES).to(torch.bfloat16)
+        write_task(path, tokenizer, model, synthetic_rows())
+
+    return cached_task(home, "qwen2.5-0.5b-shape-random", write)
+
+
 def read_rows(data_dir: str, split: str) -> list[dict[str, Any]]:
     with open(Path(data_dir) / f"{split}.jsonl") as f:
         return [json.loads(line) for line in f]

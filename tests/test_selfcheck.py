@@ -7,7 +7,7 @@ import sys
 import pytest
 import torch
 
-from lightning_grpo.cli.selfcheck import BY_KEY, CHECKS, Check, last_error, parse_server, unavailable
+from lightning_grpo.cli.selfcheck import BY_KEY, CHECKS, Check, last_error, parse_args, unavailable
 from lightning_grpo.engines.vllm import vllm_build
 
 
@@ -31,10 +31,12 @@ def test_the_vllm_rows_run_where_vllm_is_installed():
         assert unavailable(check) is None and unavailable(check, url) is None
     elif not torch.cuda.is_available():
         assert unavailable(check) == "no server given (--vllm-server URL)"
-    assert parse_server(["--vllm-server", "http://gpu-7:8000/"]) == "http://gpu-7:8000"
-    for bad in (["--vllm-server", "gpu-7:8000"], ["--vllm-server"], ["--gpus", "2"]):
-        with pytest.raises(SystemExit, match="takes only --vllm-server http://host:port"):
-            parse_server(bad)
+    assert parse_args(["--vllm-server", "http://gpu-7:8000/"]) == ("http://gpu-7:8000", CHECKS)
+    assert parse_args(["--only", "bf16,offload"]) == (None, [BY_KEY["bf16"], BY_KEY["offload"]])
+    bad_args = (["--vllm-server", "gpu-7:8000"], ["--vllm-server"], ["--gpus", "2"], ["--only", "bf16,gpu"])
+    for bad in bad_args:
+        with pytest.raises(SystemExit, match=r"takes --vllm-server http://host:port .* --only KEY\[,KEY...\]"):
+            parse_args(bad)
 
 
 def test_last_error_is_the_exception_line_of_any_rank():

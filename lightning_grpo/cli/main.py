@@ -4,8 +4,8 @@
 package (``lightning_grpo/templates/*.yaml``: tiny_cpu, lora_cpu, ddp_cpu ...) runs that template, so the embedded
 default runs from any directory after ``pip install``.
 ``lightning-grpo report RUN_DIR``: training curves as PNG and HTML.
-``lightning-grpo selfcheck [--vllm-server URL]``: every training path (CPU, DDP, FSDP2, LoRA; on GPUs bf16, FSDP1,
-QLoRA, vLLM colocate and server) for a few steps on a tiny local model, as one table.
+``lightning-grpo selfcheck [--vllm-server URL] [--only KEYS]``: every training path (CPU, DDP, FSDP2, LoRA; on GPUs
+bf16, FSDP1, QLoRA, vLLM colocate and server) for a few steps on a tiny local model, as one table.
 ``lightning-grpo export CHECKPOINT OUT``: a distributed checkpoint of an FSDP2 full fine-tuning run -> Hugging Face
 format, a tensor at a time.
 ``python -m lightning_grpo`` runs the same CLI when the console script is not on PATH.

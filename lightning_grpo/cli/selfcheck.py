@@ -267,30 +267,38 @@ def write_assets(workdir: Path) -> None:
     (workdir / "train.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
 
 
-def parse_server(argv: list[str]) -> str | None:
-    """``--vllm-server URL`` (the only option), checked before anything runs."""
-    if not argv:
-        return None
-    if len(argv) != 2 or argv[0] != "--vllm-server" or not re.match(r"^https?://[^/:]+(:\d+)?/?$", argv[1]):
-        raise SystemExit(
-            f"lightning-grpo selfcheck takes only --vllm-server http://host:port (a `trl vllm-serve` endpoint "
-            f"serving a small model, which the check then trains), got {argv}"
-        )
-    return argv[1].rstrip("/")
+USAGE = (
+    "lightning-grpo selfcheck takes --vllm-server http://host:port (a `trl vllm-serve` endpoint serving a small "
+    f"model, which the check then trains) and --only KEY[,KEY...] (the paths to run, of {list(BY_KEY)})"
+)
+
+
+def parse_args(argv: list[str]) -> tuple[str | None, list[Check]]:
+    """``--vllm-server URL`` and ``--only KEYS``, checked before anything runs -> (the server, the checks)."""
+    options = dict(zip(argv[::2], argv[1::2]))
+    if len(argv) % 2 or len(options) != len(argv) // 2 or set(options) - {"--vllm-server", "--only"}:
+        raise SystemExit(f"{USAGE}, got {argv}")
+    server = options.get("--vllm-server")
+    if server is not None and not re.match(r"^https?://[^/:]+(:\d+)?/?$", server):
+        raise SystemExit(f"{USAGE}, got --vllm-server {server!r}")
+    keys = options["--only"].split(",") if "--only" in options else list(BY_KEY)
+    if unknown := [key for key in keys if key not in BY_KEY]:
+        raise SystemExit(f"{USAGE}, got --only {options['--only']!r} (unknown: {unknown})")
+    return None if server is None else server.rstrip("/"), [BY_KEY[key] for key in keys]
 
 
 def main(argv: list[str]) -> None:
-    """``lightning-grpo selfcheck [--vllm-server URL]``: prints the table; exits 1 when a path that could run
-    failed."""
+    """``lightning-grpo selfcheck [--vllm-server URL] [--only KEYS]``: prints the table; exits 1 when a path that
+    could run failed."""
     if argv[:1] == ["--run"]:
         run_check(*argv[1:4])
         return
-    server = parse_server(argv)
-    print(f"lightning-grpo selfcheck: {len(CHECKS)} paths, {STEPS} steps each on a tiny local model", flush=True)
+    server, checks = parse_args(argv)
+    print(f"lightning-grpo selfcheck: {len(checks)} paths, {STEPS} steps each on a tiny local model", flush=True)
     with tempfile.TemporaryDirectory(prefix="lightning_grpo_selfcheck_") as tmp:
         write_assets(Path(tmp))
         rows = []
-        for check in CHECKS:
+        for check in checks:
             rows.append(row(check, Path(tmp), server))
             print(f"  {rows[-1][0]}: {rows[-1][1]}", flush=True)
     print("\n" + table(rows))

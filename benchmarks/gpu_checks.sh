@@ -1,0 +1,40 @@
+#!/usr/bin/env bash
+# What only a GPU proves, in one run of about 8 minutes on one H100: the selfcheck's GPU rows, the log-prob layouts
+# on CUDA (their log-probs compared, their time and memory), how long a completion one GPU trains, and the
+# side-by-side benchmark's GPU mode. Each part has its own time limit and log; one that fails leaves the others.
+#
+#     bash benchmarks/gpu_checks.sh            # logs under gpu_results/ (or $OUT), the tables on stdout
+#
+# Needs the package's requirements (trl for the last part) and a CUDA GPU. No downloads: every model is built here.
+set -u
+cd "$(dirname "$0")/.."
+out=${OUT:-gpu_results}
+py=${PYTHON:-python3}
+mkdir -p "$out"
+export PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false HF_HUB_DISABLE_PROGRESS_BARS=1
+export LIGHTNING_GRPO_HOME=${LIGHTNING_GRPO_HOME:-/tmp/lightning_grpo_home}
+
+part() {  # part NAME SECONDS COMMAND...: run it under a time limit, its whole output to $out/NAME.log
+    local name=$1 limit=$2
+    shift 2
+    echo "=== $name ($*)"
+    local start=$SECONDS
+    timeout "$limit" "$@" >"$out/$name.log" 2>&1
+    local rc=$?
+    grep -v -e "Loading weights" -e "Writing model shards" -e "^\s*$" "$out/$name.log" | tail -n "${TAIL:-25}"
+    echo "=== $name: exit $rc in $((SECONDS - start)) s"
+}
+
+nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
+$py -c "import torch, transformers, lightning; print('torch', torch.__version__, 'transformers', \
+transformers.__version__, 'lightning', lightning.__version__)"
+part selfcheck 110 $py -m lightning_grpo selfcheck --only bf16,offload
+part padding_tiny 50 $py benchmarks/bench_padding.py --device cuda
+part long_context 100 $py benchmarks/bench_long_context.py --lengths 4096 8192 16384 32768 65536
+part padding_qwen 90 $py benchmarks/bench_padding.py --device cuda --model qwen0.5b --dtype bfloat16 \
+    --prompts 1 --group 8 --lengths 64-4096 --budget 16384 --repeats 3
+part trl_vs_ours 130 $py benchmarks/trl_vs_lightning_grpo.py --model gen --device cuda --betas 0 --repeats 1 \
+    --steps 5 --warmup 1 --json "$out/trl_vs_ours.json"
+part padding_flex 60 $py benchmarks/bench_padding.py --device cuda --model qwen0.5b --dtype bfloat16 \
+    --prompts 1 --group 8 --lengths 64-4096 --budget 16384 --repeats 3 --attn flex_attention \
+    --layouts "padded, one pass" "micro_batch_tokens, rows" "padding_free, one pass"
