@@ -58,8 +58,10 @@ LAYOUTS = {  # name -> (policy settings, micro-batches of a rollout with ``token
 def generation(
     model_dir: str, prompts: list[str], group: int, max_tokens: int, device: str
 ) -> tuple[Rollout, dict[bool, float]]:
-    """The rollout (seed 0), and seconds of one LeanDecode call with ended rows dropped and kept."""
+    """The rollout (seed 0), and seconds of one LeanDecode call with ended rows dropped and kept (after a short
+    untimed call: a GPU's first kernels load and compile)."""
     seconds = {}
+    LeanDecode().generate(Policy(model_dir).to(device), prompts, group, SamplingConfig(max_completion_length=8), False)
     for drop in (True, False):
         policy = Policy(model_dir).to(device)
         torch.manual_seed(0)

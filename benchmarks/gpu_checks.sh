@@ -4,6 +4,7 @@
 # side-by-side benchmark's GPU mode. Each part has its own time limit and log; one that fails leaves the others.
 #
 #     bash benchmarks/gpu_checks.sh            # logs under gpu_results/ (or $OUT), the tables on stdout
+#     ONLY="padding_qwen trl_vs_ours" bash benchmarks/gpu_checks.sh   # some parts
 #
 # Needs the package's requirements (trl for the last part) and a CUDA GPU. No downloads: every model is built here.
 set -u
@@ -17,6 +18,7 @@ export LIGHTNING_GRPO_HOME=${LIGHTNING_GRPO_HOME:-/tmp/lightning_grpo_home}
 part() {  # part NAME SECONDS COMMAND...: run it under a time limit, its whole output to $out/NAME.log
     local name=$1 limit=$2
     shift 2
+    [[ -z "${ONLY:-}" || " $ONLY " == *" $name "* ]] || return 0  # ONLY="selfcheck long_context": just those
     echo "=== $name ($*)"
     local start=$SECONDS
     timeout "$limit" "$@" >"$out/$name.log" 2>&1
@@ -33,8 +35,8 @@ part padding_tiny 50 $py benchmarks/bench_padding.py --device cuda
 part long_context 100 $py benchmarks/bench_long_context.py --lengths 4096 8192 16384 32768 65536
 part padding_qwen 90 $py benchmarks/bench_padding.py --device cuda --model qwen0.5b --dtype bfloat16 \
     --prompts 1 --group 8 --lengths 64-4096 --budget 16384 --repeats 3
-part trl_vs_ours 130 $py benchmarks/trl_vs_lightning_grpo.py --model gen --device cuda --betas 0 --repeats 1 \
+part trl_vs_ours 150 $py benchmarks/trl_vs_lightning_grpo.py --model gen --device cuda --betas 0 --repeats 1 \
     --steps 5 --warmup 1 --json "$out/trl_vs_ours.json"
-part padding_flex 60 $py benchmarks/bench_padding.py --device cuda --model qwen0.5b --dtype bfloat16 \
+part padding_flex 150 $py benchmarks/bench_padding.py --device cuda --model qwen0.5b --dtype bfloat16 \
     --prompts 1 --group 8 --lengths 64-4096 --budget 16384 --repeats 3 --attn flex_attention \
     --layouts "padded, one pass" "micro_batch_tokens, rows" "padding_free, one pass"

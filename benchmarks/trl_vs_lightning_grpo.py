@@ -37,6 +37,7 @@ from bench_assets import (
     Task,
     gen_task,
     matmul_gflops,
+    qwen05b_task,
     qwen_100m_task,
     tiny_task,
     uneven_task,
@@ -80,9 +81,10 @@ MODEL_DEFAULTS = {
     "uneven": Settings(
         num_generations=8, prompts_per_step=2, max_completion_length=256, learning_rate=1e-6, micro_batch_tokens=1024
     ),
+    "qwen0.5b": Settings(num_generations=8, prompts_per_step=2, max_completion_length=256, learning_rate=1e-6),
 }
 PROMPT_HEAVY_TOKENS = 320
-MODELS = {"both": ["tiny", "100m"], "all": list(MODEL_DEFAULTS)}
+MODELS = {"both": ["tiny", "100m"], "all": [m for m in MODEL_DEFAULTS if m != "qwen0.5b"]}  # 0.5B: for GPUs
 UNSET = -1  # a command-line value that sets an optional setting to None
 
 
@@ -201,6 +203,8 @@ def task_for(model: str) -> Task:
         return qwen_100m_task(cache_home())
     if model == "uneven":
         return uneven_task(cache_home())
+    if model == "qwen0.5b":
+        return qwen05b_task(cache_home())
     return gen_task(cache_home(), PROMPT_HEAVY_TOKENS if model == "prompt" else 32)
 
 
@@ -439,8 +443,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help="tiny: the embedded 2-layer demo model on its max-of-three-digits task; 100m: a 90M Qwen2 "
         "with Qwen2.5's 151936 vocabulary on random prompts with a length reward; gen: Qwen2 4 layers x 256, "
         "vocabulary 32,000, 128-token completions; prompt: the gen model with 320-token prompts and 16-token "
-        "completions; uneven: the gen model, one prompt, completions of ~30 to 256 tokens; both: tiny and 100m; "
-        "all: every shape (default tiny)",
+        "completions; uneven: the gen model, one prompt, completions of ~30 to 256 tokens; qwen0.5b: Qwen2.5-0.5B's "
+        "shape, random weights, 256-token completions (for the GPU mode); both: tiny and 100m; all: every shape "
+        "but qwen0.5b (default tiny)",
     )
     p.add_argument(
         "--engine",
@@ -555,7 +560,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 
 def versions() -> dict[str, str]:
-    return {name: version(name) for name in ("torch", "transformers", "trl", "lightning", "lightning-grpo")}
+    """Each package's installed version; lightning-grpo's also when run from a checkout on ``PYTHONPATH``."""
+    import lightning_grpo
+
+    found = {name: version(name) for name in ("torch", "transformers", "trl", "lightning")}
+    return {**found, "lightning-grpo": lightning_grpo.__version__}
 
 
 def main(argv: list[str] | None = None) -> None:
