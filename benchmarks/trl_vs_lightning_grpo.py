@@ -63,7 +63,7 @@ class Settings:
     share_prompt_prefix: bool = True  # lightning-grpo only: the log-prob forward encodes a group's prompt once
     device: str = "cpu"  # "cuda": both sides on one GPU (the GPU mode); peak GPU memory is reported too
     vllm: bool = False  # both sides generate with a colocated vLLM engine (CUDA, ``pip install vllm``)
-    micro_batch_tokens: int | None = None  # lightning-grpo only: length-sorted token-budget micro-batches
+    micro_batch_tokens: int | str | None = "auto"  # lightning-grpo only: length-sorted token-budget micro-batches
     padding_free: bool = False  # lightning-grpo only: the log-prob forward on packed rows
     drop_finished_rows: bool = True  # lightning-grpo only: LeanDecode's ended rows leave the decode batch
 
@@ -510,7 +510,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "--micro-batch-tokens",
         type=int,
         help=f"ours: update.micro_batch_tokens, length-sorted micro-batches of at most this many padded tokens "
-        f"({UNSET}: off, one micro-batch; uneven shape 1024, the others off)",
+        f"({UNSET}: off, one micro-batch; uneven shape 1024, the others the package's default: auto, 16384)",
     )
     p.add_argument(
         "--padding-free",

@@ -135,6 +135,27 @@ def test_every_rank_runs_as_many_token_micro_batches():
     assert [r.tolist() for r in evened] == [[4, 5], [0, 1], [6, 7], [2, 3]]  # whole groups still
 
 
+def test_the_default_token_budget_splits_only_batches_over_16384_tokens():
+    """``micro_batch_tokens: auto``: a batch of up to 16384 padded tokens is one pass (a slice, as before); a longer
+    one is split by length, whole groups kept; ``micro_batch_size`` or ``None`` turns it off."""
+    u = UpdateConfig()
+    assert u.micro_batch_tokens == "auto" and u.token_budget == 16384
+    assert (
+        UpdateConfig(micro_batch_size=4).token_budget is None
+        and UpdateConfig(micro_batch_tokens=None).token_budget is None
+    )
+    short = torch.full((16,), 1024)  # 16 x 1024 = 16384: one pass
+    assert split_rows(short, u, unit=8, ranks=OneRank()) == [slice(0, 16)]
+    long = torch.tensor([2080] * 8 + [300] * 8)  # a group of 2,080-token rows (16,640 > 16384) and a short one
+    assert [r.tolist() for r in split_rows(long, u, unit=8, ranks=OneRank())] == [list(range(8)), list(range(8, 16))]
+    assert split_rows(long, UpdateConfig(micro_batch_tokens=None), unit=8, ranks=OneRank()) == [slice(0, 16)]
+    with pytest.raises(
+        ValueError, match="update.micro_batch_tokens must be an integer >= 1, 'auto' or None, got 'big'"
+    ):
+        UpdateConfig(micro_batch_tokens="big")
+    assert UpdateConfig(micro_batch_size=4).micro_batch_size == 4  # with the default budget: no conflict
+
+
 def test_optimiser_steps_split_by_tokens():
     mask = torch.ones(8, 5)
     tokens = torch.tensor([5, 30, 6, 7, 40, 8, 9, 10])

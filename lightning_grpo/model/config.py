@@ -36,7 +36,9 @@ class PolicyConfig:
         activation_offload: keep the activations the training forward saves for backward in CPU memory (pinned)
             instead of GPU memory, copied back as backward needs them (``torch.autograd.graph.save_on_cpu``): for
             long completions on one GPU, at the cost of the copies. Composes with ``gradient_checkpointing``
-            (then only the checkpointed layers' inputs move). Changes nothing on CPU.
+            (then only the checkpointed layers' inputs move: on an H100 that saved nothing measurable and made
+            steps 8-27x slower, ``benchmarks/bench_long_context.py``; checkpointing alone is the better setting).
+            Changes nothing on CPU.
         disable_dropout: dropout off in the policy and reference (TRL's option; on-policy ratios are then exactly
             1 for ``update.num_iterations > 1`` too).
         logprob_chunk_size: token positions per LM-head chunk when computing log-probs; ``None`` sizes chunks to

@@ -125,10 +125,11 @@ def token_micro_batches(row_tokens: Tensor, budget: int, unit: int = 1) -> list[
 def split_rows(row_tokens: Tensor, u: UpdateConfig, unit: int, ranks: Ranks) -> list[slice] | list[Tensor]:
     """The micro-batches of rows with ``row_tokens`` [n] tokens each, as ``update`` sets them; by tokens, as many on
     every rank (a collective): each forward and backward pass is one under DDP and FSDP2."""
-    if u.micro_batch_tokens is None:
+    if u.token_budget is None:
         return micro_batches(len(row_tokens), u.micro_batch_size)
-    batches = token_micro_batches(row_tokens, u.micro_batch_tokens, unit)
-    return split_to(batches, ranks.most(len(batches)), unit)
+    batches = token_micro_batches(row_tokens, u.token_budget, unit)
+    count = ranks.most(len(batches))
+    return micro_batches(len(row_tokens), None) if count == 1 else split_to(batches, count, unit)
 
 
 def split_to(batches: list[Tensor], count: int, unit: int) -> list[Tensor]:

@@ -9,6 +9,9 @@ from lightning_grpo.checks import raise_problems
 from lightning_grpo.targets.correction import CORRECTIONS, SAMPLING_CORRECTIONS, correction_bounds
 
 
+AUTO_MICRO_BATCH_TOKENS = 16384  # verl's ppo_max_token_len_per_gpu: one pass of the prompt-and-completion tokens
+
+
 @dataclass(frozen=True)
 class UpdateConfig:
     """How a generation batch is trained on, TRL's names. ``update:`` in YAML.
@@ -19,12 +22,13 @@ class UpdateConfig:
         steps_per_generation: optimiser steps per generation batch, each on its share of the batch's groups
             (rollouts reused, the later steps off-policy); ``data.batch_size`` must be a multiple of it.
         micro_batch_size: completions per forward/backward pass; gradients accumulate over the optimiser step.
-            ``None`` takes all at once. Any value gives the same update.
-        micro_batch_tokens: instead of ``micro_batch_size``, micro-batches of rows of similar lengths, each at most
-            this many tokens as the padded forward holds them (rows x the longest row's prompt and completion;
-            a longer row goes alone): verl's ``use_dynamic_bsz``. Rows are sorted by length, longest first, so
-            little padding is computed and the first micro-batch shows the peak memory. Whole groups with
-            ``policy.share_prompt_prefix``. The same update as any other split.
+            ``None`` takes all at once (up to ``micro_batch_tokens``). Any value gives the same update.
+        micro_batch_tokens: micro-batches of rows of similar lengths, each at most this many tokens as the padded
+            forward holds them (rows x the longest row's prompt and completion; a longer row goes alone): verl's
+            ``use_dynamic_bsz``. Rows are sorted by length, longest first, so little padding is computed and the
+            first micro-batch shows the peak memory. Whole groups with ``policy.share_prompt_prefix``. The same
+            update as any other split. ``"auto"`` (the default): 16384 (verl's ``ppo_max_token_len_per_gpu``),
+            a batch within it goes in one pass, as before; none when ``micro_batch_size`` is set. ``None``: off.
         mask_truncated_completions: drop completions without EOS from the loss (DAPO).
         sampling_correction: when another engine sampled (vLLM), re-weight the policy term by the trainer/sampler
             probability ratio rho (``targets/correction.py``, defaults in brackets): TRL's token_truncate,
@@ -42,7 +46,7 @@ class UpdateConfig:
     num_iterations: int = 1
     steps_per_generation: int = 1
     micro_batch_size: int | None = None
-    micro_batch_tokens: int | None = None
+    micro_batch_tokens: int | Literal["auto"] | None = "auto"
     mask_truncated_completions: bool = False
     sampling_correction: Literal[SAMPLING_CORRECTIONS] | None = "sequence_mask"
     sampling_correction_min: float | None = None
@@ -63,11 +67,13 @@ class UpdateConfig:
                     f"update.micro_batch_size must be None or >= 1, got {self.micro_batch_size!r}",
                 ),
                 (
-                    self.micro_batch_tokens is None or self.micro_batch_tokens >= 1,
-                    f"update.micro_batch_tokens must be None or >= 1, got {self.micro_batch_tokens!r}",
+                    self.micro_batch_tokens in (None, "auto")
+                    or (isinstance(self.micro_batch_tokens, int) and self.micro_batch_tokens >= 1),
+                    f"update.micro_batch_tokens must be an integer >= 1, 'auto' or None, got "
+                    f"{self.micro_batch_tokens!r}",
                 ),
                 (
-                    self.micro_batch_size is None or self.micro_batch_tokens is None,
+                    self.micro_batch_size is None or self.micro_batch_tokens in (None, "auto"),
                     f"update.micro_batch_size={self.micro_batch_size} and update.micro_batch_tokens="
                     f"{self.micro_batch_tokens} both split the batch: set one of them",
                 ),
@@ -78,6 +84,13 @@ class UpdateConfig:
                 *self._bound_checks(),
             ],
         )
+
+    @property
+    def token_budget(self) -> int | None:
+        """The micro-batch token budget in effect: ``micro_batch_tokens``, with ``"auto"`` resolved."""
+        if self.micro_batch_tokens == "auto":
+            return AUTO_MICRO_BATCH_TOKENS if self.micro_batch_size is None else None
+        return self.micro_batch_tokens
 
     def _bound_checks(self) -> list[tuple[bool, str]]:
         low, high = self.sampling_correction_min, self.sampling_correction_max
