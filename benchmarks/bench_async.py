@@ -63,7 +63,7 @@ def learning(args: argparse.Namespace) -> dict[str, list[float]]:
     settings, synchronous and async k = 1 (the same seeds)."""
     settings, beta = template_settings()
     accuracy: dict[str, list[float]] = {"sync": [], "async k=1": []}
-    for seed in range(args.seeds):
+    for seed in range(args.seed, args.seed + args.seeds):
         for label, k in (("sync", None), ("async k=1", 1)):
             result = run_grpo(
                 Runner(1),
@@ -106,7 +106,7 @@ def main() -> None:
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--warmup", type=int, default=2, help="untimed optimiser steps first (k = 1 fills one batch)")
     p.add_argument("--steps", type=int, default=8, help="timed optimiser steps")
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--seed", type=int, default=0, help="the first seed (of the repeats, or of --learning's seeds)")
     p.add_argument("--json", type=Path)
     p.add_argument("--learning", action="store_true", help="instead: held-out accuracy, sync vs async k = 1")
     p.add_argument("--seeds", type=int, default=3)

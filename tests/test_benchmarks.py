@@ -109,3 +109,17 @@ def test_lean_drop_runs_both_loops_with_the_same_tokens():
     proc = subprocess.run(command, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
     assert "keep every row:" in proc.stdout and "drop ended rows:" in proc.stdout and "speed-up:" in proc.stdout
+
+
+@pytest.mark.slow  # ~30 s: 6 layouts of one forward + backward on the gen model
+def test_bench_padding_layouts_agree_on_synthetic_lengths():
+    """Every log-prob layout gives the padded pass's log-probs (the figure the GPU run reports for CUDA), and the
+    GPU script that runs it parses."""
+    script = SCRIPT.with_name("bench_padding.py")
+    command = [sys.executable, str(script), "--lengths", "8-40", "--prompts", "2", "--group", "4", "--repeats", "1"]
+    proc = subprocess.run(command, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
+    rows = [line.split() for line in proc.stdout.splitlines() if line.startswith(("padded", "shared", "micro", "padd"))]
+    assert len(rows) == 6 and not any("FAILED" in row for row in rows), proc.stdout
+    assert all(float(row[-1]) < 1e-4 for row in rows), proc.stdout  # max |log-prob - padded log-prob|
+    assert subprocess.run(["bash", "-n", str(SCRIPT.with_name("gpu_checks.sh"))]).returncode == 0

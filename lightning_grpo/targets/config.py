@@ -8,7 +8,6 @@ from typing import Literal
 from lightning_grpo.checks import raise_problems
 from lightning_grpo.targets.correction import CORRECTIONS, SAMPLING_CORRECTIONS, correction_bounds
 
-
 AUTO_MICRO_BATCH_TOKENS = 16384  # verl's ppo_max_token_len_per_gpu: one pass of the prompt-and-completion tokens
 
 
