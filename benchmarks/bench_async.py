@@ -62,6 +62,8 @@ def learning(args: argparse.Namespace) -> dict[str, list[float]]:
     """Greedy held-out accuracy on the tiny task after ``--learning-steps`` steps with templates/tiny_cpu.yaml's
     settings, synchronous and async k = 1 (the same seeds)."""
     settings, beta = template_settings()
+    if args.learning_rate is not None:
+        settings = replace(settings, learning_rate=args.learning_rate)
     accuracy: dict[str, list[float]] = {"sync": [], "async k=1": []}
     for seed in range(args.seed, args.seed + args.seeds):
         for label, k in (("sync", None), ("async k=1", 1)):
@@ -111,6 +113,7 @@ def main() -> None:
     p.add_argument("--learning", action="store_true", help="instead: held-out accuracy, sync vs async k = 1")
     p.add_argument("--seeds", type=int, default=3)
     p.add_argument("--learning-steps", type=int, default=300)
+    p.add_argument("--learning-rate", type=float, help="--learning: instead of the template's (1e-3)")
     args = p.parse_args()
     print(f"$ {shlex.join(sys.orig_argv)}  (load average {os.getloadavg()})", flush=True)
     report = {"command": shlex.join(sys.orig_argv)}

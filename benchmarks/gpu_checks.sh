@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
-# What only a GPU proves, in one run of about 8 minutes on one H100: the selfcheck's GPU rows, the log-prob layouts
-# on CUDA (their log-probs compared, their time and memory), how long a completion one GPU trains, and the
-# side-by-side benchmark's GPU mode. Each part has its own time limit and log; one that fails leaves the others.
+# What only a GPU proves, in one run of about 9 minutes on one H100: the selfcheck's GPU rows, the log-prob layouts
+# on CUDA (their log-probs compared, their time and memory), how long a completion one GPU trains, the side-by-side
+# benchmark's GPU mode, and a profile of one of our steps. Each part has its own time limit and log; one that fails
+# leaves the others.
 #
 #     bash benchmarks/gpu_checks.sh            # logs under gpu_results/ (or $OUT), the tables on stdout
 #     ONLY="padding_qwen trl_vs_ours" bash benchmarks/gpu_checks.sh   # some parts
@@ -37,6 +38,7 @@ part padding_qwen 90 $py benchmarks/bench_padding.py --device cuda --model qwen0
     --prompts 1 --group 8 --lengths 64-4096 --budget 16384 --repeats 3
 part trl_vs_ours 150 $py benchmarks/trl_vs_lightning_grpo.py --model gen --device cuda --betas 0 --repeats 1 \
     --steps 5 --warmup 1 --json "$out/trl_vs_ours.json"
+part profile_step 90 $py benchmarks/profile_step.py --model gen --device cuda
 part padding_flex 150 $py benchmarks/bench_padding.py --device cuda --model qwen0.5b --dtype bfloat16 \
     --prompts 1 --group 8 --lengths 64-4096 --budget 16384 --repeats 3 --attn flex_attention \
     --layouts "padded, one pass" "micro_batch_tokens, rows" "padding_free, one pass"

@@ -123,3 +123,12 @@ def test_bench_padding_layouts_agree_on_synthetic_lengths():
     assert len(rows) == 6 and not any("FAILED" in row for row in rows), proc.stdout
     assert all(float(row[-1]) < 1e-4 for row in rows), proc.stdout  # max |log-prob - padded log-prob|
     assert subprocess.run(["bash", "-n", str(SCRIPT.with_name("gpu_checks.sh"))]).returncode == 0
+
+
+@pytest.mark.slow  # ~20 s: 3 steps of the tiny shape, the last 2 profiled
+def test_profile_step_lists_ops_and_host_syncs():
+    script = SCRIPT.with_name("profile_step.py")
+    command = [sys.executable, str(script), "--model", "tiny", "--warmup", "1", "--steps", "2", "--rows", "5"]
+    proc = subprocess.run(command, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
+    assert "aten::mm" in proc.stdout and "host waits for the device over 2 steps: {'aten::item'" in proc.stdout
