@@ -31,14 +31,14 @@ part() {  # part NAME SECONDS COMMAND...: run it under a time limit, its whole o
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
 $py -c "import torch, transformers, lightning; print('torch', torch.__version__, 'transformers', \
 transformers.__version__, 'lightning', lightning.__version__)"
-part selfcheck 110 $py -m lightning_grpo selfcheck --only bf16,offload
+part selfcheck 90 $py -m lightning_grpo selfcheck --only bf16,offload
 part padding_tiny 50 $py benchmarks/bench_padding.py --device cuda
 part long_context 100 $py benchmarks/bench_long_context.py --lengths 4096 8192 16384 32768 65536
 part padding_qwen 90 $py benchmarks/bench_padding.py --device cuda --model qwen0.5b --dtype bfloat16 \
     --prompts 1 --group 8 --lengths 64-4096 --budget 16384 --repeats 3
-part trl_vs_ours 150 $py benchmarks/trl_vs_lightning_grpo.py --model gen --device cuda --betas 0 --repeats 1 \
+part trl_vs_ours 100 $py benchmarks/trl_vs_lightning_grpo.py --model gen --device cuda --betas 0 --repeats 1 \
     --steps 5 --warmup 1 --json "$out/trl_vs_ours.json"
 part profile_step 90 $py benchmarks/profile_step.py --model gen --device cuda
-part padding_flex 150 $py benchmarks/bench_padding.py --device cuda --model qwen0.5b --dtype bfloat16 \
+part padding_flex 60 $py benchmarks/bench_padding.py --device cuda --model qwen0.5b --dtype bfloat16 \
     --prompts 1 --group 8 --lengths 64-4096 --budget 16384 --repeats 3 --attn flex_attention \
     --layouts "padded, one pass" "micro_batch_tokens, rows" "padding_free, one pass"
