@@ -1,4 +1,4 @@
-"""ToolUseAlert on a real run of the tool engine whose model never writes a call."""
+"""ToolUseAlert on real runs of the tool engine: a model that never writes a call, and calls that all fail."""
 
 from __future__ import annotations
 
@@ -28,6 +28,13 @@ class NoCalls:
         return text, []
 
 
+class CallsWithoutB:
+    """Reads every completion as a call of ``add`` without its second argument: each call fails when run."""
+
+    def parse(self, text: str) -> tuple[str, list[ToolCall]]:
+        return text, [ToolCall("add", {"a": 1})]
+
+
 @pytest.fixture(scope="module")
 def tool_model_dir(tiny_model_dir, tmp_path_factory):
     from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -53,3 +60,11 @@ def test_the_alert_warns_when_the_tools_are_never_called(tool_model_dir, chat_js
     module = make_module(tool_model_dir, rollout_engine=engine, sampling={"max_completion_length": 6})
     with pytest.warns(UserWarning, match="has not written one tool call.*demo.anytool"):
         fit(module, PromptDataModule(chat_jsonl, batch_size=2), tmp_path, max_steps=2, callbacks=[ToolUseAlert(2)])
+
+
+def test_the_alert_warns_when_every_call_fails(tool_model_dir, chat_jsonl, tmp_path):
+    engine = ToolCalling(tools=[add], parser=CallsWithoutB(), max_tool_calling_iterations=1)
+    module = make_module(tool_model_dir, rollout_engine=engine, sampling={"max_completion_length": 6})
+    # patience 1: a step whose turns all ran out of tokens before ending has no call at all ("never called")
+    with pytest.warns(UserWarning, match=r"every tool call failed \(add\).*samples.jsonl"):
+        fit(module, PromptDataModule(chat_jsonl, batch_size=2), tmp_path, max_steps=3, callbacks=[ToolUseAlert(1)])
