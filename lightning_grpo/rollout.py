@@ -213,6 +213,22 @@ def pad_right(rows: list[Tensor], pad_id: int) -> Tensor:
     return torch.cat([torch.nn.functional.pad(r, (0, width - r.shape[1]), value=pad_id) for r in rows])
 
 
+def cut_turns(
+    rows: list[list[int]], logps: list[list[float]] | None, budgets: list[int], eos: list[int]
+) -> list[tuple[list[int], list[float] | None]]:
+    """A sampler's ``complete`` answer: each decoded row up to its first EOS (included) or its budget, with its
+    log-probs (``None``: the sampler records none).
+
+    >>> cut_turns([[5, 1, 7], [5, 6, 7]], None, [3, 2], eos=[1])
+    [([5, 1], None), ([5, 6], None)]
+    """
+    turns = []
+    for i, (row, budget) in enumerate(zip(rows, budgets)):
+        cut = min(next((j + 1 for j, t in enumerate(row) if t in eos), len(row)), budget)
+        turns.append((row[:cut], logps[i][:cut] if logps is not None else None))
+    return turns
+
+
 def generation_chunks(num_prompts: int, num_generations: int, generation_batch_size: int | None) -> list[slice]:
     """The prompts generated together: whole groups, at most ``generation_batch_size`` completions a call (at
     least one group); ``None``: all of them at once.

@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from lightning_grpo.demo.tiny import TOOL_CHAT_TEMPLATE
-from lightning_grpo.engines import OpenAIAgent, agent_reward
+from lightning_grpo.engines import HFGenerate, LeanDecode, OpenAIAgent, agent_reward
 from lightning_grpo.model.policy import Policy
 from lightning_grpo.rollout import SamplingConfig
 from tests.helpers import fit
@@ -66,8 +66,9 @@ def served_of(rollout, engine: OpenAIAgent, i: int) -> list[list[int]]:
     return SERVED[engine.endpoint.base_url(rollout.columns["episode_id"][i])]
 
 
-def test_concurrent_episodes_never_mix_tokens(policy):
-    engine = OpenAIAgent(two_turn_agent, timeout=60)
+@pytest.mark.parametrize("sampler", [HFGenerate, LeanDecode])
+def test_concurrent_episodes_never_mix_tokens(policy, sampler):
+    engine = OpenAIAgent(two_turn_agent, timeout=60, sampler=sampler())
     rollout = engine.generate(policy, prompts(3), 4, SAMPLING, greedy=False)
     tokenizer = policy.tokenizer
     for i in range(len(rollout)):
@@ -78,6 +79,18 @@ def test_concurrent_episodes_never_mix_tokens(policy):
         shown = tokenizer.decode(rollout.completion_ids[i][(rollout.completion_mask - rollout.tool_mask)[i].bool()])
         assert "r0" in shown and "r1" not in shown  # the tool reply between its turns, masked out of the loss
     assert rollout.metrics["agents/requests"] == 2 and rollout.metrics["agents/restarts"] == 0
+    assert (rollout.sampling_logps is None) == (sampler is LeanDecode)  # LeanDecode is the policy itself
+
+
+def test_lean_decode_serves_the_turns_hf_generate_serves(policy):
+    """Greedy, the two samplers' ``complete`` give the same turns: contexts of different lengths (left-padded
+    together), each cut at its own budget or EOS."""
+    contexts = [[5, 6, 7, 8, 9], [10, 11], [12, 13, 14]]
+    budgets = [7, 3, 12]
+    lean = LeanDecode().complete(policy, contexts, budgets, SAMPLING, greedy=True)
+    hf = HFGenerate().complete(policy, contexts, budgets, SAMPLING, greedy=True)
+    assert [ids for ids, _ in lean] == [ids for ids, _ in hf]
+    assert [len(ids) for ids, _ in lean] == [7, 3, 12] and all(logps is None for _, logps in lean)
 
 
 def test_the_sampler_log_probs_are_the_policy_s(policy):
@@ -173,7 +186,8 @@ class KeepRollouts:
         self.rollouts.append(outputs["record"].rollout)
 
 
-def test_the_trained_tokens_are_the_served_tokens(tool_model_dir, tmp_path):
+@pytest.mark.parametrize("sampler", [HFGenerate, LeanDecode])
+def test_the_trained_tokens_are_the_served_tokens(tool_model_dir, tmp_path, sampler):
     import lightning as L
 
     from lightning_grpo import GRPOModule, PromptDataModule
@@ -185,7 +199,7 @@ def test_the_trained_tokens_are_the_served_tokens(tool_model_dir, tmp_path):
         reward_funcs=[agent_reward],
         num_generations=4,
         sampling={"max_completion_length": 12},
-        rollout_engine=OpenAIAgent(two_turn_agent, timeout=60),
+        rollout_engine=OpenAIAgent(two_turn_agent, timeout=60, sampler=sampler()),
     )
     keep = type("Keep", (KeepRollouts, L.Callback), {})()
     fit(module, PromptDataModule(str(data_path), batch_size=2), tmp_path, max_steps=2, callbacks=[keep])

@@ -64,7 +64,9 @@ class OpenAIAgent(RolloutEngine):
         on_error: an agent that raises, returns something else or runs out of time: ``raise`` (the run stops,
             naming the row and the error), ``skip`` (its reward is ``None`` and none of its tokens is trained) or
             ``zero`` (its reward is 0 and its tokens are trained: a crash the model caused is penalised).
-        sampler: the engine that generates (``HFGenerate`` by default); it needs ``complete``.
+        sampler: the engine that generates (``HFGenerate`` by default, which records its log-probs for the
+            sampler/trainer mismatch metrics; ``LeanDecode``, faster, records none: it is the policy itself); it
+            needs ``complete``.
         parser: reads tool calls from the model's text; default Hermes/Qwen ``<tool_call>{json}</tool_call>``.
         batch_wait: seconds to wait for the other agents' requests before generating a partial batch.
         port: the endpoint's port on 127.0.0.1; 0 picks a free one.
@@ -275,8 +277,9 @@ class OpenAIAgent(RolloutEngine):
         columns = {"agent_reward": rewards, "episode_id": [e.session for e in episodes]}
         metrics = {**stats.metrics(), **_metrics(episodes)}
         rollout = stats.rollout(policy.tokenizer, episodes, group_size, 0, columns, metrics, policy.device)
-        logps, _ = pad_rows([e.logps for e in episodes], 0.0, dtype=torch.float32, min_width=1)
-        rollout.sampling_logps = logps[:, : rollout.completion_ids.shape[1]].to(policy.device)
+        if all(e.sampler_logps for e in episodes):  # else the policy sampled itself: nothing to correct
+            logps, _ = pad_rows([e.logps for e in episodes], 0.0, dtype=torch.float32, min_width=1)
+            rollout.sampling_logps = logps[:, : rollout.completion_ids.shape[1]].to(policy.device)
         return rollout
 
     def close(self) -> None:

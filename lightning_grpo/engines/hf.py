@@ -18,6 +18,7 @@ from lightning_grpo.rollout import (
     SamplingConfig,
     build_rollout,
     check_generation_batch_size,
+    cut_turns,
     generation_chunks,
     pad_right,
     pad_rows,
@@ -99,8 +100,4 @@ class HFGenerate(RolloutEngine):
         logps = torch.stack(
             [s.float().log_softmax(-1).gather(1, new[:, i : i + 1]).squeeze(1) for i, s in enumerate(out.scores)], 1
         )  # [n, t]
-        turns = []
-        for row, row_logps, budget in zip(new.tolist(), logps.tolist(), budgets):
-            cut = min(next((i + 1 for i, t in enumerate(row) if t in eos), len(row)), budget)
-            turns.append((row[:cut], row_logps[:cut]))
-        return turns
+        return cut_turns(new.tolist(), logps.tolist(), budgets, eos)

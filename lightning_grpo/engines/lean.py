@@ -20,6 +20,7 @@ collective, so a rank that is done keeps stepping, on one row).
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 from collections.abc import Iterator
 from typing import Any
 
@@ -39,11 +40,12 @@ from lightning_grpo.rollout import (
     SamplingConfig,
     build_rollout,
     check_generation_batch_size,
+    cut_turns,
     generation_chunks,
     pad_right,
     tokenize_prompts,
 )
-from lightning_grpo.types import Prompt, Rollout
+from lightning_grpo.types import Prompt, Rollout, pad_rows
 
 # cache layers holding a recurrent state per row (linear attention); the class is new in transformers 5
 RECURRENT_LAYERS = getattr(cache_utils, "LinearAttentionCacheLayerMixin", ())
@@ -126,6 +128,22 @@ class LeanDecode(RolloutEngine):
             num_generations,
             num_truncated,
         )
+
+    def complete(
+        self, policy: Policy, contexts: list[list[int]], budgets: list[int], sampling: SamplingConfig, greedy: bool
+    ) -> list[tuple[list[int], list[float] | None]]:
+        """Each context's next turn, all in one decode loop (``OpenAIAgent``'s sampler), up to its EOS or budget.
+        No sampler log-probs: the policy samples itself in the trainer's process, so the trainer's recomputation
+        is the behaviour policy and there is nothing for ``update.sampling_correction`` to correct."""
+        tokenizer = policy.tokenizer
+        ids, mask = pad_rows(contexts, tokenizer.pad_token_id, left=True)  # [n, C]
+        turn = dataclasses.replace(sampling, max_completion_length=max(budgets))
+        with policy.generating() as model:
+            with decode_weights(model, len(contexts), self.packed_weights, self.fused_layers) as step:
+                eos, pad_id, synced = policy.eos_token_ids, tokenizer.pad_token_id, policy.synced_generation
+                decoder = Decoder(NextTokenLogits(model), turn, eos, pad_id, synced, step, self.drop_finished_rows)
+                new = decoder(ids.to(policy.device), mask.to(policy.device), 1, greedy, False)  # [n, t]
+        return cut_turns(new.tolist(), None, budgets, policy.eos_token_ids)
 
 
 @contextlib.contextmanager

@@ -86,6 +86,7 @@ class ServedEpisode:
     ids: list[int] = field(default_factory=list)
     model_mask: list[int] = field(default_factory=list)
     logps: list[float] = field(default_factory=list)
+    sampler_logps: bool = True  # every turn came with the sampler's log-probs (LeanDecode's come with none)
     messages: list[dict] = field(default_factory=list)  # the completion: every message after the prompt
     seen: list[tuple] = field(default_factory=list)  # the conversation so far, ``normal`` form
     text: str = ""  # /completions: the prompt text so far
@@ -178,6 +179,7 @@ class ServedEpisode:
         self.ids += ids
         self.model_mask += [1] * len(ids)
         self.logps += list(logps) if logps is not None else [0.0] * len(ids)
+        self.sampler_logps &= logps is not None
         self.budget -= len(ids)
         self.turns += 1
         self.ended = "answer" if ids and ids[-1] in eos else "tokens"
