@@ -72,7 +72,7 @@ def build(spec: RunSpec) -> tuple[GRPOModule, PromptDataModule]:
     return module, data
 
 
-def trainer(spec: RunSpec, clock: StepClock, root: str) -> L.Trainer:
+def trainer(spec: RunSpec, callback: L.Callback, root: str) -> L.Trainer:
     """Lightning with everything but the loop switched off: no logger, checkpoints, progress bar or validation."""
     return L.Trainer(
         max_steps=spec.warmup_steps + spec.timed_steps,
@@ -84,7 +84,7 @@ def trainer(spec: RunSpec, clock: StepClock, root: str) -> L.Trainer:
         enable_model_summary=False,
         num_sanity_val_steps=0,
         limit_val_batches=0,
-        callbacks=[clock],
+        callbacks=[callback],
         default_root_dir=root,
     )
 

@@ -5,10 +5,10 @@ steps/s, kernel-launch bound).
     python benchmarks/profile_step.py --model gen --device cuda      # the benchmark's gen shape, 2 steps profiled
     python benchmarks/profile_step.py --model gen                    # the same on CPU
 
-The run is the benchmark's own (``bench_ours.build``: the package's defaults, the shape's settings), under a real
-``Trainer.fit``; the profiler records ``--steps`` optimiser steps after ``--warmup`` unprofiled ones. Printed: the
-ops by self time (device time on a GPU), and how often the host waited for the device (``aten::item`` and
-``aten::_local_scalar_dense`` are reads of a device value; each one drains the launch queue on a GPU).
+The run is the benchmark's own (``bench_ours.build`` and ``trainer``: the package's defaults, the shape's settings),
+under a real ``Trainer.fit``; the profiler records ``--steps`` optimiser steps after ``--warmup`` unprofiled ones.
+Printed: the ops by self time (device time on a GPU), and how often the host waited for the device (``aten::item``
+and ``aten::_local_scalar_dense`` are reads of a device value; each one drains the launch queue on a GPU).
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ from typing import Any
 
 import lightning as L
 from bench_assets import RunSpec
-from bench_ours import build
+from bench_ours import build, trainer
 from torch.profiler import ProfilerActivity, profile
 from trl_vs_lightning_grpo import MODEL_DEFAULTS, task_for
 
@@ -68,20 +68,7 @@ def main() -> None:
     module, data = build(spec)
     profiled = Profiled(args.warmup, args.steps, args.device)
     with tempfile.TemporaryDirectory() as root:
-        trainer = L.Trainer(
-            max_steps=args.warmup + args.steps,
-            accelerator=args.device,
-            devices=1,
-            logger=False,
-            enable_checkpointing=False,
-            enable_progress_bar=False,
-            enable_model_summary=False,
-            num_sanity_val_steps=0,
-            limit_val_batches=0,
-            callbacks=[profiled],
-            default_root_dir=root,
-        )
-        trainer.fit(module, data)
+        trainer(spec, profiled, root).fit(module, data)
     events = profiled.profiler.key_averages()
     sort = "self_device_time_total" if args.device == "cuda" else "self_cpu_time_total"
     print(events.table(sort_by=sort, row_limit=args.rows))
