@@ -109,14 +109,11 @@ class LeanDecode(RolloutEngine):
         prompt_ids, prompt_mask = prompt_ids.to(device), prompt_mask.to(device)  # [B, P]
         chunks = generation_chunks(len(prompts), num_generations, self.generation_batch_size)
         rows = (chunks[0].stop - chunks[0].start) * num_generations
-        with policy.generating() as model:
-            with decode_weights(model, rows, self.packed_weights, self.fused_layers) as step:
-                eos, pad_id, synced = policy.eos_token_ids, tokenizer.pad_token_id, policy.synced_generation
-                decoder = Decoder(NextTokenLogits(model), sampling, eos, pad_id, synced, step, self.drop_finished_rows)
-                completions = [
-                    decoder(prompt_ids[chunk], prompt_mask[chunk], num_generations, greedy, self.share_prompt_cache)
-                    for chunk in chunks
-                ]
+        with self.decoder(policy, rows, sampling) as decoder:
+            completions = [
+                decoder(prompt_ids[chunk], prompt_mask[chunk], num_generations, greedy, self.share_prompt_cache)
+                for chunk in chunks
+            ]
         completion_ids = pad_right(completions, tokenizer.pad_token_id)  # [N, T]
         return build_rollout(
             tokenizer,
@@ -138,12 +135,18 @@ class LeanDecode(RolloutEngine):
         tokenizer = policy.tokenizer
         ids, mask = pad_rows(contexts, tokenizer.pad_token_id, left=True)  # [n, C]
         turn = dataclasses.replace(sampling, max_completion_length=max(budgets))
-        with policy.generating() as model:
-            with decode_weights(model, len(contexts), self.packed_weights, self.fused_layers) as step:
-                eos, pad_id, synced = policy.eos_token_ids, tokenizer.pad_token_id, policy.synced_generation
-                decoder = Decoder(NextTokenLogits(model), turn, eos, pad_id, synced, step, self.drop_finished_rows)
-                new = decoder(ids.to(policy.device), mask.to(policy.device), 1, greedy, False)  # [n, t]
+        with self.decoder(policy, len(contexts), turn) as decoder:
+            new = decoder(ids.to(policy.device), mask.to(policy.device), 1, greedy, False)  # [n, t]
         return cut_turns(new.tolist(), None, budgets, policy.eos_token_ids)
+
+    @contextlib.contextmanager
+    def decoder(self, policy: Policy, rows: int, sampling: SamplingConfig) -> Iterator[Decoder]:
+        """The decode loop of ``rows`` rows at a time over the policy's weights, as this engine's settings make it
+        (packed or fused weights, finished rows dropped), for the length of the context."""
+        with policy.generating() as model:
+            with decode_weights(model, rows, self.packed_weights, self.fused_layers) as step:
+                eos, pad_id, synced = policy.eos_token_ids, policy.tokenizer.pad_token_id, policy.synced_generation
+                yield Decoder(NextTokenLogits(model), sampling, eos, pad_id, synced, step, self.drop_finished_rows)
 
 
 @contextlib.contextmanager
