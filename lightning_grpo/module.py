@@ -117,7 +117,7 @@ class GRPOModule(L.LightningModule):
         self.rewards = RewardSet.build(reward_funcs, reward_weights, reward_preset, accuracy_reward, s.reward_calls)
         objects = ["reward_funcs", "optimizer", "rollout_engine", *([] if isinstance(model, str) else ["model"])]
         self.save_hyperparameters(ignore=objects)  # config values only: LightningCLI parses them back on resume
-        self.hparams.update(s.hparams())  # the sections as plain dicts
+        self.save_hyperparameters({**self.hparams, **s.hparams()})  # the sections as plain dicts, logged ones too
         if import_paths(reward_funcs or []):  # so that load_from_checkpoint(path) imports them again
             self.hparams["reward_funcs"] = import_paths(reward_funcs)
         self.automatic_optimization = False

@@ -43,3 +43,17 @@ def test_a_cli_runs_checkpoint_loads_with_its_yaml_reward_functions(tmp_path):
     checkpoint = next(tmp_path.glob("lightning_logs/version_0/checkpoints/*.ckpt"))
     restored = GRPOModule.load_from_checkpoint(checkpoint)
     assert restored.rewards.funcs == [exact_match_reward] and restored.settings.loss.beta == 0.1  # sections restored
+
+
+def test_logged_hyperparameters_are_plain_values(tiny_model_dir, tmp_path):
+    """The sections a module is built with by default (frozen dataclasses) reach the loggers as dicts: CSV and
+    TensorBoard write them with ``save_hparams_to_yaml``, which fails on a frozen dataclass when omegaconf is
+    installed (hydra users; skyrl-gym brings it in)."""
+    import dataclasses
+
+    from lightning.pytorch.core.saving import load_hparams_from_yaml, save_hparams_to_yaml
+
+    module = make_module(tiny_model_dir)
+    assert not [k for k, v in module.hparams_initial.items() if dataclasses.is_dataclass(v)]
+    save_hparams_to_yaml(tmp_path / "hparams.yaml", module.hparams_initial)
+    assert load_hparams_from_yaml(tmp_path / "hparams.yaml")["loss"]["loss_type"] == module.settings.loss.loss_type
