@@ -260,6 +260,11 @@ class RolloutEngine:
         ``GRPOModule`` lists them with every other bad setting, before any model is loaded."""
         return []
 
+    def reward_columns(self) -> tuple[str, ...] | None:
+        """The columns this engine's rollouts add to the reward functions' arguments (``agent_reward``), checked
+        with the dataset's before any compute; ``None``: not known until a rollout (a ``rollout_func``'s fields)."""
+        return ()
+
     def setup(self, policy: Policy, trainer: Any, seed: int) -> None:
         """Called once the training processes exist (``LightningModule.setup``); ``trainer`` has the ranks."""
 

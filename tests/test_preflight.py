@@ -7,6 +7,7 @@ import pytest
 
 from lightning_grpo.callbacks import UnscoredRewardAlert
 from lightning_grpo.data import PromptDataModule, load_any
+from lightning_grpo.engines import OpenAIAgent, RolloutFunction, ToolCalling
 from lightning_grpo.model.loading import resolve_pretrained
 from lightning_grpo.rewards.convention import check_signatures
 from tests.helpers import fit, length_reward, make_module
@@ -88,3 +89,56 @@ def test_prompts_over_max_prompt_length_are_named_at_start(tiny_model_dir, tmp_p
         UserWarning, match=r"8 of 12 training prompts are longer than model.sampling.max_prompt_length=16"
     ):
         preflight(trainer, module, data)
+
+
+def wants_agent_reward(completions, agent_reward, **kwargs):
+    return list(agent_reward)
+
+
+def wants_environment_reward(completions, environment_reward, **kwargs):
+    return list(environment_reward)
+
+
+def wants_my_column(completions, my_column, **kwargs):
+    return list(my_column)
+
+
+class OneToolEnv:
+    def reset(self, **row) -> None:
+        return None
+
+    def act(self, text: str) -> str:
+        """Act.
+
+        Args:
+            text: what to do
+        """
+        return text
+
+
+ENGINES = {
+    "agent": (lambda: OpenAIAgent(lambda client, row: 1.0), wants_agent_reward),
+    "environment": (lambda: ToolCalling(environment_factory=OneToolEnv), wants_environment_reward),
+    "rollout_func": (lambda: RolloutFunction(lambda prompts, trainer: {}), wants_my_column),
+}
+
+
+@pytest.mark.parametrize("engine", list(ENGINES))
+def test_the_engine_s_own_columns_pass_the_signature_check(tiny_model_dir, arith_jsonl, engine):
+    """``agent_reward`` (OpenAIAgent), ``environment_reward`` (an environment_factory) and a rollout_func's own
+    fields are arguments the reward functions get, though the dataset has no such column; without the engine, the
+    same function is refused before compute."""
+    import lightning as L
+
+    from lightning_grpo.cli.preflight import preflight
+
+    make_engine, reward = ENGINES[engine]
+    trainer = L.Trainer(accelerator="cpu", logger=False)
+
+    def check(**kw) -> None:
+        data = PromptDataModule(arith_jsonl, batch_size=4, val_split=None)
+        preflight(trainer, make_module(tiny_model_dir, reward_funcs=[reward], accuracy_reward=None, **kw), data)
+
+    check(rollout_engine=make_engine())
+    with pytest.raises(TypeError, match=f"'{reward.__name__}' needs argument"):
+        check()

@@ -28,7 +28,8 @@ def preflight(trainer: L.Trainer, model: GRPOModule, datamodule: Any) -> None:
     batch = datamodule.collate([datamodule.train_data[i] for i in range(datamodule.hparams.batch_size)])
     check_chat_template(model, batch.prompts)
     check_steps_per_generation(model.settings.update.steps_per_generation, datamodule.hparams.batch_size)
-    check_signatures(model.rewards.funcs, list(batch.columns))
+    added = model.engine.reward_columns()
+    check_signatures(model.rewards.funcs, [*batch.columns, *(added or ())], complete=added is not None)
     report_long_prompts(model, datamodule)
 
 

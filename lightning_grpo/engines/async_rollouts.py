@@ -71,6 +71,10 @@ class AsyncRollouts(RolloutEngine):
         return own + self.engine.problems(sampling)
 
     @override
+    def reward_columns(self) -> tuple[str, ...] | None:
+        return self.engine.reward_columns()
+
+    @override
     def setup(self, policy: Policy, trainer: Any, seed: int) -> None:
         self.engine.setup(policy, trainer, seed)
 

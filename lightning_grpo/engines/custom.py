@@ -55,6 +55,10 @@ class RolloutFunction(RolloutEngine):
         self.rollout_func = resolve_tool(rollout_func, "rollout_func")
 
     @override
+    def reward_columns(self) -> None:
+        return None  # the rollout_func's extra fields: known once it returns
+
+    @override
     def generate(
         self,
         policy: Policy,

@@ -95,6 +95,10 @@ class ToolCalling(RolloutEngine):
         check_tool_template(policy.tokenizer, self.schemas or next(iter(env_schemas), []))
 
     @override
+    def reward_columns(self) -> tuple[str, ...]:
+        return ("environment_reward", "environments") if self.environments else ()
+
+    @override
     def generate(
         self,
         policy: Policy,
