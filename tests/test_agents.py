@@ -9,6 +9,7 @@ from __future__ import annotations
 import random
 import threading
 import time
+import warnings
 
 import pytest
 import torch
@@ -138,8 +139,13 @@ def test_a_failing_agent_is_handled_by_on_error(policy):
     def agent(base_url: str, row: dict) -> float:
         raise KeyError("the agent's own bug")
 
-    zero = OpenAIAgent(agent, "base_url", timeout=10, on_error="zero").generate(policy, prompts(1), 2, SAMPLING, False)
+    engine = OpenAIAgent(agent, "base_url", timeout=10, on_error="zero")
+    with pytest.warns(UserWarning, match=r"agent 'agent' failed \(KeyError: \"the agent's own bug\"\), first on row"):
+        zero = engine.generate(policy, prompts(1), 2, SAMPLING, False)
     assert zero.columns["agent_reward"] == [0.0, 0.0] and zero.metrics["agents/errors"] == 1.0
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # the same error again: said once
+        engine.generate(policy, prompts(1), 2, SAMPLING, False)
     with pytest.raises(RuntimeError, match="the agent's own bug"):
         OpenAIAgent(agent, "base_url", timeout=10, on_error="raise").generate(policy, prompts(1), 2, SAMPLING, False)
 
@@ -208,3 +214,26 @@ def test_the_trained_tokens_are_the_served_tokens(tool_model_dir, tmp_path, samp
         for i in range(len(rollout)):
             trained = rollout.completion_ids[i][rollout.model_mask[i].bool()].tolist()
             assert trained == sum(served_of(rollout, module.engine, i), [])
+
+
+def test_a_sampler_that_cannot_serve_is_refused_when_built():
+    from lightning_grpo.engines import RolloutFunction
+
+    with pytest.raises(ValueError, match="sampler must be an engine that serves the endpoint.*got RolloutFunction"):
+        OpenAIAgent(two_turn_agent, sampler=RolloutFunction(lambda prompts, trainer: {}))
+
+
+def test_a_run_whose_agents_all_fail_before_asking_trains_on(tool_model_dir, tmp_path):
+    """No episode wrote a token (the agent fails at once): the step has nothing to train, and says why."""
+    from lightning_grpo import GRPOModule, PromptDataModule
+
+    def broken(client, row) -> float:
+        raise KeyError("extra_info")
+
+    data = tmp_path / "rows.jsonl"
+    data.write_text("".join(f'{{"prompt": [{{"role": "user", "content": "{c}?"}}]}}\n' for c in "abcd"))
+    engine = OpenAIAgent(broken, timeout=10)
+    module = GRPOModule(tool_model_dir, reward_funcs=[agent_reward], num_generations=2, rollout_engine=engine)
+    with pytest.warns(UserWarning, match=r"agent 'broken' failed \(KeyError: 'extra_info'\)"):
+        trainer = fit(module, PromptDataModule(str(data), batch_size=2, val_size=0), tmp_path, max_steps=2)
+    assert trainer.global_step == 2

@@ -20,6 +20,7 @@ from collections.abc import Callable
 from typing import Any, Literal
 
 import torch
+from lightning.pytorch.utilities import rank_zero_warn
 from typing_extensions import override
 
 from lightning_grpo.engines.endpoint import Endpoint, Refusal, Request
@@ -95,15 +96,25 @@ class OpenAIAgent(RolloutEngine):
         self.timeout, self.on_error, self.batch_wait = timeout, on_error, batch_wait
         self.agent_argument, self._client = agent_argument, None
         self.sampler = sampler or HFGenerate()
+        if getattr(type(self.sampler), "complete", RolloutEngine.complete) is RolloutEngine.complete:
+            raise ValueError(
+                f"sampler must be an engine that serves the endpoint (with its own complete()): HFGenerate or "
+                f"LeanDecode, got {type(self.sampler).__name__}"
+            )
         self.parser = parser or HermesParser()
         self.endpoint = Endpoint(port=port)
         self.inbox: queue.Queue = queue.Queue()
         self.live: dict[str, ServedEpisode] = {}
         self.lock = threading.Lock()
+        self.warned: set[str] = set()  # agent errors already reported
 
     @override
     def problems(self, sampling: SamplingConfig) -> list[str]:
         return self.sampler.problems(sampling)
+
+    @override
+    def reward_columns(self) -> tuple[str, ...]:
+        return ("agent_reward", "episode_id")
 
     @override
     def setup(self, policy: Policy, trainer: Any, seed: int) -> None:
@@ -261,10 +272,8 @@ class OpenAIAgent(RolloutEngine):
         self, policy: Policy, episodes: list[ServedEpisode], group_size: int, sampling: SamplingConfig
     ) -> Rollout:
         failed = [e for e in episodes if e.status != "done"]
-        if failed and self.on_error == "raise":
-            e = failed[0]
-            why = e.error or f"still running after timeout={self.timeout}s"
-            raise RuntimeError(f"agent {getattr(self.agent, '__name__', self.agent)!r} failed on row {e.row}: {why}")
+        if failed:
+            self._report(failed[0])
         for e in episodes:
             if not e.prompt_ids:  # the agent never asked: the row's prompt, nothing to train
                 e.prompt, e.prompt_ids = e.row["prompt"], _render(policy.tokenizer, e.row["prompt"], sampling)
@@ -281,6 +290,20 @@ class OpenAIAgent(RolloutEngine):
             logps, _ = pad_rows([e.logps for e in episodes], 0.0, dtype=torch.float32, min_width=1)
             rollout.sampling_logps = logps[:, : rollout.completion_ids.shape[1]].to(policy.device)
         return rollout
+
+    def _report(self, episode: ServedEpisode) -> None:
+        """A failed episode stops the run (``on_error: raise``) or is warned about, once per distinct error."""
+        name = getattr(self.agent, "__name__", self.agent)
+        why = episode.error or f"still running after timeout={self.timeout}s"
+        if self.on_error == "raise":
+            raise RuntimeError(f"agent {name!r} failed on row {episode.row}: {why}")
+        if why not in self.warned:
+            self.warned.add(why)
+            rank_zero_warn(
+                f"agent {name!r} failed ({why}), first on row {episode.row}: its episodes score "
+                f"{'0' if self.on_error == 'zero' else 'nothing'} (on_error={self.on_error}); "
+                "train/agents/errors and train/agents/timeouts count them every step"
+            )
 
     def close(self) -> None:
         self.endpoint.stop()

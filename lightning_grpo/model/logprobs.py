@@ -227,7 +227,8 @@ def completion_logps(
     head_logps, plain = _head_logps(head, config, temperature, entropy_grad)
     labels = ids[:, -width:][targets]  # [m]
     chunk_size = chunk_size or auto_chunk_size(head.weight.shape[0])
-    logps, entropies = [], []
+    none = hidden[:0, 0].float()  # [0], in the graph: every row empty (an agent that failed before asking)
+    logps, entropies = [none], [none]
     for start in range(0, labels.numel(), chunk_size):
         h, y = hidden[start : start + chunk_size], labels[start : start + chunk_size]
         if torch.is_grad_enabled() and h.requires_grad and not plain:
