@@ -12,6 +12,7 @@
 - ``AsyncRollouts``: any of these in a producer process, sampling ahead of the trainer (``max_staleness``).
 - ``OpenAIAgent``: the user's own agent program against an OpenAI-compatible endpoint over the policy.
 - ``OpenEnvFactory``: an OpenEnv environment as a ``ToolCalling`` ``environment_factory`` (in-process).
+- ``SkyRLGymAgent``: a SkyRL-gym text environment as an ``OpenAIAgent`` agent (in-process).
 - ``RolloutFunction``: a user's own ``rollout_func`` (TRL's escape hatch).
 """
 
@@ -26,6 +27,7 @@ from lightning_grpo.engines.environments import environment_reward
 from lightning_grpo.engines.hf import HFGenerate
 from lightning_grpo.engines.lean import LeanDecode
 from lightning_grpo.engines.openenv import OpenEnvFactory
+from lightning_grpo.engines.skyrl import SkyRLGymAgent
 from lightning_grpo.engines.toolcalls import HermesParser, ToolCall
 from lightning_grpo.engines.tools import ToolCalling
 from lightning_grpo.engines.vllm import VLLMColocate
@@ -39,6 +41,7 @@ __all__ = [
     "OpenAIAgent",
     "OpenEnvFactory",
     "RolloutFunction",
+    "SkyRLGymAgent",
     "ToolCall",
     "ToolCalling",
     "VLLMColocate",

@@ -194,7 +194,9 @@ class ServedEpisode:
         return self._chat_turn(text, parser, finish, usage, extra)
 
     def _chat_turn(self, text: str, parser: Any, finish: str, usage: tuple[int, int], extra: dict) -> dict:
-        content, calls = parser.parse(text)
+        # Without ``tools`` in the request the reply is text, as the OpenAI API (and vLLM) answer: the agent parses
+        # its own actions (a SkyRL-gym environment reads the model's raw text).
+        content, calls = parser.parse(text) if self.tool_names else (text.strip(), [])
         good = [c for c in calls if c.error is None]
         self.results += [CallRecord(c.name, c.error is not None or c.name not in self.tool_names) for c in calls]
         if len(good) < len(calls):
