@@ -167,6 +167,7 @@ class GRPOModule(L.LightningModule):
         loss = self._update(rollout, targets, ranks)
         if loss is None:
             return self._skip_step("gradients are infinite or NaN")
+        targets = targets.settled(ranks)
         self.engine.sync_weights(self.policy)
         self.counters.good_step(int(ranks.sum(rollout.attention_mask.sum())))
         return self._publish(rollout, scores, every_rank, targets, ranks.loss(loss), ranks, extra, start)

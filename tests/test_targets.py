@@ -1,6 +1,7 @@
 """targets/: a scored rollout -> what the loss is computed against, each piece computed once, advantages inside."""
 
 import math
+from dataclasses import replace
 
 import lightning as L
 import pytest
@@ -8,12 +9,13 @@ import torch
 
 from lightning_grpo import AdvantageConfig, SamplingConfig, UpdateConfig, compute_advantages
 from lightning_grpo.engines import HFGenerate
-from lightning_grpo.loss import LossNormalizer
+from lightning_grpo.loss import LossConfig, LossNormalizer
 from lightning_grpo.model.policy import Policy
 from lightning_grpo.ranks import Ranks
 from lightning_grpo.run import seeded
 from lightning_grpo.targets import Targets, TargetSettings, build_targets, optimiser_steps
 from lightning_grpo.targets.build import loss_mask, split_rows, token_micro_batches
+from lightning_grpo.targets.correction import sampling_correction
 from lightning_grpo.types import RewardScores
 
 
@@ -62,19 +64,60 @@ def test_reinforce_pp_kl_in_the_reward_uses_the_sampling_policy_even_on_policy(s
     assert targets.old_logps is None  # computed for the KL, not kept: every optimiser step is on-policy
 
 
-def test_another_engines_samples_get_correction_weights(sampled, one_rank):
+def corrected(sampled, one_rank, update: UpdateConfig):
+    """Targets for a rollout whose sampler gave each token e^0.5 less probability than the policy."""
     policy, rollout, scores = sampled
     old = policy.logps(rollout, [slice(None)])
-    rollout.sampling_logps = old - 0.5 * rollout.completion_mask  # the sampler gave each token e^0.5 less
+    rollout.sampling_logps = old - 0.5 * rollout.completion_mask
     try:
-        s = settings(UpdateConfig(sampling_correction="token_truncate", sampling_correction_max=10.0))
-        targets = build_targets(policy, rollout, scores, scores.per_function, s, one_rank)
+        return build_targets(policy, rollout, scores, scores.per_function, settings(update), one_rank)
     finally:
         rollout.sampling_logps = None
+
+
+def trained(policy, rollout, targets, micro_batches):
+    """The loss and gradient of one optimiser step, micro-batch by micro-batch, as the module runs it."""
+    policy.model.zero_grad()
+    total = 0.0
+    for rows in micro_batches:
+        out = targets.loss(policy.train_logps(rollout, rows), rows, targets.normalizer, LossConfig(), 0.0)
+        out.loss.backward()
+        total += out.loss.item()
+    return total, [p.grad.clone() for p in policy.model.parameters() if p.grad is not None]
+
+
+@pytest.mark.parametrize("num_iterations", [1, 2])
+def test_another_engines_samples_get_correction_weights(sampled, one_rank, num_iterations):
+    """Off-policy steps (``num_iterations: 2``) weigh against a no-grad forward made up front; one update per batch
+    weighs against the training forward itself, and the weights and mismatch are known once it has run."""
+    policy, rollout, _ = sampled
+    update = UpdateConfig(sampling_correction="token_truncate", sampling_correction_max=10.0, num_iterations=2)
+    targets = corrected(sampled, one_rank, replace(update, num_iterations=num_iterations))
+    assert (targets.proximal is None) == (num_iterations == 2)
+    if num_iterations == 1:
+        assert targets.sampling_weights is None and targets.mismatch is None  # not yet: no forward has run
+        trained(policy, rollout, targets, [slice(0, 3), slice(3, 8)])
+        targets = targets.settled(one_rank)
     mask = targets.mask.bool()
     torch.testing.assert_close(targets.sampling_weights[mask], torch.full((int(mask.sum()),), 0.5).exp())
     assert targets.metrics()["sampling/importance_sampling_ratio/mean"] == pytest.approx(math.exp(0.5), rel=1e-5)
+    assert targets.mismatch.metrics()["sampling/sampling_logp_difference/mean"] == pytest.approx(0.5, rel=1e-4)
     assert targets.sampling_logps is not None  # the off-policy mask compares with the sampler, as TRL does
+
+
+def test_weights_from_the_training_forward_give_the_update_of_a_separate_forward(sampled, one_rank):
+    """The same loss and gradient as weights computed from a no-grad forward first (TRL's and verl's way)."""
+    policy, rollout, _ = sampled
+    targets = corrected(sampled, one_rank, UpdateConfig(sampling_correction="sequence_mask"))
+    with torch.no_grad():
+        old = policy.logps(rollout, [slice(None)])
+    weights = sampling_correction(old, old - 0.5 * rollout.completion_mask, targets.mask, "sequence_mask")
+    separate = replace(targets, proximal=None, sampling_weights=weights)
+    loss, grads = trained(policy, rollout, targets, [slice(0, 5), torch.tensor([7, 5, 6])])
+    loss_separate, grads_separate = trained(policy, rollout, separate, [slice(0, 5), torch.tensor([7, 5, 6])])
+    assert loss == pytest.approx(loss_separate, rel=1e-6)
+    for g, h in zip(grads, grads_separate):
+        torch.testing.assert_close(g, h)
 
 
 def test_truncated_completions_leave_the_loss_only_when_asked():

@@ -9,7 +9,7 @@ global token count); nothing about how rewards were scored.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 from torch import Tensor
@@ -42,6 +42,29 @@ class TargetSettings:
         return self.update.off_policy or (a.token_level and a.kl_coef > 0)
 
 
+@dataclass
+class ProximalCorrection:
+    """The sampler correction when every row is trained once, on the weights that start its generation batch (no
+    step is off-policy): the proximal policy is then the one being trained, so its log-probs are the training
+    forward's own, detached, and each micro-batch's weights are computed from them. This saves the separate no-grad
+    forward that TRL (``vllm_importance_sampling_correction``) and verl (``old_log_prob``) make; the values are the
+    same. The mismatch is measured once the update has seen every row (``Targets.settled``)."""
+
+    mode: str
+    low: float
+    high: float
+    logps: Tensor  # [N, T] the proximal log-probs, filled one micro-batch at a time
+    weights: Tensor | None = None  # [N, T] or [N, 1], likewise
+
+    def weights_of(self, logps: Tensor, sampling_logps: Tensor, mask: Tensor, rows: slice | Tensor) -> Tensor:
+        proximal = logps.detach()
+        weights = sampling_correction(proximal, sampling_logps, mask, self.mode, self.low, self.high)
+        if self.weights is None:
+            self.weights = weights.new_ones(self.logps.shape[0], weights.shape[1])
+        self.logps[rows], self.weights[rows] = proximal.to(self.logps.dtype), weights
+        return weights
+
+
 @dataclass(frozen=True)
 class Targets:
     """What every optimiser step on one generation batch is computed against (N rows each)."""
@@ -56,11 +79,15 @@ class Targets:
     sampling_logps: Tensor | None = None  # [N, T] that engine's own log-probs (the off-policy mask compares them)
     mismatch: MismatchStats | None = None  # sampler vs trainer log-probs over every rank's loss tokens
     row_tokens: Tensor | None = None  # [N] real prompt and completion tokens of each row (token-budget micro-batches)
+    proximal: ProximalCorrection | None = None  # the correction, when it is taken from the training forward
 
     def loss(
         self, token: TokenLogps, rows: slice | Tensor, norm: LossNormalizer, config: LossConfig, entropy_coef: float
     ) -> LossOutput:
         """The loss of ``rows`` from the policy's log-probs of them (``token``), normalised by ``norm``."""
+        weights = rows_of(self.sampling_weights, rows)
+        if self.proximal is not None:
+            weights = self.proximal.weights_of(token.logps, self.sampling_logps[rows], self.mask[rows], rows)
         return grpo_loss(
             token.logps,
             rows_of(self.old_logps, rows),
@@ -69,11 +96,20 @@ class Targets:
             config,
             ref_logps=rows_of(self.ref_logps, rows),
             normalizer=norm,
-            sampling_weights=rows_of(self.sampling_weights, rows),
+            sampling_weights=weights,
             sampling_logps=rows_of(self.sampling_logps, rows),
             entropies=token.entropy,
             entropy_coef=entropy_coef,
         )
+
+    def settled(self, ranks: Ranks) -> Targets:
+        """After the update: a correction taken from the training forward has its weights and mismatch (a
+        collective: every rank logs and alerts alike)."""
+        c = self.proximal
+        if c is None:
+            return self
+        mismatch = _mismatch(c.logps, self.sampling_logps, self.mask, ranks)
+        return replace(self, sampling_weights=c.weights, mismatch=mismatch, proximal=None)
 
     def metrics(self) -> dict[str, float]:
         """The sampler correction's range over the loss tokens and the sampler/trainer mismatch (``sampling/*``;
@@ -185,12 +221,15 @@ def build_targets(
     row_tokens = rollout.attention_mask.sum(dim=1).cpu()  # [N]
     rows = split_rows(row_tokens, u, s.micro_batch_unit, ranks)
     correct = rollout.sampling_logps is not None and u.sampling_correction is not None
-    old_logps = policy.logps(rollout, rows) if s.needs_old_logps or correct else None
+    old_logps = policy.logps(rollout, rows) if s.needs_old_logps else None
     ref_logps = policy.reference_logps(rollout, rows) if s.reference else None
-    weights = None
+    weights, proximal = None, None
     if correct:
-        low, high = u.correction_bounds
-        weights = sampling_correction(old_logps, rollout.sampling_logps, mask, u.sampling_correction, low, high)
+        mode, (low, high) = u.sampling_correction, u.correction_bounds
+        if old_logps is not None:
+            weights = sampling_correction(old_logps, rollout.sampling_logps, mask, mode, low, high)
+        else:  # every row trained once, from the weights that start the batch: the training forward's log-probs
+            proximal = ProximalCorrection(mode, low, high, torch.zeros_like(rollout.sampling_logps))
     return Targets(
         advantages=_advantages(every_rank, scores.weights, mask, old_logps, ref_logps, s, ranks),
         mask=mask,
@@ -200,8 +239,9 @@ def build_targets(
         ref_logps=ref_logps,
         sampling_weights=weights,
         sampling_logps=rollout.sampling_logps,
-        mismatch=_mismatch(old_logps, rollout.sampling_logps, mask, ranks) if correct else None,
+        mismatch=_mismatch(old_logps, rollout.sampling_logps, mask, ranks) if weights is not None else None,
         row_tokens=row_tokens,
+        proximal=proximal,
     )
 
 
