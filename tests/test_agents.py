@@ -92,6 +92,9 @@ def test_lean_decode_serves_the_turns_hf_generate_serves(policy):
     hf = HFGenerate().complete(policy, contexts, budgets, SAMPLING, greedy=True)
     assert [ids for ids, _ in lean] == [ids for ids, _ in hf]
     assert [len(ids) for ids, _ in lean] == [7, 3, 12] and all(logps is None for _, logps in lean)
+    recorded = LeanDecode(sampler_logps=True).complete(policy, contexts, budgets, SAMPLING, greedy=True)
+    for (ids, logps), (hf_ids, hf_logps) in zip(recorded, hf):  # with sampler_logps: generate's scores' log-probs
+        assert ids == hf_ids and logps == pytest.approx(hf_logps, abs=1e-4)
 
 
 def test_the_sampler_log_probs_are_the_policy_s(policy):

@@ -281,3 +281,27 @@ def test_ranks_keep_stepping_until_all_are_done(tiny_model_dir):
     assert out[0][0] == out[1][0] == 7
     assert out[0][1] == 1 and out[1][1] == 8
     assert out[0][2] == [1] and out[1][2] == [3]  # rank 0's ended rows left its batch but one: never 0 rows
+
+
+@pytest.mark.parametrize("path", sorted(DECODE_PATHS))
+@pytest.mark.parametrize("drop", [True, False], ids=["drop", "keep"])
+def test_sampler_logps_are_the_policy_s_as_drawn(policy, monkeypatch, path, drop):
+    """``sampler_logps``: the same tokens, and each token's log-prob as drawn equals the policy's forward
+    (temperature-scaled: the filters here cut nothing the tokens use) on every decode path, rows ending unevenly."""
+    sampling = SamplingConfig(max_completion_length=16, temperature=0.7)
+    plain = LeanDecode(drop_finished_rows=drop, **DECODE_PATHS[path])
+    end_rows_unevenly(policy, monkeypatch, plain, sampling, False)
+    torch.manual_seed(0)
+    expected = plain.generate(policy, PROMPTS, 4, sampling, greedy=False)
+    torch.manual_seed(0)
+    rollout = LeanDecode(drop_finished_rows=drop, sampler_logps=True, **DECODE_PATHS[path]).generate(
+        policy, PROMPTS, 4, sampling, greedy=False
+    )
+    assert torch.equal(rollout.completion_ids, expected.completion_ids) and expected.sampling_logps is None
+    mask = rollout.completion_mask.bool()
+    assert len(set(mask.sum(dim=1).tolist())) >= 2  # rows of different lengths
+    monkeypatch.setattr(policy, "temperature", sampling.temperature)  # as GRPOModule makes its policy
+    with torch.no_grad():
+        forward = policy.logps(rollout, [slice(None)])  # [N, T]
+    torch.testing.assert_close(rollout.sampling_logps[mask], forward[mask], atol=2e-5, rtol=1e-5)
+    assert (rollout.sampling_logps[~mask] == 0).all()

@@ -9,9 +9,11 @@ trainer scores and updates on batch ``t - k``. The first ``k`` steps only fill t
 generated that would be thrown away. With ``k = 0`` the trainer waits for each batch: the synchronous path's
 samples and updates, from the producer process. The batch's dataset columns travel with its rollout.
 
-Off-policy correction: the producer also returns its own log-probs (``Rollout.sampling_logps``); the trainer
-recomputes the proximal log-probs with the current weights and the ``update.sampling_correction`` weights apply
-(``targets.correction``); k = 0 computes none (the sampler is the trained policy).
+Off-policy correction: the producer also returns its own log-probs (``Rollout.sampling_logps``; LeanDecode's as it
+draws them, another engine's from a forward pass); the proximal log-probs are the current weights' (the training
+forward's own when each row is trained once, ``targets.build.ProximalCorrection``) and the
+``update.sampling_correction`` weights apply (``targets.correction``); k = 0 computes none (the sampler is the
+trained policy).
 
 Checkpoints save the queue's content: the rollouts in flight are awaited and saved with their batches (every
 rank's), so a resumed run trains on what the uninterrupted one would have. One producer per rank (DDP): each
@@ -54,6 +56,8 @@ class AsyncRollouts(RolloutEngine):
 
     def __init__(self, engine: RolloutEngine | None = None, max_staleness: int = 1, producer_threads: int = 1) -> None:
         self.engine = engine or LeanDecode()
+        if isinstance(self.engine, LeanDecode) and max_staleness > 0:
+            self.engine.sampler_logps = True  # the correction's sampler log-probs, as drawn: no forward pass for them
         self.max_staleness = max_staleness
         self.producer_threads = producer_threads
         self.version = 0  # updates published: the trainer's policy version

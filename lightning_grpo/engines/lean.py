@@ -32,7 +32,7 @@ from typing_extensions import override
 
 from lightning_grpo.engines.fused import FusedDecodeStep, fusable, fused_projections
 from lightning_grpo.engines.packing import packed_linears
-from lightning_grpo.engines.sampling import next_tokens
+from lightning_grpo.engines.sampling import draw, drawn_logps, sampling_logits
 from lightning_grpo.model.policy import Policy
 from lightning_grpo.model.prefix import cache_keyword
 from lightning_grpo.rollout import (
@@ -68,6 +68,10 @@ class LeanDecode(RolloutEngine):
         drop_finished_rows: decode only the rows that have not ended, narrowing the batch and its KV cache once a
             quarter of it has ended. The same tokens as off (the draw takes a random number for every row); off,
             every row stays in the batch until all have ended (the loop before, kept for comparison).
+        sampler_logps: record the log-prob of every sampled token as it is drawn (``Rollout.sampling_logps``; in
+            ``complete``, the endpoint's ``sampler_logprobs``). ``AsyncRollouts`` turns it on in its producer, where
+            the sampler is a stale copy of the policy and the correction needs them: no forward pass to make.
+            Off, a rollout carries none (the policy sampled itself: nothing to correct).
     """
 
     def __init__(
@@ -77,12 +81,14 @@ class LeanDecode(RolloutEngine):
         packed_weights: bool = True,
         fused_layers: bool = True,
         drop_finished_rows: bool = True,
+        sampler_logps: bool = False,
     ) -> None:
         self.generation_batch_size = check_generation_batch_size(generation_batch_size)
         self.share_prompt_cache = share_prompt_cache
         self.packed_weights = packed_weights
         self.fused_layers = fused_layers
         self.drop_finished_rows = drop_finished_rows
+        self.sampler_logps = sampler_logps
 
     @override
     def problems(self, sampling: SamplingConfig) -> list[str]:
@@ -109,11 +115,13 @@ class LeanDecode(RolloutEngine):
         prompt_ids, prompt_mask = prompt_ids.to(device), prompt_mask.to(device)  # [B, P]
         chunks = generation_chunks(len(prompts), num_generations, self.generation_batch_size)
         rows = (chunks[0].stop - chunks[0].start) * num_generations
+        completions, logps = [], []
         with self.decoder(policy, rows, sampling) as decoder:
-            completions = [
-                decoder(prompt_ids[chunk], prompt_mask[chunk], num_generations, greedy, self.share_prompt_cache)
-                for chunk in chunks
-            ]
+            for chunk in chunks:
+                completions.append(
+                    decoder(prompt_ids[chunk], prompt_mask[chunk], num_generations, greedy, self.share_prompt_cache)
+                )
+                logps.append(decoder.logps)
         completion_ids = pad_right(completions, tokenizer.pad_token_id)  # [N, T]
         return build_rollout(
             tokenizer,
@@ -124,20 +132,22 @@ class LeanDecode(RolloutEngine):
             policy.eos_token_ids,
             num_generations,
             num_truncated,
+            pad_right(logps, 0.0).float() if self.sampler_logps else None,
         )
 
     def complete(
         self, policy: Policy, contexts: list[list[int]], budgets: list[int], sampling: SamplingConfig, greedy: bool
     ) -> list[tuple[list[int], list[float] | None]]:
         """Each context's next turn, all in one decode loop (``OpenAIAgent``'s sampler), up to its EOS or budget.
-        No sampler log-probs: the policy samples itself in the trainer's process, so the trainer's recomputation
-        is the behaviour policy and there is nothing for ``update.sampling_correction`` to correct."""
+        Sampler log-probs only with ``sampler_logps``: the policy samples itself in the trainer's process, so the
+        trainer's recomputation is the behaviour policy and there is nothing for the correction to correct."""
         tokenizer = policy.tokenizer
         ids, mask = pad_rows(contexts, tokenizer.pad_token_id, left=True)  # [n, C]
         turn = dataclasses.replace(sampling, max_completion_length=max(budgets))
         with self.decoder(policy, len(contexts), turn) as decoder:
             new = decoder(ids.to(policy.device), mask.to(policy.device), 1, greedy, False)  # [n, t]
-        return cut_turns(new.tolist(), None, budgets, policy.eos_token_ids)
+        logps = decoder.logps.tolist() if self.sampler_logps else None
+        return cut_turns(new.tolist(), logps, budgets, policy.eos_token_ids)
 
     @contextlib.contextmanager
     def decoder(self, policy: Policy, rows: int, sampling: SamplingConfig) -> Iterator[Decoder]:
@@ -146,7 +156,16 @@ class LeanDecode(RolloutEngine):
         with policy.generating() as model:
             with decode_weights(model, rows, self.packed_weights, self.fused_layers) as step:
                 eos, pad_id, synced = policy.eos_token_ids, policy.tokenizer.pad_token_id, policy.synced_generation
-                yield Decoder(NextTokenLogits(model), sampling, eos, pad_id, synced, step, self.drop_finished_rows)
+                yield Decoder(
+                    NextTokenLogits(model),
+                    sampling,
+                    eos,
+                    pad_id,
+                    synced,
+                    step,
+                    self.drop_finished_rows,
+                    self.sampler_logps,
+                )
 
 
 @contextlib.contextmanager
@@ -244,7 +263,8 @@ class DecodeRows:
 class Decoder:
     """Samples completions for one batch of prompts: prefill, then one forward per token until every row (on
     every rank, when ``synced``) has produced an EOS or ``max_completion_length`` tokens. ``drop_finished``:
-    rows leave the forward's batch as they end (``rows_to_keep``); the tokens are the same either way."""
+    rows leave the forward's batch as they end (``rows_to_keep``); the tokens are the same either way.
+    ``record_logps``: ``logps`` holds the [N, t] log-probs of the last call's tokens as drawn (0 after a row ended)."""
 
     def __init__(
         self,
@@ -255,9 +275,11 @@ class Decoder:
         synced: bool,
         fused: FusedDecodeStep | None = None,
         drop_finished: bool = True,
+        record_logps: bool = False,
     ) -> None:
         self.forward, self.sampling, self.pad_id, self.synced = forward, sampling, pad_id, synced
         self.eos_ids, self.fused, self.drop_finished = eos_ids, fused, drop_finished
+        self.record_logps, self.logps = record_logps, None
 
     def __call__(
         self, prompt_ids: Tensor, prompt_mask: Tensor, group_size: int, greedy: bool, share_prompt: bool
@@ -275,9 +297,9 @@ class Decoder:
         rows, drop = DecodeRows(mask, position, seen, cache, self.fused), self.drop_finished and narrowable(cache)
         eos = torch.tensor(self.eos_ids, device=prompt_ids.device)
         unfinished = torch.ones(n, dtype=torch.bool, device=prompt_ids.device)  # [N]
-        tokens = []
+        tokens, logps = [], []
         for step in range(steps):
-            token = self.sample(logits, rows, unfinished, greedy)  # [N]
+            token = self.sample(logits, rows, unfinished, greedy, logps)  # [N]
             tokens.append(token)
             unfinished &= ~torch.isin(token, eos)
             if step == steps - 1 or self.all_done(unfinished):
@@ -286,12 +308,18 @@ class Decoder:
                 self.drop_ended(rows, unfinished, width + step)
             decoded = token.index_select(0, rows.ids).unsqueeze(1)  # [n, 1]
             logits = forward(decoded, rows.mask[:, : width + step + 1], rows.position + step, rows.cache)  # [n, V]
+        self.logps = torch.stack(logps, dim=1) if self.record_logps else None  # [N, t]
         return torch.stack(tokens, dim=1)  # [N, t]
 
-    def sample(self, logits: Tensor, rows: DecodeRows, unfinished: Tensor, greedy: bool) -> Tensor:
+    def sample(self, logits: Tensor, rows: DecodeRows, unfinished: Tensor, greedy: bool, logps: list) -> Tensor:
         """[N] next ids: drawn from the [n, V] logits of the decode batch's rows (random numbers for all N, so a
-        row's draw is the same whichever rows are in the batch), pad on rows that have ended; ``seen`` updated."""
-        drawn = next_tokens(logits, self.sampling, greedy, rows.seen, rows.ids, rows.batch)  # [n]
+        row's draw is the same whichever rows are in the batch), pad on rows that have ended; ``seen`` updated;
+        with ``record_logps``, each id's log-prob appended to ``logps`` ([N], 0 on rows that have ended)."""
+        scores = sampling_logits(logits, self.sampling, greedy, rows.seen)  # [n, V]
+        drawn = draw(scores, greedy, rows.ids, rows.batch)  # [n]
+        if self.record_logps:
+            logp = drawn_logps(scores, drawn)  # [n]
+            logps.append(torch.zeros(len(unfinished), device=logp.device).index_copy_(0, rows.ids, logp) * unfinished)
         token = torch.full_like(unfinished, self.pad_id, dtype=torch.long).index_copy_(0, rows.ids, drawn)  # [N]
         token.masked_fill_(~unfinished, self.pad_id)
         if rows.seen is not None:

@@ -126,13 +126,15 @@ def next_request(requests: Any, trainer: int) -> Request | None:
 def sample(
     policy: Policy, engine: RolloutEngine, sampling: SamplingConfig, num_generations: int, request: Request
 ) -> Rollout:
-    """The request's completions from its RNG state, with the sampler's log-probs when asked; the batch's
-    dataset columns travel with it, repeated per completion."""
+    """The request's completions from its RNG state, with the sampler's log-probs when asked (the engine's own as
+    it drew, else a forward pass); the batch's dataset columns travel with it, repeated per completion."""
     torch.set_rng_state(request.rng_state)
     if request.salt:
         torch.manual_seed(int(torch.randint(0, 2**62, (1,))) + request.salt)
     batch = request.batch
     rollout = engine.generate(policy, batch.prompts, num_generations, sampling, False, columns=batch.columns)
-    if request.sampling_logps:
+    if not request.sampling_logps:
+        rollout.sampling_logps = None  # k = 0: the synchronous path's rollout
+    elif rollout.sampling_logps is None:
         rollout.sampling_logps = policy.logps(rollout, [slice(None)])  # [N, T] the weights of request.version
     return rollout

@@ -125,5 +125,15 @@ def next_tokens(
         rows: [N] ids of the logits' rows in a batch of ``batch`` rows: the draw takes ``batch`` random numbers and
             keeps theirs, as if the whole batch were sampled. ``None``: the N rows are the batch.
     """
-    scores = sampling_logits(logits, sampling, greedy, seen)
+    return draw(sampling_logits(logits, sampling, greedy, seen), greedy, rows, batch)
+
+
+def draw(scores: Tensor, greedy: bool, rows: Tensor | None = None, batch: int | None = None) -> Tensor:
+    """[N] ids from [N, V] processed scores (``sampling_logits``): the argmax when greedy, else a draw."""
     return scores.argmax(dim=-1) if greedy else sample_inverse_cdf(scores, rows=rows, batch=batch)
+
+
+def drawn_logps(scores: Tensor, ids: Tensor) -> Tensor:
+    """[N] the sampler's log-prob of each drawn id: under the processed scores (after temperature and the
+    filters), as ``generate``'s ``output_scores`` and vLLM's processed log-probs give it."""
+    return scores.log_softmax(dim=-1).gather(1, ids.unsqueeze(1)).squeeze(1)
