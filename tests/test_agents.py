@@ -219,11 +219,13 @@ def test_the_trained_tokens_are_the_served_tokens(tool_model_dir, tmp_path, samp
             assert trained == sum(served_of(rollout, module.engine, i), [])
 
 
-def test_a_sampler_that_cannot_serve_is_refused_when_built():
-    from lightning_grpo.engines import RolloutFunction
+@pytest.mark.parametrize("name", ["RolloutFunction", "VLLMServer"])
+def test_a_sampler_that_cannot_serve_is_refused_when_built(name):
+    from lightning_grpo.engines import RolloutFunction, VLLMServer
 
-    with pytest.raises(ValueError, match="sampler must be an engine that serves the endpoint.*got RolloutFunction"):
-        OpenAIAgent(two_turn_agent, sampler=RolloutFunction(lambda prompts, trainer: {}))
+    sampler = RolloutFunction(lambda prompts, trainer: {}) if name == "RolloutFunction" else VLLMServer()
+    with pytest.raises(ValueError, match=f"sampler must be an engine that serves the endpoint.*got {name}"):
+        OpenAIAgent(two_turn_agent, sampler=sampler)
 
 
 def test_a_run_whose_agents_all_fail_before_asking_trains_on(tool_model_dir, tmp_path):

@@ -21,6 +21,8 @@ from tests.helpers import fit, logged, make_module
 from tests.test_dynamic import signal_on_even_sums
 from tests.test_resume import SendSignal
 
+LORA = {"r": 4, "lora_alpha": 8, "target_modules": ["q_proj", "v_proj"], "lora_dropout": 0.0}
+
 
 def data(arith_jsonl):
     return PromptDataModule(arith_jsonl, batch_size=4, val_split=None)  # 16 rows: 4 steps per epoch
@@ -98,8 +100,12 @@ def logps_with(module, params: list[torch.Tensor], rollout) -> torch.Tensor:
     return module.policy.token_logps(rollout, slice(None), model=model.eval()).logps.detach()
 
 
-def test_k1_importance_weights_are_the_ratio_to_the_sampling_version(tiny_model_dir, arith_jsonl, tmp_path):
-    module, check = make_module(tiny_model_dir, rollout_engine=AsyncRollouts(max_staleness=1)), StaleWeights()
+@pytest.mark.parametrize("lora", [False, True], ids=["full", "lora"])
+def test_k1_importance_weights_are_the_ratio_to_the_sampling_version(tiny_model_dir, arith_jsonl, tmp_path, lora):
+    """With a LoRA policy too: the adapter's weights reach the producer (its log-probs are the sampling version's)."""
+    settings = {"policy": {"peft_config": LORA}} if lora else {}
+    module = make_module(tiny_model_dir, rollout_engine=AsyncRollouts(max_staleness=1), **settings)
+    check = StaleWeights()
     fit(module, data(arith_jsonl), tmp_path, max_steps=3, callbacks=[check])
     assert len(check.checked) == 2
     for expected, logged_mean in check.checked:

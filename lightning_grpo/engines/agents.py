@@ -66,8 +66,8 @@ class OpenAIAgent(RolloutEngine):
             naming the row and the error), ``skip`` (its reward is ``None`` and none of its tokens is trained) or
             ``zero`` (its reward is 0 and its tokens are trained: a crash the model caused is penalised).
         sampler: the engine that generates (``HFGenerate`` by default, which records its log-probs for the
-            sampler/trainer mismatch metrics; ``LeanDecode``, faster, records none: it is the policy itself); it
-            needs ``complete``.
+            sampler/trainer mismatch metrics; ``LeanDecode``, faster, records none: it is the policy itself;
+            ``VLLMColocate``, the weights pushed to it after every step); it needs ``complete``.
         parser: reads tool calls from the model's text; default Hermes/Qwen ``<tool_call>{json}</tool_call>``.
         batch_wait: seconds to wait for the other agents' requests before generating a partial batch.
         port: the endpoint's port on 127.0.0.1; 0 picks a free one.
@@ -98,8 +98,8 @@ class OpenAIAgent(RolloutEngine):
         self.sampler = sampler or HFGenerate()
         if getattr(type(self.sampler), "complete", RolloutEngine.complete) is RolloutEngine.complete:
             raise ValueError(
-                f"sampler must be an engine that serves the endpoint (with its own complete()): HFGenerate or "
-                f"LeanDecode, got {type(self.sampler).__name__}"
+                f"sampler must be an engine that serves the endpoint (with its own complete()): HFGenerate, "
+                f"LeanDecode or VLLMColocate, got {type(self.sampler).__name__}"
             )
         self.parser = parser or HermesParser()
         self.endpoint = Endpoint(port=port)
@@ -115,6 +115,10 @@ class OpenAIAgent(RolloutEngine):
     @override
     def reward_columns(self) -> tuple[str, ...]:
         return ("agent_reward", "episode_id")
+
+    @override
+    def sync_weights(self, policy: Policy) -> None:
+        self.sampler.sync_weights(policy)  # an engine with its own weights (vLLM) gets the update
 
     @override
     def setup(self, policy: Policy, trainer: Any, seed: int) -> None:
@@ -284,7 +288,7 @@ class OpenAIAgent(RolloutEngine):
         stats = EpisodeStats.of(episodes)
         rewards = [_reward(e, self.on_error) for e in episodes]
         columns = {"agent_reward": rewards, "episode_id": [e.session for e in episodes]}
-        metrics = {**stats.metrics(), **_metrics(episodes)}
+        metrics = {**stats.metrics(), **_metrics(episodes), **getattr(self.sampler, "sync_metrics", {})}  # vLLM's push
         rollout = stats.rollout(policy.tokenizer, episodes, group_size, 0, columns, metrics, policy.device)
         if all(e.sampler_logps for e in episodes):  # else the policy sampled itself: nothing to correct
             logps, _ = pad_rows([e.logps for e in episodes], 0.0, dtype=torch.float32, min_width=1)
@@ -305,8 +309,11 @@ class OpenAIAgent(RolloutEngine):
                 "train/agents/errors and train/agents/timeouts count them every step"
             )
 
-    def close(self) -> None:
+    @override
+    def teardown(self) -> None:
+        """The endpoint stops (a later rollout starts it again); the sampler releases what it holds."""
         self.endpoint.stop()
+        self.sampler.teardown()
 
 
 def _render(tokenizer: Any, prompt: Prompt, sampling: SamplingConfig) -> list[int]:

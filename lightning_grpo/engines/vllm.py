@@ -39,7 +39,7 @@ from lightning_grpo.engines.vllm_sync import (
     weight_bytes,
 )
 from lightning_grpo.model.policy import Policy
-from lightning_grpo.rollout import RolloutEngine, SamplingConfig, sampled_rollout, tokenize_prompts
+from lightning_grpo.rollout import RolloutEngine, SamplingConfig, cut_turns, sampled_rollout, tokenize_prompts
 from lightning_grpo.types import Prompt, Rollout
 
 
@@ -200,25 +200,47 @@ class VLLMColocate(RolloutEngine):
         greedy: bool,
         columns: dict[str, list[Any]] | None = None,
     ) -> Rollout:
-        if not self.pushes and self.trainer.global_step > 0:
-            self.sync_weights(policy)  # resumed: the engine holds the initial weights, the policy the checkpoint's
+        self._resync(policy)
         prompt_ids, prompt_mask, num_truncated = tokenize_prompts(policy.tokenizer, prompts, sampling)
         requests = [ids[mask.bool()].tolist() for ids, mask in zip(prompt_ids, prompt_mask)]
         if not greedy:  # vLLM's own RNG, seeded from the step's seeded RNG: a resumed run samples the same
             sampling = _with_seed(sampling)
-        completions, logps = self.complete(requests, sampling_params(sampling, num_generations, greedy))
+        completions, logps = self.sample_ids(requests, sampling_params(sampling, num_generations, greedy))
         rollout = sampled_rollout(
             policy, prompts, prompt_ids, prompt_mask, completions, logps, num_generations, num_truncated
         )
         rollout.metrics.update(self.sync_metrics)
         return rollout
 
-    def complete(self, requests: list[list[int]], params: dict[str, Any]) -> tuple[list[list[int]], list[list[float]]]:
-        """Token-id prompts -> their completions (``n`` each, prompt-major) and sampled tokens' log-probs."""
+    @override
+    def complete(
+        self, policy: Policy, contexts: list[list[int]], budgets: list[int], sampling: SamplingConfig, greedy: bool
+    ) -> list[tuple[list[int], list[float] | None]]:
+        """Each context's next turn for the agent endpoint (``OpenAIAgent(sampler=VLLMColocate())``), at most its
+        budget of tokens, with vLLM's log-probs of them: the trainer corrects for the engine as in ``generate``.
+        Each request its own seed, drawn from the step's seeded RNG (the G episodes of a prompt start alike)."""
+        self._resync(policy)
+        seed = int(torch.randint(2**31 - 1 - len(contexts), ()))
+        params = sampling_params(sampling, 1, greedy)
+        every = [{**params, "max_tokens": b, **({} if greedy else {"seed": seed + i})} for i, b in enumerate(budgets)]
+        turns, logps = self.sample_ids(contexts, every)
+        return cut_turns(turns, logps, budgets, policy.eos_token_ids)
+
+    def _resync(self, policy: Policy) -> None:
+        """After a resume the engine holds the initial weights and the policy the checkpoint's: push them."""
+        if not self.pushes and self.trainer.global_step > 0:
+            self.sync_weights(policy)
+
+    def sample_ids(
+        self, requests: list[list[int]], params: dict[str, Any] | list[dict[str, Any]]
+    ) -> tuple[list[list[int]], list[list[float]]]:
+        """Token-id prompts -> their completions (``n`` each, prompt-major) and sampled tokens' log-probs;
+        ``params``: one ``SamplingParams`` keyword dict for all, or one per prompt."""
         from vllm import SamplingParams
 
         prompts = [{"prompt_token_ids": ids} for ids in requests]
-        results = self.llm.generate(prompts, SamplingParams(**params), use_tqdm=False, lora_request=self.lora_request)
+        sampling = [SamplingParams(**p) for p in params] if isinstance(params, list) else SamplingParams(**params)
+        results = self.llm.generate(prompts, sampling, use_tqdm=False, lora_request=self.lora_request)
         outputs = [c for r in results for c in r.outputs]
         logps = [[lp[t].logprob for t, lp in zip(c.token_ids, c.logprobs)] for c in outputs]
         return [list(c.token_ids) for c in outputs], logps
@@ -265,7 +287,7 @@ class VLLMColocate(RolloutEngine):
         """Raise ``WeightSyncError`` unless the engine's greedy decode of the probe prompt is the policy's."""
         prompt = probe_prompt(policy)
         params = {"n": 1, "temperature": 0.0, "max_tokens": PROBE_TOKENS, "logprobs": 0, "ignore_eos": True}
-        (tokens,), (logps,) = self.complete([prompt], params)
+        (tokens,), (logps,) = self.sample_ids([prompt], params)
         verdict = policy_side(policy, prompt, tokens, logps, sync_atol(policy, self.sync_check_atol))
         return check_sync(type(self).__name__, self.trainer.global_step, verdict)
 

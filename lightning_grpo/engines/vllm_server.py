@@ -183,7 +183,7 @@ class VLLMServer(RolloutEngine):
         results = None
         if self.rank == 0:
             flat = [r for rank_requests in per_rank for r in rank_requests]
-            completions, logps = self.complete(
+            completions, logps = self.sample_ids(
                 flat,
                 n=num_generations,
                 repetition_penalty=sampling.repetition_penalty,
@@ -199,7 +199,7 @@ class VLLMServer(RolloutEngine):
             results = [(completions[a:b], logps[a:b]) for a, b in bounds]
         return _scatter_from_zero(results, self.rank, self.world_size)
 
-    def complete(self, requests: list[list[int]], **options: Any) -> tuple[list[list[int]], list[list[float]]]:
+    def sample_ids(self, requests: list[list[int]], **options: Any) -> tuple[list[list[int]], list[list[float]]]:
         """Token-id prompts -> the server's completions and their sampled tokens' log-probs (rank 0)."""
         out = self.client.generate(requests, logprobs=0, **options)  # logprobs=0: the sampled token's own
         return out["completion_ids"], [[position[0] for position in row] for row in out["logprobs"]]
@@ -269,7 +269,7 @@ class VLLMServer(RolloutEngine):
         policy's (rank 0 asks the server; every rank runs the policy's forward, a collective when sharded)."""
         prompt, answer = probe_prompt(policy), None
         if self.rank == 0:
-            (tokens,), (logps,) = self.complete(
+            (tokens,), (logps,) = self.sample_ids(
                 [prompt], n=1, temperature=0.0, max_tokens=PROBE_TOKENS, generation_kwargs={"ignore_eos": True}
             )
             answer = (tokens, logps)
