@@ -19,6 +19,7 @@ NO_TOOL_AGENT = ["--model.rollout_engine.init_args.agent", "lightning_grpo.demo.
 
 def fit(cwd: Path, config: str, *args: str) -> dict:
     exe = console_script()
+    cwd.mkdir(exist_ok=True)
     root = ["--trainer.default_root_dir", "runs/here"]
     proc = subprocess.run(
         [exe, "fit", "--config", config, *root, *args], cwd=cwd, capture_output=True, text=True, timeout=900
@@ -39,6 +40,17 @@ def test_an_openai_sdk_agent_learns_to_use_its_tool(tmp_path):
 def test_the_agent_without_its_tool_stays(tmp_path):
     summary = fit(tmp_path, AGENT, *NO_TOOL_AGENT)
     assert abs(summary["accuracy_after"] - summary["accuracy_before"]) <= 0.10, summary
+
+
+@pytest.mark.slow
+def test_a_model_learns_to_call_a_tool_it_was_not_built_for(tmp_path):
+    """The reverse-tool template (its model warm-started from ``reverse``'s schema on first use): from not calling
+    at all to 40+ held-out points; the same model without the tool stays."""
+    summary = fit(tmp_path / "tool", REVERSE)
+    assert summary["accuracy_before"] <= 0.10, summary  # greedy decoding does not call yet
+    assert summary["accuracy_after"] - summary["accuracy_before"] >= 0.40, summary
+    control = fit(tmp_path / "control", REVERSE, "--model.rollout_engine", "null")
+    assert abs(control["accuracy_after"] - control["accuracy_before"]) <= 0.10, control
 
 
 def test_any_tool_s_call_is_spelled_out_and_parses_back():

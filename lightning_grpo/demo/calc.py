@@ -92,17 +92,23 @@ def warm_start(model: Any, tokenizer: Any, steps: int = 500, batch: int = 32, se
 
 
 def warm_start_loop(
-    model: Any, pad_id: int, steps: int, batch: int, example: Callable[[int, float], tuple[list[int], list[int]]]
+    model: Any,
+    pad_id: int,
+    steps: int,
+    batch: int,
+    example: Callable[[int, float], tuple[list[int], list[int]]],
+    call_rate: float = CALL_RATE,
 ) -> None:
     """The warm start's next-token training: ``steps`` AdamW steps, each on ``batch`` replies of
     ``example(kind, decide) -> (input ids, labels)`` (kind 0: a guess without the tool, 1: a guess with it, 2: a
-    tool episode whose first token, the decision to call, is trained with probability ``decide``); the first
-    ``COPY_FIRST`` of the steps on tool episodes alone."""
+    tool episode whose first token, the decision to call, is trained with probability ``decide``, so that
+    ``call_rate`` of the replies to the tool prompt start with a call); the first ``COPY_FIRST`` of the steps on
+    tool episodes alone."""
     import torch
 
     threads = torch.get_num_threads()
     torch.set_num_threads(1)  # matmuls this small do not split: on a busy 2-core machine 2 threads ran 9x slower
-    decide = CALL_RATE / (1 - CALL_RATE)  # decision tokens trained per guess: calls / guesses = CALL_RATE / rest
+    decide = call_rate / (1 - call_rate)  # decision tokens trained per guess: calls / guesses = call_rate / rest
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)  # at 3e-3 the copying is not learnt at all
     model.train()
     for step in range(steps):

@@ -189,9 +189,13 @@ def resolve(name: str) -> str:
         return str(materialize(name))
 
 
+# A demo whose recipe changed gets a new directory, so that a cache written by an older version is not reused.
+REVISIONS = {"lightning-grpo/tiny-qwen2-reverse": "-r2"}  # r2: anytool.CALL_RATE 0.10 -> 0.05
+
+
 def materialize(name: str) -> Path:
     """Write an embedded model or dataset once (atomically: ranks may race) and return its directory."""
-    target = cache_home() / name
+    target = cache_home() / (name + REVISIONS.get(name, ""))
     if not target.exists():
         target.parent.mkdir(parents=True, exist_ok=True)
         scratch = Path(tempfile.mkdtemp(dir=target.parent))
