@@ -183,6 +183,7 @@ TESTS = {
     "engines/endpoint.py": ["test_agents.py"],
     "engines/served.py": ["test_agents.py"],
     "engines/openenv.py": ["test_openenv.py"],
+    "engines/skyrl.py": ["test_skyrl.py"],
     "loss/config.py": ["test_settings.py", "test_loss_variants.py"],
     "loss/entropy.py": ["test_loss_variants.py"],
     "loss/grpo.py": ["test_loss.py", "test_loss_trl.py", "test_loss_variants.py"],
