@@ -228,7 +228,7 @@ def completion_logps(
     labels = ids[:, -width:][targets]  # [m]
     chunk_size = chunk_size or auto_chunk_size(head.weight.shape[0])
     none = hidden[:0, 0].float()  # [0], in the graph: every row empty (an agent that failed before asking)
-    logps, entropies = [none], [none]
+    logps, entropies = [none], [none if entropy_grad else none.detach()]
     for start in range(0, labels.numel(), chunk_size):
         h, y = hidden[start : start + chunk_size], labels[start : start + chunk_size]
         if torch.is_grad_enabled() and h.requires_grad and not plain:
