@@ -11,6 +11,7 @@ from lightning_grpo.engines import OpenAIAgent, RolloutFunction, ToolCalling
 from lightning_grpo.model.loading import resolve_pretrained
 from lightning_grpo.rewards.convention import check_signatures
 from tests.helpers import fit, length_reward, make_module
+from tests.test_environments import Echo
 
 
 @pytest.mark.parametrize(
@@ -103,22 +104,9 @@ def wants_my_column(completions, my_column, **kwargs):
     return list(my_column)
 
 
-class OneToolEnv:
-    def reset(self, **row) -> None:
-        return None
-
-    def act(self, text: str) -> str:
-        """Act.
-
-        Args:
-            text: what to do
-        """
-        return text
-
-
 ENGINES = {
     "agent": (lambda: OpenAIAgent(lambda client, row: 1.0), wants_agent_reward),
-    "environment": (lambda: ToolCalling(environment_factory=OneToolEnv), wants_environment_reward),
+    "environment": (lambda: ToolCalling(environment_factory=Echo), wants_environment_reward),
     "rollout_func": (lambda: RolloutFunction(lambda prompts, trainer: {}), wants_my_column),
 }
 
