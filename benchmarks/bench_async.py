@@ -3,6 +3,7 @@
     python benchmarks/bench_async.py --repeats 3 --warmup 2 --steps 8 --json async.json
     python benchmarks/bench_async.py --engine hf    # our rows sample with HFGenerate instead of LeanDecode
     python benchmarks/bench_async.py --learning --seeds 3 --learning-steps 300   # held-out accuracy, sync vs k=1
+    python benchmarks/bench_async.py --stages    # each stage of a step alone, 1 and 2 threads: async's ceiling
 
 Rows, each a fresh worker process of ``trl_vs_lightning_grpo.py`` (interleaved per repeat, so a load change on
 a shared machine hits every row alike): ours synchronous on 2 threads; ours with ``AsyncRollouts`` at k = 1 and
@@ -87,6 +88,63 @@ def learning(args: argparse.Namespace) -> dict[str, list[float]]:
     return accuracy
 
 
+def stages(threads: int, repeats: int = 2) -> dict[str, float]:
+    """Seconds of each stage of one step on the gen shape, alone in this process (the best of ``repeats``):
+    LeanDecode's generation, a no-grad log-prob pass, the training forward + backward + AdamW step."""
+    import time
+
+    import torch
+    from bench_assets import read_rows
+
+    from lightning_grpo.engines import LeanDecode
+    from lightning_grpo.model.policy import Policy
+    from lightning_grpo.rollout import SamplingConfig
+
+    torch.set_num_threads(threads)
+    settings, task = MODEL_DEFAULTS["gen"], task_for("gen")
+    policy = Policy(task.model_dir)
+    prompts = [r["prompt"] for r in read_rows(task.data_dir, "train")[: settings.prompts_per_step]]
+    sampling, engine = SamplingConfig(max_completion_length=settings.max_completion_length), LeanDecode()
+    optimizer = torch.optim.AdamW(policy.model.parameters(), lr=settings.learning_rate)
+    torch.manual_seed(0)
+    engine.generate(policy, prompts, settings.num_generations, sampling, False)  # warm-up
+    best: dict[str, float] = {}
+    for _ in range(repeats):
+        start = time.perf_counter()
+        rollout = engine.generate(policy, prompts, settings.num_generations, sampling, False)
+        seconds = {"generation": time.perf_counter() - start}
+        start = time.perf_counter()
+        with torch.no_grad():
+            policy.logps(rollout, [slice(None)])
+        seconds["no-grad log-prob pass"] = time.perf_counter() - start
+        start = time.perf_counter()
+        (policy.train_logps(rollout, slice(None)).logps * rollout.completion_mask).sum().backward()
+        optimizer.step()
+        optimizer.zero_grad()
+        seconds["forward + backward + AdamW"] = time.perf_counter() - start
+        best = {k: min(v, best.get(k, v)) for k, v in seconds.items()}
+    return best
+
+
+def stage_table() -> dict[str, dict[str, float]]:
+    """``stages`` in a fresh process per thread count, side by side."""
+    import subprocess
+
+    out = {}
+    for threads in (1, 2):
+        env = {**os.environ, "OMP_NUM_THREADS": str(threads)}
+        proc = subprocess.run(
+            [sys.executable, __file__, "--stages-worker", str(threads)], env=env, capture_output=True, text=True
+        )
+        if proc.returncode:
+            raise RuntimeError(proc.stderr[-3000:])
+        out[threads] = json.loads(proc.stdout.strip().splitlines()[-1])
+    print(f"\n{'stage (gen shape, one step)':32s} {'1 thread s':>10s} {'2 threads s':>11s} {'speed-up':>9s}")
+    for stage in out[1]:
+        print(f"{stage:32s} {out[1][stage]:10.2f} {out[2][stage]:11.2f} {out[1][stage] / out[2][stage]:9.2f}")
+    return out
+
+
 def table(runs: dict[str, list[dict[str, float]]]) -> dict[str, dict[str, float]]:
     med = {label: {k: statistics.median(r[k] for r in rs) for k in rs[0]} for label, rs in runs.items()}
     sync, trl = med["ours sync, 2 threads"], med["trl, 2 threads"]
@@ -114,11 +172,18 @@ def main() -> None:
     p.add_argument("--seeds", type=int, default=3)
     p.add_argument("--learning-steps", type=int, default=300)
     p.add_argument("--learning-rate", type=float, help="--learning: instead of the template's (1e-3)")
+    p.add_argument("--stages", action="store_true", help="instead: each stage of a step alone, 1 and 2 threads")
+    p.add_argument("--stages-worker", type=int, help=argparse.SUPPRESS)
     args = p.parse_args()
+    if args.stages_worker:
+        print(json.dumps(stages(args.stages_worker)))
+        return
     print(f"$ {shlex.join(sys.orig_argv)}  (load average {os.getloadavg()})", flush=True)
     report = {"command": shlex.join(sys.orig_argv)}
     if args.learning:
         report["accuracy"] = learning(args)
+    elif args.stages:
+        report["stages"] = stage_table()
     else:
         report["runs"] = measure(args)
         report["medians"] = table(report["runs"])
