@@ -111,25 +111,14 @@ def sample_inverse_cdf(
     return (k * block + j).squeeze(1)
 
 
-def next_tokens(
-    logits: Tensor,
-    sampling: SamplingConfig,
-    greedy: bool,
-    seen: Tensor | None = None,
-    rows: Tensor | None = None,
-    batch: int | None = None,
-) -> Tensor:
-    """[N] next ids from [N, V] fp32 logits: the argmax when greedy, else a draw from the filtered distribution.
+def draw(scores: Tensor, greedy: bool, rows: Tensor | None = None, batch: int | None = None) -> Tensor:
+    """[N] next ids from [N, V] processed scores (``sampling_logits``): the argmax when greedy, else a draw from
+    their distribution.
 
     Args:
-        rows: [N] ids of the logits' rows in a batch of ``batch`` rows: the draw takes ``batch`` random numbers and
+        rows: [N] ids of the scores' rows in a batch of ``batch`` rows: the draw takes ``batch`` random numbers and
             keeps theirs, as if the whole batch were sampled. ``None``: the N rows are the batch.
     """
-    return draw(sampling_logits(logits, sampling, greedy, seen), greedy, rows, batch)
-
-
-def draw(scores: Tensor, greedy: bool, rows: Tensor | None = None, batch: int | None = None) -> Tensor:
-    """[N] ids from [N, V] processed scores (``sampling_logits``): the argmax when greedy, else a draw."""
     return scores.argmax(dim=-1) if greedy else sample_inverse_cdf(scores, rows=rows, batch=batch)
 
 
