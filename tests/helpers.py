@@ -77,3 +77,13 @@ def make_rollout(completions, group_size=2):
         completions=completions,
         group_size=group_size,
     )
+
+
+class KeepRollouts(L.Callback):
+    """Keeps each training step's rollout, to compare what was trained with what was served."""
+
+    def __init__(self) -> None:
+        self.rollouts: list[Rollout] = []
+
+    def on_train_batch_end(self, trainer, module, outputs, batch, batch_idx) -> None:
+        self.rollouts.append(outputs["record"].rollout)

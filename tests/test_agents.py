@@ -18,7 +18,7 @@ from lightning_grpo.demo.tiny import TOOL_CHAT_TEMPLATE
 from lightning_grpo.engines import HFGenerate, LeanDecode, OpenAIAgent, agent_reward
 from lightning_grpo.model.policy import Policy
 from lightning_grpo.rollout import SamplingConfig
-from tests.helpers import fit
+from tests.helpers import KeepRollouts, fit
 
 openai = pytest.importorskip("openai")
 
@@ -185,20 +185,8 @@ def test_the_completions_endpoint_continues_an_episode(policy):
     assert rollout.metrics["agents/restarts"] == 0
 
 
-class KeepRollouts:
-    """Keeps each training step's rollout, to compare what was trained with what was served."""
-
-    def __init__(self) -> None:
-        self.rollouts = []
-
-    def on_train_batch_end(self, trainer, module, outputs, batch, batch_idx) -> None:
-        self.rollouts.append(outputs["record"].rollout)
-
-
 @pytest.mark.parametrize("sampler", [HFGenerate, LeanDecode])
 def test_the_trained_tokens_are_the_served_tokens(tool_model_dir, tmp_path, sampler):
-    import lightning as L
-
     from lightning_grpo import GRPOModule, PromptDataModule
 
     data_path = tmp_path / "train.jsonl"
@@ -210,7 +198,7 @@ def test_the_trained_tokens_are_the_served_tokens(tool_model_dir, tmp_path, samp
         sampling={"max_completion_length": 12},
         rollout_engine=OpenAIAgent(two_turn_agent, timeout=60, sampler=sampler()),
     )
-    keep = type("Keep", (KeepRollouts, L.Callback), {})()
+    keep = KeepRollouts()
     fit(module, PromptDataModule(str(data_path), batch_size=2), tmp_path, max_steps=2, callbacks=[keep])
     assert len(keep.rollouts) == 2
     for rollout in keep.rollouts:
