@@ -87,8 +87,8 @@ def test_chunked_logps_gradient_equals_full(tiny_model_dir):
     model.zero_grad()
     completion_logps(model, ids, attn, 4, chunk_size=3).logps.sum().backward()
     grads.append(model.model.embed_tokens.weight.grad.clone())
-    for other in grads[1:]:
-        assert torch.allclose(grads[0], other, atol=1e-6)
+    for other in grads[1:]:  # fp32 sums in another order (gradients up to ~4): float64 exactness is pinned below
+        assert torch.allclose(grads[0], other, atol=1e-5)
     assert grads[0].abs().sum() > 0
 
 

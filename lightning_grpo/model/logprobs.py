@@ -49,43 +49,62 @@ def _at_least_fp32(t: Tensor) -> Tensor:
 class LinearLogps(torch.autograd.Function):
     """log p(y) and entropy of ``softmax(h @ W.T / temperature)`` for a chunk of c positions.
 
-    Saves h, W, y and the log-normaliser (c floats); backward recomputes the [c, vocab] logits once and forms
-    d logp / d logits = (onehot(y) - softmax) / temperature in place. The entropy is detached unless
-    ``entropy_grad`` (the entropy bonus), when backward adds d H / d logits = -p (log p + H) / temperature.
+    Saves h, W, y and the log-normaliser (c floats); backward recomputes the [c, vocab] logits once, turns them
+    into probabilities in place and folds the rest of d logp / d logits = (onehot(y) - softmax) / temperature into
+    the [c, H]-sized factors of the two gradient products. The temperature scales h, not the logits. Each
+    [c, vocab] pass is one in-place elementwise op or one matrix product: on a CPU, where a fresh [c, vocab]
+    buffer costs as much as an op in page faults, that is half the time of log-softmax-style code. The entropy
+    is detached unless ``entropy_grad`` (the entropy bonus), when backward adds d H / d logits =
+    -p (log p + H) / temperature.
     """
 
     @staticmethod
     def forward(
         ctx, h: Tensor, weight: Tensor, y: Tensor, temperature: float, entropy_grad: bool = False
     ) -> tuple[Tensor, Tensor]:
-        logits = _at_least_fp32(h @ weight.T).div_(temperature)  # [c, V]
-        lse = logits.logsumexp(-1)  # [c]
-        logp = logits.gather(-1, y.unsqueeze(-1)).squeeze(-1) - lse  # [c]
-        probs_times_logits = (logits - lse.unsqueeze(-1)).exp_().mul_(logits)  # [c, V]
-        entropy = lse - probs_times_logits.sum(-1)  # [c]
-        ctx.save_for_backward(h, weight, y, lse)
+        shifted = _logits(h, weight, temperature)  # [c, V]
+        top = shifted.amax(-1, keepdim=True)  # [c, 1]
+        shifted.sub_(top)  # z - max: <= 0
+        picked = shifted.gather(-1, y.unsqueeze(-1)).squeeze(-1)  # [c]
+        exps = shifted.exp()  # [c, V]
+        log_sum = exps.sum(-1).log()  # [c]
+        weighted = torch.bmm(exps.unsqueeze(1), shifted.unsqueeze(2)).view(-1)  # [c] sum exp(z - max) (z - max)
+        entropy = log_sum - weighted / log_sum.exp()  # -sum p log p, log p = z - max - log_sum
+        ctx.save_for_backward(h, weight, y, top.squeeze(-1) + log_sum)
         ctx.temperature = temperature
         ctx.set_materialize_grads(False)  # an unused output's gradient arrives as None
         if not entropy_grad:
             ctx.mark_non_differentiable(entropy)
-        return logp, entropy
+        return picked - log_sum, entropy
 
     @staticmethod
     def backward(ctx, grad_logp: Tensor | None, grad_entropy: Tensor | None) -> tuple[Tensor | None, ...]:
         h, weight, y, lse = ctx.saved_tensors
-        log_probs = _at_least_fp32(h @ weight.T).div_(ctx.temperature).sub_(lse.unsqueeze(-1))  # [c, V]
+        temperature = ctx.temperature
+        probs = _logits(h, weight, temperature).sub_(lse.unsqueeze(-1)).exp_()  # [c, V]
         grad_logp = torch.zeros_like(lse) if grad_logp is None else grad_logp  # [c]
-        if grad_entropy is None:  # the usual case: one [c, V] buffer, built in place
-            grad = log_probs.exp_().mul_(-grad_logp.unsqueeze(-1))  # -p dlogp
-        else:  # d H / d z = -p (log p + H)
-            probs = log_probs.exp()
+        # d/dz = (onehot(y) - p) g_y, plus -p (log p + H) g_H for the entropy; z = h @ W.T / temperature
+        if grad_entropy is not None:
+            log_probs = probs.log()
             entropy = -(probs * log_probs).sum(-1, keepdim=True)  # [c, 1]
-            grad = log_probs.add_(entropy).mul_(-grad_entropy.unsqueeze(-1)).sub_(grad_logp.unsqueeze(-1)).mul_(probs)
-        grad.scatter_add_(-1, y.unsqueeze(-1), grad_logp.unsqueeze(-1))  # + onehot(y) dlogp
-        grad = grad.div_(ctx.temperature).to(h.dtype)  # [c, V]
-        grad_h = grad @ weight if ctx.needs_input_grad[0] else None  # [c, H]
-        grad_weight = grad.T @ h if ctx.needs_input_grad[1] else None  # [V, H]
+            probs.mul_(log_probs.add_(entropy).mul_(grad_entropy.unsqueeze(-1)).add_(grad_logp.unsqueeze(-1)))
+            row_scale = torch.ones_like(lse)  # the p-term's per-row factor is already in probs
+        else:
+            row_scale = grad_logp
+        probs = probs.to(h.dtype)
+        scale = (row_scale / temperature).to(h.dtype).unsqueeze(-1)  # [c, 1]
+        picked = (grad_logp / temperature).to(h.dtype).unsqueeze(-1)  # [c, 1] the onehot term's factor
+        grad_h = grad_weight = None
+        if ctx.needs_input_grad[0]:  # [c, H]
+            grad_h = weight[y] * picked - (probs @ weight) * scale
+        if ctx.needs_input_grad[1]:  # [V, H]
+            grad_weight = (probs.T @ (h * -scale)).index_add_(0, y, h * picked)
         return grad_h, grad_weight, None, None, None
+
+
+def _logits(h: Tensor, weight: Tensor, temperature: float) -> Tensor:
+    """[c, V] fp32 logits / temperature, a fresh tensor (the temperature scales the [c, H] factor)."""
+    return _at_least_fp32((h if temperature == 1.0 else h / temperature) @ weight.T)
 
 
 def logit_scale(config) -> float:
