@@ -3,6 +3,8 @@ and vLLM refused at config time where it cannot run."""
 
 from __future__ import annotations
 
+import math
+
 import pytest
 import torch
 from helpers import fit, logged, make_module
@@ -65,9 +67,20 @@ def test_sampler_equal_to_trainer_gives_the_plain_update(tiny_model_dir, arith_j
         tiny_model_dir, arith_jsonl, tmp_path / "a", 0.0, update={"sampling_correction": "sequence_mask"}
     )
     plain, metrics = run(tiny_model_dir, arith_jsonl, tmp_path / "b", 0.0, update={"sampling_correction": None})
-    assert not any(k.startswith("train/sampling/") for k in metrics)
+    assert not any(k.startswith("train/sampling/importance_sampling_ratio") for k in metrics)
     for a, b in zip(corrected.policy.model.parameters(), plain.policy.model.parameters()):
         torch.testing.assert_close(a, b)
+
+
+@pytest.mark.parametrize("num_iterations", [1, 2])  # proximal log-probs from the training forward, or a pass
+def test_the_mismatch_is_measured_with_the_correction_off(tiny_model_dir, arith_jsonl, tmp_path, num_iterations):
+    """``sampling_correction: null`` re-weights nothing but still logs (and alerts on) the sampler's drift."""
+    update = {"sampling_correction": None, "num_iterations": num_iterations}
+    _, metrics = run(tiny_model_dir, arith_jsonl, tmp_path, 0.5, update=update)
+    steps = 2 // num_iterations  # max_steps counts optimiser steps
+    assert metrics["train/sampling/sampling_logp_difference/mean"] == pytest.approx([0.5] * steps, rel=1e-4)
+    assert metrics["train/sampling/token_mult_prob_error"] == pytest.approx([math.exp(0.5)] * steps, rel=1e-4)
+    assert not any(k.startswith("train/sampling/importance_sampling_ratio") for k in metrics)
 
 
 def test_masked_tokens_do_not_move_the_policy(tiny_model_dir, arith_jsonl, tmp_path):

@@ -34,8 +34,8 @@ ESS_ADVICE = "a masking correction (icepop, sequence_mask) rather than truncatio
 class MismatchAlert(Alert):
     """Warns, stops or raises when the sampler's and the trainer's log-probs of the sampled tokens drift apart.
 
-    Nothing to observe when the policy samples itself (HFGenerate, LeanDecode) or with
-    ``update.sampling_correction: null``: the alert then stays silent.
+    Nothing to observe when the policy samples itself (HFGenerate, LeanDecode): the alert then stays silent. With
+    ``update.sampling_correction: null`` the mismatch is still measured and watched (nothing re-weights it).
 
     Args:
         max_token_mult_prob_error: mean ``exp(|trainer logp - sampler logp|)`` per token above this is a signal

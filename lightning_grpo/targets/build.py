@@ -50,18 +50,21 @@ class ProximalCorrection:
     forward that TRL (``vllm_importance_sampling_correction``) and verl (``old_log_prob``) make; the values are the
     same. The mismatch is measured once the update has seen every row (``Targets.settled``)."""
 
-    mode: str
+    mode: str | None  # None: no weights, the log-probs are kept for the mismatch metrics only
     low: float
     high: float
     logps: Tensor  # [N, T] the proximal log-probs, filled one micro-batch at a time
     weights: Tensor | None = None  # [N, T] or [N, 1], likewise
 
-    def weights_of(self, logps: Tensor, sampling_logps: Tensor, mask: Tensor, rows: slice | Tensor) -> Tensor:
+    def weights_of(self, logps: Tensor, sampling_logps: Tensor, mask: Tensor, rows: slice | Tensor) -> Tensor | None:
         proximal = logps.detach()
+        self.logps[rows] = proximal.to(self.logps.dtype)
+        if self.mode is None:
+            return None
         weights = sampling_correction(proximal, sampling_logps, mask, self.mode, self.low, self.high)
         if self.weights is None:
             self.weights = weights.new_ones(self.logps.shape[0], weights.shape[1])
-        self.logps[rows], self.weights[rows] = proximal.to(self.logps.dtype), weights
+        self.weights[rows] = weights
         return weights
 
 
@@ -220,14 +223,16 @@ def build_targets(
     mask = loss_mask(rollout.model_mask, rollout.is_truncated, u.mask_truncated_completions)  # [N, T]
     row_tokens = rollout.attention_mask.sum(dim=1).cpu()  # [N]
     rows = split_rows(row_tokens, u, s.micro_batch_unit, ranks)
-    correct = rollout.sampling_logps is not None and u.sampling_correction is not None
     old_logps = policy.logps(rollout, rows) if s.needs_old_logps else None
     ref_logps = policy.reference_logps(rollout, rows) if s.reference else None
-    weights, proximal = None, None
-    if correct:
-        mode, (low, high) = u.sampling_correction, u.correction_bounds
+    weights, proximal, mismatch = None, None, None
+    if rollout.sampling_logps is not None:  # another engine sampled: corrected, and measured even when it is not
+        mode = u.sampling_correction
+        low, high = u.correction_bounds if mode is not None else (0.0, float("inf"))
         if old_logps is not None:
-            weights = sampling_correction(old_logps, rollout.sampling_logps, mask, mode, low, high)
+            if mode is not None:
+                weights = sampling_correction(old_logps, rollout.sampling_logps, mask, mode, low, high)
+            mismatch = _mismatch(old_logps, rollout.sampling_logps, mask, ranks)
         else:  # every row trained once, from the weights that start the batch: the training forward's log-probs
             proximal = ProximalCorrection(mode, low, high, torch.zeros_like(rollout.sampling_logps))
     return Targets(
@@ -239,7 +244,7 @@ def build_targets(
         ref_logps=ref_logps,
         sampling_weights=weights,
         sampling_logps=rollout.sampling_logps,
-        mismatch=_mismatch(old_logps, rollout.sampling_logps, mask, ranks) if weights is not None else None,
+        mismatch=mismatch,
         row_tokens=row_tokens,
         proximal=proximal,
     )

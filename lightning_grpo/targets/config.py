@@ -35,7 +35,8 @@ class UpdateConfig:
             inside [0.5, 5] and 0 outside; geometric_mask, a completion kept (weight 1) while the geometric mean
             of its token ratios is inside [0.999, 1.001] (verl's preset) and dropped otherwise; decoupled, AReaL's
             behaviour weight, rho per token, 0 above the cap [5]; or ``None`` (off). Weights logged as
-            ``train/sampling/importance_sampling_ratio/*``; the mismatch itself as ``train/sampling/*``.
+            ``train/sampling/importance_sampling_ratio/*``; the mismatch itself as ``train/sampling/*``, with the
+            correction off too.
         sampling_correction_min: the ratio's lower bound (TRL's ``vllm_importance_sampling_clip_min``); ``None``
             takes the correction's default (none for TRL's four).
         sampling_correction_max: the ratio's upper bound (TRL's ``vllm_importance_sampling_clip_max``: clamped
