@@ -130,3 +130,22 @@ def test_the_engine_s_own_columns_pass_the_signature_check(tiny_model_dir, arith
     check(rollout_engine=make_engine())
     with pytest.raises(TypeError, match=f"'{reward.__name__}' needs argument"):
         check()
+
+
+def test_the_refusal_names_the_engine_s_columns_apart_from_the_dataset_s(tiny_model_dir, arith_jsonl):
+    import lightning as L
+
+    from lightning_grpo.cli.preflight import preflight
+
+    module = make_module(
+        tiny_model_dir,
+        reward_funcs=[wants_my_column],
+        accuracy_reward=None,
+        rollout_engine=OpenAIAgent(lambda client, row: 1.0),
+    )
+    data = PromptDataModule(arith_jsonl, batch_size=4, val_split=None)
+    with pytest.raises(TypeError) as err:
+        preflight(L.Trainer(accelerator="cpu", logger=False), module, data)
+    assert str(err.value).endswith(
+        "the dataset columns ['answer'] and the rollout engine's ['agent_reward', 'episode_id']"
+    )

@@ -29,7 +29,7 @@ def preflight(trainer: L.Trainer, model: GRPOModule, datamodule: Any) -> None:
     check_chat_template(model, batch.prompts)
     check_steps_per_generation(model.settings.update.steps_per_generation, datamodule.hparams.batch_size)
     added = model.engine.reward_columns()
-    check_signatures(model.rewards.funcs, [*batch.columns, *(added or ())], complete=added is not None)
+    check_signatures(model.rewards.funcs, list(batch.columns), complete=added is not None, engine_columns=added or ())
     report_long_prompts(model, datamodule)
 
 

@@ -168,10 +168,16 @@ def is_correctness_reward(fn: RewardFunc) -> bool:
 PASSED = ("prompts", "completions", "completion_ids")  # and SHARED_KWARGS, and the dataset's other columns
 
 
-def check_signatures(reward_funcs: Sequence[RewardFunc], columns: list[str], complete: bool = True) -> None:
+def check_signatures(
+    reward_funcs: Sequence[RewardFunc],
+    columns: list[str],
+    complete: bool = True,
+    engine_columns: Sequence[str] = (),
+) -> None:
     """Before any compute: every function accepts the keyword arguments scoring passes (``prompts``,
-    ``completions``, ``completion_ids``, ``trainer_state`` and the ``columns``: the dataset's and the rollout
-    engine's) and needs no other (unless the columns are not ``complete``: a ``rollout_func`` adds its own).
+    ``completions``, ``completion_ids``, ``trainer_state``, the dataset's ``columns`` and the rollout engine's
+    ``engine_columns``) and needs no other (unless the columns are not ``complete``: a ``rollout_func`` adds its
+    own).
 
     >>> def needs_label(completions, label, **kwargs): ...
     >>> check_signatures([needs_label], ["answer"])
@@ -180,7 +186,7 @@ def check_signatures(reward_funcs: Sequence[RewardFunc], columns: list[str], com
     TypeError: reward function 'needs_label' needs argument 'label', which is not passed: reward functions \
 receive prompts, completions, completion_ids, trainer_state and the dataset columns ['answer']
     """
-    given = [*PASSED, *SHARED_KWARGS, *columns]
+    given = [*PASSED, *SHARED_KWARGS, *columns, *engine_columns]
     for fn in reward_funcs:
         try:
             params = inspect.signature(fn).parameters.values()
@@ -189,6 +195,8 @@ receive prompts, completions, completion_ids, trainer_state and the dataset colu
         named = {p.name: p for p in params if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)}
         needed = [n for n, p in named.items() if p.default is p.empty and n not in given]
         receives = f"reward functions receive {', '.join(given[:4])} and the dataset columns {columns}"
+        if engine_columns:
+            receives += f" and the rollout engine's {list(engine_columns)}"
         if needed and complete:
             raise TypeError(
                 f"reward function {reward_name(fn)!r} needs argument {needed[0]!r}, which is not passed: {receives}"
