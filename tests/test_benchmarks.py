@@ -132,3 +132,18 @@ def test_profile_step_lists_ops_and_host_syncs():
     proc = subprocess.run(command, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
     assert "aten::mm" in proc.stdout and "host waits for the device over 2 steps: {'aten::item'" in proc.stdout
+
+
+@pytest.mark.slow  # ~20 s: two stage workers (1 and 2 threads) on the tiny shape
+def test_async_stages_time_each_stage_at_both_thread_counts(tmp_path):
+    report_path = tmp_path / "stages.json"
+    script = SCRIPT.with_name("bench_async.py")
+    command = [sys.executable, str(script), "--stages", "--model", "tiny", "--json", str(report_path)]
+    proc = subprocess.run(command, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
+    stages = json.loads(report_path.read_text())["stages"]
+    assert set(stages) == {"1", "2"}  # JSON keys: the thread counts
+    for seconds in stages.values():
+        assert set(seconds) == {"generation", "no-grad log-prob pass", "forward + backward + AdamW"}
+        assert all(s > 0 for s in seconds.values())
+    assert "stage (tiny shape, one step)" in proc.stdout
