@@ -133,6 +133,7 @@ class GRPOModule(L.LightningModule):
     def setup(self, stage: str) -> None:
         """The rollout engine's own set-up, once Lightning has started the processes (vLLM joins their group)."""
         self.engine.setup(self.policy, self.trainer, self.settings.seed)
+        self.engine.use_rewards(self.rewards)
 
     @override
     def teardown(self, stage: str) -> None:
@@ -154,7 +155,8 @@ class GRPOModule(L.LightningModule):
         if produced is None:  # an engine sampling ahead fills its pipeline: no update yet
             return None
         rollout, batch = produced  # the batch it answers (an earlier one when sampled ahead)
-        kept = self._filter_groups(rollout, self._score(rollout, batch), len(batch), ranks)
+        scores = self.engine.prescored(rollout)  # an engine that scores as it samples
+        kept = self._filter_groups(rollout, scores or self._score(rollout, batch), len(batch), ranks)
         if kept is None:  # filter_groups: no update this batch, waiting for more groups with signal
             return None
         rollout, scores, extra = kept

@@ -16,7 +16,7 @@ from transformers import GenerationConfig, PreTrainedTokenizerBase
 
 from lightning_grpo.checks import raise_problems
 from lightning_grpo.model.policy import Policy
-from lightning_grpo.types import Prompt, PromptBatch, Rollout, pad_rows
+from lightning_grpo.types import Prompt, PromptBatch, RewardScores, Rollout, pad_rows
 
 
 @dataclass(frozen=True)
@@ -298,6 +298,15 @@ class RolloutEngine:
         """A training step's rollout and the prompt batch it answers: ``batch``'s own here; an engine that
         samples ahead (``AsyncRollouts``) answers an earlier batch, or ``None`` while its pipeline fills."""
         return self.generate(policy, batch.prompts, num_generations, sampling, False, columns=batch.columns), batch
+
+    def use_rewards(self, rewards: Any) -> None:
+        """The run's ``RewardSet``, offered once at set-up to an engine that scores what it samples
+        (``AsyncRollouts(score_in_producer=True)``); others ignore it and ``GRPOModule`` scores their rollouts."""
+
+    def prescored(self, rollout: Rollout) -> RewardScores | None:
+        """The ``RewardScores`` of the rollout ``rollout()`` just returned, when this engine scored it; ``None``:
+        ``GRPOModule`` scores it."""
+        return None
 
     def sync_weights(self, policy: Policy) -> None:
         """Make the next ``generate`` use the policy's current weights (after each training step)."""

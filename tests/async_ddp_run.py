@@ -1,5 +1,6 @@
 """A 2-process CPU (gloo) asynchronous GRPO run (one producer per rank); each rank writes what it saw to
-OUT_DIR/rank<k>.json and rank 0 a checkpoint with every rank's queue.
+OUT_DIR/rank<k>.json and rank 0 a checkpoint with every rank's queue. A 4th argument ``producer`` scores in the
+producers (``score_in_producer``).
 
 Run by tests/test_engine_async.py as a subprocess: Lightning's DDP launcher starts rank 1 by re-running this script.
 """
@@ -25,10 +26,17 @@ class Probe(L.Callback):
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
         if outputs:  # {} while the pipeline fills
             rollout = outputs["record"].rollout
-            self.seen.append({"completions": rollout.completions, "staleness": rollout.metrics["async/staleness/max"]})
+            self.seen.append(
+                {
+                    "completions": rollout.completions,
+                    "staleness": rollout.metrics["async/staleness/max"],
+                    "producer_scored": "async/scoring_s" in rollout.metrics,
+                    "rewards": outputs["record"].scores.total.tolist(),
+                }
+            )
 
 
-def main(model_dir: str, data_path: str, out_dir: str) -> None:
+def main(model_dir: str, data_path: str, out_dir: str, scoring: str = "trainer") -> None:
     torch.set_num_threads(1)
     L.seed_everything(0)
     module = GRPOModule(
@@ -37,7 +45,7 @@ def main(model_dir: str, data_path: str, out_dir: str) -> None:
         num_generations=4,
         sampling={"max_completion_length": 6},
         optim={"learning_rate": 1e-2},
-        rollout_engine=AsyncRollouts(max_staleness=1),
+        rollout_engine=AsyncRollouts(max_staleness=1, score_in_producer=scoring == "producer"),
     )
     probe = Probe()
     trainer = L.Trainer(

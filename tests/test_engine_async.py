@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import copy
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -114,10 +115,13 @@ def test_k1_importance_weights_are_the_ratio_to_the_sampling_version(tiny_model_
 
 
 @pytest.mark.slow
-def test_resume_after_sigterm_continues_exactly(tiny_model_dir, arith_jsonl, tmp_path):
-    # the checkpoint keeps the rollout sampled ahead (awaited at save), so the resumed run trains on it
+@pytest.mark.parametrize("in_producer", [False, True], ids=["trainer_scores", "producer_scores"])
+def test_resume_after_sigterm_continues_exactly(tiny_model_dir, arith_jsonl, tmp_path, in_producer):
+    # the checkpoint keeps the rollout sampled ahead (awaited at save), so the resumed run trains on it; its
+    # producer scores are not kept: the resumed trainer scores it again
     def run(name, **kw):
-        module = make_module(tiny_model_dir, rollout_engine=AsyncRollouts(max_staleness=1))
+        engine = AsyncRollouts(max_staleness=1, score_in_producer=in_producer)
+        module = make_module(tiny_model_dir, rollout_engine=engine)
         return module, fit(module, data(arith_jsonl), tmp_path / name, max_steps=4, **kw)
 
     full, reference = run("full")
@@ -135,10 +139,11 @@ def test_resume_after_sigterm_continues_exactly(tiny_model_dir, arith_jsonl, tmp
 
 
 @pytest.mark.slow
-def test_two_process_ddp_async_run(tiny_model_dir, arith_jsonl, tmp_path):
+@pytest.mark.parametrize("scoring", ["trainer", "producer"])
+def test_two_process_ddp_async_run(tiny_model_dir, arith_jsonl, tmp_path, scoring):
     script = Path(__file__).with_name("async_ddp_run.py")
     proc = subprocess.run(
-        [sys.executable, str(script), tiny_model_dir, arith_jsonl, str(tmp_path)],
+        [sys.executable, str(script), tiny_model_dir, arith_jsonl, str(tmp_path), scoring],
         capture_output=True,
         text=True,
         timeout=600,
@@ -150,6 +155,10 @@ def test_two_process_ddp_async_run(tiny_model_dir, arith_jsonl, tmp_path):
     for a, b in zip(ranks[0]["seen"], ranks[1]["seen"]):
         assert a["completions"] != b["completions"]  # each rank's producer: own prompts, own seed
     assert [s["staleness"] for s in ranks[0]["seen"]] == [0.0, 1.0, 1.0]  # the first batch: version 0 at update 0
+    for rank in ranks:  # each rank's own producer scored its own batch: the rewards are of its completions
+        for seen in rank["seen"]:
+            assert seen["producer_scored"] == (scoring == "producer")
+            assert seen["rewards"] == pytest.approx([len(c) / 8 for c in seen["completions"]])
     queues = torch.load(tmp_path / "last.ckpt", weights_only=False)["rollout_engine"]["ranks"]
     assert [len(q["ready"]) for q in queues] == [1, 1]  # both ranks' rollouts sampled ahead are in the checkpoint
 
@@ -161,13 +170,14 @@ async def answer_column_reward(prompts, completions, answer, **kwargs):
 
 
 @pytest.mark.slow
-def test_k1_with_filter_groups_and_an_async_reward(tiny_model_dir, arith_jsonl, tmp_path):
+@pytest.mark.parametrize("in_producer", [False, True], ids=["trainer_scores", "producer_scores"])
+def test_k1_with_filter_groups_and_an_async_reward(tiny_model_dir, arith_jsonl, tmp_path, in_producer):
     module = make_module(
         tiny_model_dir,
         reward_funcs=[signal_on_even_sums, answer_column_reward],
         accuracy_reward=None,
         advantages={"filter_groups": True},
-        rollout_engine=AsyncRollouts(max_staleness=1),
+        rollout_engine=AsyncRollouts(max_staleness=1, score_in_producer=in_producer),
     )
     records = []
 
@@ -182,3 +192,61 @@ def test_k1_with_filter_groups_and_an_async_reward(tiny_model_dir, arith_jsonl, 
         assert len(record.rollout) == 4 * 4 and record.stats.rewards.frac_zero_std == 0.0  # groups with signal
         assert all((int(p[0]) + int(p[2])) % 2 == 0 for p in record.rollout.prompts)
         assert record.rollout.metrics["async/staleness/max"] <= 1.0
+
+
+class ProcessReward:
+    """Exact match on the ``answer`` column; its ``metrics()`` say which process scored (a counter the run logs)."""
+
+    __name__ = "process_reward"
+
+    def __call__(self, completions, answer, **kwargs):
+        return [float(c.strip() == a) for c, a in zip(completions, answer)]
+
+    def metrics(self):
+        return {"scored_in_pid": float(os.getpid())}
+
+
+def failing_reward(completions, **kwargs):
+    raise ValueError("no score today")
+
+
+def test_scoring_in_the_producer_trains_as_scoring_in_the_trainer(tiny_model_dir, arith_jsonl, tmp_path):
+    """The same updates whichever process scores; with score_in_producer the producer did (its pid is logged)."""
+    runs = {}
+    for in_producer in (False, True):
+        engine = AsyncRollouts(max_staleness=1, score_in_producer=in_producer)
+        module = make_module(
+            tiny_model_dir, reward_funcs=[ProcessReward()], accuracy_reward=None, rollout_engine=engine
+        )
+        trainer = fit(module, data(arith_jsonl), tmp_path / str(in_producer), max_steps=3)
+        runs[in_producer] = module, logged(trainer)
+    for a, b in zip(weights(runs[False][0]), weights(runs[True][0])):
+        torch.testing.assert_close(a, b, rtol=0, atol=0)
+    by_trainer, by_producer = runs[False][1], runs[True][1]
+    assert by_trainer["train/reward"] == by_producer["train/reward"]
+    assert set(by_trainer["train/scored_in_pid"]) == {float(os.getpid())}
+    assert os.getpid() not in by_producer["train/scored_in_pid"] and len(set(by_producer["train/scored_in_pid"])) == 1
+    assert "train/async/scoring_s" in by_producer and "train/async/scoring_s" not in by_trainer
+
+
+def test_scoring_in_the_producer_refuses_a_reward_it_cannot_pickle(tiny_model_dir, arith_jsonl, tmp_path):
+    def local_reward(completions, **kwargs):  # a closure: pickle cannot send it to another process
+        return [0.0] * len(completions)
+
+    engine = AsyncRollouts(max_staleness=1, score_in_producer=True)
+    module = make_module(tiny_model_dir, reward_funcs=[local_reward], accuracy_reward=None, rollout_engine=engine)
+    with pytest.raises(ValueError) as err:
+        fit(module, data(arith_jsonl), tmp_path, max_steps=1)
+    assert "reward function 'local_reward' cannot be pickled" in str(err.value)
+    assert "set score_in_producer: false" in str(err.value)
+    assert engine.process is None  # refused before any sampling
+
+
+def test_a_reward_failing_in_the_producer_is_raised_by_the_trainer(tiny_model_dir, arith_jsonl, tmp_path):
+    engine = AsyncRollouts(max_staleness=1, score_in_producer=True)
+    module = make_module(tiny_model_dir, reward_funcs=[failing_reward], accuracy_reward=None, rollout_engine=engine)
+    with pytest.raises(RuntimeError) as err:
+        fit(module, data(arith_jsonl), tmp_path, max_steps=2)
+    message = str(err.value)
+    assert "reward function 'failing_reward' raised ValueError" in message and "no score today" in message
+    assert "(in the rollout producer)" in message

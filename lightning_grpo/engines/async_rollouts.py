@@ -1,6 +1,6 @@
 """Asynchronous GRPO: generation in its own process, overlapped with training, under a staleness bound. Prompt
-batches -> Rollouts sampled ``max_staleness`` updates ago. Knows the producer process and an inner engine; nothing
-about rewards or losses.
+batches -> Rollouts sampled ``max_staleness`` updates ago. Knows the producer process and an inner engine; of the
+rewards, only how to hand them to the producer (``score_in_producer``); nothing about losses.
 
 Step ``t`` submits its prompt batch and trains on the rollout of the batch submitted ``k = max_staleness`` steps
 earlier, sampled by the weights of then (``engines.producer``): the producer samples batch ``t`` while the
@@ -15,9 +15,15 @@ forward's own when each row is trained once, ``targets.build.ProximalCorrection`
 ``update.sampling_correction`` weights apply (``targets.correction``); k = 0 computes none (the sampler is the
 trained policy).
 
+Scoring: in the trainer when a batch is trained (the default), or with ``score_in_producer`` in the producer as soon
+as the batch is sampled, so slow rewards (a sandbox, a judge) overlap the update instead of adding to the step.
+The reward functions are then pickled into the producer (refused at set-up, naming the function, when one cannot
+be) and receive the ``trainer_state`` of the step that submitted the batch; validation still scores in the trainer.
+
 Checkpoints save the queue's content: the rollouts in flight are awaited and saved with their batches (every
-rank's), so a resumed run trains on what the uninterrupted one would have. One producer per rank (DDP): each
-rank's own prompts, seeds and weights (the same on every rank after an update).
+rank's), so a resumed run trains on what the uninterrupted one would have; their producer scores are not saved:
+the trainer scores restored rollouts again. One producer per rank (DDP): each rank's own prompts, seeds and
+weights (the same on every rank after an update).
 """
 
 from __future__ import annotations
@@ -25,6 +31,7 @@ from __future__ import annotations
 import atexit
 import collections
 import dataclasses
+import pickle
 import queue
 import time
 from typing import Any
@@ -37,8 +44,10 @@ from typing_extensions import override
 from lightning_grpo.engines.lean import LeanDecode
 from lightning_grpo.engines.producer import Produced, Request, WeightsMailbox, produce
 from lightning_grpo.model.policy import Policy
+from lightning_grpo.rewards.convention import reward_name
+from lightning_grpo.rewards.scoring import RewardSet, trl_trainer_state
 from lightning_grpo.rollout import RolloutEngine, SamplingConfig
-from lightning_grpo.types import Prompt, PromptBatch, Rollout
+from lightning_grpo.types import Prompt, PromptBatch, RewardScores, Rollout
 
 POLL_S = 1.0  # how often a wait checks that the producer is alive
 
@@ -52,14 +61,26 @@ class AsyncRollouts(RolloutEngine):
         max_staleness: k, updates between the weights that sampled a batch and the update that trains on it;
             0 is the synchronous behaviour, 1 one-step-off. The pipeline holds k batches.
         producer_threads: torch threads of the producer process (the trainer keeps its own).
+        score_in_producer: score each batch in the producer as soon as it is sampled (reward functions must be
+            picklable: defined at module level, or import paths), overlapping slow rewards with the update.
     """
 
-    def __init__(self, engine: RolloutEngine | None = None, max_staleness: int = 1, producer_threads: int = 1) -> None:
+    def __init__(
+        self,
+        engine: RolloutEngine | None = None,
+        max_staleness: int = 1,
+        producer_threads: int = 1,
+        score_in_producer: bool = False,
+    ) -> None:
         self.engine = engine or LeanDecode()
         if isinstance(self.engine, LeanDecode) and max_staleness > 0:
             self.engine.sampler_logps = True  # the correction's sampler log-probs, as drawn: no forward pass for them
         self.max_staleness = max_staleness
         self.producer_threads = producer_threads
+        self.score_in_producer = score_in_producer
+        self.rewards: RewardSet | None = None  # handed to the producer when it scores
+        self.trainer: Any = None
+        self.scored: tuple[Rollout, RewardScores] | None = None  # the last rollout used, with its producer scores
         self.version = 0  # updates published: the trainer's policy version
         self.submitted = 0  # requests sent since the start of training
         self.pending: collections.deque[int] = collections.deque()  # versions of requests not yet answered
@@ -80,7 +101,18 @@ class AsyncRollouts(RolloutEngine):
 
     @override
     def setup(self, policy: Policy, trainer: Any, seed: int) -> None:
+        self.trainer = trainer
         self.engine.setup(policy, trainer, seed)
+
+    @override
+    def use_rewards(self, rewards: RewardSet) -> None:
+        if self.score_in_producer:
+            unpicklable(rewards.funcs)
+            self.rewards = rewards
+
+    @override
+    def prescored(self, rollout: Rollout) -> RewardScores | None:
+        return self.scored[1] if self.scored is not None and self.scored[0] is rollout else None
 
     @override
     def generate(
@@ -129,9 +161,9 @@ class AsyncRollouts(RolloutEngine):
         # after a resume, the requests submitted before it were answered by the producer before it
         self.mailbox = WeightsMailbox(policy.model, context, self.version, self.submitted)
         self.requests, self.results = context.Queue(), context.Queue()
-        args = (policy.without_models(), self.mailbox, self.engine, sampling, num_generations)
+        args = (policy.without_models(), self.mailbox, self.engine, sampling, num_generations, self.producer_threads)
         self.process = context.Process(
-            target=produce, args=(*args, self.producer_threads, self.requests, self.results), daemon=True
+            target=produce, args=(*args, self.requests, self.results, self.rewards), daemon=True
         )
         self.process.start()
         atexit.register(self.teardown)  # a fit that raised skips Lightning's teardown hook
@@ -139,7 +171,12 @@ class AsyncRollouts(RolloutEngine):
     def _submit(self, batch: PromptBatch) -> None:
         k = self.max_staleness
         salt = 0 if k == 0 else self.submitted + 1
-        self.requests.put(Request(batch, self.version, torch.get_rng_state(), salt, sampling_logps=k > 0))
+        state = None
+        if self.rewards is not None:  # what the trainer would pass if it scored now, as TRL does
+            t = self.trainer
+            state = trl_trainer_state(t.global_step, t.max_steps, t.current_epoch)
+        request = Request(batch, self.version, torch.get_rng_state(), salt, sampling_logps=k > 0, trainer_state=state)
+        self.requests.put(request)
         self.pending.append(self.version)
         self.submitted += 1
 
@@ -166,6 +203,9 @@ class AsyncRollouts(RolloutEngine):
         """The answer's rollout with the staleness metrics, and its batch; the RNG continues from the producer's
         when the trainer waited for it (k = 0: as the synchronous path's)."""
         rollout, staleness = answer.rollout, self.version - answer.version
+        if answer.error is not None:
+            raise RuntimeError(answer.error)
+        self.scored = None if answer.scores is None else (rollout, answer.scores)
         if self.max_staleness == 0:
             torch.set_rng_state(answer.rng_state)
         now = time.perf_counter()
@@ -180,8 +220,8 @@ class AsyncRollouts(RolloutEngine):
             "async/queue_depth": float(len(self.ready) + self.results.qsize()),
             "async/producer_idle_fraction": answer.idle_s / max(answer.idle_s + answer.busy_s, 1e-9),
             "async/trainer_idle_fraction": min(self.waited_s / max(step_s, 1e-9), 1.0),
-            "async/generation_s": answer.busy_s,
-        }
+            "async/generation_s": answer.busy_s - answer.scoring_s,
+        } | ({"async/scoring_s": answer.scoring_s} if answer.scores is not None else {})
 
     # ---- checkpoints and shutdown -------------------------------------------------------------------------
 
@@ -220,9 +260,23 @@ class AsyncRollouts(RolloutEngine):
         self.process = None
 
 
+def unpicklable(funcs: list[Any]) -> None:
+    """Refuse, before any compute, reward functions that cannot travel to the producer process."""
+    for fn in funcs:
+        try:
+            pickle.dumps(fn)
+        except Exception as err:  # noqa: BLE001 - pickle raises several types for one cause
+            raise ValueError(
+                f"AsyncRollouts(score_in_producer=True) sends the reward functions to the producer process, and "
+                f"reward function {reward_name(fn)!r} cannot be pickled ({type(err).__name__}: {err}): define it at "
+                "module level (not a lambda or a closure) or give its import path, or set score_in_producer: false"
+            ) from err
+
+
 def plain(answer: Produced) -> dict[str, Any]:
-    """An answer as dicts, lists and tensors: what ``torch.load(weights_only=True)`` reads back."""
-    fields = {f.name: getattr(answer, f.name) for f in dataclasses.fields(answer)}
+    """An answer as dicts, lists and tensors: what ``torch.load(weights_only=True)`` reads back. The producer's
+    scores are left out: the trainer scores a restored rollout again."""
+    fields = {f.name: getattr(answer, f.name) for f in dataclasses.fields(answer)} | {"scores": None}
     for name in ("rollout", "batch"):
         fields[name] = {f.name: getattr(fields[name], f.name) for f in dataclasses.fields(fields[name])}
     return fields

@@ -1,5 +1,6 @@
 """The generator process of asynchronous GRPO: prompt requests in, sampled Rollouts (with the policy version
-that sampled them) out. Knows an inner rollout engine and a copy of the policy; nothing about rewards or losses.
+that sampled them) out, scored when it was given the run's rewards. Knows an inner rollout engine, a copy of the
+policy and a ``RewardSet``; nothing about losses.
 
 Weights travel through a ``WeightsMailbox``: one copy of the policy's tensors in shared memory
 (``share_memory_()``), written by the trainer after each update under a lock, read by the producer into its own
@@ -16,6 +17,7 @@ import os
 import queue
 import signal
 import time
+import traceback
 from dataclasses import dataclass
 from typing import Any
 
@@ -23,8 +25,9 @@ import torch
 from torch import Tensor, nn
 
 from lightning_grpo.model.policy import Policy
+from lightning_grpo.rewards.scoring import RewardSet
 from lightning_grpo.rollout import RolloutEngine, SamplingConfig
-from lightning_grpo.types import PromptBatch, Rollout
+from lightning_grpo.types import PromptBatch, RewardScores, Rollout
 
 
 @dataclass
@@ -36,6 +39,7 @@ class Request:
     rng_state: Tensor  # the trainer's CPU RNG state at submission (the step's seeded state)
     salt: int  # 0: sample from ``rng_state`` as the synchronous path would; else mixed in to vary the seed
     sampling_logps: bool  # also compute the sampler's log-probs of the completions (for the correction)
+    trainer_state: Any = None  # what the reward functions receive, when the producer scores (at submission)
 
 
 @dataclass
@@ -46,8 +50,11 @@ class Produced:
     batch: PromptBatch
     version: int  # the weights that sampled it
     rng_state: Tensor  # the RNG state after sampling (k = 0 hands it back, so the trainer continues from it)
-    busy_s: float  # seconds generating this request
+    busy_s: float  # seconds generating (and scoring) this request
     idle_s: float  # seconds waiting for it (the producer had nothing to do)
+    scores: RewardScores | None = None  # when the producer scores
+    scoring_s: float = 0.0  # seconds of busy_s spent scoring
+    error: str | None = None  # a reward function's failure, raised again in the trainer
 
 
 class WeightsMailbox:
@@ -94,10 +101,13 @@ def produce(
     threads: int,
     requests: Any,
     results: Any,
+    rewards: RewardSet | None = None,
 ) -> None:
-    """The producer process's loop: take a request, copy its weights, sample, send the answer; ``None`` ends, and
-    so does the trainer's death. SIGTERM and SIGINT are left to the trainer, which finishes its step, saves the
-    queue and ends the producer (a scheduler's SIGTERM and a Ctrl+C reach the whole process group)."""
+    """The producer process's loop: take a request, copy its weights, sample, score (with ``rewards``), send the
+    answer; ``None`` ends, and so does the trainer's death. Scoring runs on this process's main thread, so reward
+    timeouts and math-verify's ``signal.alarm`` work as in the trainer. SIGTERM and SIGINT are left to the trainer,
+    which finishes its step, saves the queue and ends the producer (a scheduler's SIGTERM and a Ctrl+C reach the
+    whole process group)."""
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     torch.set_num_threads(threads)
@@ -109,8 +119,20 @@ def produce(
         assert have == request.version, f"request of version {request.version} served with {have}"
         rollout = sample(policy, engine, sampling, num_generations, request)
         answer = Produced(rollout, request.batch, have, torch.get_rng_state(), 0.0, start - waited_since)
+        if rewards is not None:
+            score(rewards, answer, request.trainer_state)
         answer.busy_s, waited_since = time.perf_counter() - start, time.perf_counter()
         results.put(answer)
+
+
+def score(rewards: RewardSet, answer: Produced, trainer_state: Any) -> None:
+    """The answer's scores, or the reward failure's text (the trainer raises it: this process goes on)."""
+    start = time.perf_counter()
+    try:
+        answer.scores = rewards.score(answer.rollout, answer.batch.columns, trainer_state)
+    except Exception as err:  # noqa: BLE001 - user code: its failure is the trainer's to raise, as when it scores
+        answer.error = f"{type(err).__name__}: {err}\n(in the rollout producer)\n{traceback.format_exc()}"
+    answer.scoring_s = time.perf_counter() - start
 
 
 def next_request(requests: Any, trainer: int) -> Request | None:

@@ -98,7 +98,8 @@ class LinearLogps(torch.autograd.Function):
         if ctx.needs_input_grad[0]:  # [c, H]
             grad_h = weight[y] * picked - (probs @ weight) * scale
         if ctx.needs_input_grad[1]:  # [V, H]
-            grad_weight = (probs.T @ (h * -scale)).index_add_(0, y, h * picked)
+            grad_weight = probs.T @ (h * -scale)  # bf16 under autocast, whatever h's dtype
+            grad_weight.index_add_(0, y, (h * picked).to(grad_weight.dtype))
         return grad_h, grad_weight, None, None, None
 
 
