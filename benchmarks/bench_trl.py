@@ -12,7 +12,7 @@ import tempfile
 import time
 from typing import Any
 
-from bench_assets import REWARDS, RunResult, RunSpec, StepLog, read_rows, rss_mb, run_result
+from bench_assets import RunResult, RunSpec, StepLog, read_rows, reward_for, rss_mb, run_result
 from datasets import Dataset
 from transformers import TrainerCallback
 from trl import GRPOConfig, GRPOTrainer
@@ -95,7 +95,7 @@ def config(spec: RunSpec, output_dir: str) -> GRPOConfig:
 
 def run(spec: RunSpec) -> RunResult:
     start = time.perf_counter()
-    probe = RewardProbe(REWARDS[spec.task.reward])
+    probe = RewardProbe(reward_for(spec))
     log = StepLog()
     with tempfile.TemporaryDirectory() as output_dir:
         grpo = GRPOTrainer(
