@@ -133,7 +133,8 @@ class GRPOModule(L.LightningModule):
     def setup(self, stage: str) -> None:
         """The rollout engine's own set-up, once Lightning has started the processes (vLLM joins their group)."""
         self.engine.setup(self.policy, self.trainer, self.settings.seed)
-        self.engine.use_rewards(self.rewards)
+        if stage == "fit":
+            self.engine.use_rewards(self.rewards)
 
     @override
     def teardown(self, stage: str) -> None:

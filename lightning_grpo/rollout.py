@@ -16,6 +16,7 @@ from transformers import GenerationConfig, PreTrainedTokenizerBase
 
 from lightning_grpo.checks import raise_problems
 from lightning_grpo.model.policy import Policy
+from lightning_grpo.rewards.scoring import RewardSet
 from lightning_grpo.types import Prompt, PromptBatch, RewardScores, Rollout, pad_rows
 
 
@@ -299,9 +300,9 @@ class RolloutEngine:
         samples ahead (``AsyncRollouts``) answers an earlier batch, or ``None`` while its pipeline fills."""
         return self.generate(policy, batch.prompts, num_generations, sampling, False, columns=batch.columns), batch
 
-    def use_rewards(self, rewards: Any) -> None:
-        """The run's ``RewardSet``, offered once at set-up to an engine that scores what it samples
-        (``AsyncRollouts(score_in_producer=True)``); others ignore it and ``GRPOModule`` scores their rollouts."""
+    def use_rewards(self, rewards: RewardSet) -> None:
+        """The run's rewards, offered once when a fit sets up to an engine that scores what it samples
+        (``AsyncRollouts(score_in_producer=True)``); others ignore them and ``GRPOModule`` scores their rollouts."""
 
     def prescored(self, rollout: Rollout) -> RewardScores | None:
         """The ``RewardScores`` of the rollout ``rollout()`` just returned, when this engine scored it; ``None``:

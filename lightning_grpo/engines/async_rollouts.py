@@ -275,8 +275,8 @@ def unpicklable(funcs: list[Any]) -> None:
 
 def plain(answer: Produced) -> dict[str, Any]:
     """An answer as dicts, lists and tensors: what ``torch.load(weights_only=True)`` reads back. The producer's
-    scores are left out: the trainer scores a restored rollout again."""
-    fields = {f.name: getattr(answer, f.name) for f in dataclasses.fields(answer)} | {"scores": None}
+    scores (or its reward failure) are left out: the trainer scores a restored rollout again."""
+    fields = {f.name: getattr(answer, f.name) for f in dataclasses.fields(answer)} | {"scores": None, "error": None}
     for name in ("rollout", "batch"):
         fields[name] = {f.name: getattr(fields[name], f.name) for f in dataclasses.fields(fields[name])}
     return fields

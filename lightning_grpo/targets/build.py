@@ -227,8 +227,7 @@ def build_targets(
     ref_logps = policy.reference_logps(rollout, rows) if s.reference else None
     weights, proximal, mismatch = None, None, None
     if rollout.sampling_logps is not None:  # another engine sampled: corrected, and measured even when it is not
-        mode = u.sampling_correction
-        low, high = u.correction_bounds if mode is not None else (0.0, float("inf"))
+        mode, (low, high) = u.sampling_correction, u.correction_bounds
         if old_logps is not None:
             if mode is not None:
                 weights = sampling_correction(old_logps, rollout.sampling_logps, mask, mode, low, high)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Literal
 
@@ -111,7 +112,10 @@ class UpdateConfig:
 
     @property
     def correction_bounds(self) -> tuple[float, float]:
-        """[low, high] of ``sampling_correction``: the settings, or the correction's defaults where ``None``."""
+        """[low, high] of ``sampling_correction``: the settings, or the correction's defaults where ``None``;
+        unbounded when the correction is off."""
+        if self.sampling_correction is None:
+            return 0.0, math.inf
         return correction_bounds(self.sampling_correction, self.sampling_correction_min, self.sampling_correction_max)
 
     @property
