@@ -16,7 +16,6 @@ from bench_assets import RunResult, RunSpec, StepLog, reward_for, rss_mb, run_re
 from lightning_grpo import GRPOModule, PromptDataModule
 from lightning_grpo.engines import AsyncRollouts, HFGenerate, LeanDecode
 from lightning_grpo.rollout import RolloutEngine
-from lightning_grpo.targets.correction import SAMPLING_CORRECTIONS
 
 
 class StepClock(L.Callback):
@@ -39,7 +38,9 @@ class StepClock(L.Callback):
         self.steps.step(int(rollout.completion_mask.sum()), int(rollout.prompt_mask.sum()), record.stats.rewards.mean)
 
 
-CORRECTION = {"none": None} | {mode: mode for mode in SAMPLING_CORRECTIONS}  # --correction none: no weights
+def correction(mode: str | None) -> dict[str, str | None]:
+    """The ``update:`` entry of ``--correction``: none at all keeps the default; ``none`` turns the weights off."""
+    return {} if mode is None else {"sampling_correction": None if mode == "none" else mode}
 
 
 def engine(spec: RunSpec) -> RolloutEngine:
@@ -61,8 +62,7 @@ def build(spec: RunSpec) -> tuple[GRPOModule, PromptDataModule]:
         seed=spec.seed,
         rollout_engine=engine(spec),
         policy={"share_prompt_prefix": spec.share_prompt_prefix, "padding_free": spec.padding_free},
-        update={"micro_batch_tokens": spec.micro_batch_tokens}
-        | ({} if spec.sampling_correction is None else {"sampling_correction": CORRECTION[spec.sampling_correction]}),
+        update={"micro_batch_tokens": spec.micro_batch_tokens} | correction(spec.sampling_correction),
         sampling={
             "max_prompt_length": spec.max_prompt_length,
             "max_completion_length": spec.max_completion_length,
