@@ -1,6 +1,7 @@
 """A 2-process CPU (gloo) asynchronous GRPO run (one producer per rank); each rank writes what it saw to
 OUT_DIR/rank<k>.json and rank 0 a checkpoint with every rank's queue. A 4th argument ``producer`` scores in the
-producers (``score_in_producer``).
+producers (``score_in_producer``); a 5th, ``fsdp2``, shards the policy (``ModelParallelStrategy``) instead of DDP,
+and ``fsdp2+lora`` with a LoRA adapter.
 
 Run by tests/test_engine_async.py as a subprocess: Lightning's DDP launcher starts rank 1 by re-running this script.
 """
@@ -10,6 +11,8 @@ import sys
 
 import lightning as L
 import torch
+from lightning.pytorch.strategies import ModelParallelStrategy
+from torch.distributed.tensor import DTensor
 
 from lightning_grpo import GRPOModule, PromptDataModule
 from lightning_grpo.engines import AsyncRollouts
@@ -32,15 +35,18 @@ class Probe(L.Callback):
                     "staleness": rollout.metrics["async/staleness/max"],
                     "producer_scored": "async/scoring_s" in rollout.metrics,
                     "rewards": outputs["record"].scores.total.tolist(),
+                    "sampler_logps": None if rollout.sampling_logps is None else rollout.sampling_logps.sum().item(),
                 }
             )
 
 
-def main(model_dir: str, data_path: str, out_dir: str, scoring: str = "trainer") -> None:
+def main(model_dir: str, data_path: str, out_dir: str, scoring: str = "trainer", strategy: str = "ddp") -> None:
     torch.set_num_threads(1)
     L.seed_everything(0)
+    lora = {"peft_config": {"r": 4, "lora_alpha": 8, "target_modules": "all-linear"}} if "lora" in strategy else {}
     module = GRPOModule(
         model=model_dir,
+        policy=lora,
         reward_funcs=[length_reward],
         num_generations=4,
         sampling={"max_completion_length": 6},
@@ -52,7 +58,9 @@ def main(model_dir: str, data_path: str, out_dir: str, scoring: str = "trainer")
         max_steps=3,
         accelerator="cpu",
         devices=2,
-        strategy="ddp",
+        strategy=ModelParallelStrategy(data_parallel_size=2, tensor_parallel_size=1)
+        if strategy.startswith("fsdp2")
+        else "ddp",
         logger=False,
         enable_checkpointing=False,
         enable_progress_bar=False,
@@ -63,7 +71,8 @@ def main(model_dir: str, data_path: str, out_dir: str, scoring: str = "trainer")
     )
     trainer.fit(module, PromptDataModule(data_path, batch_size=2, val_split=None))
     trainer.save_checkpoint(f"{out_dir}/last.ckpt")  # every rank's queue, gathered to rank 0
-    flat = torch.cat([p.detach().flatten() for p in module.policy.model.parameters()])
+    whole = [p.full_tensor() if isinstance(p, DTensor) else p for p in module.policy.model.parameters()]
+    flat = torch.cat([p.detach().flatten() for p in whole if p.requires_grad])
     with open(f"{out_dir}/rank{trainer.global_rank}.json", "w") as f:
         json.dump({"global_step": trainer.global_step, "param_head": flat[:64].tolist(), "seen": probe.seen}, f)
 

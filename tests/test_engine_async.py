@@ -138,18 +138,19 @@ def test_resume_after_sigterm_continues_exactly(tiny_model_dir, arith_jsonl, tmp
         assert expected[key][-2:] == pytest.approx(got[key], abs=1e-6), key  # the last two updates
 
 
+def async_run(tmp_path: Path, name: str, *args: str) -> list[dict]:
+    """``async_ddp_run.py``'s two ranks' records of one run in ``tmp_path / name``."""
+    script, out = Path(__file__).with_name("async_ddp_run.py"), tmp_path / name
+    command = [sys.executable, str(script), *args[:2], str(out), *args[2:]]
+    proc = subprocess.run(command, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return [json.loads((out / f"rank{r}.json").read_text()) for r in (0, 1)]
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("scoring", ["trainer", "producer"])
 def test_two_process_ddp_async_run(tiny_model_dir, arith_jsonl, tmp_path, scoring):
-    script = Path(__file__).with_name("async_ddp_run.py")
-    proc = subprocess.run(
-        [sys.executable, str(script), tiny_model_dir, arith_jsonl, str(tmp_path), scoring],
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    ranks = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in (0, 1)]
+    ranks = async_run(tmp_path, "ddp", tiny_model_dir, arith_jsonl, scoring)
     assert ranks[0]["param_head"] == ranks[1]["param_head"]  # gradients all-reduced, weights equal
     assert ranks[0]["global_step"] == ranks[1]["global_step"] == 3
     for a, b in zip(ranks[0]["seen"], ranks[1]["seen"]):
@@ -159,8 +160,25 @@ def test_two_process_ddp_async_run(tiny_model_dir, arith_jsonl, tmp_path, scorin
         for seen in rank["seen"]:
             assert seen["producer_scored"] == (scoring == "producer")
             assert seen["rewards"] == pytest.approx([len(c) / 8 for c in seen["completions"]])
-    queues = torch.load(tmp_path / "last.ckpt", weights_only=False)["rollout_engine"]["ranks"]
+    queues = torch.load(tmp_path / "ddp" / "last.ckpt", weights_only=False)["rollout_engine"]["ranks"]
     assert [len(q["ready"]) for q in queues] == [1, 1]  # both ranks' rollouts sampled ahead are in the checkpoint
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("lora", ["", "+lora"], ids=["full", "lora"])
+def test_fsdp2_async_run_equals_ddp(tiny_model_dir, arith_jsonl, tmp_path, lora):
+    """A sharded policy's producers sample from its gathered weights: each rank's completions and sampler
+    log-probs at every step (one of them sampled after an update) equal the DDP run's, and so do the weights."""
+    ddp = async_run(tmp_path, "ddp", tiny_model_dir, arith_jsonl, "trainer", "ddp" + lora)
+    fsdp2 = async_run(tmp_path, "fsdp2", tiny_model_dir, arith_jsonl, "trainer", "fsdp2" + lora)
+    for a, b in zip(ddp, fsdp2):
+        assert [s["staleness"] for s in b["seen"]] == [0.0, 1.0, 1.0]
+        assert [s["completions"] for s in a["seen"]] == [s["completions"] for s in b["seen"]]
+        sampler = [s["sampler_logps"] for s in b["seen"]]
+        assert sampler == pytest.approx([s["sampler_logps"] for s in a["seen"]], abs=1e-4)
+        assert b["param_head"] == pytest.approx(a["param_head"], abs=1e-6)
+    meta = torch.load(tmp_path / "fsdp2" / "last.ckpt" / "meta.pt", weights_only=False)  # a distributed checkpoint
+    assert [len(q["ready"]) for q in meta["rollout_engine"]["ranks"]] == [1, 1]
 
 
 async def answer_column_reward(prompts, completions, answer, **kwargs):

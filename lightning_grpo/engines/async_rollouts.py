@@ -22,8 +22,10 @@ be) and receive the ``trainer_state`` of the step that submitted the batch; vali
 
 Checkpoints save the queue's content: the rollouts in flight are awaited and saved with their batches (every
 rank's), so a resumed run trains on what the uninterrupted one would have; their producer scores are not saved:
-the trainer scores restored rollouts again. One producer per rank (DDP): each rank's own prompts, seeds and
-weights (the same on every rank after an update).
+the trainer scores restored rollouts again. One producer per rank (DDP, FSDP2): each rank's own prompts, seeds and
+weights (the same on every rank after an update). A sharded (FSDP2) policy is gathered whole on every rank after
+each update (a collective) and published from there: each producer holds an unsharded copy, built from a weightless
+copy of the modules taken before sharding.
 """
 
 from __future__ import annotations
@@ -44,6 +46,7 @@ from typing_extensions import override
 from lightning_grpo.engines.lean import LeanDecode
 from lightning_grpo.engines.producer import Produced, Request, WeightsMailbox, produce
 from lightning_grpo.model.policy import Policy
+from lightning_grpo.model.sharding import full_state_dict, is_sharded, meta_copy, unsharded
 from lightning_grpo.rewards.convention import reward_name
 from lightning_grpo.rewards.scoring import RewardSet, trl_trainer_state
 from lightning_grpo.rollout import RolloutEngine, SamplingConfig
@@ -86,6 +89,7 @@ class AsyncRollouts(RolloutEngine):
         self.pending: collections.deque[int] = collections.deque()  # versions of requests not yet answered
         self.ready: collections.deque[Produced] = collections.deque()  # answers received (or restored) not used
         self.process: Any = None
+        self.skeleton: torch.nn.Module | None = None  # a sharded policy's modules before sharding, weightless
         self.last_receive, self.waited_s = time.perf_counter(), 0.0  # trainer's idle time since last_receive
 
     @override
@@ -102,6 +106,8 @@ class AsyncRollouts(RolloutEngine):
     @override
     def setup(self, policy: Policy, trainer: Any, seed: int) -> None:
         self.trainer = trainer
+        if Policy.shards_under(trainer.strategy) and not is_sharded(policy.model) and self.skeleton is None:
+            self.skeleton = meta_copy(policy.model)  # configure_model shards next: the producers' model, unsharded
         self.engine.setup(policy, trainer, seed)
 
     @override
@@ -143,23 +149,29 @@ class AsyncRollouts(RolloutEngine):
     @override
     def sync_weights(self, policy: Policy) -> None:
         """Publish the updated weights, once the producer has taken those of every request submitted so far."""
+        model = policy.model
+        state = full_state_dict(model, every_rank=True) if is_sharded(model) else model.state_dict()  # collective
         while self.mailbox.taken.value < self.submitted:
             self._check_alive("take the weights of its requests")
             time.sleep(0.0005)
-        self.version = self.mailbox.publish(policy.model)
+        self.version = self.mailbox.publish(state)
 
     # ---- the producer process -----------------------------------------------------------------------------
 
     def _start(self, policy: Policy, num_generations: int, sampling: SamplingConfig) -> None:
-        if policy.device.type != "cpu" or policy.synced_generation:
+        if policy.device.type != "cpu":
             raise ValueError(
-                "rollout_engine AsyncRollouts samples on CPU from an unsharded copy of the policy, got a policy on "
-                f"{policy.device} (sharded: {policy.synced_generation}): on GPU use VLLMServer, or "
-                "trainer.accelerator: cpu"
+                "rollout_engine AsyncRollouts samples on CPU from a copy of the policy, got a policy on "
+                f"{policy.device}: on GPU use VLLMServer, or trainer.accelerator: cpu"
             )
+        model = policy.model
+        if is_sharded(model):
+            if self.skeleton is None:
+                raise ValueError("AsyncRollouts was set up after the policy was sharded: it cannot rebuild it whole")
+            model, self.skeleton = unsharded(model, self.skeleton), None  # every rank's, whole (a collective)
         context = mp.get_context("spawn")
         # after a resume, the requests submitted before it were answered by the producer before it
-        self.mailbox = WeightsMailbox(policy.model, context, self.version, self.submitted)
+        self.mailbox = WeightsMailbox(model, context, self.version, self.submitted)
         self.requests, self.results = context.Queue(), context.Queue()
         args = (policy.without_models(), self.mailbox, self.engine, sampling, num_generations, self.producer_threads)
         self.process = context.Process(

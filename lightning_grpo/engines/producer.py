@@ -71,11 +71,12 @@ class WeightsMailbox:
         return list(model.state_dict().values())
 
     @torch.no_grad()
-    def publish(self, model: nn.Module) -> int:
-        """Copy ``model``'s current weights in; the new version."""
+    def publish(self, state: dict[str, Tensor]) -> int:
+        """Copy the current weights in (a state dict of the staged model's keys, e.g. ``model.state_dict()`` or
+        a sharded model's gathered one); the new version."""
         with self.lock:
-            for staged, current in zip(self._tensors(self.staging), self._tensors(model)):
-                staged.copy_(current.detach())
+            for name, staged in self.staging.state_dict().items():
+                staged.copy_(state[name].detach())
             self.version.value += 1
             return self.version.value
 

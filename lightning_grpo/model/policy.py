@@ -7,6 +7,7 @@ log-probs of these rows"), they never test ``peft_config`` or the strategy thems
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import copy
 import functools
@@ -190,9 +191,13 @@ class Policy(nn.Module):
     def without_models(self) -> Policy:
         """A shallow copy sharing the tokenizer and settings, holding neither the model (its new owner sets
         ``.model``) nor the frozen reference: what a sampling process needs (``engines/producer.py``). The
-        submodule table is the copy's own, so setting its model leaves this policy's untouched."""
+        submodule table is the copy's own, so setting its model leaves this policy's untouched. The state-dict
+        hooks are left behind: each holds this policy, models and all, which pickling the copy would carry along
+        to the sampling process; no generation is synced across ranks (the copy's model is its own)."""
         clone = copy.copy(self)
         clone._modules = {"model": None, "reference": None}
+        clone._state_dict_hooks, clone._load_state_dict_pre_hooks = collections.OrderedDict(), collections.OrderedDict()
+        clone.synced_generation = False
         return clone
 
     def trainable_parameters(self) -> list[nn.Parameter]:

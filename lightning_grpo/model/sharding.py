@@ -13,8 +13,10 @@ root unit holds the rest (embeddings, final norm, LM head, tied or not). Two thi
 
 from __future__ import annotations
 
+import copy
 from types import MethodType
 
+import torch
 from torch import Tensor, nn
 from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 from torch.distributed.device_mesh import DeviceMesh
@@ -59,7 +61,28 @@ def is_sharded(model: nn.Module) -> bool:
     return isinstance(model, FSDPModule)
 
 
-def full_state_dict(model: nn.Module) -> dict[str, Tensor]:
-    """The unsharded weights on CPU, on rank 0 (other ranks get an empty dict). Every rank must call it."""
-    options = StateDictOptions(full_state_dict=True, cpu_offload=True)
+def full_state_dict(model: nn.Module, every_rank: bool = False) -> dict[str, Tensor]:
+    """The unsharded weights, on CPU on rank 0 (other ranks get an empty dict), or with ``every_rank`` on every
+    rank, on the weights' device. Every rank must call it."""
+    options = StateDictOptions(full_state_dict=True, cpu_offload=not every_rank)
     return get_model_state_dict(model, options=options)
+
+
+def meta_copy(model: nn.Module) -> nn.Module:
+    """A copy of an unsharded ``model``'s modules whose parameters are on the meta device (no memory): the
+    skeleton ``unsharded`` fills once ``model`` has been sharded in place."""
+    memo = {id(p): nn.Parameter(torch.empty_like(p, device="meta"), p.requires_grad) for p in model.parameters()}
+    return copy.deepcopy(model, memo)
+
+
+def unsharded(model: nn.Module, skeleton: nn.Module) -> nn.Module:
+    """``skeleton`` (``meta_copy`` of ``model`` before sharding) with ``model``'s current weights, whole, on CPU on
+    every rank: a plain module to sample from. Every rank must call it (a collective)."""
+    state = full_state_dict(model, every_rank=True)
+    skeleton.to_empty(device="cpu")
+    buffers = dict(skeleton.named_buffers())
+    with torch.no_grad():  # FSDP2 leaves buffers whole; the non-persistent ones (rotary frequencies) are not in state
+        for name, buffer in model.named_buffers():
+            buffers[name].copy_(buffer)
+    skeleton.load_state_dict(state, strict=True)
+    return skeleton
