@@ -3,15 +3,22 @@ equal carry no learning signal, so they are dropped, and the groups that remain 
 batches until there are enough for an update (counted on every rank). Bookkeeping over Rollouts and
 RewardScores.
 
-As in verl, the update waits (no optimiser step) while the buffer fills, surplus groups are dropped once it is
-full, and the number of generation batches an update took is logged. Where we deviate: past
-``max_num_gen_batches`` verl raises; we take the update on the groups there are (with a warning), so a hard
-stretch of the dataset slows training instead of ending it.
+As in verl, the update waits (no optimiser step) while the buffer fills, takes the oldest groups first, and the
+number of generation batches an update took is logged. Where we deviate:
+- past ``max_num_gen_batches`` verl raises; we take the update on the groups there are (with a warning), so a hard
+  stretch of the dataset slows training instead of ending it;
+- verl drops the surplus groups once an update's worth is gathered. Ours are kept for the next update when an
+  engine that samples ahead (``AsyncRollouts``) still allows their age there (``max_staleness``): sampled groups
+  with signal are not thrown away, and their staleness stays bounded. From an in-process engine they would be
+  one update stale with nothing to correct it, so they are dropped, as verl does. Both are logged.
+- the buffer is saved in checkpoints (every rank's), so a run resumed mid-fill trains on the same groups.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, replace
+from typing import Any
 
 import torch
 from lightning.pytorch.utilities import rank_zero_warn
@@ -19,7 +26,7 @@ from torch import Tensor
 
 from lightning_grpo.advantages import AdvantageConfig
 from lightning_grpo.ranks import Ranks
-from lightning_grpo.types import RewardScores, Rollout
+from lightning_grpo.types import RewardScores, Rollout, fields_of
 
 
 def select_groups(rollout: Rollout, scores: RewardScores, keep: Tensor) -> tuple[Rollout, RewardScores]:
@@ -35,15 +42,18 @@ class GroupBuffer:
     pad_id: int
     enabled: bool = True  # filter_groups; off, every generation batch is an update as it is
     cap: int | None = None  # max_num_gen_batches
+    max_staleness: int = 0  # the rollout engine's bound: surplus groups within it at the next update are kept
     rollout: Rollout | None = None
     scores: RewardScores | None = None
     num_gen_batches: int = 0  # generation batches drawn since the last update
     groups_drawn: int = 0  # groups sampled since the last update, with signal or not
+    groups_kept: int = 0  # of those, the groups with signal
 
     @classmethod
-    def of(cls, advantages: AdvantageConfig, pad_id: int) -> GroupBuffer:
-        """The buffer for the ``advantages:`` settings (``filter_groups``, ``max_num_gen_batches``)."""
-        return cls(pad_id, advantages.filter_groups, advantages.max_num_gen_batches)
+    def of(cls, advantages: AdvantageConfig, pad_id: int, max_staleness: int = 0) -> GroupBuffer:
+        """The buffer for the ``advantages:`` settings (``filter_groups``, ``max_num_gen_batches``) and the rollout
+        engine's ``max_staleness``."""
+        return cls(pad_id, advantages.filter_groups, advantages.max_num_gen_batches, max_staleness)
 
     @property
     def num_groups(self) -> int:
@@ -53,7 +63,9 @@ class GroupBuffer:
         """Keep the groups of a scored generation batch whose rewards differ."""
         self.num_gen_batches += 1
         self.groups_drawn += len(rollout) // rollout.group_size
-        kept, kept_scores = select_groups(rollout, scores, ~scores.groups_without_signal(rollout.group_size))
+        keep = ~scores.groups_without_signal(rollout.group_size)
+        self.groups_kept += int(keep.sum())
+        kept, kept_scores = select_groups(rollout, scores, keep)
         if self.rollout is None:
             self.rollout, self.scores = kept, kept_scores
             return
@@ -62,34 +74,51 @@ class GroupBuffer:
         per_function = torch.cat([self.scores.per_function, kept_scores.per_function])
         self.scores = replace(kept_scores, per_function=per_function, errors=errors)
 
-    def take(self, num_groups: int) -> tuple[Rollout, RewardScores, dict[str, float]]:
-        """The first ``num_groups`` groups (surplus dropped, as verl does), the buffer's metrics, and a reset."""
-        keep = torch.arange(self.num_groups) < num_groups
-        rollout, scores = select_groups(self.rollout, self.scores, keep)
+    def take(self, num_groups: int, staleness: Tensor | None = None) -> tuple[Rollout, RewardScores, dict[str, float]]:
+        """The first (oldest) ``num_groups`` groups and the buffer's metrics. The surplus stays for the next
+        update where ``staleness`` ([N] of the buffer's rows: updates since their weights; ``None``: sampled by the
+        current ones) plus this update is within ``max_staleness``; the rest is dropped, as verl drops it."""
+        surplus = torch.arange(self.num_groups) >= num_groups
+        carried = surplus.clone()
+        if staleness is None:
+            carried[:] = False
+        else:
+            carried &= staleness[:: self.rollout.group_size].cpu() + 1 <= self.max_staleness
+        rollout, scores = select_groups(self.rollout, self.scores, ~surplus)
         metrics = {
             "filter_groups/num_gen_batches": float(self.num_gen_batches),
-            "filter_groups/kept_fraction": self.num_groups / max(self.groups_drawn, 1),
+            "filter_groups/kept_fraction": self.groups_kept / max(self.groups_drawn, 1),
+            "filter_groups/carried_groups": float(carried.sum()),
+            "filter_groups/dropped_groups": float((surplus & ~carried).sum()),
         }
-        self.rollout, self.scores, self.num_gen_batches, self.groups_drawn = None, None, 0, 0
+        self.rollout, self.scores = select_groups(self.rollout, self.scores, carried) if carried.any() else (None, None)
+        self.num_gen_batches, self.groups_drawn, self.groups_kept = 0, 0, 0
         return rollout, scores, metrics
 
     def next_update(
-        self, rollout: Rollout, scores: RewardScores, num_prompts: int, ranks: Ranks, step: int
+        self,
+        rollout: Rollout,
+        scores: RewardScores,
+        num_prompts: int,
+        ranks: Ranks,
+        step: int,
+        staleness: Callable[[Rollout], Tensor | None] = lambda rollout: None,
     ) -> tuple[Rollout, RewardScores, dict[str, float]] | None:
         """One scored generation batch in; an update's worth out (``num_prompts`` groups on every rank), or what
         there is once ``cap`` (``max_num_gen_batches``) batches were drawn; ``None`` while the buffer fills, or
-        when after ``cap`` batches some rank has no group with signal (``step``: the global step, for warnings)."""
+        when after ``cap`` batches some rank has no group with signal (``step``: the global step, for warnings;
+        ``staleness``: the rollout engine's, of a rollout's rows)."""
         if not self.enabled:
             return rollout, scores, {}
         cap = self.cap
         self.add(rollout, scores)
         have = int(ranks.gather_rows(torch.tensor([self.num_groups], device=rollout.completion_ids.device)).min())
         if have >= num_prompts:
-            return self.take(num_prompts)
+            return self.take(num_prompts, staleness(self.rollout))
         if not cap or self.num_gen_batches < cap:
             return None
         if have == 0:  # no signal at all: no update (the collapse alert's no_learning_signal also sees it)
-            self.take(0)
+            self.take(0, staleness(self.rollout))
             rank_zero_warn(
                 f"filter_groups: {cap} generation batches (max_num_gen_batches) gave no group with differing "
                 f"rewards on some rank; no update at global step {step}"
@@ -99,4 +128,19 @@ class GroupBuffer:
             f"filter_groups: after max_num_gen_batches={cap} generation batches only {have} of {num_prompts} "
             "groups per rank have differing rewards; updating on those. The prompts may be too easy or too hard"
         )
-        return self.take(have)
+        return self.take(have, staleness(self.rollout))
+
+    # ---- checkpoints --------------------------------------------------------------------------------------
+
+    def state_dict(self) -> dict[str, Any]:
+        """This rank's groups waiting for an update and its counters, as dicts, lists and tensors."""
+        return {
+            "rollout": None if self.rollout is None else fields_of(self.rollout),
+            "scores": None if self.scores is None else fields_of(self.scores),
+            "counters": [self.num_gen_batches, self.groups_drawn, self.groups_kept],
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.rollout = None if state["rollout"] is None else Rollout(**state["rollout"])
+        self.scores = None if state["scores"] is None else RewardScores(**state["scores"])
+        self.num_gen_batches, self.groups_drawn, self.groups_kept = state["counters"]

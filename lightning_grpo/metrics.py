@@ -77,6 +77,14 @@ def step_stats(
     )
 
 
+def staleness_metrics(staleness: Tensor | None) -> dict[str, float]:
+    """``async/staleness/{mean,max}`` of the rows an update trains on ([N] updates since the weights that sampled
+    each); none when the current weights sampled them all."""
+    if staleness is None:
+        return {}
+    return {"async/staleness/mean": staleness.float().mean().item(), "async/staleness/max": float(staleness.max())}
+
+
 def reward_stats(
     per_function: Tensor, weights: Tensor, names: list[str], group_size: int, accuracy_reward: str | None = None
 ) -> RewardStats:

@@ -25,11 +25,11 @@ from lightning_grpo.dynamic import GroupBuffer
 from lightning_grpo.engines import default_engine
 from lightning_grpo.loss import LossConfig, LossOutput
 from lightning_grpo.loss.entropy import EntropyController
-from lightning_grpo.metrics import StepCounters, eval_metrics, step_stats
+from lightning_grpo.metrics import StepCounters, eval_metrics, staleness_metrics, step_stats
 from lightning_grpo.model.config import PolicyConfig
 from lightning_grpo.model.policy import Policy
 from lightning_grpo.optim import OptimConfig, build_optimizer, scheduler
-from lightning_grpo.ranks import Ranks
+from lightning_grpo.ranks import Ranks, every_rank, own_rank
 from lightning_grpo.rewards.calls import RewardCallConfig
 from lightning_grpo.rewards.combine import import_paths
 from lightning_grpo.rewards.scoring import RewardSet, trl_trainer_state
@@ -125,7 +125,7 @@ class GRPOModule(L.LightningModule):
         self.policy = Policy(model, s.policy, s.reference, s.sampling.temperature, s.loss.router_aux_loss_coef)
         self.targets = s.targets(self.policy.shares_prompt_prefix)
         self.entropy = EntropyController.from_config(s.loss)
-        self.group_buffer = GroupBuffer.of(s.advantages, self.policy.tokenizer.pad_token_id)
+        self.group_buffer = GroupBuffer.of(s.advantages, self.policy.tokenizer.pad_token_id, self.engine.max_staleness)
         self.counters = StepCounters()
         self.grad_norm = torch.tensor(float("nan"))  # the last optimiser step's, before clipping: train/grad_norm
 
@@ -161,6 +161,7 @@ class GRPOModule(L.LightningModule):
         if kept is None:  # filter_groups: no update this batch, waiting for more groups with signal
             return None
         rollout, scores, extra = kept
+        extra |= staleness_metrics(self.engine.staleness(rollout))
         every_rank = ranks.gather_rows(scores.per_function)  # [W*N, F] identical on every rank: a batch std is global
         if every_rank.isinf().any():  # NaN rewards are "not applicable"
             return self._skip_step("rewards are infinite")
@@ -203,7 +204,7 @@ class GRPOModule(L.LightningModule):
         """The rollout to train on, with its scores and metrics; with ``filter_groups``, the groups with signal
         gathered over batches, ``None`` while too few have come."""
         buffer = self.group_buffer
-        filtered = buffer.next_update(rollout, scores, num_prompts, ranks, self.global_step)
+        filtered = buffer.next_update(rollout, scores, num_prompts, ranks, self.global_step, self.engine.staleness)
         if filtered is None and buffer.num_gen_batches:
             self.log("train/filter_groups/num_gen_batches", float(buffer.num_gen_batches), batch_size=1)
         return filtered
@@ -322,11 +323,19 @@ class GRPOModule(L.LightningModule):
         checkpoint["grpo_counters"] = self.counters.state_dict()
         checkpoint["entropy_controller"] = self.entropy.state_dict()
         checkpoint["rollout_engine"] = self.engine.state_dict()
+        checkpoint["group_buffer"] = every_rank(self.group_buffer.state_dict())
 
     @override
     def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         self.counters.load_state_dict(checkpoint.get("grpo_counters", {}))
         self.engine.load_state_dict(checkpoint.get("rollout_engine", {}))
+        buffers = checkpoint.get("group_buffer", [])  # filter_groups: each rank's groups waiting for an update
+        if (own := own_rank(buffers)) is not None:
+            self.group_buffer.load_state_dict(own)
+        elif buffers:
+            rank_zero_warn(
+                f"the checkpoint's filter_groups buffers are of {len(buffers)} ranks, not this run's: dropped"
+            )
         if "entropy_controller" in checkpoint:
             self.entropy.load_state_dict(checkpoint["entropy_controller"])
 

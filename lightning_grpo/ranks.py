@@ -7,9 +7,11 @@ same point of its step. Under DDP and FSDP2 with ``tensor_parallel_size: 1``, ra
 from __future__ import annotations
 
 import functools
+from typing import Any
 
 import lightning as L
 import torch
+import torch.distributed as dist
 from torch import Tensor
 
 from lightning_grpo.loss.grpo import EXTREMES, LossOutput
@@ -75,3 +77,20 @@ class Ranks:
         local = torch.stack([rollout.completion_mask.sum(1), rollout.is_truncated.long()], dim=1)  # [N, 2]
         both = self.gather_rows(local)
         return both[:, 0], both[:, 1].bool()
+
+
+def every_rank(state: Any) -> list[Any]:
+    """Each rank's ``state`` (any picklable object) in rank order, on every rank: what one rank writes to a
+    checkpoint for all of them. A collective when the process group is up."""
+    if not (dist.is_available() and dist.is_initialized()):
+        return [state]
+    every: list[Any] = [None] * dist.get_world_size()
+    dist.all_gather_object(every, state)
+    return every
+
+
+def own_rank(states: list[Any]) -> Any:
+    """This rank's entry of ``every_rank``'s list (read back from a checkpoint); ``None`` when the checkpoint was
+    written by another number of ranks."""
+    rank, size = (dist.get_rank(), dist.get_world_size()) if dist.is_available() and dist.is_initialized() else (0, 1)
+    return states[rank] if len(states) == size else None

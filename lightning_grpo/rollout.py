@@ -309,6 +309,13 @@ class RolloutEngine:
         ``GRPOModule`` scores it."""
         return None
 
+    max_staleness = 0  # updates a rollout may lag the weights that train on it (an engine sampling ahead: k)
+
+    def staleness(self, rollout: Rollout) -> Tensor | None:
+        """[N] updates between the weights that sampled each row and the current ones; ``None``: the current
+        weights sampled it (an in-process engine)."""
+        return None
+
     def sync_weights(self, policy: Policy) -> None:
         """Make the next ``generate`` use the policy's current weights (after each training step)."""
 

@@ -13,7 +13,7 @@ Dimensions used across the package:
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field, fields, replace
 from functools import cached_property
 from typing import Any
 
@@ -95,6 +95,12 @@ def _padded(rows: list[list] | None, value: float, dtype: torch.dtype = torch.lo
     return None if rows is None else pad_rows(rows, value, dtype=dtype, min_width=1)[0]
 
 
+def fields_of(obj: Any) -> dict[str, Any]:
+    """A dataclass's fields by name, one level deep: what a checkpoint holds (``torch.load(weights_only=True)``
+    reads back dicts, lists and tensors), rebuilt with ``type(obj)(**fields)``."""
+    return {f.name: getattr(obj, f.name) for f in fields(obj)}
+
+
 def _rows(t: Tensor | None, rows: Tensor) -> Tensor | None:
     return None if t is None else t[rows]
 
@@ -144,6 +150,9 @@ class Rollout:
     tool_mask: Tensor | None = None
     columns: dict[str, list[Any]] = field(default_factory=dict)  # name -> [N] extra per-row reward inputs
     metrics: dict[str, float] = field(default_factory=dict)  # the engine's own step metrics (turns, tool calls)
+    # [N] long: the policy version (updates made) whose weights sampled each row, from an engine sampling ahead
+    # (``AsyncRollouts``); ``None``: the weights current when the rollout is trained on.
+    versions: Tensor | None = None
 
     @cached_property  # built once: every log-prob pass reads it per micro-batch; fields are never mutated
     def input_ids(self) -> Tensor:  # [N, P+T]
@@ -205,6 +214,7 @@ class Rollout:
             sampling_logps=_rows(self.sampling_logps, rows),
             tool_mask=_rows(self.tool_mask, rows),
             columns={k: [v[i] for i in picked] for k, v in self.columns.items()},
+            versions=_rows(self.versions, rows),
         )
 
     def cat(self, other: Rollout, pad_id: int) -> Rollout:
@@ -222,6 +232,7 @@ class Rollout:
             sampling_logps=_cat(self.sampling_logps, other.sampling_logps, 0.0),
             tool_mask=_cat(self.tool_mask, other.tool_mask, 0),
             columns={k: self.columns[k] + other.columns[k] for k in other.columns},
+            versions=None if self.versions is None else torch.cat([self.versions, other.versions]),
         )
 
 

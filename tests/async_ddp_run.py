@@ -32,7 +32,7 @@ class Probe(L.Callback):
             self.seen.append(
                 {
                     "completions": rollout.completions,
-                    "staleness": rollout.metrics["async/staleness/max"],
+                    "staleness": outputs["record"].stats.metrics()["async/staleness/max"],
                     "producer_scored": "async/scoring_s" in rollout.metrics,
                     "rewards": outputs["record"].scores.total.tolist(),
                     "sampler_logps": None if rollout.sampling_logps is None else rollout.sampling_logps.sum().item(),

@@ -37,7 +37,39 @@ def test_group_buffer_fills_across_generation_batches():
     buffer.add(make_rollout(["d", "e", "f", "f"]), scores_of([0.0, 1.0, 1.0, 1.0]))
     rollout, scores, metrics = buffer.take(2)
     assert rollout.completions == ["b", "c", "d", "e"] and buffer.num_groups == 0
-    assert metrics == {"filter_groups/num_gen_batches": 2.0, "filter_groups/kept_fraction": 0.5}
+    assert metrics == {
+        "filter_groups/num_gen_batches": 2.0,
+        "filter_groups/kept_fraction": 0.5,
+        "filter_groups/carried_groups": 0.0,
+        "filter_groups/dropped_groups": 0.0,
+    }
+
+
+def test_surplus_groups_within_the_staleness_bound_wait_for_the_next_update():
+    """An engine sampling ahead with max_staleness 1: the oldest groups train first; of the surplus, groups
+    sampled by the current weights (0 updates behind) are carried, one update behind would be 2 at the next: dropped."""
+    buffer = GroupBuffer(pad_id=0, max_staleness=1)
+    buffer.add(make_rollout(["a", "b", "c", "d"]), scores_of([1.0, 0.0, 1.0, 0.0]))  # 2 groups, 1 behind
+    buffer.add(make_rollout(["e", "f", "g", "h"]), scores_of([1.0, 0.0, 0.0, 1.0]))  # 2 groups, current
+    behind = torch.tensor([1, 1, 1, 1, 0, 0, 0, 0])
+    rollout, _, metrics = buffer.take(1, staleness=behind)
+    assert rollout.completions == ["a", "b"]
+    assert metrics["filter_groups/carried_groups"] == 2.0 and metrics["filter_groups/dropped_groups"] == 1.0
+    assert buffer.rollout.completions == ["e", "f", "g", "h"] and buffer.num_gen_batches == 0
+    buffer.add(make_rollout(["i", "i"]), scores_of([1.0, 1.0]))  # no signal: the carried groups make the update
+    rollout, _, metrics = buffer.take(2, staleness=torch.tensor([1, 1, 1, 1]))
+    assert rollout.completions == ["e", "f", "g", "h"] and metrics["filter_groups/kept_fraction"] == 0.0
+    restored = GroupBuffer(pad_id=0, max_staleness=1)
+    buffer.add(make_rollout(["j", "k"]), scores_of([1.0, 0.0]))
+    restored.load_state_dict(buffer.state_dict())  # a checkpoint keeps the groups waiting and the counters
+    assert restored.rollout.completions == ["j", "k"] and restored.num_gen_batches == 1 and restored.groups_kept == 1
+
+
+def test_an_in_process_engine_drops_the_surplus_as_verl_does():
+    buffer = GroupBuffer(pad_id=0, max_staleness=1)
+    buffer.add(make_rollout(["a", "b", "c", "d"]), scores_of([1.0, 0.0, 1.0, 0.0]))
+    _, _, metrics = buffer.take(1, staleness=None)  # sampled by the weights this update changes: nothing corrects it
+    assert metrics["filter_groups/dropped_groups"] == 1.0 and buffer.rollout is None
 
 
 def signal_on_even_sums(prompts, completions, **kwargs):

@@ -115,27 +115,51 @@ def test_k1_importance_weights_are_the_ratio_to_the_sampling_version(tiny_model_
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("in_producer", [False, True], ids=["trainer_scores", "producer_scores"])
-def test_resume_after_sigterm_continues_exactly(tiny_model_dir, arith_jsonl, tmp_path, in_producer):
+@pytest.mark.parametrize("case", ["trainer_scores", "producer_scores", "filter_groups"])
+def test_resume_after_sigterm_continues_exactly(tiny_model_dir, arith_jsonl, tmp_path, case):
     # the checkpoint keeps the rollout sampled ahead (awaited at save), so the resumed run trains on it; its
-    # producer scores are not kept: the resumed trainer scores it again
+    # producer scores are not kept: the resumed trainer scores it again. With filter_groups, the groups carried
+    # to the next update are kept too.
+    filtering = {"reward_funcs": [signal_on_even_sums], "accuracy_reward": None, "advantages": {"filter_groups": True}}
+
     def run(name, **kw):
-        engine = AsyncRollouts(max_staleness=1, score_in_producer=in_producer)
-        module = make_module(tiny_model_dir, rollout_engine=engine)
-        return module, fit(module, data(arith_jsonl), tmp_path / name, max_steps=4, **kw)
+        engine = AsyncRollouts(max_staleness=1, score_in_producer=case == "producer_scores")
+        module = make_module(tiny_model_dir, rollout_engine=engine, **(filtering if case == "filter_groups" else {}))
+        updates = Updates()
+        kw["callbacks"] = [updates, *kw.get("callbacks", [])]
+        fit(module, data(arith_jsonl), tmp_path / name, max_steps=4, **kw)
+        return module, updates.metrics
 
     full, reference = run("full")
+    stop = 2  # the update after which the run is preempted; with filter_groups, the first that carried groups
+    if case == "filter_groups":
+        stop = 1 + next(i for i, m in enumerate(reference) if m["filter_groups/carried_groups"] > 0)
+        assert stop < 4
     with pytest.raises(SystemExit):
-        run("first", callbacks=[SendSignal(at=1), PreemptionCheckpoint()])
+        run("first", callbacks=[SendSignal(at=stop - 1), PreemptionCheckpoint()])
     ckpt = tmp_path / "first" / "lightning_logs" / "version_0" / "checkpoints" / "last.ckpt"
     saved = torch.load(ckpt, weights_only=False)
-    assert saved["global_step"] == 2 and len(saved["rollout_engine"]["ranks"][0]["ready"]) == 1
+    assert saved["global_step"] == stop and len(saved["rollout_engine"]["ranks"][0]["ready"]) == 1
+    if case == "filter_groups":  # groups with signal waiting for the next update: restored, not lost
+        assert saved["group_buffer"][0]["rollout"] is not None
     resumed, second = run("second", ckpt_path=ckpt)
     for a, b in zip(weights(full), weights(resumed)):
         torch.testing.assert_close(a, b, rtol=0, atol=1e-6)
-    expected, got = logged(reference), logged(second)
-    for key in ("train/reward", "train/async/staleness/max", "train/sampling/importance_sampling_ratio/mean"):
-        assert expected[key][-2:] == pytest.approx(got[key], abs=1e-6), key  # the last two updates
+    assert len(second) == 4 - stop
+    for expected, got in zip(reference[stop:], second):  # the updates after the stop
+        for key in ("reward", "async/staleness/max", "sampling/importance_sampling_ratio/mean"):
+            assert expected[key] == pytest.approx(got[key], abs=1e-6), key
+
+
+class Updates(L.Callback):
+    """Each update's metrics, as its record has them."""
+
+    def __init__(self):
+        self.metrics = []
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
+        if outputs:  # {} while the pipeline fills or filter_groups waits
+            self.metrics.append(outputs["record"].stats.metrics())
 
 
 def async_run(tmp_path: Path, name: str, *args: str) -> list[dict]:
@@ -204,12 +228,17 @@ def test_k1_with_filter_groups_and_an_async_reward(tiny_model_dir, arith_jsonl, 
             if outputs:
                 records.append(outputs["record"])
 
-    trainer = fit(module, data(arith_jsonl), tmp_path, max_steps=2, callbacks=[Keep()])
-    assert trainer.global_step == 2 and len(records) == 2
-    for record in records:
+    trainer = fit(module, data(arith_jsonl), tmp_path, max_steps=4, callbacks=[Keep()])
+    assert trainer.global_step == 4 and len(records) == 4
+    for version, record in enumerate(records):  # update i trains version i
         assert len(record.rollout) == 4 * 4 and record.stats.rewards.frac_zero_std == 0.0  # groups with signal
         assert all((int(p[0]) + int(p[2])) % 2 == 0 for p in record.rollout.prompts)
-        assert record.rollout.metrics["async/staleness/max"] <= 1.0
+        staleness = version - record.rollout.versions
+        metrics = record.stats.metrics()
+        assert metrics["async/staleness/max"] == staleness.max().item() <= 1  # of the rows trained on, carried too
+        assert metrics["async/staleness/mean"] == pytest.approx(staleness.float().mean().item())
+    carried = logged(trainer)["train/filter_groups/carried_groups"]
+    assert sum(carried) > 0  # surplus groups with signal kept for the next update, within the bound
 
 
 class ProcessReward:

@@ -32,25 +32,25 @@ from __future__ import annotations
 
 import atexit
 import collections
-import dataclasses
 import pickle
 import queue
 import time
 from typing import Any
 
 import torch
-import torch.distributed as dist
 import torch.multiprocessing as mp
+from torch import Tensor
 from typing_extensions import override
 
 from lightning_grpo.engines.lean import LeanDecode
 from lightning_grpo.engines.producer import Produced, Request, WeightsMailbox, produce
 from lightning_grpo.model.policy import Policy
 from lightning_grpo.model.sharding import full_state_dict, is_sharded, meta_copy, unsharded
+from lightning_grpo.ranks import every_rank, own_rank
 from lightning_grpo.rewards.convention import reward_name
 from lightning_grpo.rewards.scoring import RewardSet, trl_trainer_state
 from lightning_grpo.rollout import RolloutEngine, SamplingConfig
-from lightning_grpo.types import Prompt, PromptBatch, RewardScores, Rollout
+from lightning_grpo.types import Prompt, PromptBatch, RewardScores, Rollout, fields_of
 
 POLL_S = 1.0  # how often a wait checks that the producer is alive
 
@@ -119,6 +119,10 @@ class AsyncRollouts(RolloutEngine):
     @override
     def prescored(self, rollout: Rollout) -> RewardScores | None:
         return self.scored[1] if self.scored is not None and self.scored[0] is rollout else None
+
+    @override
+    def staleness(self, rollout: Rollout) -> Tensor | None:
+        return None if rollout.versions is None else self.version - rollout.versions
 
     @override
     def generate(
@@ -214,21 +218,20 @@ class AsyncRollouts(RolloutEngine):
     def _use(self, answer: Produced) -> tuple[Rollout, PromptBatch]:
         """The answer's rollout with the staleness metrics, and its batch; the RNG continues from the producer's
         when the trainer waited for it (k = 0: as the synchronous path's)."""
-        rollout, staleness = answer.rollout, self.version - answer.version
+        rollout = answer.rollout
         if answer.error is not None:
             raise RuntimeError(answer.error)
         self.scored = None if answer.scores is None else (rollout, answer.scores)
         if self.max_staleness == 0:
             torch.set_rng_state(answer.rng_state)
+        rollout.versions = torch.full((len(rollout),), answer.version)  # [N]
         now = time.perf_counter()
-        rollout.metrics = {**rollout.metrics, **self._metrics(answer, staleness, now - self.last_receive)}
+        rollout.metrics = {**rollout.metrics, **self._metrics(answer, now - self.last_receive)}
         self.last_receive, self.waited_s = now, 0.0
         return rollout, answer.batch
 
-    def _metrics(self, answer: Produced, staleness: int, step_s: float) -> dict[str, float]:
+    def _metrics(self, answer: Produced, step_s: float) -> dict[str, float]:
         return {
-            "async/staleness/mean": float(staleness),
-            "async/staleness/max": float(staleness),
             "async/queue_depth": float(len(self.ready) + self.results.qsize()),
             "async/producer_idle_fraction": answer.idle_s / max(answer.idle_s + answer.busy_s, 1e-9),
             "async/trainer_idle_fraction": min(self.waited_s / max(step_s, 1e-9), 1.0),
@@ -246,17 +249,17 @@ class AsyncRollouts(RolloutEngine):
             "submitted": self.submitted,
             "ready": [plain(a) for a in self.ready],
         }
-        if not (dist.is_available() and dist.is_initialized()):
-            return {"ranks": [own]}
-        every: list[Any] = [None] * dist.get_world_size()
-        dist.all_gather_object(every, own)
-        return {"ranks": every}
+        return {"ranks": every_rank(own)}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         if not state:  # a checkpoint of a synchronous run: nothing was sampled ahead
             return
-        rank = dist.get_rank() if dist.is_available() and dist.is_initialized() else 0
-        own = state["ranks"][rank]
+        own = own_rank(state["ranks"])
+        if own is None:
+            raise ValueError(
+                f"the checkpoint's rollouts sampled ahead are of {len(state['ranks'])} ranks: resume an AsyncRollouts "
+                "run on as many"
+            )
         self.version, self.submitted = own["version"], own["submitted"]
         self.ready = collections.deque(from_plain(a) for a in own["ready"])
 
@@ -288,10 +291,14 @@ def unpicklable(funcs: list[Any]) -> None:
 def plain(answer: Produced) -> dict[str, Any]:
     """An answer as dicts, lists and tensors: what ``torch.load(weights_only=True)`` reads back. The producer's
     scores (or its reward failure) are left out: the trainer scores a restored rollout again."""
-    fields = {f.name: getattr(answer, f.name) for f in dataclasses.fields(answer)} | {"scores": None, "error": None}
-    for name in ("rollout", "batch"):
-        fields[name] = {f.name: getattr(fields[name], f.name) for f in dataclasses.fields(fields[name])}
-    return fields
+    return (
+        fields_of(answer)
+        | {"rollout": fields_of(answer.rollout), "batch": fields_of(answer.batch)}
+        | {
+            "scores": None,
+            "error": None,
+        }
+    )
 
 
 def from_plain(fields: dict[str, Any]) -> Produced:
