@@ -29,7 +29,7 @@ from lightning_grpo.metrics import StepCounters, eval_metrics, staleness_metrics
 from lightning_grpo.model.config import PolicyConfig
 from lightning_grpo.model.policy import Policy
 from lightning_grpo.optim import OptimConfig, build_optimizer, scheduler
-from lightning_grpo.ranks import Ranks, every_rank, own_rank
+from lightning_grpo.ranks import Ranks, every_rank, own_state
 from lightning_grpo.rewards.calls import RewardCallConfig
 from lightning_grpo.rewards.combine import import_paths
 from lightning_grpo.rewards.scoring import RewardSet, trl_trainer_state
@@ -322,20 +322,16 @@ class GRPOModule(L.LightningModule):
     def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         checkpoint["grpo_counters"] = self.counters.state_dict()
         checkpoint["entropy_controller"] = self.entropy.state_dict()
-        checkpoint["rollout_engine"] = self.engine.state_dict()
-        checkpoint["group_buffer"] = every_rank(self.group_buffer.state_dict())
+        checkpoint["rollout_engine"] = {"ranks": every_rank(self.engine.state_dict())}  # rollouts sampled ahead
+        checkpoint["group_buffer"] = {"ranks": every_rank(self.group_buffer.state_dict())}  # filter_groups' waiting
 
     @override
     def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         self.counters.load_state_dict(checkpoint.get("grpo_counters", {}))
-        self.engine.load_state_dict(checkpoint.get("rollout_engine", {}))
-        buffers = checkpoint.get("group_buffer", [])  # filter_groups: each rank's groups waiting for an update
-        if (own := own_rank(buffers)) is not None:
-            self.group_buffer.load_state_dict(own)
-        elif buffers:
-            rank_zero_warn(
-                f"the checkpoint's filter_groups buffers are of {len(buffers)} ranks, not this run's: dropped"
-            )
+        if engine := own_state(checkpoint.get("rollout_engine", {}), "rollout engine's queue"):
+            self.engine.load_state_dict(engine)
+        if buffer := own_state(checkpoint.get("group_buffer", {}), "filter_groups buffer"):
+            self.group_buffer.load_state_dict(buffer)
         if "entropy_controller" in checkpoint:
             self.entropy.load_state_dict(checkpoint["entropy_controller"])
 

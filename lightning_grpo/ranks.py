@@ -12,6 +12,7 @@ from typing import Any
 import lightning as L
 import torch
 import torch.distributed as dist
+from lightning.pytorch.utilities import rank_zero_warn
 from torch import Tensor
 
 from lightning_grpo.loss.grpo import EXTREMES, LossOutput
@@ -89,8 +90,13 @@ def every_rank(state: Any) -> list[Any]:
     return every
 
 
-def own_rank(states: list[Any]) -> Any:
-    """This rank's entry of ``every_rank``'s list (read back from a checkpoint); ``None`` when the checkpoint was
-    written by another number of ranks."""
+def own_state(saved: dict[str, Any], what: str) -> dict[str, Any]:
+    """This rank's entry of a checkpoint's ``{"ranks": every_rank(state)}``: ``{}`` when there is none, and with a
+    warning when another number of ranks wrote it (``what`` it is, for the warning)."""
+    states = saved.get("ranks", [])
     rank, size = (dist.get_rank(), dist.get_world_size()) if dist.is_available() and dist.is_initialized() else (0, 1)
-    return states[rank] if len(states) == size else None
+    if len(states) == size:
+        return states[rank]
+    if any(states):
+        rank_zero_warn(f"the checkpoint's {what} was saved by {len(states)} ranks, this run has {size}: not restored")
+    return {}

@@ -320,7 +320,7 @@ class RolloutEngine:
         """Make the next ``generate`` use the policy's current weights (after each training step)."""
 
     def state_dict(self) -> dict[str, Any]:
-        """What a checkpoint keeps of the engine (rollouts sampled ahead); every rank calls it."""
+        """What a checkpoint keeps of this rank's engine (rollouts sampled ahead); every rank's is saved."""
         return {}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:

@@ -141,7 +141,7 @@ def test_resume_after_sigterm_continues_exactly(tiny_model_dir, arith_jsonl, tmp
     saved = torch.load(ckpt, weights_only=False)
     assert saved["global_step"] == stop and len(saved["rollout_engine"]["ranks"][0]["ready"]) == 1
     if case == "filter_groups":  # groups with signal waiting for the next update: restored, not lost
-        assert saved["group_buffer"][0]["rollout"] is not None
+        assert saved["group_buffer"]["ranks"][0]["rollout"] is not None
     resumed, second = run("second", ckpt_path=ckpt)
     for a, b in zip(weights(full), weights(resumed)):
         torch.testing.assert_close(a, b, rtol=0, atol=1e-6)

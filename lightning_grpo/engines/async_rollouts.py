@@ -46,7 +46,6 @@ from lightning_grpo.engines.lean import LeanDecode
 from lightning_grpo.engines.producer import Produced, Request, WeightsMailbox, produce
 from lightning_grpo.model.policy import Policy
 from lightning_grpo.model.sharding import full_state_dict, is_sharded, meta_copy, unsharded
-from lightning_grpo.ranks import every_rank, own_rank
 from lightning_grpo.rewards.convention import reward_name
 from lightning_grpo.rewards.scoring import RewardSet, trl_trainer_state
 from lightning_grpo.rollout import RolloutEngine, SamplingConfig
@@ -241,27 +240,14 @@ class AsyncRollouts(RolloutEngine):
     # ---- checkpoints and shutdown -------------------------------------------------------------------------
 
     def state_dict(self) -> dict[str, Any]:
-        """The queue's content: answers in flight are awaited, then every rank's are saved with the counters."""
+        """This rank's queue: answers in flight are awaited, then saved with the counters."""
         while self.pending:
             self.ready.append(self._receive())
-        own = {
-            "version": self.version,
-            "submitted": self.submitted,
-            "ready": [plain(a) for a in self.ready],
-        }
-        return {"ranks": every_rank(own)}
+        return {"version": self.version, "submitted": self.submitted, "ready": [plain(a) for a in self.ready]}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        if not state:  # a checkpoint of a synchronous run: nothing was sampled ahead
-            return
-        own = own_rank(state["ranks"])
-        if own is None:
-            raise ValueError(
-                f"the checkpoint's rollouts sampled ahead are of {len(state['ranks'])} ranks: resume an AsyncRollouts "
-                "run on as many"
-            )
-        self.version, self.submitted = own["version"], own["submitted"]
-        self.ready = collections.deque(from_plain(a) for a in own["ready"])
+        self.version, self.submitted = state["version"], state["submitted"]
+        self.ready = collections.deque(from_plain(a) for a in state["ready"])
 
     def teardown(self) -> None:
         """End the producer process once it has answered every request (a checkpoint after the fit keeps them)."""
