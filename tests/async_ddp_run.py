@@ -1,7 +1,8 @@
 """A 2-process CPU (gloo) asynchronous GRPO run (one producer per rank); each rank writes what it saw to
 OUT_DIR/rank<k>.json and rank 0 a checkpoint with every rank's queue. A 4th argument ``producer`` scores in the
 producers (``score_in_producer``); a 5th, ``fsdp2``, shards the policy (``ModelParallelStrategy``) instead of DDP,
-and ``fsdp2+lora`` with a LoRA adapter.
+and ``fsdp2+lora`` with a LoRA adapter. A 6th, STOP > 0, saves OUT_DIR/stop.ckpt after update STOP and stops (as a
+preemption would); a 7th resumes from that checkpoint.
 
 Run by tests/test_engine_async.py as a subprocess: Lightning's DDP launcher starts rank 1 by re-running this script.
 """
@@ -40,7 +41,25 @@ class Probe(L.Callback):
             )
 
 
-def main(model_dir: str, data_path: str, out_dir: str, scoring: str = "trainer", strategy: str = "ddp") -> None:
+class StopAt(L.Callback):
+    def __init__(self, step: int, path: str):
+        self.step, self.path = step, path
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
+        if trainer.global_step == self.step:
+            trainer.save_checkpoint(self.path)
+            trainer.should_stop = True
+
+
+def main(
+    model_dir: str,
+    data_path: str,
+    out_dir: str,
+    scoring: str = "trainer",
+    strategy: str = "ddp",
+    stop: str = "0",
+    ckpt: str = "",
+) -> None:
     torch.set_num_threads(1)
     L.seed_everything(0)
     lora = {"peft_config": {"r": 4, "lora_alpha": 8, "target_modules": "all-linear"}} if "lora" in strategy else {}
@@ -67,10 +86,11 @@ def main(model_dir: str, data_path: str, out_dir: str, scoring: str = "trainer",
         enable_model_summary=False,
         limit_val_batches=0,
         default_root_dir=out_dir,
-        callbacks=[probe],
+        callbacks=[probe, *([StopAt(int(stop), f"{out_dir}/stop.ckpt")] if int(stop) else [])],
     )
-    trainer.fit(module, PromptDataModule(data_path, batch_size=2, val_split=None))
-    trainer.save_checkpoint(f"{out_dir}/last.ckpt")  # every rank's queue, gathered to rank 0
+    trainer.fit(module, PromptDataModule(data_path, batch_size=2, val_split=None), ckpt_path=ckpt or None)
+    if not int(stop):
+        trainer.save_checkpoint(f"{out_dir}/last.ckpt")  # every rank's queue, gathered to rank 0
     whole = [p.full_tensor() if isinstance(p, DTensor) else p for p in module.policy.model.parameters()]
     flat = torch.cat([p.detach().flatten() for p in whole if p.requires_grad])
     with open(f"{out_dir}/rank{trainer.global_rank}.json", "w") as f:

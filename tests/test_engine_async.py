@@ -203,6 +203,15 @@ def test_fsdp2_async_run_equals_ddp(tiny_model_dir, arith_jsonl, tmp_path, lora)
         assert b["param_head"] == pytest.approx(a["param_head"], abs=1e-6)
     meta = torch.load(tmp_path / "fsdp2" / "last.ckpt" / "meta.pt", weights_only=False)  # a distributed checkpoint
     assert [len(q["ready"]) for q in meta["rollout_engine"]["ranks"]] == [1, 1]
+    if lora:
+        return
+    # preempted after update 2, then resumed from its distributed checkpoint: the last update as the whole run's
+    async_run(tmp_path, "first", tiny_model_dir, arith_jsonl, "trainer", "fsdp2", "2")
+    ckpt = str(tmp_path / "first" / "stop.ckpt")
+    resumed = async_run(tmp_path, "second", tiny_model_dir, arith_jsonl, "trainer", "fsdp2", "0", ckpt)
+    for whole, second in zip(fsdp2, resumed):
+        assert second["global_step"] == 3 and second["seen"] == whole["seen"][2:]
+        assert second["param_head"] == pytest.approx(whole["param_head"], abs=1e-6)
 
 
 async def answer_column_reward(prompts, completions, answer, **kwargs):
