@@ -70,9 +70,10 @@ def learning(args: argparse.Namespace) -> dict[str, list[float]]:
     settings, beta = template_settings()
     if args.learning_rate is not None:
         settings = replace(settings, learning_rate=args.learning_rate)
-    accuracy: dict[str, list[float]] = {"sync": [], "async k=1": []}
+    rows = [(label, k) for label, k in (("sync", None), ("async k=1", 1)) if label.split()[0] in args.learning_rows]
+    accuracy: dict[str, list[float]] = {label: [] for label, _ in rows}
     for seed in range(args.seed, args.seed + args.seeds):
-        for label, k in (("sync", None), ("async k=1", 1)):
+        for label, k in rows:
             result = run_grpo(
                 Runner(1),
                 "ours",
@@ -181,6 +182,9 @@ def main() -> None:
     p.add_argument("--learning-steps", type=int, default=300)
     p.add_argument("--learning-rate", type=float, help="--learning: instead of the template's (1e-3)")
     p.add_argument("--correction", help="--learning: the async row's update.sampling_correction (default: ours)")
+    p.add_argument(
+        "--learning-rows", nargs="+", choices=("sync", "async"), default=["sync", "async"], help="--learning's rows"
+    )
     p.add_argument("--reward-delay", type=float, default=0.0, help="seconds each reward call waits (every row)")
     p.add_argument("--stages", action="store_true", help="instead: each stage of a step alone, 1 and 2 threads")
     p.add_argument("--stages-worker", type=int, help=argparse.SUPPRESS)

@@ -276,6 +276,10 @@ def test_bounds_default_per_correction_and_settings_override():
             "update.sampling_correction_min must be below update.sampling_correction_max for 'icepop', got [6.0, 5.0]",
         ),
         ({"sampling_correction": "tis"}, "update.sampling_correction must be one of ['token_truncate'"),
+        (
+            {"sampling_correction": "bypass", "sampling_correction_max": 2.0},
+            "update.sampling_correction_min/max bound a weight, and update.sampling_correction='bypass' applies none",
+        ),
     ],
 )
 def test_bad_bounds_are_named(settings, message):

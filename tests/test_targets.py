@@ -120,6 +120,29 @@ def test_weights_from_the_training_forward_give_the_update_of_a_separate_forward
         torch.testing.assert_close(g, h)
 
 
+def test_bypass_anchors_the_ratio_and_clip_at_the_sampler(sampled, one_rank):
+    """``bypass`` (verl's bypass_mode): no weight; the loss is PPO's clipped surrogate with the sampler's
+    log-probs as the old ones, value and gradient, written here as verl's vanilla policy loss (token-mean)."""
+    policy, rollout, _ = sampled
+    targets = corrected(sampled, one_rank, UpdateConfig(sampling_correction="bypass"))
+    rows = [slice(0, 3), slice(3, 8)]
+    loss, grads = trained(policy, rollout, targets, rows)
+    settled = targets.settled(one_rank)
+    assert settled.sampling_weights is None and settled.metrics()["sampling/sampling_logp_difference/mean"] > 0.49
+
+    policy.model.zero_grad()
+    current = policy.train_logps(rollout, slice(None)).logps
+    sampler = current.detach() - 0.5 * rollout.completion_mask  # as corrected() made it
+    ratio, adv, mask = (current - sampler).exp(), targets.advantages.unsqueeze(-1), targets.mask
+    per_token = torch.maximum(-adv * ratio, -adv * ratio.clamp(0.8, 1.2))  # e^0.5 > 1.2: clipped where adv > 0
+    expected = (per_token * mask).sum() / mask.sum()
+    expected.backward()
+    assert loss == pytest.approx(expected.item(), rel=1e-5)
+    for g, h in zip(grads, [p.grad for p in policy.model.parameters() if p.grad is not None]):
+        torch.testing.assert_close(g, h, rtol=1e-4, atol=1e-7)
+    assert (targets.advantages > 0).any() and (targets.advantages < 0).any()  # both sides of the clip are taken
+
+
 def test_truncated_completions_leave_the_loss_only_when_asked():
     mask = loss_mask(torch.ones(2, 3, dtype=torch.long), torch.tensor([True, False]), True)
     assert mask.tolist() == [[0, 0, 0], [1, 1, 1]]

@@ -20,7 +20,7 @@ from lightning_grpo.model.logprobs import TokenLogps
 from lightning_grpo.model.policy import Policy
 from lightning_grpo.ranks import Ranks
 from lightning_grpo.targets.config import UpdateConfig
-from lightning_grpo.targets.correction import correction_metrics, mismatch_stats, sampling_correction
+from lightning_grpo.targets.correction import BYPASS, correction_metrics, mismatch_stats, sampling_correction
 from lightning_grpo.types import MismatchStats, RewardScores, Rollout
 
 
@@ -88,12 +88,14 @@ class Targets:
         self, token: TokenLogps, rows: slice | Tensor, norm: LossNormalizer, config: LossConfig, entropy_coef: float
     ) -> LossOutput:
         """The loss of ``rows`` from the policy's log-probs of them (``token``), normalised by ``norm``."""
-        weights = rows_of(self.sampling_weights, rows)
+        weights, old = rows_of(self.sampling_weights, rows), rows_of(self.old_logps, rows)
         if self.proximal is not None:
             weights = self.proximal.weights_of(token.logps, self.sampling_logps[rows], self.mask[rows], rows)
+        if old is not None:  # where a sampler gave no log-prob (NaN; the bypass anchor), the ratio is 1
+            old = torch.where(old.isnan(), token.logps.detach(), old)
         return grpo_loss(
             token.logps,
-            rows_of(self.old_logps, rows),
+            old,
             self.advantages[rows],
             self.mask[rows],
             config,
@@ -225,9 +227,11 @@ def build_targets(
     rows = split_rows(row_tokens, u, s.micro_batch_unit, ranks)
     old_logps = policy.logps(rollout, rows) if s.needs_old_logps else None
     ref_logps = policy.reference_logps(rollout, rows) if s.reference else None
-    weights, proximal, mismatch = None, None, None
+    weights, proximal, mismatch, anchor = None, None, None, old_logps if u.off_policy else None
     if rollout.sampling_logps is not None:  # another engine sampled: corrected, and measured even when it is not
         mode, (low, high) = u.sampling_correction, u.correction_bounds
+        if mode == BYPASS:  # the sampler anchors the loss's ratio and clip; no weight
+            mode, anchor = None, rollout.sampling_logps
         if old_logps is not None:
             if mode is not None:
                 weights = sampling_correction(old_logps, rollout.sampling_logps, mask, mode, low, high)
@@ -239,7 +243,7 @@ def build_targets(
         mask=mask,
         normalizer=normalizer(mask, ranks, s.max_completion_length),
         micro_batches=rows,
-        old_logps=old_logps if u.off_policy else None,  # every step on-policy: the ratio is exactly 1
+        old_logps=anchor,  # None: every step on-policy, the ratio is exactly 1
         ref_logps=ref_logps,
         sampling_weights=weights,
         sampling_logps=rollout.sampling_logps,

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 from lightning_grpo.checks import raise_problems
-from lightning_grpo.targets.correction import CORRECTIONS, SAMPLING_CORRECTIONS, correction_bounds
+from lightning_grpo.targets.correction import BYPASS, CORRECTIONS, SAMPLING_CORRECTIONS, correction_bounds
 
 AUTO_MICRO_BATCH_TOKENS = 16384  # verl's ppo_max_token_len_per_gpu: one pass of the prompt-and-completion tokens
 
@@ -35,7 +35,9 @@ class UpdateConfig:
             token_mask, sequence_truncate, sequence_mask (TRL's default) [rho <= 3]; icepop, rho per token kept
             inside [0.5, 5] and 0 outside; geometric_mask, a completion kept (weight 1) while the geometric mean
             of its token ratios is inside [0.999, 1.001] (verl's preset) and dropped otherwise; decoupled, AReaL's
-            behaviour weight, rho per token, 0 above the cap [5]; or ``None`` (off). Weights logged as
+            behaviour weight, rho per token, 0 above the cap [5]; bypass, no weight: the loss's ratio and clip
+            are taken against the sampler's log-probs (verl's ``bypass_mode``; for async, where the sampler is
+            updates behind); or ``None`` (off). Weights logged as
             ``train/sampling/importance_sampling_ratio/*``; the mismatch itself as ``train/sampling/*``, with the
             correction off too.
         sampling_correction_min: the ratio's lower bound (TRL's ``vllm_importance_sampling_clip_min``); ``None``
@@ -99,7 +101,16 @@ class UpdateConfig:
             (low is None or low >= 0, f"update.sampling_correction_min must be >= 0 (None: the default), got {low!r}"),
             (high is None or high > 0, f"update.sampling_correction_max must be > 0 (None: the default), got {high!r}"),
         ]
-        if self.sampling_correction in CORRECTIONS:
+        if self.sampling_correction in (BYPASS, None):
+            unused = self.sampling_correction_min is None and self.sampling_correction_max is None
+            checks.append(
+                (
+                    unused,
+                    f"update.sampling_correction_min/max bound a weight, and update.sampling_correction="
+                    f"{self.sampling_correction!r} applies none: leave them unset",
+                )
+            )
+        elif self.sampling_correction in CORRECTIONS:
             low, high = self.correction_bounds
             checks.append(
                 (
@@ -114,7 +125,7 @@ class UpdateConfig:
     def correction_bounds(self) -> tuple[float, float]:
         """[low, high] of ``sampling_correction``: the settings, or the correction's defaults where ``None``;
         unbounded when the correction is off."""
-        if self.sampling_correction is None:
+        if self.sampling_correction in (BYPASS, None):
             return 0.0, math.inf
         return correction_bounds(self.sampling_correction, self.sampling_correction_min, self.sampling_correction_max)
 

@@ -4,7 +4,8 @@ measure it. Pure tensor math: knows nothing of engines or models.
 When another engine (vLLM) samples the completions, its log-probs differ from the trainer's (kernels, precision,
 weights one sync behind), so the policy term of the loss is re-weighted by the probability ratio of the trained
 policy to the sampler, ``rho = exp(old_logps - sampling_logps)``. A correction is one row of ``CORRECTIONS``: the
-level the ratio is taken at, what happens outside the bounds, and its default bounds.
+level the ratio is taken at, what happens outside the bounds, and its default bounds. ``bypass`` is the one
+correction that is not a weight: the sampler's log-probs become the loss's old log-probs (``BYPASS``).
 
 The three policies (AReaL's decoupled PPO, arXiv:2505.24298): the *behaviour* policy is the sampler
 (``Rollout.sampling_logps``, possibly several weight versions behind in async training); the *proximal* policy is
@@ -87,7 +88,12 @@ CORRECTIONS = {
     "geometric_mask": Correction(sequence_mean, mask_only, 1 / 1.001, 1.001, "verl rollout_rs='geometric' preset"),
     "decoupled": Correction(token_level, mask_keep_ratio, 0.0, 5.0, "AReaL behav_imp_weight_cap"),
 }
-SAMPLING_CORRECTIONS = tuple(CORRECTIONS)
+# The sampler as PPO's anchor: the loss's ratio and clip are taken against the sampler's log-probs and no weight
+# applies (verl's ``rollout_correction.bypass_mode``, Tinker's PPO loss). The clip then bounds how far an update
+# moves from the weights that sampled, which a stale sampler (async training) needs; the rows above anchor at the
+# weights that start the update instead and only re-weight.
+BYPASS = "bypass"
+SAMPLING_CORRECTIONS = (*CORRECTIONS, BYPASS)
 
 
 def correction_bounds(mode: str, low: float | None, high: float | None) -> tuple[float, float]:
