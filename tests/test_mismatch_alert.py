@@ -16,6 +16,7 @@ from test_generation import ShiftedSampler
 from lightning_grpo import PromptDataModule
 from lightning_grpo.callbacks import GRPOAlertError, MetricsFile, MismatchAlert
 from lightning_grpo.cli import main
+from lightning_grpo.engines import AsyncRollouts
 from lightning_grpo.run import run_dir
 
 
@@ -81,6 +82,14 @@ def test_a_noisy_sampler_raises_on_the_effective_sample_size(tiny_model_dir, ari
     module = make_module(tiny_model_dir, rollout_engine=NoisySampler(1.5))
     with pytest.raises(GRPOAlertError, match=r"sampler_ess = 0\.\d+ < 0.5 for 1 consecutive steps"):
         fit(module, data(arith_jsonl), tmp_path, max_steps=3, callbacks=[alert])
+
+
+def test_an_async_sampler_behind_by_design_gets_its_own_advice(tiny_model_dir, arith_jsonl, tmp_path):
+    alert = MismatchAlert(max_token_mult_prob_error=1.001, patience=1)  # over rounding, under one update's move
+    module = make_module(tiny_model_dir, rollout_engine=AsyncRollouts(max_staleness=1))
+    fit(module, data(arith_jsonl), tmp_path, max_steps=3, callbacks=[alert])
+    assert alert.firings and all("1 update(s) behind" in f.message for f in alert.firings)
+    assert "same dtype" not in alert.firings[0].message  # not an engine fault
 
 
 @pytest.mark.parametrize("engine", [ShiftedSampler(0.0), None])  # agreeing sampler; the policy samples itself

@@ -10,7 +10,8 @@ Signals, over the loss tokens of the global batch (``StepStats.mismatch``, prese
   ``min_ess`` (0.5): the re-weighted batch carries less than half its tokens' information, a few tokens dominate
   the correction.
 Under the first two, uncorrected training degrades (NeMo-RL #1330, the "When Speed Kills Stability" study); under
-the third, the correction's variance does.
+the third, the correction's variance does. With a sampler behind by design (``AsyncRollouts``), the gap includes
+the policy's own movement since it sampled, and the advice says so.
 """
 
 from __future__ import annotations
@@ -29,6 +30,11 @@ ADVICE = (
     "(icepop or sequence_mask are the robust choices)"
 )
 ESS_ADVICE = "a masking correction (icepop, sequence_mask) rather than truncation, or fix the mismatch at its source"
+STALE_ADVICE = (
+    "the sampler is up to {k} update(s) behind (AsyncRollouts max_staleness), so this gap is mostly the policy's own "
+    "movement since it sampled, not an engine fault: lower the learning rate, or anchor the clip at the sampler "
+    "(update.sampling_correction: bypass)"
+)
 
 
 class MismatchAlert(Alert):
@@ -79,9 +85,11 @@ class MismatchAlert(Alert):
         m = record.stats.mismatch
         if m is None:
             return []
-        error = above("token_mult_prob_error", m.token_mult_prob_error, self.max_token_mult_prob_error, ADVICE)
+        stale = int(record.stats.extra.get("async/staleness/max", 0))  # a sampler behind by design
+        advice = STALE_ADVICE.format(k=stale) if stale else ADVICE
+        error = above("token_mult_prob_error", m.token_mult_prob_error, self.max_token_mult_prob_error, advice)
         return (
             error
-            + above("sampler_kl", m.kl, self.max_kl, ADVICE)
+            + above("sampler_kl", m.kl, self.max_kl, advice)
             + below("sampler_ess", m.ess_token, self.min_ess, ESS_ADVICE)
         )
