@@ -215,8 +215,9 @@ class AsyncRollouts(RolloutEngine):
             )
 
     def _use(self, answer: Produced) -> tuple[Rollout, PromptBatch]:
-        """The answer's rollout with the staleness metrics, and its batch; the RNG continues from the producer's
-        when the trainer waited for it (k = 0: as the synchronous path's)."""
+        """The answer's rollout, its rows marked with the version that sampled them and the queue's metrics, and
+        its batch; the RNG continues from the producer's when the trainer waited for it (k = 0: as the
+        synchronous path's)."""
         rollout = answer.rollout
         if answer.error is not None:
             raise RuntimeError(answer.error)
