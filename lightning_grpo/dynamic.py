@@ -79,11 +79,9 @@ class GroupBuffer:
         update where ``staleness`` ([N] of the buffer's rows: updates since their weights; ``None``: sampled by the
         current ones) plus this update is within ``max_staleness``; the rest is dropped, as verl drops it."""
         surplus = torch.arange(self.num_groups) >= num_groups
-        carried = surplus.clone()
-        if staleness is None:
-            carried[:] = False
-        else:
-            carried &= staleness[:: self.rollout.group_size].cpu() + 1 <= self.max_staleness
+        carried = torch.zeros_like(surplus)  # none from an in-process engine
+        if staleness is not None:
+            carried = surplus & (staleness[:: self.rollout.group_size].cpu() + 1 <= self.max_staleness)
         rollout, scores = select_groups(self.rollout, self.scores, ~surplus)
         metrics = {
             "filter_groups/num_gen_batches": float(self.num_gen_batches),

@@ -322,8 +322,9 @@ class GRPOModule(L.LightningModule):
     def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         checkpoint["grpo_counters"] = self.counters.state_dict()
         checkpoint["entropy_controller"] = self.entropy.state_dict()
-        checkpoint["rollout_engine"] = {"ranks": every_rank(self.engine.state_dict())}  # rollouts sampled ahead
-        checkpoint["group_buffer"] = {"ranks": every_rank(self.group_buffer.state_dict())}  # filter_groups' waiting
+        engines, buffers = zip(*every_rank((self.engine.state_dict(), self.group_buffer.state_dict())))  # one gather
+        checkpoint["rollout_engine"] = {"ranks": list(engines)}  # rollouts sampled ahead
+        checkpoint["group_buffer"] = {"ranks": list(buffers)}  # filter_groups' groups waiting for an update
 
     @override
     def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
