@@ -106,7 +106,7 @@ class GRPOModule(L.LightningModule):
         super().__init__()
         self.engine = rollout_engine or default_engine(sampling)
         s = self.settings = GRPOSettings.build(
-            self.engine.problems,
+            self.engine,
             num_generations=num_generations,
             num_generations_eval=num_generations_eval,
             max_bad_steps=max_bad_steps,

@@ -18,7 +18,7 @@ from lightning_grpo.loss import LossConfig
 from lightning_grpo.model.config import PolicyConfig
 from lightning_grpo.optim import OptimConfig
 from lightning_grpo.rewards.calls import RewardCallConfig
-from lightning_grpo.rollout import SamplingConfig
+from lightning_grpo.rollout import RolloutEngine, SamplingConfig
 from lightning_grpo.targets import TargetSettings, UpdateConfig
 
 SECTIONS = {
@@ -67,13 +67,18 @@ class GRPOSettings:
     reward_calls: RewardCallConfig
 
     @classmethod
-    def build(cls, engine_problems: Any, **values: Any) -> GRPOSettings:
-        """From the constructor's values; ``engine_problems(sampling)`` lists what the engine cannot honour.
-        Raises one ``ValueError`` naming every problem."""
+    def build(cls, engine: RolloutEngine, **values: Any) -> GRPOSettings:
+        """From the constructor's values, for ``engine``: ``engine.problems(sampling)`` lists what it cannot honour,
+        and ``update``'s ``auto`` correction follows ``engine.max_staleness``. Raises one ``ValueError`` naming
+        every problem."""
         problems: list[str] = []
         values |= {name: section(kind, values[name], problems) for name, kind in SECTIONS.items()}
+        try:
+            values["update"] = values["update"].for_engine(engine.max_staleness)
+        except ValueError as err:
+            problems.append(str(err))
         settings = cls(**values)
-        raise_problems("GRPOModule", [(False, p) for p in problems] + settings.checks(engine_problems))
+        raise_problems("GRPOModule", [(False, p) for p in problems] + settings.checks(engine.problems))
         return settings
 
     def checks(self, engine_problems: Any) -> list[tuple[bool, str]]:

@@ -355,6 +355,7 @@ class MismatchStats:
     ratio_p95: float
     ess_token: float  # normalised effective sample size of the token ratios, in (0, 1]
     ess_sequence: float  # of the completions' ratios (product over their tokens)
+    anchored: bool = False  # the loss's ratio and clip are taken against the sampler (bypass): no weight applied
 
     def metrics(self) -> dict[str, float]:
         return {

@@ -262,8 +262,22 @@ def test_ess_extremes():
 
 def test_bounds_default_per_correction_and_settings_override():
     assert UpdateConfig(sampling_correction="icepop").correction_bounds == (0.5, 5.0)
-    assert UpdateConfig().correction_bounds == (0.0, 3.0)  # TRL's sequence_mask, cap 3
+    assert UpdateConfig().for_engine(max_staleness=0).correction_bounds == (0.0, 3.0)  # TRL's sequence_mask, cap 3
     assert UpdateConfig(sampling_correction="decoupled", sampling_correction_max=2.0).correction_bounds == (0.0, 2.0)
+
+
+def test_auto_is_bypass_for_an_engine_sampling_ahead_and_sequence_mask_otherwise():
+    assert UpdateConfig().sampling_correction == "auto"
+    assert UpdateConfig().for_engine(max_staleness=0).sampling_correction == "sequence_mask"
+    assert UpdateConfig().for_engine(max_staleness=2).sampling_correction == "bypass"
+    chosen = UpdateConfig(sampling_correction="icepop")
+    assert chosen.for_engine(max_staleness=1) is chosen  # a correction named is kept
+    bounded = UpdateConfig(sampling_correction_max=2.0)
+    assert bounded.for_engine(max_staleness=0).correction_bounds == (0.0, 2.0)
+    with pytest.raises(ValueError, match=r"'auto' is 'bypass' for an engine sampling up to 1 update\(s\) ahead"):
+        bounded.for_engine(max_staleness=1)
+    with pytest.raises(ValueError, match="no bounds until for_engine resolves it"):
+        _ = UpdateConfig().correction_bounds
 
 
 @pytest.mark.parametrize(

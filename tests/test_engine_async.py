@@ -45,16 +45,35 @@ def test_k0_updates_equal_the_synchronous_path(tiny_model_dir, arith_jsonl, tmp_
     assert k0.engine.process is None  # ended with the fit
 
 
-def test_k1_trains_one_step_behind_with_the_correction(tiny_model_dir, arith_jsonl, tmp_path):
-    module = make_module(tiny_model_dir, rollout_engine=AsyncRollouts(max_staleness=1))
+@pytest.mark.parametrize("correction", ["auto", "sequence_mask"])
+def test_k1_trains_one_step_behind_with_the_correction(tiny_model_dir, arith_jsonl, tmp_path, correction):
+    update = {"sampling_correction": correction}
+    module = make_module(tiny_model_dir, rollout_engine=AsyncRollouts(max_staleness=1), update=update)
     trainer = fit(module, data(arith_jsonl), tmp_path, max_steps=3)
     metrics = logged(trainer)
     assert trainer.global_step == 3
     # the first batch only filled the pipeline; after it, every batch was sampled one update earlier
     assert metrics["train/async/staleness/max"] == [0.0, 1.0, 1.0]
-    ratios = metrics["train/sampling/importance_sampling_ratio/mean"]  # the producer's log-probs ride every rollout
-    assert len(ratios) == 3 and ratios[0] == pytest.approx(1.0, abs=1e-5)  # fresh weights: ratio 1; stale: not
+    gap = metrics["train/sampling/kl"]  # the producer's log-probs ride every rollout, and the gap is measured
+    assert len(gap) == 3 and gap[0] == pytest.approx(0.0, abs=1e-6) and min(gap[1:]) > 1e-6  # fresh, then stale
+    weighted = "train/sampling/importance_sampling_ratio/mean" in metrics
+    if correction == "auto":  # an engine sampling ahead: the loss's clip is anchored at the sampler, no weight
+        assert module.settings.update.sampling_correction == "bypass" and not weighted
+    else:
+        ratios = metrics["train/sampling/importance_sampling_ratio/mean"]
+        assert ratios[0] == pytest.approx(1.0, abs=1e-5) and ratios[1:] != [1.0, 1.0]
     assert module.engine.version == 3
+
+
+def test_bounds_with_auto_under_async_are_refused_before_the_model_loads():
+    from lightning_grpo import GRPOModule
+
+    with pytest.raises(ValueError, match=r"'auto' is 'bypass' for an engine sampling up to 2 update\(s\) ahead"):
+        GRPOModule(
+            model="/nonexistent/never/loaded",
+            rollout_engine=AsyncRollouts(max_staleness=2),
+            update={"sampling_correction_max": 2.0},
+        )
 
 
 def test_stale_importance_weights_by_hand():
@@ -105,7 +124,8 @@ def logps_with(module, params: list[torch.Tensor], rollout) -> torch.Tensor:
 def test_k1_importance_weights_are_the_ratio_to_the_sampling_version(tiny_model_dir, arith_jsonl, tmp_path, lora):
     """With a LoRA policy too: the adapter's weights reach the producer (its log-probs are the sampling version's)."""
     settings = {"policy": {"peft_config": LORA}} if lora else {}
-    module = make_module(tiny_model_dir, rollout_engine=AsyncRollouts(max_staleness=1), **settings)
+    update = {"sampling_correction": "sequence_mask"}  # the default under async, bypass, applies no weight
+    module = make_module(tiny_model_dir, rollout_engine=AsyncRollouts(max_staleness=1), update=update, **settings)
     check = StaleWeights()
     fit(module, data(arith_jsonl), tmp_path, max_steps=3, callbacks=[check])
     assert len(check.checked) == 2
@@ -147,7 +167,7 @@ def test_resume_after_sigterm_continues_exactly(tiny_model_dir, arith_jsonl, tmp
         torch.testing.assert_close(a, b, rtol=0, atol=1e-6)
     assert len(second) == 4 - stop
     for expected, got in zip(reference[stop:], second):  # the updates after the stop
-        for key in ("reward", "async/staleness/max", "sampling/importance_sampling_ratio/mean"):
+        for key in ("reward", "async/staleness/max", "sampling/kl"):
             assert expected[key] == pytest.approx(got[key], abs=1e-6), key
 
 

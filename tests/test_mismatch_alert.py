@@ -84,12 +84,20 @@ def test_a_noisy_sampler_raises_on_the_effective_sample_size(tiny_model_dir, ari
         fit(module, data(arith_jsonl), tmp_path, max_steps=3, callbacks=[alert])
 
 
-def test_an_async_sampler_behind_by_design_gets_its_own_advice(tiny_model_dir, arith_jsonl, tmp_path):
-    alert = MismatchAlert(max_token_mult_prob_error=1.001, patience=1)  # over rounding, under one update's move
-    module = make_module(tiny_model_dir, rollout_engine=AsyncRollouts(max_staleness=1))
+@pytest.mark.parametrize("correction", ["auto", "sequence_mask"])
+def test_an_async_sampler_behind_by_design_gets_its_own_advice(tiny_model_dir, arith_jsonl, tmp_path, correction):
+    alert = MismatchAlert(max_token_mult_prob_error=1.001, min_ess=1.0, patience=1)  # over rounding; any spread
+    update = {"sampling_correction": correction}
+    module = make_module(tiny_model_dir, rollout_engine=AsyncRollouts(max_staleness=1), update=update)
     fit(module, data(arith_jsonl), tmp_path, max_steps=3, callbacks=[alert])
-    assert alert.firings and all("1 update(s) behind" in f.message for f in alert.firings)
-    assert "same dtype" not in alert.firings[0].message  # not an engine fault
+    stale = [f for f in alert.firings if f.signal != "sampler_ess"]
+    assert stale and all("1 update(s) behind" in f.message for f in stale)
+    assert "same dtype" not in stale[0].message  # not an engine fault
+    if correction == "auto":  # bypass: the clip is already at the sampler, and no weight's ESS to watch
+        assert "already clips its ratio against the sampler" in stale[0].message and len(stale) == len(alert.firings)
+    else:
+        assert "update.sampling_correction: bypass" in stale[0].message
+        assert any(f.signal == "sampler_ess" for f in alert.firings)
 
 
 @pytest.mark.parametrize("engine", [ShiftedSampler(0.0), None])  # agreeing sampler; the policy samples itself

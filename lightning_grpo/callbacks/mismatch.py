@@ -8,7 +8,7 @@ Signals, over the loss tokens of the global batch (``StepStats.mismatch``, prese
   ``gen_kl_error`` mean under 0.01;
 - ``sampler_ess``: ``sampling/ess/token``, the normalised effective sample size of the token ratios, under
   ``min_ess`` (0.5): the re-weighted batch carries less than half its tokens' information, a few tokens dominate
-  the correction.
+  the correction (not watched with ``bypass``, which applies no weight).
 Under the first two, uncorrected training degrades (NeMo-RL #1330, the "When Speed Kills Stability" study); under
 the third, the correction's variance does. With a sampler behind by design (``AsyncRollouts``), the gap includes
 the policy's own movement since it sampled, and the advice says so.
@@ -32,9 +32,14 @@ ADVICE = (
 ESS_ADVICE = "a masking correction (icepop, sequence_mask) rather than truncation, or fix the mismatch at its source"
 STALE_ADVICE = (
     "the sampler is up to {k} update(s) behind (AsyncRollouts max_staleness), so this gap is mostly the policy's own "
-    "movement since it sampled, not an engine fault: lower the learning rate, or anchor the clip at the sampler "
-    "(update.sampling_correction: bypass)"
+    "movement since it sampled, not an engine fault: {remedy}"
 )
+REMEDIES = {  # by MismatchStats.anchored (update.sampling_correction: bypass), under a sampler behind by design
+    True: "the loss already clips its ratio against the sampler (bypass); if the reward stalls, lower the "
+    "learning rate or max_staleness",
+    False: "lower the learning rate, or anchor the clip at the sampler (update.sampling_correction: bypass, the "
+    "default under async)",
+}
 
 
 class MismatchAlert(Alert):
@@ -86,10 +91,9 @@ class MismatchAlert(Alert):
         if m is None:
             return []
         stale = int(record.stats.extra.get("async/staleness/max", 0))  # a sampler behind by design
-        advice = STALE_ADVICE.format(k=stale) if stale else ADVICE
+        advice = STALE_ADVICE.format(k=stale, remedy=REMEDIES[m.anchored]) if stale else ADVICE
         error = above("token_mult_prob_error", m.token_mult_prob_error, self.max_token_mult_prob_error, advice)
-        return (
-            error
-            + above("sampler_kl", m.kl, self.max_kl, advice)
-            + below("sampler_ess", m.ess_token, self.min_ess, ESS_ADVICE)
-        )
+        ess = (
+            [] if m.anchored else below("sampler_ess", m.ess_token, self.min_ess, ESS_ADVICE)
+        )  # no weight, no variance
+        return error + above("sampler_kl", m.kl, self.max_kl, advice) + ess

@@ -54,6 +54,7 @@ class ProximalCorrection:
     low: float
     high: float
     logps: Tensor  # [N, T] the proximal log-probs, filled one micro-batch at a time
+    anchored: bool  # bypass: the loss's ratio is taken against the sampler (MismatchStats.anchored)
     weights: Tensor | None = None  # [N, T] or [N, 1], likewise
 
     def weights_of(self, logps: Tensor, sampling_logps: Tensor, mask: Tensor, rows: slice | Tensor) -> Tensor | None:
@@ -113,7 +114,7 @@ class Targets:
         c = self.proximal
         if c is None:
             return self
-        mismatch = _mismatch(c.logps, self.sampling_logps, self.mask, ranks)
+        mismatch = _mismatch(c.logps, self.sampling_logps, self.mask, ranks, c.anchored)
         return replace(self, sampling_weights=c.weights, mismatch=mismatch, proximal=None)
 
     def metrics(self) -> dict[str, float]:
@@ -230,14 +231,15 @@ def build_targets(
     weights, proximal, mismatch, anchor = None, None, None, old_logps if u.off_policy else None
     if rollout.sampling_logps is not None:  # another engine sampled: corrected, and measured even when it is not
         mode, (low, high) = u.sampling_correction, u.correction_bounds
-        if mode == BYPASS:  # the sampler anchors the loss's ratio and clip; no weight
+        anchored = mode == BYPASS
+        if anchored:  # the sampler anchors the loss's ratio and clip; no weight
             mode, anchor = None, rollout.sampling_logps
         if old_logps is not None:
             if mode is not None:
                 weights = sampling_correction(old_logps, rollout.sampling_logps, mask, mode, low, high)
-            mismatch = _mismatch(old_logps, rollout.sampling_logps, mask, ranks)
+            mismatch = _mismatch(old_logps, rollout.sampling_logps, mask, ranks, anchored)
         else:  # every row trained once, from the weights that start the batch: the training forward's log-probs
-            proximal = ProximalCorrection(mode, low, high, torch.zeros_like(rollout.sampling_logps))
+            proximal = ProximalCorrection(mode, low, high, torch.zeros_like(rollout.sampling_logps), anchored)
     return Targets(
         advantages=_advantages(every_rank, scores.weights, mask, old_logps, ref_logps, s, ranks),
         mask=mask,
@@ -253,9 +255,12 @@ def build_targets(
     )
 
 
-def _mismatch(old_logps: Tensor, sampling_logps: Tensor, mask: Tensor, ranks: Ranks) -> MismatchStats | None:
+def _mismatch(
+    old_logps: Tensor, sampling_logps: Tensor, mask: Tensor, ranks: Ranks, anchored: bool
+) -> MismatchStats | None:
     """The mismatch over every rank's loss tokens (a collective), so that every rank logs and alerts alike."""
-    return mismatch_stats(*(ranks.gather_padded(t) for t in (old_logps, sampling_logps, mask)))
+    stats = mismatch_stats(*(ranks.gather_padded(t) for t in (old_logps, sampling_logps, mask)))
+    return stats if stats is None else replace(stats, anchored=anchored)
 
 
 def _advantages(

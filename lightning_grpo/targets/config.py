@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass
 from typing import Literal
@@ -10,6 +11,7 @@ from lightning_grpo.checks import raise_problems
 from lightning_grpo.targets.correction import BYPASS, CORRECTIONS, SAMPLING_CORRECTIONS, correction_bounds
 
 AUTO_MICRO_BATCH_TOKENS = 16384  # verl's ppo_max_token_len_per_gpu: one pass of the prompt-and-completion tokens
+AUTO = "auto"  # sampling_correction chosen by the engine: UpdateConfig.for_engine
 
 
 @dataclass(frozen=True)
@@ -37,7 +39,10 @@ class UpdateConfig:
             of its token ratios is inside [0.999, 1.001] (verl's preset) and dropped otherwise; decoupled, AReaL's
             behaviour weight, rho per token, 0 above the cap [5]; bypass, no weight: the loss's ratio and clip
             are taken against the sampler's log-probs (verl's ``bypass_mode``; for async, where the sampler is
-            updates behind); or ``None`` (off). Weights logged as
+            updates behind); ``"auto"`` (the default): ``bypass`` when the engine samples updates ahead
+            (``AsyncRollouts`` with ``max_staleness`` > 0, where async then learns as synchronous does, and less
+            with re-weighting only: ``references/scale.md``), TRL's ``sequence_mask`` otherwise; or ``None``
+            (off). Weights logged as
             ``train/sampling/importance_sampling_ratio/*``; the mismatch itself as ``train/sampling/*``, with the
             correction off too.
         sampling_correction_min: the ratio's lower bound (TRL's ``vllm_importance_sampling_clip_min``); ``None``
@@ -51,12 +56,12 @@ class UpdateConfig:
     micro_batch_size: int | None = None
     micro_batch_tokens: int | Literal["auto"] | None = "auto"
     mask_truncated_completions: bool = False
-    sampling_correction: Literal[SAMPLING_CORRECTIONS] | None = "sequence_mask"
+    sampling_correction: Literal[(*SAMPLING_CORRECTIONS, AUTO)] | None = AUTO
     sampling_correction_min: float | None = None
     sampling_correction_max: float | None = None
 
     def __post_init__(self) -> None:
-        corrections = [*SAMPLING_CORRECTIONS, None]
+        corrections = [*SAMPLING_CORRECTIONS, AUTO, None]
         raise_problems(
             "update",
             [
@@ -87,6 +92,21 @@ class UpdateConfig:
                 *self._bound_checks(),
             ],
         )
+
+    def for_engine(self, max_staleness: int) -> UpdateConfig:
+        """These settings with ``sampling_correction: auto`` resolved for an engine whose samples are up to
+        ``max_staleness`` updates behind (``RolloutEngine.max_staleness``): ``bypass`` when > 0, else
+        ``sequence_mask``. Raises ``ValueError`` when the bounds are set and ``auto`` would be ``bypass``."""
+        if self.sampling_correction != AUTO:
+            return self
+        ahead = max_staleness > 0
+        if ahead and (self.sampling_correction_min, self.sampling_correction_max) != (None, None):
+            raise ValueError(
+                f"update.sampling_correction='auto' is 'bypass' for an engine sampling up to {max_staleness} "
+                f"update(s) ahead, which applies no weight for update.sampling_correction_min/max to bound: name "
+                f"the correction they bound (e.g. sequence_mask), or leave them unset"
+            )
+        return dataclasses.replace(self, sampling_correction=BYPASS if ahead else "sequence_mask")
 
     @property
     def token_budget(self) -> int | None:
@@ -124,7 +144,9 @@ class UpdateConfig:
     @property
     def correction_bounds(self) -> tuple[float, float]:
         """[low, high] of ``sampling_correction``: the settings, or the correction's defaults where ``None``;
-        unbounded when the correction is off."""
+        unbounded when the correction is off. ``auto`` must be resolved first (``for_engine``)."""
+        if self.sampling_correction == AUTO:
+            raise ValueError("update.sampling_correction='auto' has no bounds until for_engine resolves it")
         if self.sampling_correction in (BYPASS, None):
             return 0.0, math.inf
         return correction_bounds(self.sampling_correction, self.sampling_correction_min, self.sampling_correction_max)
