@@ -87,6 +87,28 @@ def test_stale_importance_weights_by_hand():
     assert sampling_correction(torch.tensor([[-0.5]]), torch.tensor([[-2.0]]), torch.ones(1, 1)).item() == 0.0
 
 
+def test_the_mailbox_moves_only_the_trained_weights():
+    """Under LoRA an update changes the adapter alone: publish needs and copies only it, take copies only it."""
+    import multiprocessing as mp
+
+    from torch import nn
+
+    from lightning_grpo.engines.producer import WeightsMailbox, trained_names
+
+    model = nn.Sequential(nn.Linear(3, 3), nn.Linear(3, 2))
+    model[0].requires_grad_(False)  # the frozen base
+    assert trained_names(model) == ["1.weight", "1.bias"]
+    mailbox = WeightsMailbox(model, mp.get_context("spawn"))
+    private = copy.deepcopy(model)
+    new = {name: torch.full_like(t, 7.0) for name, t in model.state_dict().items() if name.startswith("1.")}
+    assert mailbox.publish(new) == 1  # the frozen weights' keys are not needed
+    assert mailbox.take(private, have=0) == 1
+    assert torch.equal(private[1].weight, torch.full((2, 3), 7.0)) and torch.equal(
+        private[1].bias, torch.full((2,), 7.0)
+    )
+    torch.testing.assert_close(private[0].weight, model[0].weight, rtol=0, atol=0)  # untouched, still equal
+
+
 class StaleWeights(L.Callback):
     """Recomputes, independently of the engine, the log-probs of each step's rollout under the weights that
     sampled it (version t - 1) and under the step's own (version t), and the weights they make."""

@@ -151,9 +151,11 @@ class AsyncRollouts(RolloutEngine):
 
     @override
     def sync_weights(self, policy: Policy) -> None:
-        """Publish the updated weights, once the producer has taken those of every request submitted so far."""
+        """Publish the updated weights, once the producer has taken those of every request submitted so far. Only
+        the trained ones move: under LoRA the adapter, and a sharded model gathers no frozen base."""
         model = policy.model
-        state = full_state_dict(model, every_rank=True) if is_sharded(model) else model.state_dict()  # collective
+        sharded = is_sharded(model)
+        state = full_state_dict(model, every_rank=True, trained_only=True) if sharded else model.state_dict()
         while self.mailbox.taken.value < self.submitted:
             self._check_alive("take the weights of its requests")
             time.sleep(0.0005)

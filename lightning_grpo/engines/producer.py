@@ -62,20 +62,21 @@ class WeightsMailbox:
 
     def __init__(self, model: nn.Module, context: Any, version: int = 0, taken: int = 0) -> None:
         self.staging = copy.deepcopy(model).cpu().share_memory()
+        self.moving = trained_names(model)  # what publish and take copy: a frozen weight is the same in every version
         self.version = context.Value("q", version, lock=False)
         self.taken = context.Value("q", taken, lock=False)  # requests whose weights the producer has copied
         self.lock = context.Lock()
 
-    @staticmethod
-    def _tensors(model: nn.Module) -> list[Tensor]:
-        return list(model.state_dict().values())
+    def _tensors(self, model: nn.Module) -> list[Tensor]:
+        state = model.state_dict()
+        return [state[name] for name in self.moving]
 
     @torch.no_grad()
     def publish(self, state: dict[str, Tensor]) -> int:
-        """Copy the current weights in (a state dict of the staged model's keys, e.g. ``model.state_dict()`` or
-        a sharded model's gathered one); the new version."""
+        """Copy the current weights in (a state dict with at least the trained weights' keys, e.g.
+        ``model.state_dict()`` or a sharded model's gathered trainable ones); the new version."""
         with self.lock:
-            for name, staged in self.staging.state_dict().items():
+            for name, staged in zip(self.moving, self._tensors(self.staging)):
                 staged.copy_(state[name].detach())
             self.version.value += 1
             return self.version.value
@@ -91,6 +92,13 @@ class WeightsMailbox:
                     mine.copy_(staged)
             self.taken.value += 1
             return version
+
+
+def trained_names(model: nn.Module) -> list[str]:
+    """The state-dict names of the weights an update changes, the parameters that require a gradient: every one
+    when the whole model is trained, the adapter's under LoRA."""
+    trained = {id(p) for p in model.parameters() if p.requires_grad}
+    return [name for name, tensor in model.state_dict(keep_vars=True).items() if id(tensor) in trained]
 
 
 def produce(

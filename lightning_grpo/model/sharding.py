@@ -61,10 +61,11 @@ def is_sharded(model: nn.Module) -> bool:
     return isinstance(model, FSDPModule)
 
 
-def full_state_dict(model: nn.Module, every_rank: bool = False) -> dict[str, Tensor]:
+def full_state_dict(model: nn.Module, every_rank: bool = False, trained_only: bool = False) -> dict[str, Tensor]:
     """The unsharded weights, on CPU on rank 0 (other ranks get an empty dict), or with ``every_rank`` on every
-    rank, on the weights' device. Every rank must call it."""
-    options = StateDictOptions(full_state_dict=True, cpu_offload=not every_rank)
+    rank, on the weights' device; with ``trained_only`` those that require a gradient (a LoRA adapter's), the
+    frozen ones neither gathered nor returned. Every rank must call it."""
+    options = StateDictOptions(full_state_dict=True, cpu_offload=not every_rank, ignore_frozen_params=trained_only)
     return get_model_state_dict(model, options=options)
 
 
