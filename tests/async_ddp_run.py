@@ -13,6 +13,7 @@ import sys
 import lightning as L
 import torch
 from lightning.pytorch.strategies import ModelParallelStrategy
+from parallel_run import StopAt  # this script's folder is on the path
 from torch.distributed.tensor import DTensor
 
 from lightning_grpo import GRPOModule, PromptDataModule
@@ -39,16 +40,6 @@ class Probe(L.Callback):
                     "sampler_logps": None if rollout.sampling_logps is None else rollout.sampling_logps.sum().item(),
                 }
             )
-
-
-class StopAt(L.Callback):
-    def __init__(self, step: int, path: str):
-        self.step, self.path = step, path
-
-    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
-        if trainer.global_step == self.step:
-            trainer.save_checkpoint(self.path)
-            trainer.should_stop = True
 
 
 def main(
