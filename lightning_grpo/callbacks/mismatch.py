@@ -93,7 +93,6 @@ class MismatchAlert(Alert):
         stale = int(record.stats.extra.get("async/staleness/max", 0))  # a sampler behind by design
         advice = STALE_ADVICE.format(k=stale, remedy=REMEDIES[m.anchored]) if stale else ADVICE
         error = above("token_mult_prob_error", m.token_mult_prob_error, self.max_token_mult_prob_error, advice)
-        ess = (
-            [] if m.anchored else below("sampler_ess", m.ess_token, self.min_ess, ESS_ADVICE)
-        )  # no weight, no variance
+        # bypass weights nothing, so the ratios' effective sample size is no correction's variance
+        ess = [] if m.anchored else below("sampler_ess", m.ess_token, self.min_ess, ESS_ADVICE)
         return error + above("sampler_kl", m.kl, self.max_kl, advice) + ess
