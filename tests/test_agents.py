@@ -83,6 +83,23 @@ def test_concurrent_episodes_never_mix_tokens(policy, sampler):
     assert (rollout.sampling_logps is None) == (sampler is LeanDecode)  # LeanDecode is the policy itself
 
 
+def jittery_agent(client: openai.OpenAI, row: dict) -> float:
+    """One request, after a random pause shorter than the engine's batch_wait: the requests of a batch arrive in a
+    different order on every run."""
+    time.sleep(random.random() * 0.02)
+    client.chat.completions.create(model="policy", messages=row["prompt"])
+    return 0.0
+
+
+def test_the_same_seed_samples_the_same_episodes_whatever_order_the_agents_ask_in(policy):
+    engine = OpenAIAgent(jittery_agent, timeout=60, batch_wait=0.5)
+    runs = []
+    for _ in range(2):
+        torch.manual_seed(0)
+        runs.append(engine.generate(policy, prompts(2), 4, SAMPLING, greedy=False).completion_ids)
+    assert torch.equal(runs[0], runs[1])  # each episode sampled in its row's place of the batch
+
+
 def test_lean_decode_serves_the_turns_hf_generate_serves(policy):
     """Greedy, the two samplers' ``complete`` give the same turns: contexts of different lengths (left-padded
     together), each cut at its own budget or EOS."""

@@ -226,6 +226,8 @@ class OpenAIAgent(RolloutEngine):
         for item in (i for i in items if isinstance(i, Request)):
             (later if item.session in taken else batch).append(item)
             taken.add(item.session)
+        order = {session: row for row, session in enumerate(self.live)}  # the episodes' rows, whatever the timing
+        batch.sort(key=lambda request: order[request.session])  # the same batch samples the same tokens
         return batch, later
 
     def _running(self) -> int:
