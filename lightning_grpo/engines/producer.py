@@ -97,8 +97,7 @@ class WeightsMailbox:
 def trained_names(model: nn.Module) -> list[str]:
     """The state-dict names of the weights an update changes, the parameters that require a gradient: every one
     when the whole model is trained, the adapter's under LoRA."""
-    trained = {id(p) for p in model.parameters() if p.requires_grad}
-    return [name for name, tensor in model.state_dict(keep_vars=True).items() if id(tensor) in trained]
+    return [name for name, tensor in model.state_dict(keep_vars=True).items() if tensor.requires_grad]
 
 
 def produce(
