@@ -103,8 +103,9 @@ class UpdateConfig:
         if ahead and (self.sampling_correction_min, self.sampling_correction_max) != (None, None):
             raise ValueError(
                 f"update.sampling_correction='auto' is 'bypass' for an engine sampling up to {max_staleness} "
-                f"update(s) ahead, which applies no weight for update.sampling_correction_min/max to bound: name "
-                f"the correction they bound (e.g. sequence_mask), or leave them unset"
+                f"update(s) ahead, which applies no weight for update.sampling_correction_min/max (got "
+                f"{self.sampling_correction_min!r}/{self.sampling_correction_max!r}) to bound: name the correction "
+                f"they bound (one of {list(CORRECTIONS)}), or leave them unset"
             )
         return dataclasses.replace(self, sampling_correction=BYPASS if ahead else "sequence_mask")
 
