@@ -163,15 +163,17 @@ def test_cli_run_then_report(tmp_path, capsys):
             "--config",
             "templates/tiny_cpu.yaml",
             "--trainer.max_steps",
-            "30",
+            "12",
+            "--trainer.log_every_n_steps",
+            "4",
             "--trainer.val_check_interval",
-            "15",
+            "6",
             "--trainer.default_root_dir",
             str(root),
             "--data.max_val_prompts",
             "16",
             "--samples.every_n_steps",
-            "10",
+            "4",
         ]
     )
     run_dir = next(root.glob("lightning_logs/version_*"))
@@ -188,7 +190,7 @@ def test_cli_run_then_report(tmp_path, capsys):
     from lightning_grpo.cli.report import write_report
 
     report = write_report(run_dir)
-    assert len(report.series["train/reward"]) == 3  # log_every_n_steps: 10 in the template
+    assert len(report.series["train/reward"]) == 3  # log_every_n_steps: 4
     assert len(report.series["val/accuracy"]) >= 2
 
 

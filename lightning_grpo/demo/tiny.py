@@ -110,12 +110,15 @@ def pretrain_format(model: Qwen2ForCausalLM, tokenizer: PreTrainedTokenizerFast,
     gen = torch.Generator().manual_seed(0)
     prompts = [r["prompt"] for r in max_rows()]
     prompt_len = len(tokenizer(prompts[0])["input_ids"])
+    # every prompt followed by each digit and EOS, tokenized once: [prompt, digit, token]
+    texts = [p + str(d) for p in prompts for d in range(10)]
+    table = torch.tensor([ids + [tokenizer.eos_token_id] for ids in tokenizer(texts)["input_ids"]])
+    table = table.view(len(prompts), 10, -1)
     optimizer = torch.optim.AdamW(model.parameters(), lr=3e-3)
     model.train()
     for _ in range(steps):
-        digits = torch.randint(0, 10, (len(prompts),), generator=gen).tolist()
-        texts = [p + str(d) for p, d in zip(prompts, digits)]
-        ids = torch.tensor([tokenizer(t)["input_ids"] + [tokenizer.eos_token_id] for t in texts])
+        digits = torch.randint(0, 10, (len(prompts),), generator=gen)
+        ids = table[torch.arange(len(prompts)), digits]
         labels = ids.clone()
         labels[:, :prompt_len] = -100  # loss on the answer and EOS only
         loss = model(input_ids=ids, labels=labels).loss
