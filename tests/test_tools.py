@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import time
 from types import SimpleNamespace
 
@@ -14,6 +15,7 @@ from lightning_grpo.demo.tiny import TOOL_CHAT_TEMPLATE, build_tokenizer
 from lightning_grpo.engines import HermesParser, ToolCall, ToolCalling
 from lightning_grpo.engines.episodes import check_tool_template, tool_suffix_ids
 from lightning_grpo.engines.toolcalls import run_call, tool_schema
+from lightning_grpo.model.policy import Policy
 from lightning_grpo.rollout import SamplingConfig
 
 
@@ -190,7 +192,7 @@ class Scripted(ToolCalling):
 
 def fake_policy():
     tokenizer = tool_tokenizer()
-    return SimpleNamespace(
+    policy = SimpleNamespace(
         tokenizer=tokenizer,
         eos_token_ids=[tokenizer.eos_token_id],
         device=torch.device("cpu"),
@@ -198,6 +200,8 @@ def fake_policy():
         generating=contextlib.nullcontext,
         model=SimpleNamespace(config=SimpleNamespace(max_position_embeddings=100_000)),
     )
+    policy.ranks_max = functools.partial(Policy.ranks_max, policy)  # one process: the values as given
+    return policy
 
 
 CALL = '<tool_call>{"name": "add", "arguments": {"a": 2, "b": 3}}</tool_call>'

@@ -34,6 +34,7 @@ from lightning_grpo.rollout import RolloutEngine, SamplingConfig, pad_rows
 from lightning_grpo.types import Prompt, Rollout
 
 AGENT_ARGUMENTS = ("client", "base_url")
+Turn = tuple[Request, ServedEpisode, list[int], int]  # a request to generate for: its episode, context, budget
 NOT_PLAYING = (
     "no episode {session!r} is being played: the endpoint serves only the episodes of the rollout in progress, "
     "at the base URL the agent was given"
@@ -122,8 +123,6 @@ class OpenAIAgent(RolloutEngine):
 
     @override
     def setup(self, policy: Policy, trainer: Any, seed: int) -> None:
-        if policy.synced_generation:
-            raise ValueError("OpenAIAgent does not serve sharded (FSDP) policies yet: use DDP or one device")
         self.sampler.setup(policy, trainer, seed)
         self.endpoint.start(self._accept)
 
@@ -196,17 +195,37 @@ class OpenAIAgent(RolloutEngine):
         self.inbox.put(episode)
 
     def _serve(self, policy: Policy, episodes: list[ServedEpisode], sampling: SamplingConfig, greedy: bool) -> None:
-        """Answer requests in batches until every agent has ended or the time is up."""
+        """Answer requests in batches until every agent has ended or the time is up.
+
+        Under sharding (``synced_generation``: every forward is a collective) the ranks agree, before each batch,
+        on whether any of them still serves and whether any has tokens to generate; a rank with none then steps a
+        one-token dummy call, so every rank makes the same sampler calls whatever its agents do."""
         deadline = time.monotonic() + self.timeout if self.timeout else float("inf")
         held: list[Request] = []  # a second request of an episode waits for the next batch
-        while any(e.status == "running" for e in episodes):
-            batch, held = self._collect(held, deadline)
-            if time.monotonic() >= deadline:
-                with self.lock:
-                    for e in episodes:
-                        e.status = "timeout" if e.status == "running" else e.status
-                return
-            self._answer(policy, batch, sampling, greedy)
+        dummy = _render(policy.tokenizer, episodes[0].row["prompt"], sampling)
+        try:
+            while True:
+                todo: list[Turn] = []
+                serving = any(e.status == "running" for e in episodes)
+                if serving:
+                    batch, held = self._collect(held, deadline)
+                    if time.monotonic() >= deadline:
+                        with self.lock:
+                            for e in episodes:
+                                e.status = "timeout" if e.status == "running" else e.status
+                        _refuse(held + batch, f"the rollout's timeout ({self.timeout}s) has passed")
+                        held, serving = [], False
+                    else:
+                        todo = self._prepare(policy, batch, sampling)
+                serving, generating = policy.ranks_max(serving, bool(todo))
+                if not serving:
+                    return
+                if todo:
+                    self._answer(policy, todo, sampling, greedy)
+                elif generating:  # another rank's agents asked: this rank's forwards must step with theirs
+                    self.sampler.complete(policy, [dummy], [1], sampling, greedy)
+        finally:
+            _refuse(held, "the rollout has ended")
 
     def _collect(self, held: list[Request], deadline: float) -> tuple[list[Request], list[Request]]:
         """The requests to generate now: one per episode, once every running agent has asked or ``batch_wait``
@@ -234,7 +253,9 @@ class OpenAIAgent(RolloutEngine):
         with self.lock:
             return sum(e.status == "running" for e in self.live.values())
 
-    def _answer(self, policy: Policy, batch: list[Request], sampling: SamplingConfig, greedy: bool) -> None:
+    def _prepare(self, policy: Policy, batch: list[Request], sampling: SamplingConfig) -> list[Turn]:
+        """The requests that need tokens, with their episode, context and budget; the others are answered here
+        (a refused context, or an empty reply when no budget is left)."""
         tokenizer, template_kwargs = policy.tokenizer, sampling.chat_template_kwargs or {}
         limit = getattr(policy.model.config, "max_position_embeddings", None)
         todo = []
@@ -250,8 +271,10 @@ class OpenAIAgent(RolloutEngine):
                 request.answer(episode.empty_reply(request.kind))
             else:
                 todo.append((request, episode, context, budget))
-        if not todo:
-            return
+        return todo
+
+    def _answer(self, policy: Policy, todo: list[Turn], sampling: SamplingConfig, greedy: bool) -> None:
+        """Generate the requests' turns in one sampler call and answer each."""
         try:
             turns = self.sampler.complete(policy, [t[2] for t in todo], [t[3] for t in todo], sampling, greedy)
         except Exception as e:
@@ -259,7 +282,7 @@ class OpenAIAgent(RolloutEngine):
                 request.answer(Refusal(500, f"generation failed: {type(e).__name__}: {e}"))
             raise
         for (request, episode, _, _), (ids, logps) in zip(todo, turns):
-            reply = episode.take_turn(tokenizer, ids, logps, policy.eos_token_ids, self.parser, request.kind)
+            reply = episode.take_turn(policy.tokenizer, ids, logps, policy.eos_token_ids, self.parser, request.kind)
             request.answer(reply)
 
     def _close(self, episodes: list[ServedEpisode]) -> None:
@@ -271,8 +294,7 @@ class OpenAIAgent(RolloutEngine):
                 item = self.inbox.get_nowait()
             except queue.Empty:
                 return
-            if isinstance(item, Request):
-                item.answer(Refusal(410, "the rollout has ended"))
+            _refuse([item] if isinstance(item, Request) else [], "the rollout has ended")
 
     def _rollout(
         self, policy: Policy, episodes: list[ServedEpisode], group_size: int, sampling: SamplingConfig
@@ -316,6 +338,11 @@ class OpenAIAgent(RolloutEngine):
         """The endpoint stops (a later rollout starts it again); the sampler releases what it holds."""
         self.endpoint.stop()
         self.sampler.teardown()
+
+
+def _refuse(requests: list[Request], why: str) -> None:
+    for request in requests:
+        request.answer(Refusal(410, why))
 
 
 def _render(tokenizer: Any, prompt: Prompt, sampling: SamplingConfig) -> list[int]:

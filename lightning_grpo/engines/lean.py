@@ -143,7 +143,8 @@ class LeanDecode(RolloutEngine):
         trainer's recomputation is the behaviour policy and there is nothing for the correction to correct."""
         tokenizer = policy.tokenizer
         ids, mask = pad_rows(contexts, tokenizer.pad_token_id, left=True)  # [n, C]
-        turn = dataclasses.replace(sampling, max_completion_length=max(budgets))
+        # under sharding every rank decodes as many steps (HF's synced_gpus does the same): the longest budget's
+        turn = dataclasses.replace(sampling, max_completion_length=int(policy.ranks_max(max(budgets))[0]))
         with self.decoder(policy, len(contexts), turn) as decoder:
             new = decoder(ids.to(policy.device), mask.to(policy.device), 1, greedy, False)  # [n, t]
         logps = decoder.logps.tolist() if self.sampler_logps else None

@@ -13,8 +13,6 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-import torch
-import torch.distributed as dist
 from typing_extensions import override
 
 from lightning_grpo.engines.environments import Environments, environment_tools, episode_rewards
@@ -158,19 +156,11 @@ class ToolCalling(RolloutEngine):
         """Turns until every episode has ended; all playing episodes of a turn in one generate call."""
         while True:
             playing = [e for e in episodes if e.ended is None]
-            if not self._any_rank_playing(policy, bool(playing)):
+            if not policy.ranks_max(bool(playing))[0]:  # under sharding, a rank with none left steps dummies
                 return
             turns = self._generate_turn(policy, playing or episodes[:1], sampling, greedy, dummy=not playing)
             for episode, ids in zip(playing, turns):
                 self._take_turn(policy, episode, ids, sampling.chat_template_kwargs or {})
-
-    @staticmethod
-    def _any_rank_playing(policy: Policy, playing: bool) -> bool:
-        if not (policy.synced_generation and dist.is_available() and dist.is_initialized()):
-            return playing
-        flag = torch.tensor([float(playing)], device=policy.device)
-        dist.all_reduce(flag, op=dist.ReduceOp.MAX)
-        return bool(flag.item())
 
     @staticmethod
     def _generate_turn(

@@ -177,6 +177,16 @@ class Policy(nn.Module):
     def device(self) -> torch.device:
         return next(self.model.parameters()).device
 
+    def ranks_max(self, *values: float) -> list[float]:
+        """Each value's largest over the ranks when every forward is a collective (``synced_generation``): what
+        keeps their generate calls in step (a flag: whether any rank has rows left). One all-reduce, which every
+        rank calls at the same point; the values as given otherwise."""
+        if not (self.synced_generation and torch.distributed.is_available() and torch.distributed.is_initialized()):
+            return [float(v) for v in values]
+        t = torch.tensor([float(v) for v in values], device=self.device)
+        torch.distributed.all_reduce(t, op=torch.distributed.ReduceOp.MAX)
+        return t.tolist()
+
     # ---- training, sharding, checkpoints, export ----------------------------------------------------------
 
     @torch.no_grad()

@@ -1,0 +1,107 @@
+"""A 2-process CPU (gloo) GRPO run with the agent endpoint (``OpenAIAgent``), where rank 0's agents ask 3 times an
+episode and rank 1's once.
+
+STRATEGY is ``ddp`` or ``fsdp2`` (``ModelParallelStrategy``: FSDP2 ``fully_shard``, whose forwards are collectives
+of their own); SAMPLER is ``HFGenerate`` or ``LeanDecode``. Generation is synced across ranks (as under sharding), so
+rank 1 must step dummy sampler calls while rank 0's agents play on; each rank writes its sampler calls' budgets,
+its requests and first parameters to OUT_DIR/rank<k>.json. Run by tests/test_agents_ddp.py as
+``agents_ddp_run.py MODEL_DIR DATA OUT_DIR STRATEGY SAMPLER``; Lightning's launcher starts rank 1 by re-running
+this script.
+"""
+
+import json
+import sys
+
+import lightning as L
+import torch
+import torch.distributed as dist
+from lightning.pytorch.strategies import ModelParallelStrategy
+from torch.distributed.tensor import DTensor
+
+from lightning_grpo import GRPOModule, PromptDataModule
+from lightning_grpo.engines import HFGenerate, LeanDecode, OpenAIAgent, agent_reward
+
+SAMPLERS = {"HFGenerate": HFGenerate, "LeanDecode": LeanDecode}
+
+
+def rank_agent(client, row: dict) -> float:
+    """Rank 0's agents ask three times (a tool reply after each), rank 1's once; the reward is the last reply's
+    length."""
+    messages = list(row["prompt"])
+    for turn in range(3 if dist.get_rank() == 0 else 1):
+        reply = client.chat.completions.create(model="policy", messages=messages)
+        messages += [reply.choices[0].message.model_dump(exclude_none=True), {"role": "tool", "content": f"r{turn}"}]
+    return len(reply.choices[0].message.content or "") / 4
+
+
+def counting(sampler: type) -> type:
+    class Counting(sampler):
+        """Records each call's budgets (a dummy call's: [1], one row of one token)."""
+
+        budgets: list[list[int]] = []
+
+        def complete(self, policy, contexts, budgets, sampling, greedy):
+            self.budgets = [*self.budgets, list(budgets)]
+            return super().complete(policy, contexts, budgets, sampling, greedy)
+
+    return Counting
+
+
+class SyncedGeneration(L.Callback):
+    """Every forward is a collective, as under FSDP: what makes unequal episodes deadlock-prone."""
+
+    def on_fit_start(self, trainer, pl_module):
+        pl_module.policy.synced_generation = True
+
+
+class Probe(L.Callback):
+    def __init__(self):
+        self.requests = []
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
+        self.requests.append(outputs["record"].stats.extra["agents/requests"])
+
+
+def main(model_dir: str, data_path: str, out_dir: str, strategy: str, sampler: str) -> None:
+    torch.set_num_threads(1)
+    L.seed_everything(0)
+    engine = OpenAIAgent(rank_agent, sampler=counting(SAMPLERS[sampler])(), timeout=300, on_error="raise")
+    module = GRPOModule(
+        model=model_dir,
+        reward_funcs=[agent_reward],
+        num_generations=2,
+        rollout_engine=engine,
+        sampling={"max_completion_length": 48},
+        optim={"learning_rate": 1e-3},
+    )
+    probe = Probe()
+    trainer = L.Trainer(
+        max_steps=2,
+        accelerator="cpu",
+        devices=2,
+        strategy=ModelParallelStrategy(data_parallel_size=2, tensor_parallel_size=1) if strategy == "fsdp2" else "ddp",
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        limit_val_batches=0,
+        default_root_dir=out_dir,
+        callbacks=[SyncedGeneration(), probe],
+    )
+    trainer.fit(module, PromptDataModule(data_path, batch_size=2, val_split=None))
+    params = [p.full_tensor() if isinstance(p, DTensor) else p for p in module.policy.model.parameters()]
+    flat = torch.cat([p.detach().flatten() for p in params])
+    with open(f"{out_dir}/rank{trainer.global_rank}.json", "w") as f:
+        json.dump(
+            {
+                "global_step": trainer.global_step,
+                "budgets": engine.sampler.budgets,
+                "requests": probe.requests,
+                "param_head": flat[:64].tolist(),
+            },
+            f,
+        )
+
+
+if __name__ == "__main__":
+    main(*sys.argv[1:])
