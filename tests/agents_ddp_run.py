@@ -15,10 +15,9 @@ import sys
 import lightning as L
 import torch
 import torch.distributed as dist
-from lightning.pytorch.strategies import ModelParallelStrategy
-from torch.distributed.tensor import DTensor
+from tools_ddp_run import param_head, synced_fit  # this script's folder is on the path
 
-from lightning_grpo import GRPOModule, PromptDataModule
+from lightning_grpo import GRPOModule
 from lightning_grpo.engines import HFGenerate, LeanDecode, OpenAIAgent, agent_reward
 
 SAMPLERS = {"HFGenerate": HFGenerate, "LeanDecode": LeanDecode}
@@ -47,13 +46,6 @@ def counting(sampler: type) -> type:
     return Counting
 
 
-class SyncedGeneration(L.Callback):
-    """Every forward is a collective, as under FSDP: what makes unequal episodes deadlock-prone."""
-
-    def on_fit_start(self, trainer, pl_module):
-        pl_module.policy.synced_generation = True
-
-
 class Probe(L.Callback):
     def __init__(self):
         self.requests = []
@@ -75,29 +67,14 @@ def main(model_dir: str, data_path: str, out_dir: str, strategy: str, sampler: s
         optim={"learning_rate": 1e-3},
     )
     probe = Probe()
-    trainer = L.Trainer(
-        max_steps=2,
-        accelerator="cpu",
-        devices=2,
-        strategy=ModelParallelStrategy(data_parallel_size=2, tensor_parallel_size=1) if strategy == "fsdp2" else "ddp",
-        logger=False,
-        enable_checkpointing=False,
-        enable_progress_bar=False,
-        enable_model_summary=False,
-        limit_val_batches=0,
-        default_root_dir=out_dir,
-        callbacks=[SyncedGeneration(), probe],
-    )
-    trainer.fit(module, PromptDataModule(data_path, batch_size=2, val_split=None))
-    params = [p.full_tensor() if isinstance(p, DTensor) else p for p in module.policy.model.parameters()]
-    flat = torch.cat([p.detach().flatten() for p in params])
+    trainer = synced_fit(module, data_path, out_dir, strategy, probe)
     with open(f"{out_dir}/rank{trainer.global_rank}.json", "w") as f:
         json.dump(
             {
                 "global_step": trainer.global_step,
                 "budgets": engine.sampler.budgets,
                 "requests": probe.requests,
-                "param_head": flat[:64].tolist(),
+                "param_head": param_head(module),
             },
             f,
         )

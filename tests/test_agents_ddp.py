@@ -1,13 +1,11 @@
 """The agent endpoint on two real processes (gloo, DDP and FSDP2) with synced generation: ranks whose agents ask a
 different number of times."""
 
-import json
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
+from tests.test_tools_ddp import run_two_ranks
 from tests.test_tools_training import chat_jsonl, tool_model_dir  # noqa: F401 (fixtures)
 
 pytest.importorskip("openai")
@@ -19,14 +17,7 @@ SCRIPT = Path(__file__).with_name("agents_ddp_run.py")
     ("strategy", "sampler"), [("fsdp2", "HFGenerate"), ("fsdp2", "LeanDecode"), ("ddp", "LeanDecode")]
 )
 def test_ranks_whose_agents_ask_unequally_do_not_deadlock(tool_model_dir, chat_jsonl, tmp_path, strategy, sampler):  # noqa: F811
-    proc = subprocess.run(
-        [sys.executable, str(SCRIPT), tool_model_dir, chat_jsonl, str(tmp_path), strategy, sampler],
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    ranks = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in (0, 1)]
+    ranks = run_two_ranks(SCRIPT, [tool_model_dir, chat_jsonl, str(tmp_path), strategy, sampler], tmp_path)
     assert ranks[0]["global_step"] == ranks[1]["global_step"] == 2
     assert ranks[0]["requests"] == [3.0, 3.0] and ranks[1]["requests"] == [1.0, 1.0]  # requests per episode
     # every rank called its sampler as often (rank 0: at least 3 calls a step); rank 1, whose 4 episodes a step ask

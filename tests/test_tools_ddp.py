@@ -16,17 +16,17 @@ SCRIPT = Path(__file__).with_name("tools_ddp_run.py")
 @pytest.mark.slow
 @pytest.mark.parametrize("strategy", ["ddp", "fsdp2"])
 def test_ranks_with_different_turns_do_not_deadlock(tool_model_dir, chat_jsonl, tmp_path, strategy):  # noqa: F811
-    proc = subprocess.run(
-        [sys.executable, str(SCRIPT), tool_model_dir, chat_jsonl, str(tmp_path), strategy],
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    ranks = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in (0, 1)]
+    ranks = run_two_ranks(SCRIPT, [tool_model_dir, chat_jsonl, str(tmp_path), strategy], tmp_path)
     assert ranks[0]["global_step"] == ranks[1]["global_step"] == 2
     turns = [[s["turns_max"] for s in r["seen"]] for r in ranks]
     assert turns[0][0] == 4.0 and turns[1] == [1.0, 1.0]  # rank 0: 3 rounds of calls then the cut turn
     # every rank made as many generate calls as the longest episode of the step had turns: rank 1 stepped dummies
     assert ranks[0]["generate_calls"] == ranks[1]["generate_calls"] == sum(max(t) for t in zip(*turns))
     assert ranks[0]["param_head"] == ranks[1]["param_head"]  # gradients were all-reduced (FSDP2: gathered)
+
+
+def run_two_ranks(script: Path, args: list[str], out_dir: Path) -> list[dict]:
+    """Run ``script ARGS`` (it starts its second rank itself); each rank's report from OUT_DIR/rank<k>.json."""
+    proc = subprocess.run([sys.executable, str(script), *args], capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return [json.loads((out_dir / f"rank{r}.json").read_text()) for r in (0, 1)]

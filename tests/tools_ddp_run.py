@@ -81,6 +81,21 @@ def main(model_dir: str, data_path: str, out_dir: str, strategy: str = "ddp") ->
         optim={"learning_rate": 1e-3},
     )
     probe = Probe()
+    trainer = synced_fit(module, data_path, out_dir, strategy, probe)
+    with open(f"{out_dir}/rank{trainer.global_rank}.json", "w") as f:
+        json.dump(
+            {
+                "global_step": trainer.global_step,
+                "generate_calls": engine.generate_calls,
+                "param_head": param_head(module),
+                "seen": probe.seen,
+            },
+            f,
+        )
+
+
+def synced_fit(module: GRPOModule, data_path: str, out_dir: str, strategy: str, probe: L.Callback) -> L.Trainer:
+    """2 steps on 2 CPU processes (``ddp`` or ``fsdp2``), 2 prompts a rank, generation synced across the ranks."""
     trainer = L.Trainer(
         max_steps=2,
         accelerator="cpu",
@@ -95,18 +110,13 @@ def main(model_dir: str, data_path: str, out_dir: str, strategy: str = "ddp") ->
         callbacks=[SyncedGeneration(), probe],
     )
     trainer.fit(module, PromptDataModule(data_path, batch_size=2, val_split=None))
+    return trainer
+
+
+def param_head(module: GRPOModule) -> list[float]:
+    """The policy's first 64 parameter values, whole under FSDP2: equal on every rank after synced updates."""
     params = [p.full_tensor() if isinstance(p, DTensor) else p for p in module.policy.model.parameters()]
-    flat = torch.cat([p.detach().flatten() for p in params])
-    with open(f"{out_dir}/rank{trainer.global_rank}.json", "w") as f:
-        json.dump(
-            {
-                "global_step": trainer.global_step,
-                "generate_calls": engine.generate_calls,
-                "param_head": flat[:64].tolist(),
-                "seen": probe.seen,
-            },
-            f,
-        )
+    return torch.cat([p.detach().flatten() for p in params])[:64].tolist()
 
 
 if __name__ == "__main__":
