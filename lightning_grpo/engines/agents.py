@@ -294,7 +294,8 @@ class OpenAIAgent(RolloutEngine):
                 item = self.inbox.get_nowait()
             except queue.Empty:
                 return
-            _refuse([item] if isinstance(item, Request) else [], "the rollout has ended")
+            if isinstance(item, Request):
+                _refuse([item], "the rollout has ended")
 
     def _rollout(
         self, policy: Policy, episodes: list[ServedEpisode], group_size: int, sampling: SamplingConfig
