@@ -202,7 +202,6 @@ class OpenAIAgent(RolloutEngine):
         one-token dummy call, so every rank makes the same sampler calls whatever its agents do."""
         deadline = time.monotonic() + self.timeout if self.timeout else float("inf")
         held: list[Request] = []  # a second request of an episode waits for the next batch
-        dummy = _render(policy.tokenizer, episodes[0].row["prompt"], sampling)
         try:
             while True:
                 todo: list[Turn] = []
@@ -223,6 +222,7 @@ class OpenAIAgent(RolloutEngine):
                 if todo:
                     self._answer(policy, todo, sampling, greedy)
                 elif generating:  # another rank's agents asked: this rank's forwards must step with theirs
+                    dummy = _render(policy.tokenizer, episodes[0].row["prompt"], sampling)
                     self.sampler.complete(policy, [dummy], [1], sampling, greedy)
         finally:
             _refuse(held, "the rollout has ended")
