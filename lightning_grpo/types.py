@@ -372,6 +372,21 @@ class MismatchStats:
 
 
 @dataclass(frozen=True)
+class DistillStats:
+    """How far the student is from the teacher on its own sampled tokens (``distill:``), over the loss tokens of
+    the global batch. ``loss.distill.distill_stats`` defines each number."""
+
+    reverse_kl: float  # mean log p_student(y_t) - log p_teacher(y_t): the one-sample KL(student || teacher) per token
+    reverse_kl_std: float  # its spread over the tokens
+    tokens: int  # loss tokens it is taken over
+    top_agreement: float | None = None  # share of positions whose most likely token is the teacher's (gkd: logits)
+
+    def metrics(self) -> dict[str, float]:
+        out = {"distill/reverse_kl": self.reverse_kl, "distill/reverse_kl_std": self.reverse_kl_std}
+        return out | ({} if self.top_agreement is None else {"distill/top_agreement": self.top_agreement})
+
+
+@dataclass(frozen=True)
 class StepStats:
     """Every number a training step reports. ``metrics()`` names them as TRL does (``reward``, ``kl`` ...)."""
 
@@ -386,6 +401,7 @@ class StepStats:
     reward_errors: dict[str, int] = field(default_factory=dict)  # failed rows per function (skip / zero)
     extra: dict[str, float] = field(default_factory=dict)  # the rollout engine's and reward functions' own metrics
     mismatch: MismatchStats | None = None  # when another engine sampled; its metrics come through ``extra``
+    distill: DistillStats | None = None  # with a teacher (``distill:``); its metrics come through ``extra``
 
     def metrics(self) -> dict[str, float]:
         return {

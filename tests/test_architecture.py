@@ -185,6 +185,7 @@ TESTS = {
     "engines/openenv.py": ["test_openenv.py"],
     "engines/skyrl.py": ["test_skyrl.py"],
     "loss/config.py": ["test_settings.py", "test_loss_variants.py"],
+    "loss/distill.py": ["test_loss_distill.py"],
     "loss/entropy.py": ["test_loss_variants.py"],
     "loss/grpo.py": ["test_loss.py", "test_loss_trl.py", "test_loss_variants.py"],
     "loss/objectives.py": ["test_loss_variants.py", "test_loss_trl.py"],
