@@ -1,7 +1,9 @@
-"""Exact resume: 2N steps in one go equal N steps, a SIGTERM, and N more steps from the checkpoint it saved."""
+"""Exact resume: 2N steps in one go equal N steps, a signal (SIGTERM, SIGINT, SIGHUP, SIGQUIT, SIGUSR1), and N more
+steps from the checkpoint it saved."""
 
 import os
 import signal
+from dataclasses import dataclass
 
 import lightning as L
 import pytest
@@ -45,14 +47,54 @@ def module(model_dir, dropout: float):
     return grpo
 
 
-@pytest.mark.parametrize("signum,dropout", [(signal.SIGTERM, 0.0), (signal.SIGINT, 0.0), (signal.SIGTERM, 0.3)])
-def test_signal_saves_a_checkpoint_and_resume_is_exact(tiny_model_dir, arith_jsonl, tmp_path, signum, dropout):
-    # 2N = 6 steps crosses an epoch boundary (4 steps per epoch) and the stop falls mid-epoch.
-    full, full_prompts = module(tiny_model_dir, dropout), Prompts()
-    reference = fit(full, data(arith_jsonl), tmp_path / "full", max_steps=2 * N, callbacks=[full_prompts])
+@dataclass
+class Uninterrupted:
+    """The 2N-step run every interrupted one must equal: run once per dropout, shared by the signals' tests."""
 
+    trainer: L.Trainer
+    parameters: dict[str, torch.Tensor]
+    prompts: list
+
+
+@pytest.fixture(scope="module")
+def uninterrupted(tiny_model_dir, arith_jsonl, tmp_path_factory):
+    runs: dict[float, Uninterrupted] = {}
+
+    def run(dropout: float) -> Uninterrupted:
+        if dropout not in runs:
+            full, prompts = module(tiny_model_dir, dropout), Prompts()
+            trainer = fit(
+                full, data(arith_jsonl), tmp_path_factory.mktemp("full"), max_steps=2 * N, callbacks=[prompts]
+            )
+            parameters = {name: p.detach().clone() for name, p in full.policy.model.named_parameters()}
+            runs[dropout] = Uninterrupted(trainer, parameters, prompts.seen)
+        return runs[dropout]
+
+    return run
+
+
+SLOW = pytest.mark.slow  # each signal costs one more run: SIGHUP (a closed terminal) stands for them by default
+
+
+@pytest.mark.parametrize(
+    "signum,dropout",
+    [
+        (signal.SIGTERM, 0.0),
+        (signal.SIGINT, 0.0),
+        (signal.SIGHUP, 0.0),
+        pytest.param(signal.SIGQUIT, 0.0, marks=SLOW),
+        pytest.param(signal.SIGUSR1, 0.0, marks=SLOW),
+        (signal.SIGTERM, 0.3),
+    ],
+    ids=["SIGTERM", "SIGINT", "SIGHUP", "SIGQUIT", "SIGUSR1", "SIGTERM-dropout"],
+)
+def test_signal_saves_a_checkpoint_and_resume_is_exact(
+    tiny_model_dir, arith_jsonl, tmp_path, uninterrupted, signum, dropout
+):
+    # 2N = 6 steps crosses an epoch boundary (4 steps per epoch) and the stop falls mid-epoch.
+    reference = uninterrupted(dropout)
     first, first_prompts = module(tiny_model_dir, dropout), Prompts()
-    handler = signal.getsignal(signal.SIGINT)  # Python's default_int_handler, or SIG_IGN in a background job
+    handler = signal.getsignal(signum)  # Python's default_int_handler for SIGINT, or SIG_IGN in a background job
     with pytest.raises(SystemExit) as stop:
         fit(
             first,
@@ -62,7 +104,7 @@ def test_signal_saves_a_checkpoint_and_resume_is_exact(tiny_model_dir, arith_jso
             callbacks=[SendSignal(at=N - 1, signum=signum), PreemptionCheckpoint(), first_prompts],
         )
     assert stop.value.code == 128 + signum
-    assert signal.getsignal(signal.SIGINT) is handler  # handlers restored
+    assert signal.getsignal(signum) is handler  # handlers restored
     ckpt = tmp_path / "first" / "lightning_logs" / "version_0" / "checkpoints" / "last.ckpt"
     assert torch.load(ckpt, weights_only=False)["global_step"] == N
 
@@ -71,10 +113,10 @@ def test_signal_saves_a_checkpoint_and_resume_is_exact(tiny_model_dir, arith_jso
         resumed, data(arith_jsonl), tmp_path / "second", max_steps=2 * N, ckpt_path=ckpt, callbacks=[resumed_prompts]
     )
 
-    assert first_prompts.seen + resumed_prompts.seen == full_prompts.seen  # data order continues mid-epoch
-    for (name, a), (_, b) in zip(full.policy.model.named_parameters(), resumed.policy.model.named_parameters()):
-        torch.testing.assert_close(a, b, rtol=0, atol=1e-6, msg=name)
-    expected, got = logged(reference), logged(second)
+    assert first_prompts.seen + resumed_prompts.seen == reference.prompts  # data order continues mid-epoch
+    for name, b in resumed.policy.model.named_parameters():
+        torch.testing.assert_close(reference.parameters[name], b, rtol=0, atol=1e-6, msg=name)
+    expected, got = logged(reference.trainer), logged(second)
     for key in ("train/reward", "train/kl", "train/lr", "train/num_tokens"):
         assert expected[key][N:] == pytest.approx(got[key], abs=1e-6), key
 
@@ -86,5 +128,8 @@ def test_no_signal_no_checkpoint(tiny_model_dir, arith_jsonl, tmp_path):
 
 
 def test_unknown_signal_is_refused():
-    with pytest.raises(ValueError, match=r"signals must be a subset of \['SIGINT', 'SIGTERM'\], got \['SIGKILL'\]"):
+    with pytest.raises(
+        ValueError,
+        match=r"signals must be a subset of \['SIGHUP', 'SIGINT', 'SIGQUIT', 'SIGTERM', 'SIGUSR1'\], got \['SIGKILL'\]",
+    ):
         PreemptionCheckpoint(signals=["SIGKILL"])

@@ -1,10 +1,12 @@
-"""Preemption: SIGTERM or Ctrl+C finish the current step, save a checkpoint, then exit. Knows no GRPO math.
+"""Preemption: any signal that ends a run finishes the current step, saves a checkpoint, then exits. Knows no GRPO
+math.
 
-A cluster that preempts a job (SLURM, Kubernetes) sends SIGTERM and kills the job a grace period later; a
-user presses Ctrl+C. Either way the optimiser step in flight completes, every rank agrees on the step to
-stop at, ``checkpoints/last.ckpt`` is written in the run directory, and the process exits with 128 + the
-signal number (143 for SIGTERM, 130 for SIGINT), as a shell reports a process killed by that signal.
-A second Ctrl+C interrupts at once, without a checkpoint.
+A cluster that preempts a job sends SIGTERM (Kubernetes, ``scancel``) or SIGUSR1 (SLURM's ``--signal=USR1@120``)
+and kills it a grace period later; a user presses Ctrl+C (SIGINT) or Ctrl+\\ (SIGQUIT); a dropped SSH session or a
+closed terminal sends SIGHUP. Whichever arrives, the optimiser step in flight completes, every rank agrees on the
+step to stop at, ``checkpoints/last.ckpt`` is written in the run directory, and the process exits with 128 + the
+signal number (143 for SIGTERM, 130 for SIGINT, 129 for SIGHUP, 131 for SIGQUIT, 138 for SIGUSR1), as a shell
+reports a process killed by that signal. A second Ctrl+C interrupts at once, without a checkpoint.
 
 Resuming from the checkpoint continues exactly: the data loader's position and shuffling state, the
 optimiser, scheduler, step counters and callback states are all in it, and sampling seeds derive from the step.
@@ -24,19 +26,27 @@ from typing_extensions import override
 
 from lightning_grpo.run import save_last_checkpoint
 
-SIGNALS = {"SIGTERM": signal.SIGTERM, "SIGINT": signal.SIGINT}
+SIGNALS = {
+    "SIGTERM": signal.SIGTERM,
+    "SIGINT": signal.SIGINT,
+    "SIGHUP": signal.SIGHUP,
+    "SIGQUIT": signal.SIGQUIT,
+    "SIGUSR1": signal.SIGUSR1,
+}
+"""The signals that end a run, by name: each saves a checkpoint first."""
 
 
 class PreemptionCheckpoint(L.Callback):
     """Save ``checkpoints/last.ckpt`` and exit cleanly after the step in flight when a signal arrives.
 
     Args:
-        signals: the signals that request a checkpoint and exit: SIGTERM, SIGINT.
+        signals: the signals that request a checkpoint and exit; by default all of SIGTERM, SIGINT, SIGHUP, SIGQUIT
+            and SIGUSR1.
         dirpath: where to write ``last.ckpt``; defaults to the run directory's ``checkpoints/``.
     """
 
     def __init__(self, signals: list[str] | None = None, dirpath: str | None = None) -> None:
-        signals = ["SIGTERM", "SIGINT"] if signals is None else signals
+        signals = list(SIGNALS) if signals is None else signals
         unknown = [s for s in signals if s not in SIGNALS]
         if unknown:
             raise ValueError(f"signals must be a subset of {sorted(SIGNALS)}, got {unknown}")
