@@ -2,12 +2,14 @@ import asyncio
 import functools
 import math
 import time
+import warnings
 
 import pytest
 from helpers import make_rollout
 
-from lightning_grpo.rewards.convention import check_reward_weights, reward_names
-from lightning_grpo.rewards.scoring import default_accuracy_reward, score_rollout, trl_trainer_state
+from lightning_grpo.rewards.calls import RewardCallConfig
+from lightning_grpo.rewards.convention import check_reward_weights, reward_names, slow_reward
+from lightning_grpo.rewards.scoring import RewardSet, default_accuracy_reward, score_rollout, trl_trainer_state
 
 
 def length_reward(completions, **kwargs):
@@ -298,3 +300,31 @@ def test_a_reward_outside_its_declared_range_is_an_error_naming_it():
 def test_a_functions_own_counters_reach_the_scores():
     scores = score_rollout([BoundedCounter(1.0)], [1.0], make_rollout(["a", "b"]), {})
     assert scores.metrics == {"bounded/calls": 1.0} and scores.per_function.tolist() == [[1.0], [1.0]]
+
+
+def rewriting_reward(completions, **kwargs):
+    """Rewrites what it is given, as a careless reward function does: a message's text and a whole completion."""
+    completions[0][0]["content"] = "rewritten"
+    completions[1] = [{"role": "assistant", "content": "replaced"}]
+    return [0.0] * len(completions)
+
+
+@pytest.mark.parametrize("slow", [False, True], ids=["plain", "slow_reward"])
+def test_a_function_that_modifies_completions_changes_nothing_for_the_next_and_is_told_once(slow):
+    seen = []
+
+    def reading_reward(completions, **kwargs):
+        seen.append([c[0]["content"] for c in completions])
+        return [1.0] * len(completions)
+
+    first = slow_reward(rewriting_reward) if slow else rewriting_reward
+    rollout = make_rollout(["a", "b"])
+    rollout.completions = [[{"role": "assistant", "content": "a"}], [{"role": "assistant", "content": "b"}]]
+    rewards = RewardSet([first, reading_reward], [1.0, 1.0], None, RewardCallConfig())
+    with pytest.warns(UserWarning, match=r"reward function 'rewriting_reward' modified its completions argument"):
+        rewards.score(rollout, {})
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # told once a run, not at every step
+        rewards.score(rollout, {})
+    assert seen == [["a", "b"], ["a", "b"]]  # the completions as sampled, both times
+    assert [c[0]["content"] for c in rollout.completions] == ["a", "b"]  # and the rollout's own, for the loggers

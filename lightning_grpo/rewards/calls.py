@@ -6,12 +6,19 @@ Plain functions run one after another on the calling thread, so those that time 
 wait on something (an API, a sandbox, a worker process) run concurrently: ``async def`` ones are gathered on one
 event loop, and sync ones marked ``is_slow = True`` (``@slow_reward``) each get a thread. Results keep the order
 of ``reward_funcs``. As in TRL, ``bool`` scores count as 0/1.
+
+Every function sees the completions as sampled: each call gets its own copy of the per-row arguments
+(``completions``, ``prompts``, ``completion_ids``, the dataset's columns), so a function that edits them in place
+(``completions[i] = ...``, ``message["content"] += ...``) changes nothing for the functions after it; it is told
+so once, by a warning naming it.
 """
 
 from __future__ import annotations
 
 import asyncio
+import copy
 import math
+import warnings
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -68,6 +75,8 @@ class Calls:
 
     config: RewardCallConfig
     errors: dict[str, int] = field(default_factory=dict)
+    warned: set[str] = field(default_factory=set)
+    """Functions already told that they modified their arguments (the run's ``RewardSet`` keeps the set)."""
 
     @property
     def on_error(self) -> str:
@@ -83,6 +92,34 @@ class RewardTimeoutError(RuntimeError):
 
     def __init__(self, fn: RewardFunc, timeout: float) -> None:
         super().__init__(f"reward function {reward_name(fn)!r} took longer than reward_calls.timeout={timeout}s")
+
+
+def own_view(kwargs: dict[str, Any]) -> dict[str, Any]:
+    """A copy of the per-row arguments for one function, so what it does to them stays its own.
+
+    >>> kwargs = {"completions": [[{"role": "assistant", "content": "4"}]], "trainer_state": None}
+    >>> view = own_view(kwargs)
+    >>> view["completions"][0][0]["content"] = "rewritten"
+    >>> kwargs["completions"][0][0]["content"]
+    '4'
+    """
+    return {k: v if k in SHARED_KWARGS else copy.deepcopy(v) for k, v in kwargs.items()}
+
+
+def _tell_if_modified(fn: RewardFunc, view: dict[str, Any], kwargs: dict[str, Any], calls: Calls) -> None:
+    """One warning per function that changed its arguments in place: the change reached no other function."""
+    changed = [k for k in kwargs if k not in SHARED_KWARGS and view[k] != kwargs[k]]
+    name = reward_name(fn)
+    if not changed or name in calls.warned:
+        return
+    calls.warned.add(name)
+    warnings.warn(
+        f"reward function {name!r} modified its {', '.join(changed)} argument(s) in place: each reward function "
+        "gets its own copy of the completions as sampled, so the change reaches no other function. Return "
+        "scores only; to score a cleaned-up text, clean a copy inside the function",
+        UserWarning,
+        stacklevel=2,
+    )
 
 
 def _run_with_timeout(fn: RewardFunc, kwargs: dict[str, Any], timeout: float | None) -> Any:
@@ -126,7 +163,7 @@ def _recover(fn: RewardFunc, kwargs: dict[str, Any], n: int, err: Exception, cal
     values, failed = [], []
     for i in range(n):
         try:
-            row = call({k: v if k in SHARED_KWARGS else v[i : i + 1] for k, v in kwargs.items()})
+            row = call(own_view({k: v if k in SHARED_KWARGS else v[i : i + 1] for k, v in kwargs.items()}))
         except Exception as row_err:  # noqa: BLE001 - any failure of user code is this row's failure
             failed.append((i, row_err))
             values.append(math.nan if calls.on_error == "skip" else 0.0)
@@ -143,18 +180,22 @@ def _recover(fn: RewardFunc, kwargs: dict[str, Any], n: int, err: Exception, cal
 
 
 def _call(fn: RewardFunc, kwargs: dict[str, Any], n: int, calls: Calls) -> list[float]:
+    view = own_view(kwargs)
     try:
-        values = _run_with_timeout(fn, kwargs, calls.timeout)
+        values = _run_with_timeout(fn, view, calls.timeout)
     except RewardTimeoutError as err:
         return _timed_out(fn, n, err, calls)
     except Exception as err:
         return _recover(fn, kwargs, n, err, calls)
+    _tell_if_modified(fn, view, kwargs, calls)
     return _check_values(reward_name(fn), values, n)
 
 
 async def _call_async(fn: RewardFunc, kwargs: dict[str, Any], n: int, calls: Calls) -> list[float]:
+    view = own_view(kwargs)
     try:
-        values = await _await_with_timeout(fn, kwargs, calls.timeout)
+        values = await _await_with_timeout(fn, view, calls.timeout)
+        _tell_if_modified(fn, view, kwargs, calls)
     except RewardTimeoutError as err:
         return _timed_out(fn, n, err, calls)
     except Exception as err:

@@ -7,7 +7,7 @@ Knows the reward-function convention (``convention.py``) and how calls run (``ca
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -31,6 +31,7 @@ def score_rollout(
     on_error: str = "raise",
     timeout: float | None = None,
     trainer_state: Any = None,
+    warned: set[str] | None = None,
 ) -> RewardScores:
     """Score N completions; ``columns`` hold B values each and are repeated G times to line up; the rollout's own
     ``columns`` (an engine's, e.g. an environment's reward) hold N already.
@@ -45,8 +46,10 @@ def score_rollout(
             interrupted by a signal (not SIGALRM, so math-verify's own ``signal.alarm`` timeouts still work).
         trainer_state: passed to every function as ``trainer_state`` when not ``None``, as TRL does, for
             rewards shaped by training progress (``trainer_state.global_step``); see ``trl_trainer_state``.
+        warned: names of the functions already warned that they modify their arguments in place (each function
+            gets its own copy of them: ``calls.own_view``); updated here, so a run warns once per function.
     """
-    calls = Calls(RewardCallConfig(on_error, timeout))
+    calls = Calls(RewardCallConfig(on_error, timeout), warned=set() if warned is None else warned)
     repeated = {k: [v for v in values for _ in range(rollout.group_size)] for k, values in columns.items()}
     repeated |= rollout.columns
     kwargs = reward_kwargs(rollout, repeated)
@@ -129,6 +132,8 @@ class RewardSet:
     weights: list[float]
     accuracy: str | None
     calls: RewardCallConfig
+    warned: set[str] = field(default_factory=set)
+    """The functions told that they modified their arguments in place: each is told once a run."""
 
     @classmethod
     def build(
@@ -147,4 +152,6 @@ class RewardSet:
     def score(self, rollout: Rollout, columns: dict[str, list[Any]], trainer_state: Any = None) -> RewardScores:
         """``score_rollout`` with this set's functions, weights and call settings."""
         c = self.calls
-        return score_rollout(self.funcs, self.weights, rollout, columns, c.on_error, c.timeout, trainer_state)
+        return score_rollout(
+            self.funcs, self.weights, rollout, columns, c.on_error, c.timeout, trainer_state, self.warned
+        )
