@@ -9,6 +9,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+import torch
 from torch import Tensor
 
 from lightning_grpo.types import (
@@ -19,7 +20,8 @@ from lightning_grpo.types import (
     StepStats,
     UpdateStats,
     nanstd,
-    zero_std_fraction,
+    to_host,
+    without_signal,
 )
 
 
@@ -27,19 +29,20 @@ from lightning_grpo.types import (
 class StepCounters:
     """What a run counts across steps, kept in checkpoints (``grpo_counters``) so a resume continues them."""
 
-    num_tokens_seen: int = 0  # prompt + completion tokens trained on, all ranks
+    num_tokens_seen: int | Tensor = 0  # prompt + completion tokens trained on, all ranks (on the device until read)
     skipped_steps: int = 0  # steps skipped for numbers that are not finite
     bad_steps_in_a_row: int = 0  # those since the last good step: ``max_bad_steps`` stop the run
 
     def state_dict(self) -> dict[str, int]:
-        return {"num_tokens_seen": self.num_tokens_seen, "skipped_steps": self.skipped_steps}
+        return {"num_tokens_seen": int(self.num_tokens_seen), "skipped_steps": self.skipped_steps}
 
     def load_state_dict(self, state: dict[str, int]) -> None:
         self.num_tokens_seen = state.get("num_tokens_seen", 0)
         self.skipped_steps = state.get("skipped_steps", 0)
 
-    def good_step(self, tokens: int) -> None:
-        self.num_tokens_seen += tokens
+    def good_step(self, tokens: int | Tensor) -> None:
+        """Count a step trained on ``tokens`` (a device tensor stays one: no host sync)."""
+        self.num_tokens_seen = tokens + self.num_tokens_seen
         self.bad_steps_in_a_row = 0
 
     def bad_step(self) -> int:
@@ -59,73 +62,79 @@ def step_stats(
     learning_rate: float,
     seconds: float,
     accuracy_reward: str | None,
-    extra: dict[str, float],
+    extra: dict[str, float | Tensor],
 ) -> StepStats:
     """The step's record: ``every_rank`` [W*N, F] rewards and ``lengths`` ([W*N] lengths, truncation flags) are
-    the global batch's; ``rollout`` and ``scores`` this rank's."""
-    return StepStats(
-        rewards=reward_stats(every_rank, scores.weights, scores.names, rollout.group_size, accuracy_reward),
-        lengths=length_stats(*lengths),
-        update=update,
-        num_tokens=counters.num_tokens_seen,
-        learning_rate=learning_rate,
-        skipped_steps=counters.skipped_steps,
-        truncated_prompts=rollout.num_truncated_prompts,
-        step_time=seconds,
-        reward_errors=scores.errors,
-        extra={**rollout.metrics, **scores.metrics, **extra},
+    the global batch's; ``rollout`` and ``scores`` this rank's. Every number is computed on the device and read to
+    the host once, here (``to_host``)."""
+    return to_host(
+        StepStats(
+            rewards=reward_stats(every_rank, scores.weights, scores.names, rollout.group_size, accuracy_reward),
+            lengths=length_stats(*lengths),
+            update=update,
+            num_tokens=counters.num_tokens_seen,
+            learning_rate=learning_rate,
+            skipped_steps=counters.skipped_steps,
+            truncated_prompts=rollout.num_truncated_prompts,
+            step_time=seconds,
+            reward_errors=scores.errors,
+            extra={**rollout.metrics, **scores.metrics, **extra},
+        )
     )
 
 
-def staleness_metrics(staleness: Tensor | None) -> dict[str, float]:
+def staleness_metrics(staleness: Tensor | None) -> dict[str, Tensor]:
     """``async/staleness/{mean,max}`` of the rows an update trains on ([N] updates since the weights that sampled
     each); none when the current weights sampled them all."""
     if staleness is None:
         return {}
-    return {"async/staleness/mean": staleness.float().mean().item(), "async/staleness/max": float(staleness.max())}
+    return {"async/staleness/mean": staleness.float().mean(), "async/staleness/max": staleness.max().float()}
 
 
 def reward_stats(
     per_function: Tensor, weights: Tensor, names: list[str], group_size: int, accuracy_reward: str | None = None
 ) -> RewardStats:
-    """Statistics of [N, F] scores. A function that returned None for every row has NaN mean and std, as in
-    TRL, so that it shows instead of passing for a 0. ``accuracy``: the share of full marks of ``accuracy_reward``."""
+    """Statistics of [N, F] scores, as 0-d tensors on their device (``to_host`` reads them). A function that
+    returned None for every row has NaN mean and std, as in TRL, so that it shows instead of passing for a 0.
+    ``accuracy``: the share of full marks of ``accuracy_reward``."""
     total = RewardScores(per_function, names, weights).total  # [N]
     return RewardStats(
-        mean=total.nanmean().item(),
-        std=nanstd(total).nan_to_num(0.0).item(),
-        frac_zero_std=zero_std_fraction(total.view(-1, group_size)),
-        function_means={name: per_function[:, i].nanmean().item() for i, name in enumerate(names)},
+        mean=total.nanmean(),
+        std=nanstd(total).nan_to_num(0.0),
+        frac_zero_std=without_signal(total.view(-1, group_size)).double().mean(),
+        function_means={name: per_function[:, i].nanmean() for i, name in enumerate(names)},
         function_stds={name: _function_std(per_function[:, i]) for i, name in enumerate(names)},
         accuracy=accuracy(per_function, names, accuracy_reward) if accuracy_reward else None,
     )
 
 
-def _function_std(column: Tensor) -> float:
+def _function_std(column: Tensor) -> Tensor:
     """Std of one function's [N] scores; NaN when it said None for every row, as in TRL."""
-    return nanstd(column).nan_to_num(0.0).item() if not column.isnan().all() else float("nan")
+    return torch.where(column.isnan().all(), torch.nan, nanstd(column).nan_to_num(0.0))
 
 
 def length_stats(lengths: Tensor, is_truncated: Tensor) -> LengthStats:
-    """Statistics of [N] completion lengths (tokens up to and including EOS); terminated = ended with EOS."""
-    lengths = lengths.float()
-    terminated = lengths[~is_truncated] if (~is_truncated).any() else lengths.new_zeros(1)  # none: 0, as TRL
+    """Statistics of [N] completion lengths (tokens up to and including EOS), as 0-d tensors on their device;
+    terminated = ended with EOS (0 when none did, as TRL)."""
+    lengths, ended = lengths.float(), ~is_truncated
+    any_ended = ended.any()
     return LengthStats(
-        mean=lengths.mean().item(),
-        min=lengths.min().item(),
-        max=lengths.max().item(),
-        clipped_ratio=is_truncated.float().mean().item(),
-        mean_terminated=terminated.mean().item(),
-        min_terminated=terminated.min().item(),
-        max_terminated=terminated.max().item(),
+        mean=lengths.mean(),
+        min=lengths.min(),
+        max=lengths.max(),
+        clipped_ratio=is_truncated.float().mean(),
+        mean_terminated=(lengths * ended).sum() / ended.sum().clamp(min=1),
+        min_terminated=torch.where(any_ended, lengths.masked_fill(~ended, torch.inf).min(), 0.0),
+        max_terminated=torch.where(any_ended, lengths.masked_fill(~ended, -torch.inf).max(), 0.0),
     )
 
 
-def accuracy(per_function: Tensor, names: list[str], accuracy_reward: str) -> float:
-    """Fraction of scored completions the correctness function gave its full mark (>= 1.0)."""
+def accuracy(per_function: Tensor, names: list[str], accuracy_reward: str) -> Tensor:
+    """Fraction of scored completions the correctness function gave its full mark (>= 1.0); 0 when none was
+    scored."""
     column = per_function[:, names.index(accuracy_reward)]
-    scored = column[~column.isnan()]
-    return (scored >= 1.0).float().mean().item() if scored.numel() else 0.0
+    scored = ~column.isnan()
+    return ((column >= 1.0) & scored).float().sum() / scored.sum().clamp(min=1)
 
 
 def pass_at_k(correct: Tensor, k: int) -> float:

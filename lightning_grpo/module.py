@@ -173,7 +173,7 @@ class GRPOModule(L.LightningModule):
             return self._skip_step("gradients are infinite or NaN")
         targets = targets.settled(ranks)
         self.engine.sync_weights(self.policy)
-        self.counters.good_step(int(ranks.sum(rollout.attention_mask.sum())))
+        self.counters.good_step(ranks.sum(rollout.attention_mask.sum()))
         return self._publish(rollout, scores, every_rank, targets, ranks.loss(loss), ranks, extra, start)
 
     def _publish(
@@ -188,7 +188,7 @@ class GRPOModule(L.LightningModule):
         start: float,
     ) -> dict[str, Any]:
         """Log the step's metrics and return its record for the callbacks (``loss``: every rank's)."""
-        update = loss.stats(self.grad_norm.item(), self.settings.loss.top_entropy_quantile < 1)
+        update = loss.stats(self.grad_norm, self.settings.loss.top_entropy_quantile < 1)
         lr, extra = self.optimizers().param_groups[0]["lr"], extra | targets.metrics() | self.entropy.metrics()
         seconds, lengths = time.perf_counter() - start, ranks.lengths(rollout)
         stats = step_stats(
@@ -196,7 +196,8 @@ class GRPOModule(L.LightningModule):
         )
         stats = dataclasses.replace(stats, mismatch=targets.mismatch)  # the typed view for MismatchAlert
         log_train_metrics(self, {f"train/{k}": v for k, v in stats.metrics().items()}, PROGRESS_BAR)
-        return {"loss": torch.tensor(update.loss), "record": StepRecord(rollout, scores, targets.advantages, stats)}
+        record = StepRecord(rollout, scores, targets.advantages, stats)
+        return {"loss": torch.tensor(stats.update.loss), "record": record}
 
     def _filter_groups(
         self, rollout: Rollout, scores: RewardScores, num_prompts: int, ranks: Ranks

@@ -432,6 +432,52 @@ class StepRecord:
     stats: StepStats  # of the global batch
 
 
+def to_host(record: Any) -> Any:
+    """``record`` (dataclasses, dicts, lists and tuples, nested) with every one-element tensor replaced by its
+    Python float, the device's read in one transfer.
+
+    Why: each ``.item()`` on a GPU tensor is a host sync that drains the launch queue. A step's statistics are
+    computed as device tensors and read here, once, at its end.
+
+    >>> to_host({"mean": torch.tensor(0.5), "n": [torch.tensor([2])], "name": "x"})
+    {'mean': 0.5, 'n': [2.0], 'name': 'x'}
+    """
+    leaves = _tensor_leaves(record)
+    read = {}
+    if leaves:  # one stack and one copy to the host for all of them
+        values = torch.stack([t.detach().reshape(()).to(leaves[0].device, torch.float64) for t in leaves]).tolist()
+        read = {id(t): v for t, v in zip(leaves, values)}
+    return _replace_leaves(record, read)
+
+
+def _tensor_leaves(record: Any) -> list[Tensor]:
+    if isinstance(record, Tensor):
+        return [record] if record.numel() == 1 else []
+    if isinstance(record, dict):
+        record = list(record.values())
+    elif _is_record(record):
+        record = [getattr(record, f.name) for f in fields(record)]
+    elif not isinstance(record, (list, tuple)):
+        return []
+    return [leaf for item in record for leaf in _tensor_leaves(item)]
+
+
+def _replace_leaves(record: Any, read: dict[int, float]) -> Any:
+    if isinstance(record, Tensor):
+        return read[id(record)] if record.numel() == 1 else record
+    if isinstance(record, dict):
+        return {k: _replace_leaves(v, read) for k, v in record.items()}
+    if isinstance(record, (list, tuple)):
+        return type(record)(_replace_leaves(v, read) for v in record)
+    if _is_record(record):
+        return replace(record, **{f.name: _replace_leaves(getattr(record, f.name), read) for f in fields(record)})
+    return record
+
+
+def _is_record(value: Any) -> bool:
+    return hasattr(type(value), "__dataclass_fields__") and not isinstance(value, type)
+
+
 def step_record(outputs: Any) -> StepRecord | None:
     """The record in a ``training_step`` output; ``None`` for a skipped step (it returns nothing)."""
     return outputs.get("record") if isinstance(outputs, dict) else None

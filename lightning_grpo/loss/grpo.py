@@ -68,25 +68,27 @@ class LossOutput:
             extremes,
         )
 
-    def metrics(self) -> dict[str, float]:
+    def metrics(self) -> dict[str, Tensor]:
         """Token-mean of each metric, with TRL's names (``kl``, ``clip_ratio/low_mean`` ...), and
         ``entropy/trained_mean`` over the tokens trained on (``top_entropy_quantile``) when entropies were given
-        and some token was trained on."""
-        n = max(float(self.num_tokens), 1.0)
-        out = {name: float(total) / n for name, total in self.token_sums.items()}
-        out |= {name: float(value) for name, value in self.extremes.items()}
-        if "entropy" in self.token_sums and float(self.trained_tokens) > 0:
-            out["entropy/trained_mean"] = float(self.trained_entropy) / float(self.trained_tokens)
+        (NaN when no token was trained on): 0-d tensors on the loss's device, read by ``types.to_host``."""
+        n = self.num_tokens.clamp(min=1.0)
+        out = {name: total / n for name, total in self.token_sums.items()}
+        out |= dict(self.extremes)
+        if "entropy" in self.token_sums:
+            trained = self.trained_tokens
+            out["entropy/trained_mean"] = torch.where(trained > 0, self.trained_entropy / trained, torch.nan)
         return out
 
-    def stats(self, grad_norm: float = float("nan"), trained_entropy: bool = False) -> UpdateStats:
+    def stats(self, grad_norm: float | Tensor = float("nan"), trained_entropy: bool = False) -> UpdateStats:
         """The typed record of the update: the loss and its token means (entropy, clip ratios, KL when
         computed), the completions' extreme clip shares, the pre-clip gradient norm, and with
-        ``trained_entropy`` the entropy of the tokens trained on (``top_entropy_quantile`` < 1)."""
+        ``trained_entropy`` the entropy of the tokens trained on (``top_entropy_quantile`` < 1). Its numbers are
+        0-d tensors until ``types.to_host`` reads the step's record."""
         means = self.metrics()
         known = {"entropy", "kl", "entropy/trained_mean", *(k for k in means if k.startswith("clip_ratio/"))}
         return UpdateStats(
-            loss=self.loss.item(),
+            loss=self.loss.detach(),
             entropy=means.get("entropy", 0.0),
             clip_low=means.get("clip_ratio/low_mean"),
             clip_high=means.get("clip_ratio/high_mean"),
@@ -94,7 +96,7 @@ class LossOutput:
             clip_low_min=means.get("clip_ratio/low_min", float("nan")),
             clip_high_max=means.get("clip_ratio/high_max", float("nan")),
             grad_norm=grad_norm,
-            loss_tokens=float(self.num_tokens),
+            loss_tokens=self.num_tokens,
             kl=means.get("kl"),
             trained_entropy=means.get("entropy/trained_mean") if trained_entropy else None,
             term={k: v for k, v in means.items() if k not in known},

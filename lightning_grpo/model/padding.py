@@ -45,8 +45,9 @@ def trim_padding(input_ids: Tensor, attention_mask: Tensor, completion_length: i
     prompt_width = input_ids.shape[1] - completion_length
     used = attention_mask.bool().any(dim=0)  # [P+T]
     prompt_used, completion_used = used[:prompt_width], used[prompt_width:]
-    first = int(prompt_used.long().argmax()) if prompt_used.any() else prompt_width - 1
-    width = int(completion_used.nonzero().max()) + 1 if completion_used.any() else 1  # T'
+    first = torch.where(prompt_used.any(), prompt_used.long().argmax(), prompt_width - 1)
+    last = (completion_used * torch.arange(1, len(completion_used) + 1, device=used.device)).max()  # 0: none
+    first, width = torch.stack([first, last.clamp(min=1)]).tolist()  # one read of the device; width is T'
     columns = slice(first, prompt_width + width)
     return input_ids[:, columns], attention_mask[:, columns], width
 

@@ -134,7 +134,8 @@ def reward_kwargs(rollout: Rollout, columns: dict[str, list[Any]]) -> dict[str, 
     clash = sorted({"prompts", "completions", "completion_ids", *SHARED_KWARGS} & columns.keys())
     if clash:
         raise ValueError(f"dataset columns {clash} clash with the arguments reward functions receive: rename them")
-    completion_ids = [ids[mask.bool()].tolist() for ids, mask in zip(rollout.completion_ids, rollout.completion_mask)]
+    ids, masks = rollout.completion_ids.tolist(), rollout.completion_mask.tolist()  # read once, not per row
+    completion_ids = [[t for t, kept in zip(row, mask) if kept] for row, mask in zip(ids, masks)]
     return {"prompts": rollout.prompts, "completions": rollout.completions, "completion_ids": completion_ids, **columns}
 
 
