@@ -24,10 +24,12 @@ from lightning_grpo.advantages import AdvantageConfig
 from lightning_grpo.dynamic import GroupBuffer
 from lightning_grpo.engines import default_engine
 from lightning_grpo.loss import LossConfig, LossOutput
+from lightning_grpo.loss.config import DistillConfig
 from lightning_grpo.loss.entropy import EntropyController
 from lightning_grpo.metrics import StepCounters, eval_metrics, staleness_metrics, step_stats
 from lightning_grpo.model.config import PolicyConfig
 from lightning_grpo.model.policy import Policy
+from lightning_grpo.model.teacher import TeacherModel
 from lightning_grpo.optim import OptimConfig, build_optimizer, scheduler
 from lightning_grpo.ranks import Ranks, every_rank, own_state
 from lightning_grpo.rewards.calls import RewardCallConfig
@@ -37,6 +39,7 @@ from lightning_grpo.rollout import RolloutEngine, SamplingConfig
 from lightning_grpo.run import log_train_metrics, numerical_abort, optimizer_steps_of, seeded, step_seed
 from lightning_grpo.settings import GRPOSettings
 from lightning_grpo.targets import OptimiserStep, Targets, UpdateConfig, build_targets, optimiser_steps
+from lightning_grpo.targets.distill import no_reward
 from lightning_grpo.types import PromptBatch, RewardScores, Rollout, StepRecord
 
 PROGRESS_BAR = ("train/reward", "train/reward_std", "train/kl")
@@ -72,6 +75,8 @@ class GRPOModule(L.LightningModule):
         update: how a generation batch is trained on (num_iterations, steps_per_generation, micro_batch_size,
             mask_truncated_completions, sampling_correction).
         reward_calls: what a failing or overdue reward call does (on_error, timeout).
+        distill: on-policy distillation from a frozen teacher (teacher, objective reverse_kl or gkd, teacher_weight,
+            reward_weight, beta ...); with a teacher, ``reward_funcs`` may be empty (the reward is then 0).
         max_bad_steps: a step whose rewards, advantages or gradients are not finite is skipped (counted in
             ``train/skipped_steps``); this many in a row stop training with an error and a checkpoint.
         rollout_engine: what turns prompts into completions (``class_path`` in YAML): ``None`` is
@@ -98,6 +103,7 @@ class GRPOModule(L.LightningModule):
         policy: PolicyConfig = PolicyConfig(),
         update: UpdateConfig = UpdateConfig(),
         reward_calls: RewardCallConfig = RewardCallConfig(),
+        distill: DistillConfig = DistillConfig(),
         max_bad_steps: int = 3,
         rollout_engine: RolloutEngine | None = None,
         optimizer: OptimizerCallable | None = None,
@@ -112,8 +118,10 @@ class GRPOModule(L.LightningModule):
             max_bad_steps=max_bad_steps,
             seed=seed,
             **dict(sampling=sampling, loss=loss, advantages=advantages, optim=optim),
-            **dict(policy=policy, update=update, reward_calls=reward_calls),
+            **dict(policy=policy, update=update, reward_calls=reward_calls, distill=distill),
         )
+        if s.distill.enabled and not (reward_funcs or reward_preset):  # the teacher alone: every reward is 0
+            reward_funcs = [no_reward]
         self.rewards = RewardSet.build(reward_funcs, reward_weights, reward_preset, accuracy_reward, s.reward_calls)
         objects = ["reward_funcs", "optimizer", "rollout_engine", *([] if isinstance(model, str) else ["model"])]
         self.save_hyperparameters(ignore=objects)  # config values only: LightningCLI parses them back on resume
@@ -122,7 +130,15 @@ class GRPOModule(L.LightningModule):
             self.hparams["reward_funcs"] = import_paths(reward_funcs)
         self.automatic_optimization = False
         self.optimizer_factory = optimizer
-        self.policy = Policy(model, s.policy, s.reference, s.sampling.temperature, s.loss.router_aux_loss_coef)
+        teacher = TeacherModel(s.distill.teacher, s.distill.teacher_dtype, s.distill.teacher_init_kwargs)
+        self.policy = Policy(
+            model,
+            s.policy,
+            s.reference,
+            s.sampling.temperature,
+            s.loss.router_aux_loss_coef,
+            teacher if s.distill.enabled else None,
+        )
         self.targets = s.targets(self.policy.shares_prompt_prefix)
         self.entropy = EntropyController.from_config(s.loss)
         self.group_buffer = GroupBuffer.of(s.advantages, self.policy.tokenizer.pad_token_id, self.engine.max_staleness)
@@ -194,7 +210,8 @@ class GRPOModule(L.LightningModule):
         stats = step_stats(
             rollout, scores, every_rank, lengths, update, self.counters, lr, seconds, self.rewards.accuracy, extra
         )
-        stats = dataclasses.replace(stats, mismatch=targets.mismatch)  # the typed view for MismatchAlert
+        distill = targets.distill.stats if targets.distill is not None else None
+        stats = dataclasses.replace(stats, mismatch=targets.mismatch, distill=distill)  # typed, for the alerts
         log_train_metrics(self, {f"train/{k}": v for k, v in stats.metrics().items()}, PROGRESS_BAR)
         record = StepRecord(rollout, scores, targets.advantages, stats)
         return {"loss": torch.tensor(stats.update.loss), "record": record}
@@ -229,6 +246,7 @@ class GRPOModule(L.LightningModule):
         for rows in step.micro_batches:
             token = self.policy.train_logps(rollout, rows, entropy_grad=self.entropy.enabled)
             out = targets.loss(token, rows, step.normalizer, self.settings.loss, self.entropy.coef_to_apply())
+            out.loss = out.loss + targets.distill_loss(self.policy, rollout, rows, step.normalizer)  # gkd's term
             self.manual_backward(out.loss + self.policy.aux_loss(token, step.normalizer.num_sequences))
             self.entropy.observe(out.trained_entropy, out.trained_tokens)
             out = dataclasses.replace(out, loss=out.loss.detach())

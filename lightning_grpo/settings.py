@@ -1,6 +1,7 @@
 """GRPOModule's constructor arguments -> one checked, typed settings object, before any model is loaded.
 
-Each section (``sampling``, ``loss``, ``advantages``, ``optim``, ``policy``, ``update``, ``reward_calls``) checks
+Each section (``sampling``, ``loss``, ``advantages``, ``optim``, ``policy``, ``update``, ``reward_calls``,
+``distill``) checks
 itself when it is built; this module checks the few top-level values and the rules that span sections, and lists
 every problem of every section in one error. ``MOVED`` names the new place of each setting that was once a flat
 ``model.`` key, for the CLI's error messages.
@@ -15,6 +16,7 @@ from typing import Any
 from lightning_grpo.advantages import AdvantageConfig
 from lightning_grpo.checks import raise_problems
 from lightning_grpo.loss import LossConfig
+from lightning_grpo.loss.config import DistillConfig
 from lightning_grpo.model.config import PolicyConfig
 from lightning_grpo.optim import OptimConfig
 from lightning_grpo.rewards.calls import RewardCallConfig
@@ -29,6 +31,7 @@ SECTIONS = {
     "policy": PolicyConfig,
     "update": UpdateConfig,
     "reward_calls": RewardCallConfig,
+    "distill": DistillConfig,
 }
 # Flat ``model.`` keys of earlier versions -> their section (``model.update.num_iterations``).
 MOVED = {
@@ -65,6 +68,7 @@ class GRPOSettings:
     policy: PolicyConfig
     update: UpdateConfig
     reward_calls: RewardCallConfig
+    distill: DistillConfig
 
     @classmethod
     def build(cls, engine: RolloutEngine, **values: Any) -> GRPOSettings:
@@ -105,6 +109,7 @@ class GRPOSettings:
             self.sampling.max_completion_length,
             self.reference,
             micro_batch_unit=self.num_generations if shared_prompts else 1,
+            distill=self.distill if self.distill.enabled else None,
         )
 
     @property

@@ -200,6 +200,7 @@ TESTS = {
     "model/padding.py": ["test_padding.py"],
     "model/prefix.py": ["test_prefix.py"],
     "model/sharding.py": ["test_parallel.py"],
+    "model/teacher.py": ["test_distill.py"],
     "module.py": ["test_module.py"],
     "optim.py": ["test_optim.py"],
     "ranks.py": ["test_ranks.py", "test_ddp.py"],
@@ -234,6 +235,7 @@ TESTS = {
     "targets/build.py": ["test_targets.py"],
     "targets/config.py": ["test_targets.py"],
     "targets/correction.py": ["test_correction.py", "test_targets.py", "test_generation.py"],
+    "targets/distill.py": ["test_distill.py"],
     "types.py": ["test_types.py"],
 }
 

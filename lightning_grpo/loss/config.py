@@ -1,14 +1,17 @@
-"""The ``loss:`` settings: every option of the GRPO-family loss, TRL 1.16's names and defaults. Checked once, here;
+"""The ``loss:`` settings: every option of the GRPO-family loss, TRL 1.16's names and defaults, and the
+``distill:`` settings of on-policy distillation. Checked once, here;
 TRL's advice for combinations that run but depart from a paper's setup is a warning."""
 
 from __future__ import annotations
 
 import warnings
 from dataclasses import dataclass
-from typing import Literal
+from typing import Any, Literal
 
 from lightning_grpo.checks import raise_problems
+from lightning_grpo.loss.distill import OBJECTIVES
 from lightning_grpo.loss.reduce import LOSS_TYPES
+from lightning_grpo.model.loading import DTYPES
 
 IMPORTANCE_SAMPLING_LEVELS = ("token", "sequence")
 
@@ -149,4 +152,61 @@ def loss_checks(c: LossConfig) -> list[tuple[bool, str]]:
             c.router_aux_loss_coef is None or c.router_aux_loss_coef >= 0,
             f"router_aux_loss_coef must be None or >= 0, got {c.router_aux_loss_coef!r}",
         ),
+    ]
+
+
+@dataclass(frozen=True)
+class DistillConfig:
+    """On-policy distillation from a frozen teacher. ``distill:`` in YAML; off while ``teacher`` is ``None``.
+
+    The student samples (as in GRPO), the teacher scores the sampled tokens, and the student learns from the
+    teacher's judgement, alone (``reward_weight: 0``, or no reward functions) or mixed with the rewards'
+    advantages. ``beta``, ``lmbda`` and ``temperature`` are TRL's GKD names. references/distillation.md says when to
+    distil and how to mix.
+    """
+
+    teacher: str | None = None
+    """Hugging Face name or local path of the teacher (``AutoModelForCausalLM``); it must share the student's
+    tokenizer. ``None``: no distillation."""
+    teacher_dtype: Literal[tuple(DTYPES)] = "float32"
+    """The teacher's weights dtype, its own (a bf16 teacher beside an fp32 student)."""
+    teacher_init_kwargs: dict[str, Any] | None = None
+    """More ``from_pretrained`` arguments for the teacher (``{attn_implementation: sdpa}``)."""
+    objective: Literal[tuple(OBJECTIVES)] = "reverse_kl"
+    """reverse_kl: the per-token advantage ``-(log p_student - log p_teacher)`` of each sampled token (Thinking
+    Machines' on-policy distillation); gkd: GKD's generalised JSD over the whole vocabulary at each completion
+    position, added to the loss (a full-logit forward of both models per micro-batch)."""
+    teacher_weight: float = 1.0
+    """Weight of the teacher's signal: of its advantage (reverse_kl) or of the JSD term (gkd)."""
+    reward_weight: float = 1.0
+    """Weight of the reward functions' advantages; 0 trains on the teacher alone (the rewards are still logged)."""
+    beta: float = 0.5
+    """gkd: the JSD's interpolation, in [0, 1]: 0 the forward KL(teacher || student), 1 the reverse KL."""
+    lmbda: float = 1.0
+    """TRL's share of on-policy (student-sampled) completions; only 1.0: every completion here is the student's."""
+    temperature: float = 1.0
+    """gkd: both models' logits are divided by it inside the divergence."""
+
+    def __post_init__(self) -> None:
+        raise_problems("distill", distill_checks(self))
+
+    @property
+    def enabled(self) -> bool:
+        return self.teacher is not None
+
+
+def distill_checks(c: DistillConfig) -> list[tuple[bool, str]]:
+    """(ok, message) for every option of ``c``, each message naming the option, the value and what is allowed."""
+    return [
+        (c.objective in OBJECTIVES, f"distill.objective must be one of {sorted(OBJECTIVES)}, got {c.objective!r}"),
+        (c.teacher_dtype in DTYPES, f"distill.teacher_dtype must be one of {sorted(DTYPES)}, got {c.teacher_dtype!r}"),
+        (c.teacher_weight >= 0, f"distill.teacher_weight must be >= 0, got {c.teacher_weight!r}"),
+        (c.reward_weight >= 0, f"distill.reward_weight must be >= 0, got {c.reward_weight!r}"),
+        (0 <= c.beta <= 1, f"distill.beta must be in [0, 1], got {c.beta!r}"),
+        (
+            c.lmbda == 1.0,
+            f"distill.lmbda must be 1.0 (every completion sampled by the student, on-policy): the trainer has no "
+            f"dataset completions or teacher generations to mix in, got {c.lmbda!r}",
+        ),
+        (c.temperature > 0, f"distill.temperature must be > 0, got {c.temperature!r}"),
     ]

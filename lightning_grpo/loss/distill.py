@@ -17,6 +17,7 @@ The mix with rewards: ``A_t = reward_weight * A_reward + teacher_weight * A_t^di
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
@@ -25,6 +26,15 @@ from torch import Tensor
 from lightning_grpo.types import DistillStats
 
 IGNORE_INDEX = -100  # TRL's label of a position outside the loss
+
+
+@dataclass(frozen=True)
+class Objective:
+    dense_advantage: bool  # the teacher's judgement enters the advantages, computed once per generation batch
+    needs_logits: bool  # a term over the whole vocabulary, computed with each micro-batch's forward
+
+
+OBJECTIVES = {"reverse_kl": Objective(dense_advantage=True, needs_logits=False), "gkd": Objective(False, True)}
 
 
 def generalized_jsd_tokens(student_logits: Tensor, teacher_logits: Tensor, beta: float, temperature: float) -> Tensor:

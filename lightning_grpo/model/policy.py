@@ -36,9 +36,11 @@ from lightning_grpo.model.loading import (
 from lightning_grpo.model.logprobs import TokenLogps, completion_logps, router_aux_coef
 from lightning_grpo.model.materialize import empty_causal_lm, is_empty, load_weights, materialize_lora_adapters
 from lightning_grpo.model.sharding import LOGPS_METHOD, full_state_dict, is_sharded, shard_causal_lm
+from lightning_grpo.model.teacher import TeacherModel, completion_logits, frozen_logits, load_teacher
 from lightning_grpo.types import Rollout
 
 REFERENCE = "reference."  # state-dict prefix of the frozen copy inside the Policy
+TEACHER = "teacher."  # and of the distillation teacher
 
 
 class Policy(nn.Module):
@@ -57,6 +59,8 @@ class Policy(nn.Module):
         temperature: the sampling temperature; log-probs are computed from logits divided by it.
         router_aux_loss_coef: weight of a Mixture-of-Experts model's load-balancing loss (``None``: the model
             config's, as TRL resolves it).
+        teacher: a frozen teacher for on-policy distillation, held like the reference (moved and sharded with the
+            policy, left out of the optimiser and of checkpoints); refused when its tokenizer differs.
     """
 
     def __init__(
@@ -66,6 +70,7 @@ class Policy(nn.Module):
         reference: bool = False,
         temperature: float = 1.0,
         router_aux_loss_coef: float | None = None,
+        teacher: TeacherModel | None = None,
     ) -> None:
         super().__init__()
         c = self.config = config
@@ -87,6 +92,7 @@ class Policy(nn.Module):
         # values made before the weights are loaded (an adapter's initialisation), kept through materialize()
         self.real_tensors = materialize_lora_adapters(self.model, rng) if self.weight_files and self.is_lora else {}
         self.reference = frozen_copy(self.model) if reference and not self.is_lora else None
+        self.teacher, self.teacher_files = load_teacher(teacher, self.tokenizer, self.model) if teacher else (None, [])
         if c.sync_ref_model and self.reference is None:
             raise ValueError("policy.sync_ref_model=True updates a reference copy: it needs loss.beta > 0")
         self.temperature = temperature
@@ -132,6 +138,18 @@ class Policy(nn.Module):
         context = self.model.disable_adapter() if self.is_lora else _eval_mode(self.reference)
         with context:
             return _in_row_order(micro_batches, lambda rows: self.token_logps(rollout, rows, self.reference).logps)
+
+    @torch.no_grad()
+    def teacher_logps(self, rollout: Rollout, micro_batches: list[slice] | list[Tensor]) -> Tensor:
+        """[N, T] the teacher's log-probs of the sampled completion tokens, at the sampling temperature."""
+        with _eval_mode(self.teacher):
+            return _in_row_order(micro_batches, lambda rows: self.token_logps(rollout, rows, self.teacher).logps)
+
+    def distill_logits(self, rollout: Rollout, rows: slice | Tensor) -> tuple[Tensor, Tensor]:
+        """([n, T, V] the student's logits at each completion position, with gradient; [n, T, V] the teacher's,
+        without): the whole vocabulary, for GKD's divergence. A forward of each model besides the log-prob one."""
+        ids, mask, width = rollout.input_ids[rows], rollout.attention_mask[rows], rollout.completion_ids.shape[1]
+        return completion_logits(self.model, ids, mask, width), frozen_logits(self.teacher, ids, mask, width)
 
     @functools.cached_property
     def shares_prompt_prefix(self) -> bool:
@@ -205,7 +223,7 @@ class Policy(nn.Module):
         hooks are left behind: each holds this policy, models and all, which pickling the copy would carry along
         to the sampling process; no generation is synced across ranks (the copy's model is its own)."""
         clone = copy.copy(self)
-        clone._modules = {"model": None, "reference": None}
+        clone._modules = {"model": None, "reference": None, "teacher": None}
         clone._state_dict_hooks, clone._load_state_dict_pre_hooks = collections.OrderedDict(), collections.OrderedDict()
         clone.synced_generation = False
         return clone
@@ -269,8 +287,9 @@ class Policy(nn.Module):
         Either way generation is then synced across ranks, so ranks that finish early keep stepping."""
         if mesh is not None:
             shard_causal_lm(self.model, mesh)  # under LoRA the frozen base is sharded too; the adapter trains
-            if self.reference is not None:
-                shard_causal_lm(self.reference, mesh, frozen=True)
+            for frozen in (self.reference, self.teacher):
+                if frozen is not None:
+                    shard_causal_lm(frozen, mesh, frozen=True)
         self.synced_generation = world_size > 1
         self.materialize()  # after sharding: each rank reads only its own rows
 
@@ -281,6 +300,8 @@ class Policy(nn.Module):
         for model in (self.model, self.reference):
             if model is not None and is_empty(model):
                 load_weights(model, self.weight_files, self.real_tensors)
+        if self.teacher is not None and is_empty(self.teacher):
+            load_weights(self.teacher, self.teacher_files, {})
         self.real_tensors = {}
 
     def left_out(self) -> Iterator[tuple[str, Tensor]]:
@@ -289,6 +310,8 @@ class Policy(nn.Module):
         checkpoint directory, whose shards Lightning reads straight into ``state_dict()``'s keys) follows."""
         if self.reference is not None:
             yield from ((REFERENCE + n, t) for n, t in self.reference.state_dict(keep_vars=True).items())
+        if self.teacher is not None:
+            yield from ((TEACHER + n, t) for n, t in self.teacher.state_dict(keep_vars=True).items())
         if self.is_lora:
             yield from (
                 ("model." + n, t) for n, t in self.model.state_dict(keep_vars=True).items() if not t.requires_grad

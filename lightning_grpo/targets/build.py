@@ -16,11 +16,14 @@ from torch import Tensor
 
 from lightning_grpo.advantages import AdvantageConfig, TokenRewards, kl_penalty, multi_objective_advantages
 from lightning_grpo.loss import LossConfig, LossNormalizer, LossOutput, grpo_loss
+from lightning_grpo.loss.config import DistillConfig
+from lightning_grpo.loss.distill import mix_advantages
 from lightning_grpo.model.logprobs import TokenLogps
 from lightning_grpo.model.policy import Policy
 from lightning_grpo.ranks import Ranks
 from lightning_grpo.targets.config import UpdateConfig
 from lightning_grpo.targets.correction import BYPASS, correction_metrics, mismatch_stats, sampling_correction
+from lightning_grpo.targets.distill import DistillTargets, distill_targets
 from lightning_grpo.types import MismatchStats, RewardScores, Rollout
 
 
@@ -34,6 +37,7 @@ class TargetSettings:
     max_completion_length: int  # Dr. GRPO's constant normaliser
     reference: bool  # reference log-probs are needed (loss.beta > 0 or advantages.kl_coef > 0)
     micro_batch_unit: int = 1  # rows a micro-batch keeps together: G for the shared-prompt forward
+    distill: DistillConfig | None = None  # on-policy distillation from the Policy's teacher
 
     @property
     def needs_old_logps(self) -> bool:
@@ -84,6 +88,7 @@ class Targets:
     mismatch: MismatchStats | None = None  # sampler vs trainer log-probs over every rank's loss tokens
     row_tokens: Tensor | None = None  # [N] real prompt and completion tokens of each row (token-budget micro-batches)
     proximal: ProximalCorrection | None = None  # the correction, when it is taken from the training forward
+    distill: DistillTargets | None = None  # the teacher's judgement of the batch (``distill:``)
 
     def loss(
         self, token: TokenLogps, rows: slice | Tensor, norm: LossNormalizer, config: LossConfig, entropy_coef: float
@@ -108,20 +113,29 @@ class Targets:
             entropy_coef=entropy_coef,
         )
 
+    def distill_loss(self, policy: Policy, rollout: Rollout, rows: slice | Tensor, norm: LossNormalizer) -> Tensor:
+        """The teacher's term of the loss of ``rows`` (gkd); 0 without one or when its signal is in the
+        advantages (reverse_kl)."""
+        if self.distill is None:
+            return torch.zeros((), device=self.mask.device)
+        return self.distill.loss(policy, rollout, rows, self.mask[rows], norm)
+
     def settled(self, ranks: Ranks) -> Targets:
-        """After the update: a correction taken from the training forward has its weights and mismatch (a
-        collective: every rank logs and alerts alike)."""
-        c = self.proximal
+        """After the update: a correction taken from the training forward has its weights and mismatch, and gkd
+        its top-token agreement (collectives: every rank logs and alerts alike)."""
+        done = self if self.distill is None else replace(self, distill=self.distill.settled(ranks))
+        c = done.proximal
         if c is None:
-            return self
-        mismatch = _mismatch(c.logps, self.sampling_logps, self.mask, ranks, c.anchored)
-        return replace(self, sampling_weights=c.weights, mismatch=mismatch, proximal=None)
+            return done
+        mismatch = _mismatch(c.logps, done.sampling_logps, done.mask, ranks, c.anchored)
+        return replace(done, sampling_weights=c.weights, mismatch=mismatch, proximal=None)
 
     def metrics(self) -> dict[str, float]:
         """The sampler correction's range over the loss tokens and the sampler/trainer mismatch (``sampling/*``;
         none when the policy sampled)."""
         mismatch = self.mismatch.metrics() if self.mismatch is not None else {}
-        return correction_metrics(self.sampling_weights, self.mask) | mismatch
+        distill = self.distill.stats.metrics() if self.distill is not None else {}
+        return correction_metrics(self.sampling_weights, self.mask) | mismatch | distill
 
 
 @dataclass(frozen=True)
@@ -240,8 +254,13 @@ def build_targets(
             mismatch = _mismatch(old_logps, rollout.sampling_logps, mask, ranks, anchored)
         else:  # every row trained once, from the weights that start the batch: the training forward's log-probs
             proximal = ProximalCorrection(mode, low, high, torch.zeros_like(rollout.sampling_logps), anchored)
+    advantages, distill = _advantages(every_rank, scores.weights, mask, old_logps, ref_logps, s, ranks), None
+    if s.distill is not None:
+        student = rollout.sampling_logps if rollout.sampling_logps is not None else old_logps
+        distill = distill_targets(policy, rollout, mask, rows, student, s.distill, ranks)
+        advantages = _with_teacher(advantages, distill, s.distill)
     return Targets(
-        advantages=_advantages(every_rank, scores.weights, mask, old_logps, ref_logps, s, ranks),
+        advantages=advantages,
         mask=mask,
         normalizer=normalizer(mask, ranks, s.max_completion_length),
         micro_batches=rows,
@@ -252,7 +271,16 @@ def build_targets(
         mismatch=mismatch,
         row_tokens=row_tokens,
         proximal=proximal,
+        distill=distill,
     )
+
+
+def _with_teacher(advantages: Tensor, distill: DistillTargets, c: DistillConfig) -> Tensor:
+    """The rewards' advantages weighted by ``reward_weight``, plus ``teacher_weight`` times the teacher's dense
+    advantage (reverse_kl: [N, T]); gkd's signal is a loss term, so only the rewards' weight applies here."""
+    if distill.advantages is None:
+        return c.reward_weight * advantages
+    return mix_advantages(advantages, distill.advantages, c.reward_weight, c.teacher_weight)
 
 
 def _mismatch(

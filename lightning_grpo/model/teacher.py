@@ -1,0 +1,91 @@
+"""A teacher model name or object -> a frozen LM beside the policy, checked to share the policy's vocabulary.
+
+Knows loading and tokenizers; nothing about the distillation objective. The Policy holds the teacher as it holds the
+frozen reference: a submodule moved with the policy, sharded with it under FSDP2, out of the optimiser and out of
+checkpoints. A teacher whose tokenizer differs from the student's is refused here: its log-probs would score other
+tokens (GOLD and NeMo-RL re-tokenise and align; we do not).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+from transformers import PreTrainedTokenizerBase
+
+from lightning_grpo.model.loading import DTYPES, empty_init_files, load_policy, load_tokenizer, resolve_pretrained
+from lightning_grpo.model.padding import position_ids_from_mask
+
+
+@dataclass(frozen=True)
+class TeacherModel:
+    """Where the teacher comes from and how it is loaded (``distill.teacher``, ``teacher_dtype`` ...)."""
+
+    model: str | nn.Module  # Hugging Face name or local path, or a built model
+    dtype: str = "float32"
+    init_kwargs: dict[str, Any] | None = None
+
+
+def vocabulary_problem(teacher: PreTrainedTokenizerBase, student: PreTrainedTokenizerBase, name: str) -> str | None:
+    """Why the teacher's tokenizer cannot score the student's tokens, or ``None`` when the two map every token
+    alike."""
+    ours, theirs = student.get_vocab(), teacher.get_vocab()
+    if ours == theirs:
+        return None
+    differ = sorted(set(ours.items()) ^ set(theirs.items()), key=lambda kv: kv[1])[:3]
+    return (
+        f"distill.teacher {name!r} has another tokenizer than the student ({len(theirs)} vs {len(ours)} tokens; "
+        f"e.g. {differ}): its log-probs would score other tokens. Cross-tokenizer distillation (GOLD, NeMo-RL's "
+        "re-tokenised alignment) is not supported: pick a teacher of the student's family (same tokenizer)"
+    )
+
+
+def load_teacher(spec: TeacherModel, tokenizer: PreTrainedTokenizerBase, student: nn.Module) -> tuple[nn.Module, list]:
+    """(the frozen teacher, its checkpoint files when it is built on the meta device to be loaded after sharding,
+    else ``[]``). Refuses a teacher whose vocabulary differs from the student's, saying so."""
+    name = spec.model if isinstance(spec.model, str) else type(spec.model).__name__
+    if isinstance(spec.model, str):
+        problem = vocabulary_problem(load_tokenizer(spec.model), tokenizer, name)
+        if problem:
+            raise ValueError(problem)
+    files = empty_init_files(spec.model, False)
+    if files:
+        from lightning_grpo.model.materialize import empty_causal_lm
+
+        model = empty_causal_lm(resolve_pretrained(spec.model), DTYPES[spec.dtype], spec.init_kwargs)
+    else:
+        model = load_policy(spec.model, spec.dtype, False, spec.init_kwargs)
+    rows = {"teacher": _vocab_rows(model), "student": _vocab_rows(student)}
+    if rows["teacher"] != rows["student"]:
+        raise ValueError(
+            f"distill.teacher {name!r} has an output vocabulary of {rows['teacher']} tokens and the student "
+            f"{rows['student']}: another tokenizer. Cross-tokenizer distillation is not supported: pick a teacher "
+            "with the student's tokenizer"
+        )
+    model.requires_grad_(False)  # forwards run in eval mode (Policy); Lightning's fit puts modules in train mode
+    return model, files
+
+
+def _vocab_rows(model: nn.Module) -> int:
+    return model.get_output_embeddings().weight.shape[0]
+
+
+def completion_logits(model: nn.Module, input_ids: Tensor, attention_mask: Tensor, completion_length: int) -> Tensor:
+    """[n, T, V] the logits that predict each of the last ``completion_length`` tokens (fp32; with gradient when
+    enabled). The whole vocabulary at every completion position: for GKD, whose divergence needs it."""
+    positions = position_ids_from_mask(attention_mask)  # [n, P+T]
+    out = model(input_ids=input_ids, attention_mask=attention_mask, position_ids=positions, use_cache=False)
+    return out.logits[:, -completion_length - 1 : -1].float()  # [n, T, V]
+
+
+@torch.no_grad()
+def frozen_logits(model: nn.Module, input_ids: Tensor, attention_mask: Tensor, completion_length: int) -> Tensor:
+    """``completion_logits`` of a frozen model, in eval mode (no dropout), without gradient."""
+    was_training = model.training
+    model.eval()
+    try:
+        return completion_logits(model, input_ids, attention_mask, completion_length)
+    finally:
+        model.train(was_training)

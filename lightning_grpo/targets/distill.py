@@ -1,0 +1,92 @@
+"""A rollout + the teacher -> what on-policy distillation trains against: the teacher's log-probs of the sampled
+tokens (once per generation batch, like the reference's), the dense reverse-KL advantage, and GKD's per-micro-batch
+term. The math is ``loss/distill.py``; the teacher is the Policy's (``model/teacher.py``)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+
+import torch
+from torch import Tensor
+
+from lightning_grpo.loss import LossNormalizer
+from lightning_grpo.loss.config import DistillConfig
+from lightning_grpo.loss.distill import (
+    OBJECTIVES,
+    distill_stats,
+    generalized_jsd_tokens,
+    reverse_kl,
+    reverse_kl_advantages,
+    top_token_agreement,
+)
+from lightning_grpo.model.policy import Policy
+from lightning_grpo.ranks import Ranks
+from lightning_grpo.types import DistillStats, Rollout
+
+
+def no_reward(prompts: list, completions: list, **kwargs) -> list[float]:
+    """0.0 for every completion: the reward of a run that learns from its teacher alone (no ``reward_funcs``)."""
+    return [0.0] * len(completions)
+
+
+@dataclass
+class DistillTargets:
+    """The teacher's judgement of one generation batch (N rows)."""
+
+    config: DistillConfig
+    teacher_logps: Tensor  # [N, T] the teacher's log-probs of the sampled tokens
+    advantages: Tensor | None  # [N, T] reverse_kl: -(student - teacher) log-probs, before teacher_weight
+    stats: DistillStats  # over every rank's loss tokens
+    agreeing: Tensor = field(default_factory=lambda: torch.tensor(0.0))  # gkd: positions whose top tokens agree
+    compared: Tensor = field(default_factory=lambda: torch.tensor(0.0))  # gkd: positions compared
+
+    def loss(
+        self, policy: Policy, rollout: Rollout, rows: slice | Tensor, mask: Tensor, norm: LossNormalizer
+    ) -> Tensor:
+        """gkd: ``teacher_weight`` times the generalised JSD of ``rows`` summed over their loss tokens ([n, T]
+        ``mask``) / the batch's tokens per rank (DAPO's normaliser: micro-batches and ranks add up to the token
+        mean; one micro-batch on one process is TRL's ``batchmean``). 0 for reverse_kl, whose signal is in the
+        advantages."""
+        c = self.config
+        if not OBJECTIVES[c.objective].needs_logits:
+            return torch.zeros((), device=mask.device)
+        student, teacher = policy.distill_logits(rollout, rows)  # [n, T, V] each
+        jsd = generalized_jsd_tokens(student, teacher.to(student.dtype), c.beta, c.temperature).sum(-1)  # [n, T]
+        same, count = top_token_agreement(student, teacher, mask)
+        self.agreeing, self.compared = self.agreeing + same.cpu(), self.compared + count.cpu()
+        return c.teacher_weight * (jsd * mask).sum() / (max(norm.global_num_tokens, 1.0) / norm.world_size)
+
+    def settled(self, ranks: Ranks) -> DistillTargets:
+        """After the update: gkd's top-token agreement over every rank's compared positions (a collective)."""
+        if not OBJECTIVES[self.config.objective].needs_logits:
+            return self
+        compared = float(ranks.sum(self.compared))
+        share = float(ranks.sum(self.agreeing)) / compared if compared else float("nan")
+        return replace(self, stats=replace(self.stats, top_agreement=share))
+
+
+def distill_targets(
+    policy: Policy,
+    rollout: Rollout,
+    mask: Tensor,
+    micro_batches: list[slice] | list[Tensor],
+    student_logps: Tensor | None,
+    config: DistillConfig,
+    ranks: Ranks,
+) -> DistillTargets:
+    """The teacher's log-probs of the batch, and the student's reverse KL to it on the sampled tokens.
+
+    Args:
+        mask: [N, T] the loss tokens.
+        student_logps: [N, T] the sampling policy's log-probs when already computed (the sampler's, or the
+            ``old_logps`` an off-policy step needs); ``None`` computes them (one no-grad forward).
+    """
+    teacher = policy.teacher_logps(rollout, micro_batches)  # [N, T]
+    if student_logps is None:
+        student_logps = policy.logps(rollout, micro_batches)
+    student = torch.where(student_logps.isnan(), teacher, student_logps)  # a sampler with no log-prob: no signal
+    per_token = reverse_kl(student, teacher) * mask  # [N, T]
+    stats = distill_stats(ranks.gather_padded(per_token), ranks.gather_padded(mask))
+    dense = OBJECTIVES[config.objective].dense_advantage
+    advantages = reverse_kl_advantages(student, teacher, mask) if dense else None
+    return DistillTargets(config, teacher, advantages, stats)

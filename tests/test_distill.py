@@ -1,0 +1,168 @@
+"""On-policy distillation end to end on the tiny model: the teacher beside the policy (model/teacher.py), its
+log-probs once per generation batch and the mixed advantages (targets/distill.py), GKD's term in the update, the
+``distill:`` settings and the ``train/distill/*`` metrics."""
+
+from __future__ import annotations
+
+import lightning as L
+import pytest
+import torch
+from helpers import fit, logged, make_module
+
+from lightning_grpo import PromptDataModule
+from lightning_grpo.demo.tiny import build_tiny_qwen2, build_tokenizer
+from lightning_grpo.loss import LossNormalizer
+from lightning_grpo.loss.config import DistillConfig
+from lightning_grpo.loss.distill import generalized_jsd_loss
+from lightning_grpo.model.logprobs import completion_logps
+from lightning_grpo.model.policy import Policy
+from lightning_grpo.model.teacher import TeacherModel
+from lightning_grpo.ranks import Ranks
+from lightning_grpo.targets.distill import distill_targets
+from lightning_grpo.types import Rollout
+
+
+@pytest.fixture(scope="module")
+def teacher_dir(tmp_path_factory) -> str:
+    """Another tiny Qwen2 of the same tokenizer, other weights (seed 1), its logits 8x sharper than a fresh
+    model's near-uniform ones (the final norm's scale): a teacher far from the student."""
+    path = tmp_path_factory.mktemp("teacher")
+    tokenizer = build_tokenizer()
+    model = build_tiny_qwen2(tokenizer, seed=1)
+    model.model.norm.weight.data *= 8
+    model.save_pretrained(path)
+    tokenizer.save_pretrained(path)
+    return str(path)
+
+
+def rollout_of(policy: Policy, n: int = 4, width: int = 5) -> Rollout:
+    """Sampled completions of two prompts, as the engines build them."""
+    with policy.generating():
+        tok = policy.tokenizer(["1+2=", "3+1="], return_tensors="pt", padding=True)
+        out = policy.model.generate(
+            **tok, max_new_tokens=width, do_sample=True, num_return_sequences=n // 2, pad_token_id=tok.input_ids[0, 0]
+        )
+    prompt = tok.input_ids.repeat_interleave(n // 2, 0)
+    completion = out[:, prompt.shape[1] :]
+    mask = torch.ones_like(completion)
+    return Rollout(
+        prompt_ids=prompt,
+        prompt_mask=tok.attention_mask.repeat_interleave(n // 2, 0),
+        completion_ids=completion,
+        completion_mask=mask,
+        is_truncated=torch.zeros(n, dtype=torch.bool),
+        prompts=["1+2="] * (n // 2) + ["3+1="] * (n // 2),
+        completions=[""] * n,
+        group_size=n // 2,
+    )
+
+
+def one_rank() -> Ranks:
+    return Ranks(L.Trainer(accelerator="cpu", devices=1, logger=False))
+
+
+def data(path):
+    return PromptDataModule(path, batch_size=4, val_split=None)
+
+
+def test_a_teacher_with_another_tokenizer_is_refused(tiny_model_dir, tmp_path):
+    tokenizer = build_tokenizer()
+    tokenizer.add_tokens(["<extra>"])
+    build_tiny_qwen2(tokenizer, seed=1).save_pretrained(tmp_path)
+    tokenizer.save_pretrained(tmp_path)
+    with pytest.raises(ValueError, match="has another tokenizer than the student .* not supported"):
+        Policy(tiny_model_dir, teacher=TeacherModel(str(tmp_path)))
+
+
+def test_the_teacher_is_frozen_and_left_out_of_checkpoints(tiny_model_dir, teacher_dir):
+    policy = Policy(tiny_model_dir, teacher=TeacherModel(teacher_dir))
+    assert not any(p.requires_grad for p in policy.teacher.parameters())
+    assert all(p.requires_grad for p in policy.trainable_parameters())
+    assert not any(k.startswith("teacher.") for k in policy.state_dict())
+    assert sum(p.numel() for p in policy.trainable_parameters()) == sum(p.numel() for p in policy.model.parameters())
+
+
+def test_teacher_logps_are_the_teachers_own(tiny_model_dir, teacher_dir):
+    torch.manual_seed(0)
+    policy = Policy(tiny_model_dir, teacher=TeacherModel(teacher_dir)).train()
+    rollout = rollout_of(policy)
+    ours = policy.teacher_logps(rollout, [slice(0, 2), slice(2, 4)])  # [4, T]
+    alone = Policy(teacher_dir).model.eval()
+    width = rollout.completion_ids.shape[1]
+    theirs = completion_logps(alone, rollout.input_ids, rollout.attention_mask, width).logps
+    torch.testing.assert_close(ours, theirs)
+    assert policy.teacher.training  # only switched to eval for its forward (Lightning warns about eval modules)
+
+
+def test_the_student_as_its_own_teacher_has_no_signal(tiny_model_dir):
+    torch.manual_seed(0)
+    policy = Policy(tiny_model_dir, teacher=TeacherModel(tiny_model_dir))
+    rollout = rollout_of(policy)
+    mask = rollout.completion_mask.float()
+    d = distill_targets(policy, rollout, mask, [slice(None)], None, DistillConfig(teacher="same"), one_rank())
+    assert d.advantages.abs().max() < 1e-5 and abs(d.stats.reverse_kl) < 1e-6 and d.stats.tokens == mask.numel()
+
+
+def test_gkd_term_equals_trls_loss_on_the_same_logits_value_and_gradient(tiny_model_dir, teacher_dir):
+    torch.manual_seed(0)
+    policy = Policy(tiny_model_dir, teacher=TeacherModel(teacher_dir))
+    rollout = rollout_of(policy)
+    mask = rollout.completion_mask.float()
+    mask[0, 3:] = 0  # a completion that ended early
+    config = DistillConfig(teacher="t", objective="gkd", beta=0.3, temperature=0.8)
+    d = distill_targets(policy, rollout, mask, [slice(None)], None, config, one_rank())
+    ours = d.loss(policy, rollout, slice(None), mask, LossNormalizer.from_mask(mask))
+    ours.backward()
+    our_grad = [p.grad.clone() for p in policy.model.parameters()]
+    policy.model.zero_grad()
+    student, teacher = policy.distill_logits(rollout, slice(None))
+    labels = torch.where(mask.bool(), rollout.completion_ids, -100)
+    theirs = generalized_jsd_loss(student, teacher, labels, beta=0.3, temperature=0.8)  # equal to TRL's
+    theirs.backward()
+    torch.testing.assert_close(ours, theirs)
+    for a, p in zip(our_grad, policy.model.parameters()):
+        torch.testing.assert_close(a, p.grad)
+    assert 0 < float(d.compared) == mask.sum() and 0 <= float(d.agreeing) <= float(d.compared)
+
+
+def test_distillation_alone_with_no_reward_functions_runs_on_the_teachers_signal(
+    tiny_model_dir, teacher_dir, arith_jsonl, tmp_path
+):
+    distill = {"teacher": teacher_dir, "reward_weight": 0.0}
+    module = make_module(tiny_model_dir, reward_funcs=None, accuracy_reward=None, distill=distill)
+    assert [f.__name__ for f in module.rewards.funcs] == ["no_reward"]
+    before = [p.detach().clone() for p in module.policy.model.parameters()]
+    trainer = fit(module, data(arith_jsonl), tmp_path, max_steps=3)
+    metrics = logged(trainer)
+    assert len(metrics["train/distill/reverse_kl"]) == 3 and min(metrics["train/distill/reverse_kl"]) > 0.5
+    assert min(metrics["train/distill/reverse_kl_std"]) > 0 and set(metrics["train/reward"]) == {0.0}
+    moved = [not torch.equal(a, b) for a, b in zip(before, module.policy.model.parameters())]
+    assert all(moved)  # rewards all 0: every step's gradient is the teacher's
+    assert all(
+        torch.equal(a, b)
+        for a, b in zip(module.policy.teacher.state_dict().values(), Policy(teacher_dir).model.state_dict().values())
+    )
+
+
+def test_gkd_mixed_with_rewards_logs_the_top_token_agreement(tiny_model_dir, teacher_dir, arith_jsonl, tmp_path):
+    distill = {"teacher": teacher_dir, "objective": "gkd", "teacher_weight": 0.5, "beta": 0.5}
+    module = make_module(tiny_model_dir, distill=distill)
+    trainer = fit(module, data(arith_jsonl), tmp_path, max_steps=2)
+    metrics = logged(trainer)
+    assert len(metrics["train/distill/top_agreement"]) == 2
+    assert all(0 <= a <= 1 for a in metrics["train/distill/top_agreement"])
+    assert "train/reward" in metrics
+
+
+@pytest.mark.parametrize(
+    ("option", "value", "message"),
+    [
+        ("objective", "fkl", r"distill.objective must be one of \['gkd', 'reverse_kl'\], got 'fkl'"),
+        ("lmbda", 0.5, "distill.lmbda must be 1.0 .* got 0.5"),
+        ("beta", 2.0, r"distill.beta must be in \[0, 1\], got 2.0"),
+        ("reward_weight", -1.0, "distill.reward_weight must be >= 0, got -1.0"),
+    ],
+)
+def test_bad_distill_settings_are_refused_by_name(option, value, message):
+    with pytest.raises(ValueError, match=message):
+        DistillConfig(teacher="t", **{option: value})
