@@ -19,3 +19,18 @@ def raise_problems(section: str, checks: Iterable[tuple[bool, str]]) -> None:
     problems = failed(checks)
     if problems:
         raise ValueError(f"invalid {section} settings:\n  - " + "\n  - ".join(problems))
+
+
+PROBLEMS_SHOWN = 10  # a file with thousands of bad rows: the first ten, then how many more
+
+
+def listing(problems: list[str], shown: int = PROBLEMS_SHOWN) -> str:
+    """``problems`` one a line, at most ``shown`` of them, then how many more.
+
+    >>> print(listing(["line 2: a", "line 5: b", "line 9: c"], shown=2))
+      - line 2: a
+      - line 5: b
+      - ... and 1 more
+    """
+    more = [f"... and {len(problems) - shown} more"] if len(problems) > shown else []
+    return "\n".join(f"  - {p}" for p in [*problems[:shown], *more])

@@ -19,6 +19,7 @@ from torch.utils.data import DataLoader, DistributedSampler
 from torchdata.stateful_dataloader import StatefulDataLoader
 
 from lightning_grpo import demo
+from lightning_grpo.checks import listing
 from lightning_grpo.types import PromptBatch
 
 if TYPE_CHECKING:
@@ -27,9 +28,10 @@ if TYPE_CHECKING:
 FILE_FORMATS = {".json": "json", ".jsonl": "json", ".csv": "csv", ".parquet": "parquet"}
 
 
-def load_any(source: str, split: str, name: str | None = None) -> Dataset:
+def load_any(source: str, split: str, name: str | None = None, prompt_column: str | None = None) -> Dataset:
     """A split from a hub name, a ``save_to_disk`` directory, a JSON/JSONL/CSV/Parquet file, or a directory
-    of ``<split>.<ext>`` files."""
+    of ``<split>.<ext>`` files; a JSON/JSONL/CSV file is checked first, line by line (``check_text_file``), with
+    ``prompt_column`` held to what a prompt is."""
     from datasets import DatasetDict, load_dataset, load_from_disk  # pandas and pyarrow: only when data loads
 
     source = demo.resolve(source)
@@ -46,7 +48,7 @@ def load_any(source: str, split: str, name: str | None = None) -> Dataset:
         if not files:
             raise FileNotFoundError(f"dataset directory {source!r} has no {split}.(json|jsonl|csv|parquet) file")
         if files[0].suffix in TEXT_FORMATS:
-            check_text_file(files[0])
+            check_text_file(files[0], prompt_column)
         return load_dataset(FILE_FORMATS[files[0].suffix], data_files=str(files[0]), split="train")
     if path.suffix in FILE_FORMATS:
         if not path.exists():
@@ -54,7 +56,7 @@ def load_any(source: str, split: str, name: str | None = None) -> Dataset:
         if path.stat().st_size == 0:
             raise ValueError(f"dataset {source!r} has no rows: the file is empty")
         if path.suffix in TEXT_FORMATS:
-            check_text_file(path)
+            check_text_file(path, prompt_column)
         if split != "train":  # a single file is one split, which the datasets library names "train"
             raise FileNotFoundError(f"dataset file {source!r} holds only the 'train' split, not {split!r}")
         return load_dataset(FILE_FORMATS[path.suffix], data_files=str(path), split="train")
@@ -64,23 +66,36 @@ def load_any(source: str, split: str, name: str | None = None) -> Dataset:
 TEXT_FORMATS = (".json", ".jsonl", ".csv")
 
 
-def check_text_file(path: Path) -> None:
+def check_text_file(path: Path, prompt_column: str | None = None) -> None:
     """A JSON/JSONL/CSV dataset file read before any compute: UTF-8 throughout, at least one non-blank line, and
-    for JSON lines one object a line; each problem named with the file and line (the datasets library names
-    neither, or fails only when the bad row is drawn)."""
+    for JSON lines one object a line whose ``prompt_column`` is a prompt (``prompt_problem``). Every problem of
+    the file is named in one error, with its line (the datasets library names neither, or fails only when the
+    bad row is drawn), so one run shows all there is to fix."""
     lines = path.read_bytes().splitlines()
-    for number, raw in enumerate(lines, 1):
-        try:
-            raw.decode("utf-8")
-        except UnicodeDecodeError as err:
-            raise ValueError(
-                f"dataset file {str(path)!r} line {number} is not UTF-8 (byte {raw[err.start]:#04x} at column "
-                f"{err.start + 1}): save the file as UTF-8"
-            ) from None
+    problems = {number: problem for number, raw in enumerate(lines, 1) if (problem := _not_utf8(number, raw))}
     if not any(line.strip() for line in lines):
         raise ValueError(f"dataset {str(path)!r} has no rows: its {len(lines)} lines are all blank")
     if path.suffix != ".csv" and not _one_json_document(path):
-        _check_json_lines(path, lines)
+        problems |= _json_line_problems(lines, set(problems), prompt_column)
+    about_prompts = any(p.startswith(f"line {n}: {prompt_column!r}") for n, p in problems.items())
+    what = f"\nA prompt is {PROMPT_TYPES}" if about_prompts else ""
+    if len(problems) == 1:
+        raise ValueError(f"dataset file {str(path)!r} {next(iter(problems.values()))}{what}")
+    if problems:
+        listed = [problems[number] for number in sorted(problems)]
+        raise ValueError(
+            f"dataset file {str(path)!r} has {len(problems)} problems; all of them, by line:\n{listing(listed)}{what}"
+        )
+
+
+def _not_utf8(number: int, raw: bytes) -> str | None:
+    try:
+        raw.decode("utf-8")
+    except UnicodeDecodeError as err:
+        return (
+            f"line {number} is not UTF-8 (byte {raw[err.start]:#04x} at column {err.start + 1}): save the file as UTF-8"
+        )
+    return None
 
 
 def _one_json_document(path: Path) -> bool:
@@ -88,28 +103,120 @@ def _one_json_document(path: Path) -> bool:
     if path.suffix != ".json":
         return False
     try:
-        json.loads(path.read_text(encoding="utf-8"))
+        json.loads(path.read_text(encoding="utf-8", errors="replace"))
     except json.JSONDecodeError:
         return False
     return True
 
 
-def _check_json_lines(path: Path, lines: list[bytes]) -> None:
+def _json_line_problems(lines: list[bytes], skip: set[int], prompt_column: str | None) -> dict[int, str]:
+    """Line number -> what is wrong with it: not JSON, not an object, or a prompt that is not one. A column no
+    row has is left to ``PromptDataModule``, which lists the columns there are."""
+    problems, rows = {}, {}
     for number, raw in enumerate(lines, 1):
-        if not raw.strip():
+        if not raw.strip() or number in skip:
             continue
         try:
             row = json.loads(raw)
         except json.JSONDecodeError as err:
-            raise ValueError(
-                f"dataset file {str(path)!r} line {number} is not valid JSON ({err.msg} at column {err.colno}): "
-                "each line must be one JSON object"
-            ) from None
-        if not isinstance(row, dict):
-            raise ValueError(
-                f"dataset file {str(path)!r} line {number} is a JSON {type(row).__name__}, not an object: each line "
-                'must be one row, e.g. {"prompt": "...", "answer": "..."}'
+            problems[number] = (
+                f"line {number} is not valid JSON ({err.msg} at column {err.colno}): each line must be one JSON object"
             )
+            continue
+        if isinstance(row, dict):
+            rows[number] = row
+        else:
+            problems[number] = (
+                f"line {number} is a JSON {type(row).__name__}, not an object: each line must be one row, e.g. "
+                '{"prompt": "...", "answer": "..."}'
+            )
+    if prompt_column is None or not any(prompt_column in row for row in rows.values()):
+        return problems
+    for number, row in rows.items():
+        problem = prompt_problem(row[prompt_column]) if prompt_column in row else "is missing"
+        if problem:
+            problems[number] = f"line {number}: {prompt_column!r} {problem}"
+    return problems
+
+
+PROMPT_TYPES = (
+    "a string, or a list of chat messages, each a dict with 'role' and 'content' "
+    '(e.g. [{"role": "user", "content": "2+2="}])'
+)
+
+
+def prompt_problem(prompt: Any) -> str | None:
+    """What makes ``prompt`` not a prompt (``PROMPT_TYPES``), or ``None``: the tokenizer's own errors name neither
+    the column nor the row.
+
+    >>> prompt_problem(42)
+    'is 42 (int)'
+    >>> prompt_problem([{"content": "2+2="}])
+    "message 0 has no 'role': {'content': '2+2='}"
+    >>> prompt_problem([{"role": "user", "content": "2+2="}]) is None
+    True
+    """
+    if isinstance(prompt, str):
+        return None
+    if not isinstance(prompt, list):
+        return f"is {_short(prompt)} ({'null' if prompt is None else type(prompt).__name__})"
+    if not prompt:
+        return "is an empty list of messages"
+    for i, message in enumerate(prompt):
+        problem = _message_problem(message)
+        if problem:
+            return f"message {i} {problem}: {_short(message)}"
+    return None
+
+
+def _message_problem(message: Any) -> str | None:
+    if not isinstance(message, dict):
+        return f"is a {type(message).__name__}, not a dict"
+    missing = [key for key in ("role", "content") if message.get(key) is None and not _tool_call(message, key)]
+    if missing:
+        return f"has no {' or '.join(repr(key) for key in missing)}"
+    if not isinstance(message["role"], str):
+        return f"has a {type(message['role']).__name__} 'role', not a string"
+    content = message["content"]
+    if content is not None and not isinstance(content, (str, list)):
+        return f"has a {type(content).__name__} 'content', not a string (or a list of parts)"
+    return None
+
+
+def _tool_call(message: dict, key: str) -> bool:
+    """An assistant message that calls tools may have no text: ``content`` is then ``None``."""
+    return key == "content" and bool(message.get("tool_calls"))
+
+
+def _short(value: Any, limit: int = 80) -> str:
+    text = repr(value)
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def prompt_problems(data: Dataset, column: str) -> list[str]:
+    """``row i: ...`` for each row of a loaded split whose ``column`` is not a prompt (row i is ``data[i]``)."""
+    feature = data.features.get(column)
+    if getattr(feature, "dtype", None) in ("string", "large_string") and not data.data.column(column).null_count:
+        return []  # a text column without missing values: every row is a prompt, and reading them costs time
+    return [
+        f"row {i}: {column!r} {problem}" for i, value in enumerate(data[column]) if (problem := prompt_problem(value))
+    ]
+
+
+def prompt_characters(data: Dataset, column: str) -> list[int]:
+    """[rows] characters of each row's prompt (its messages' text together): what tokenizing it will cost."""
+    feature = data.features.get(column)
+    if getattr(feature, "dtype", None) in ("string", "large_string"):
+        import pyarrow.compute as pc
+
+        return pc.utf8_length(data.data.column(column)).fill_null(0).to_pylist()
+    return [_characters(prompt) for prompt in data[column]]
+
+
+def _characters(prompt: Any) -> int:
+    if isinstance(prompt, str):
+        return len(prompt)
+    return sum(len(m["content"]) for m in prompt if isinstance(m, dict) and isinstance(m.get("content"), str))
 
 
 Message = dict[str, str]
@@ -224,17 +331,20 @@ class PromptDataModule(L.LightningDataModule):
         self.save_hyperparameters()
         self.train_data: Dataset | None = None
         self.val_data: Dataset | None = None
+        self.prompt_sizes: list[int] = []
+        """[rows] characters of each training prompt, row i of the train split as loaded (before any hold-out)."""
         self.test_data: Dataset | None = None
 
     def setup(self, stage: str | None = None) -> None:
         if self.train_data is not None:
             return
         hp = self.hparams
-        train = self._checked(load_any(hp.dataset, hp.train_split, hp.config_name), hp.train_split)
+        train = self._checked(load_any(hp.dataset, hp.train_split, hp.config_name, hp.prompt_column), hp.train_split)
+        self.prompt_sizes = prompt_characters(train, hp.prompt_column)
         val = None
         if hp.val_split is not None:
             try:
-                val = load_any(hp.dataset, hp.val_split, hp.config_name)
+                val = load_any(hp.dataset, hp.val_split, hp.config_name, hp.prompt_column)
             except (FileNotFoundError, ValueError, KeyError):  # no such split; a broken one fails below
                 val = None
         if val is None:
@@ -284,6 +394,12 @@ class PromptDataModule(L.LightningDataModule):
             )
         if len(data) == 0:
             raise ValueError(f"dataset {self.hparams.dataset!r} has no rows in its {split!r} split")
+        problems = prompt_problems(data, column)
+        if problems:
+            raise ValueError(
+                f"dataset {self.hparams.dataset!r} ({split} split) has {len(problems)} rows whose data.prompt_column "
+                f"{column!r} is not a prompt; all of them:\n{listing(problems)}\nA prompt is {PROMPT_TYPES}"
+            )
         return data
 
     def collate(self, rows: list[dict[str, Any]]) -> PromptBatch:
@@ -340,7 +456,9 @@ class PromptDataModule(L.LightningDataModule):
         hp = self.hparams
         if self.test_data is None:
             try:
-                self.test_data = self._checked(load_any(hp.dataset, hp.test_split, hp.config_name), hp.test_split)
+                self.test_data = self._checked(
+                    load_any(hp.dataset, hp.test_split, hp.config_name, hp.prompt_column), hp.test_split
+                )
             except (FileNotFoundError, ValueError, KeyError) as err:
                 if fall_back and self.val_data is not None:
                     return self.val_data

@@ -149,3 +149,83 @@ def test_the_refusal_names_the_engine_s_columns_apart_from_the_dataset_s(tiny_mo
     assert str(err.value).endswith(
         "the dataset columns ['answer'] and the rollout engine's ['agent_reward', 'episode_id']"
     )
+
+
+def test_every_problem_of_a_dataset_file_is_listed_at_once(tmp_path):
+    path = tmp_path / "rows.jsonl"
+    lines = [
+        '{"prompt": "1+1=", "answer": "2"}',
+        '{"prompt": "2+2=", "answer": "4",}',  # 2: not JSON
+        '{"prompt": 42, "answer": "4"}',  # 3: a number
+        '{"prompt": [{"content": "3+3="}], "answer": "6"}',  # 4: a message without a role
+        '{"prompt": [{"role": "user", "content": "4+4="}], "answer": "8"}',
+        '{"answer": "10"}',  # 6: no prompt
+        '{"prompt": "5+5=", "answer": "\xff"}',  # 7: not UTF-8 once written as latin-1
+    ]
+    path.write_bytes("\n".join(lines).encode("latin-1"))
+    with pytest.raises(ValueError) as err:
+        PromptDataModule(str(path), batch_size=1, val_split=None).setup("fit")
+    message = str(err.value)
+    assert f"dataset file '{path}' has 5 problems; all of them, by line:" in message
+    for expected in [
+        "line 2 is not valid JSON",
+        "line 3: 'prompt' is 42 (int)",
+        "line 4: 'prompt' message 0 has no 'role': {'content': '3+3='}",
+        "line 6: 'prompt' is missing",
+        "line 7 is not UTF-8 (byte 0xff",
+    ]:
+        assert expected in message, expected
+    assert message.endswith(
+        "A prompt is a string, or a list of chat messages, each a dict with 'role' and 'content' "
+        '(e.g. [{"role": "user", "content": "2+2="}])'
+    )
+
+
+def test_a_long_list_of_problems_is_cut_and_counted(tmp_path):
+    path = tmp_path / "rows.jsonl"
+    path.write_text("".join(f'{{"prompt": {i}}}\n' for i in range(25)))
+    with pytest.raises(ValueError, match="has 25 problems") as err:
+        load_any(str(path), "train", prompt_column="prompt")
+    assert "line 10: 'prompt' is 9 (int)" in str(err.value) and "line 11:" not in str(err.value)
+    assert "  - ... and 15 more\nA prompt is a string" in str(err.value)
+
+
+def test_prompts_of_a_loaded_dataset_are_checked_by_column_and_row(tmp_path):
+    from datasets import Dataset
+
+    rows = [{"question": "1+1="}, {"question": None}, {"question": "2+2="}]
+    Dataset.from_list(rows).to_parquet(str(tmp_path / "rows.parquet"))
+    with pytest.raises(ValueError) as err:
+        PromptDataModule(str(tmp_path / "rows.parquet"), batch_size=1, prompt_column="question").setup("fit")
+    assert "(train split) has 1 rows whose data.prompt_column 'question' is not a prompt" in str(err.value)
+    assert "row 1: 'question' is None (null)" in str(err.value)
+
+
+def test_bad_data_is_refused_before_the_model_loads(tmp_path, capsys):
+    """The model path does not exist: loading it first would name the model, not the data."""
+    from lightning_grpo.cli.main import main
+
+    path = tmp_path / "rows.jsonl"
+    path.write_text('{"prompt": 1}\n{"prompt": "2+2="}\n{"prompt": [{"role": "user"}]}\n')
+    with pytest.raises(SystemExit):
+        main(["fit", "--data.dataset", str(path), "--model.model", str(tmp_path / "no-model"), "--trainer.max_steps=1"])
+    err = capsys.readouterr().err
+    assert "line 1: 'prompt' is 1 (int)" in err and "line 3: 'prompt' message 0 has no 'content'" in err
+    assert "no-model" not in err
+
+
+def test_a_row_that_costs_more_memory_than_the_run_is_named_at_start(tiny_model_dir, tmp_path):
+    """Cut to 16 tokens, but tokenized whole first: 30,000 characters cost ~10 MB, the model's state ~2 MB."""
+    import lightning as L
+
+    from lightning_grpo.cli.preflight import preflight
+
+    path = tmp_path / "rows.jsonl"
+    path.write_text("".join(f'{{"prompt": "{"1+" * (15_000 if i == 5 else 1)}1=", "answer": "2"}}\n' for i in range(8)))
+    module = make_module(tiny_model_dir, sampling={"max_prompt_length": 16})
+    data = PromptDataModule(str(path), batch_size=4, val_split=None)
+    with pytest.warns(UserWarning, match=r"1 training row\(s\) are so long that tokenizing one costs more memory") as w:
+        preflight(L.Trainer(accelerator="cpu", logger=False), module, data)
+    message = next(str(m.message) for m in w if "so long" in str(m.message))
+    assert "row 5 of" in message and "holds 30,002 characters: up to 9 MB" in message
+    assert "max_prompt_length=16 cuts it after tokenizing" in message

@@ -57,7 +57,7 @@ from lightning_grpo.callbacks.progress import StepProgressBar
 from lightning_grpo.callbacks.threads import TorchThreads
 from lightning_grpo.checkpoints import AtomicCheckpointIO
 from lightning_grpo.cli.failure import debugging, failure_message
-from lightning_grpo.cli.preflight import preflight
+from lightning_grpo.cli.preflight import check_data_first, preflight
 from lightning_grpo.cli.resume import continue_run_dir, model_mismatch, refuse_unreadable, resume_path
 from lightning_grpo.cli.suggest import did_you_mean
 from lightning_grpo.data import PromptDataModule
@@ -253,7 +253,8 @@ class GRPOCLI(LightningCLI):
             self.configured_model = config.get("model", {}).get("model")
 
     def before_instantiate_classes(self) -> None:
-        """A checkpoint of another model than the configured one is refused, naming both."""
+        """A checkpoint of another model than the configured one is refused, naming both; the data is read and
+        checked (``check_data_first``) before the model loads."""
         subcommand = self.config.get("subcommand")
         config = self.config.get(subcommand) or self.config
         default = self.parser.get_defaults().get(subcommand or "model", {})
@@ -261,6 +262,11 @@ class GRPOCLI(LightningCLI):
         problem = model_mismatch(config.get("ckpt_path"), self.configured_model, default, config.model.model)
         if problem:
             self.parser.error(problem)
+        if subcommand in (None, "fit"):
+            try:
+                check_data_first(config.data.as_dict())
+            except (ValueError, TypeError, FileNotFoundError) as err:
+                self.parser.error(str(err))
 
     def instantiate_classes(self) -> None:
         """Bad settings end the program with their message, before any model is loaded or step taken."""

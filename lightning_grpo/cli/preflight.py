@@ -2,7 +2,8 @@
 step taken: the dataset read and validated (``PromptDataModule.setup``: files, columns, one batch per rank), chat
 prompts with a chat template, whole groups per optimiser step, and reward functions that accept what they are
 given. Each names the setting to change. Prompts longer than ``sampling.max_prompt_length`` are not an error (they
-keep their last tokens, as TRL cuts them) but get one line at start.
+keep their last tokens, as TRL cuts them) but get one line at start, and so do rows so long that tokenizing them
+costs more memory than the model's whole training state: the cut comes after tokenizing, so it saves nothing there.
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ from typing import Any
 
 import lightning as L
 from lightning.pytorch.utilities import rank_zero_warn
+from torch import nn
 
 from lightning_grpo.data import PromptDataModule
 from lightning_grpo.module import GRPOModule
@@ -18,6 +20,16 @@ from lightning_grpo.rewards.convention import check_signatures
 from lightning_grpo.rollout import encode_prompts
 
 PROMPTS_MEASURED = 10_000  # training prompts whose length is measured at start (the first ones): ~1 s of tokenizing
+# A fast tokenizer holds ~330 bytes per token while it encodes (ids, offsets, type ids, the token strings): a 5 MB
+# prompt raised a tiny run's peak memory from 550 MB to 1,556 MB. One token a character: an upper bound.
+TOKENIZING_BYTES_PER_CHARACTER = 330
+
+
+def check_data_first(data: dict[str, Any]) -> None:
+    """The ``data:`` section's dataset read and checked before the model loads (``lightning-grpo fit`` runs it
+    first): its files line by line, every row's prompt, one batch; each problem of a file named at once. The
+    processes are not known yet: ``preflight`` checks one batch on each of them again."""
+    PromptDataModule(**data).setup("fit")
 
 
 def preflight(trainer: L.Trainer, model: GRPOModule, datamodule: Any) -> None:
@@ -31,6 +43,7 @@ def preflight(trainer: L.Trainer, model: GRPOModule, datamodule: Any) -> None:
     added = model.engine.reward_columns()
     check_signatures(model.rewards.funcs, list(batch.columns), complete=added is not None, engine_columns=added or ())
     report_long_prompts(model, datamodule)
+    report_costly_rows(model, datamodule)
 
 
 def report_long_prompts(model: GRPOModule, datamodule: PromptDataModule) -> None:
@@ -49,6 +62,39 @@ def report_long_prompts(model: GRPOModule, datamodule: PromptDataModule) -> None
             f"{sampling.max_prompt_length} tokens (the longest: {max(lengths)}): they keep their last "
             f"{sampling.max_prompt_length} tokens. Raise model.sampling.max_prompt_length to keep them whole"
         )
+
+
+def training_state_bytes(model: nn.Module) -> int:
+    """The memory a run holds whatever its data: every weight, and for a trained one its gradient and AdamW's two
+    moments."""
+    return sum(p.numel() * p.element_size() * (4 if p.requires_grad else 1) for p in model.parameters())
+
+
+def report_costly_rows(model: GRPOModule, datamodule: PromptDataModule) -> None:
+    """One warning naming the longest training row when tokenizing a row costs more memory than the model's
+    training state (``training_state_bytes``): the run's budget, which no ``max_prompt_length`` cut protects."""
+    sizes, budget = datamodule.prompt_sizes, training_state_bytes(model.policy.model)
+    costly = [i for i, n in enumerate(sizes) if n * TOKENIZING_BYTES_PER_CHARACTER > budget]
+    if not costly:
+        return
+    row = max(costly, key=sizes.__getitem__)
+    cost = sizes[row] * TOKENIZING_BYTES_PER_CHARACTER
+    rank_zero_warn(
+        f"{len(costly)} training row(s) are so long that tokenizing one costs more memory than the model's training "
+        f"state ({megabytes(budget)}: weights, gradients, optimiser moments). The longest, row {row} of "
+        f"{datamodule.hparams.dataset!r} (data.prompt_column {datamodule.hparams.prompt_column!r}), holds "
+        f"{sizes[row]:,} characters: up to {megabytes(cost)} each time it is drawn, even though "
+        f"model.sampling.max_prompt_length={model.settings.sampling.max_prompt_length} cuts it after tokenizing. "
+        "Drop or shorten such rows in the data (e.g. datasets' filter on the prompt's length)"
+    )
+
+
+def megabytes(n: int) -> str:
+    """
+    >>> megabytes(1_650_000_000)
+    '1,574 MB'
+    """
+    return f"{n / 2**20:,.0f} MB"
 
 
 def check_chat_template(model: GRPOModule, prompts: list) -> None:
