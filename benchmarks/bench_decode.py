@@ -19,7 +19,7 @@ import torch
 from bench_assets import matmul_gflops
 from transformers import AutoModelForCausalLM
 
-from lightning_grpo.engines.lean import Decoder, NextTokenLogits, decode_weights
+from lightning_grpo.engines.decode.lean import Decoder, NextTokenLogits, decode_weights
 from lightning_grpo.rollout import SamplingConfig
 
 NO_EOS = [-1]  # an id never sampled: every row runs to the end

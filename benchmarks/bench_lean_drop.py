@@ -21,7 +21,7 @@ import torch
 from bench_assets import GEN_VOCAB, gen_model, qwen_vocab_tokenizer
 from torch import Tensor, nn
 
-from lightning_grpo.engines.lean import Decoder, NextTokenLogits, decode_weights
+from lightning_grpo.engines.decode.lean import Decoder, NextTokenLogits, decode_weights
 from lightning_grpo.rollout import SamplingConfig
 
 

@@ -81,7 +81,7 @@ def free_port() -> int:
 
 def measure(model: str, count: int, work: Path) -> dict[tuple[str, str], list[tuple[float, float]]]:
     from lightning_grpo.engines import VLLMColocate, VLLMServer
-    from lightning_grpo.engines.vllm_launch import running_server
+    from lightning_grpo.engines.vllm.launch import running_server
 
     policy, _, _ = lora_policy(model)
     rows = {}

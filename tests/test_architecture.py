@@ -88,6 +88,36 @@ def test_every_import_points_down_the_stages():
     assert not wrong, "imports against the flow of data:\n" + "\n".join(wrong)
 
 
+# Inside engines/, a family may import its own folder and the families below it, never a family beside or above:
+# the decoding engines are what the agent and asynchronous engines sample with.
+ENGINE_FAMILIES = {"decode": 0, "vllm": 0, "multiturn": 0, "agents": 1, "asynchronous": 1}
+
+
+def engine_family(path: Path) -> str | None:
+    """``decode`` for engines/decode/lean.py; None for a file of engines/ itself (its interface, its exports)."""
+    parts = path.relative_to(PACKAGE / "engines").parts
+    return parts[0] if len(parts) > 1 else None
+
+
+def test_engine_families_import_only_the_families_below_them():
+    wrong = []
+    for path in sorted((PACKAGE / "engines").rglob("*.py")):
+        own = engine_family(path)
+        assert own is None or own in ENGINE_FAMILIES, f"{path}: engines/{own}/ is in no family of ENGINE_FAMILIES"
+        imported = {n.split(".")[2] for n in ast_modules(path) if n.startswith("lightning_grpo.engines.")}
+        for other in imported & ENGINE_FAMILIES.keys() - {own}:
+            if own is not None and ENGINE_FAMILIES[other] >= ENGINE_FAMILIES[own]:
+                wrong.append(f"{path.relative_to(PACKAGE)} imports lightning_grpo.engines.{other}")
+    assert not wrong, "engine families importing beside or above them:\n" + "\n".join(wrong)
+
+
+def ast_modules(path: Path) -> set[str]:
+    """Every absolute module name ``path`` imports from."""
+    tree = ast.parse(path.read_text())
+    found = {n.module for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) and n.module and n.level == 0}
+    return found | {a.name for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names}
+
+
 def test_the_check_catches_an_upward_import(tmp_path):
     bad = tmp_path / "loss.py"
     bad.write_text("from lightning_grpo.module import GRPOModule\n")
@@ -162,28 +192,34 @@ TESTS = {
     "demo/anytool.py": ["test_demo_agents.py"],
     "demo/tiny.py": ["test_demo.py"],
     "dynamic.py": ["test_dynamic.py"],
-    "engines/custom.py": ["test_environments.py"],
-    "engines/environments.py": ["test_environments.py"],
-    "engines/episodes.py": ["test_tools.py"],
-    "engines/async_rollouts.py": ["test_engine_async.py"],
-    "engines/fused.py": ["test_engine_fused.py"],
-    "engines/hf.py": ["test_generation.py"],
-    "engines/lean.py": ["test_engine_lean.py"],
-    "engines/packing.py": ["test_engine_fused.py"],
-    "engines/producer.py": ["test_engine_async.py"],
-    "engines/sampling.py": ["test_engine_lean.py"],
-    "engines/toolcalls.py": ["test_tools.py"],
-    "engines/tools.py": ["test_tools.py", "test_tools_training.py", "test_tools_loss.py", "test_tools_ddp.py"],
-    "engines/vllm.py": ["test_vllm_real.py", "test_selfcheck.py"],
-    "engines/vllm_server.py": ["test_vllm_server.py", "test_vllm_real.py"],
-    "engines/vllm_sync.py": ["test_vllm_sync.py", "test_vllm_real.py"],
-    "engines/vllm_launch.py": ["test_vllm_real.py"],
-    "engines/vllm_lora.py": ["test_vllm_sync.py", "test_vllm_real.py"],
-    "engines/agents.py": ["test_agents.py", "test_agents_ddp.py"],
-    "engines/endpoint.py": ["test_agents.py"],
-    "engines/served.py": ["test_agents.py"],
-    "engines/openenv.py": ["test_openenv.py"],
-    "engines/skyrl.py": ["test_skyrl.py"],
+    "engines/_moved.py": ["test_engines_moved.py"],
+    "engines/agents/endpoint.py": ["test_agents.py"],
+    "engines/agents/engine.py": ["test_agents.py", "test_agents_ddp.py"],
+    "engines/agents/served.py": ["test_agents.py"],
+    "engines/agents/skyrl.py": ["test_skyrl.py"],
+    "engines/asynchronous/async_rollouts.py": ["test_engine_async.py"],
+    "engines/asynchronous/producer.py": ["test_engine_async.py"],
+    "engines/decode/fused.py": ["test_engine_fused.py"],
+    "engines/decode/hf.py": ["test_generation.py"],
+    "engines/decode/lean.py": ["test_engine_lean.py"],
+    "engines/decode/packing.py": ["test_engine_fused.py"],
+    "engines/decode/sampling.py": ["test_engine_lean.py"],
+    "engines/multiturn/custom.py": ["test_environments.py"],
+    "engines/multiturn/environments.py": ["test_environments.py"],
+    "engines/multiturn/episodes.py": ["test_tools.py"],
+    "engines/multiturn/openenv.py": ["test_openenv.py"],
+    "engines/multiturn/toolcalls.py": ["test_tools.py"],
+    "engines/multiturn/tools.py": [
+        "test_tools.py",
+        "test_tools_training.py",
+        "test_tools_loss.py",
+        "test_tools_ddp.py",
+    ],
+    "engines/vllm/colocate.py": ["test_vllm_real.py", "test_selfcheck.py"],
+    "engines/vllm/launch.py": ["test_vllm_real.py"],
+    "engines/vllm/lora.py": ["test_vllm_sync.py", "test_vllm_real.py"],
+    "engines/vllm/server.py": ["test_vllm_server.py", "test_vllm_real.py"],
+    "engines/vllm/sync.py": ["test_vllm_sync.py", "test_vllm_real.py"],
     "loss/config.py": ["test_settings.py", "test_loss_variants.py"],
     "loss/distill.py": ["test_loss_distill.py"],
     "loss/entropy.py": ["test_loss_variants.py"],

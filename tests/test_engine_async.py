@@ -93,7 +93,7 @@ def test_the_mailbox_moves_only_the_trained_weights():
 
     from torch import nn
 
-    from lightning_grpo.engines.producer import WeightsMailbox, trained_names
+    from lightning_grpo.engines.asynchronous.producer import WeightsMailbox, trained_names
 
     model = nn.Sequential(nn.Linear(3, 3), nn.Linear(3, 2))
     model[0].requires_grad_(False)  # the frozen base

@@ -19,8 +19,8 @@ from transformers import (
 )
 
 from lightning_grpo.engines import HFGenerate, LeanDecode
-from lightning_grpo.engines.fused import fusable
-from lightning_grpo.engines.lean import NextTokenLogits, decode_weights
+from lightning_grpo.engines.decode.fused import fusable
+from lightning_grpo.engines.decode.lean import NextTokenLogits, decode_weights
 from lightning_grpo.model.policy import Policy
 from lightning_grpo.rollout import SamplingConfig
 

@@ -24,9 +24,9 @@ from transformers.generation.logits_process import (
 
 from lightning_grpo import PromptDataModule
 from lightning_grpo.engines import HFGenerate, LeanDecode
-from lightning_grpo.engines import lean as lean_module
-from lightning_grpo.engines.fused import FusedDecodeStep
-from lightning_grpo.engines.sampling import sample_inverse_cdf, sampling_logits
+from lightning_grpo.engines.decode import lean as lean_module
+from lightning_grpo.engines.decode.fused import FusedDecodeStep
+from lightning_grpo.engines.decode.sampling import sample_inverse_cdf, sampling_logits
 from lightning_grpo.model.config import PolicyConfig
 from lightning_grpo.model.policy import Policy
 from lightning_grpo.rollout import SamplingConfig

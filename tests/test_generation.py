@@ -11,7 +11,7 @@ from helpers import fit, logged, make_module
 
 from lightning_grpo import GRPOModule, PromptDataModule
 from lightning_grpo.engines import HFGenerate, VLLMColocate
-from lightning_grpo.engines.vllm import vllm_build
+from lightning_grpo.engines.vllm.colocate import vllm_build
 from lightning_grpo.model.policy import Policy
 from lightning_grpo.rewards import exact_match_reward
 from lightning_grpo.rollout import SamplingConfig

@@ -10,7 +10,7 @@ import pytest
 from lightning_grpo import PromptDataModule
 from lightning_grpo.demo.tiny import TOOL_CHAT_TEMPLATE
 from lightning_grpo.engines import OpenEnvFactory, ToolCall, ToolCalling, environment_reward
-from lightning_grpo.engines.toolcalls import tool_schema
+from lightning_grpo.engines.multiturn.toolcalls import tool_schema
 from tests.helpers import fit, logged, make_module
 
 interfaces = pytest.importorskip("openenv.core.env_server.interfaces")

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from lightning_grpo.cli.selfcheck import BY_KEY, CHECKS, Check, last_error, parse_args, unavailable
-from lightning_grpo.engines.vllm import vllm_build
+from lightning_grpo.engines.vllm.colocate import vllm_build
 
 
 def test_gpu_rows_say_what_they_need_here():

@@ -23,7 +23,7 @@ from lightning.pytorch.callbacks import ModelCheckpoint
 
 from lightning_grpo.data import PromptDataModule
 from lightning_grpo.engines import OpenAIAgent, VLLMColocate, VLLMServer, agent_reward
-from lightning_grpo.engines.vllm_sync import PROBE_TOKENS, WeightSyncError, probe_prompt
+from lightning_grpo.engines.vllm.sync import PROBE_TOKENS, WeightSyncError, probe_prompt
 from tests.helpers import KeepRollouts, fit, logged, make_module
 
 LORA = {"r": 4, "lora_alpha": 8, "target_modules": "all-linear"}
@@ -257,7 +257,7 @@ def free_port() -> int:
 
 @pytest.fixture(scope="module")
 def server(model_dir, tmp_path_factory):
-    from lightning_grpo.engines.vllm_launch import running_server
+    from lightning_grpo.engines.vllm.launch import running_server
 
     log = tmp_path_factory.mktemp("server") / "vllm_serve.log"
     with running_server(model_dir, free_port(), log=str(log), lora_rank=LORA["r"]) as url:

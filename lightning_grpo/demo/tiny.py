@@ -170,7 +170,7 @@ def _tools_demo(name: str, module: str = "calc") -> Callable[[Path], None]:
 
 EMBEDDED: dict[str, Callable[[Path], None]] = {
     "lightning-grpo/tiny-qwen2": write_tiny_qwen2,
-    "lightning-grpo/tiny-qwen2-hd64": write_tiny_qwen2_hd64,  # vLLM's smallest head size (engines/vllm.py)
+    "lightning-grpo/tiny-qwen2-hd64": write_tiny_qwen2_hd64,  # vLLM's smallest head size (engines/vllm/colocate.py)
     "lightning-grpo/tiny-max": write_tiny_max,
     "lightning-grpo/tiny-qwen2-tools": _tools_demo("write_tiny_qwen2_tools"),  # the tool template (demo/calc.py)
     "lightning-grpo/tiny-qwen2-calc": _tools_demo("write_tiny_qwen2_calc"),  # warm-started to call a calculator

@@ -218,7 +218,7 @@ class Policy(nn.Module):
 
     def without_models(self) -> Policy:
         """A shallow copy sharing the tokenizer and settings, holding neither the model (its new owner sets
-        ``.model``) nor the frozen reference: what a sampling process needs (``engines/producer.py``). The
+        ``.model``) nor the frozen reference: what a sampling process needs (``engines/asynchronous/producer.py``). The
         submodule table is the copy's own, so setting its model leaves this policy's untouched. The state-dict
         hooks are left behind: each holds this policy, models and all, which pickling the copy would carry along
         to the sampling process; no generation is synced across ranks (the copy's model is its own)."""

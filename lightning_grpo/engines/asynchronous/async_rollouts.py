@@ -3,7 +3,7 @@ batches -> Rollouts sampled ``max_staleness`` updates ago. Knows the producer pr
 rewards, only how to hand them to the producer (``score_in_producer``); nothing about losses.
 
 Step ``t`` submits its prompt batch and trains on the rollout of the batch submitted ``k = max_staleness`` steps
-earlier, sampled by the weights of then (``engines.producer``): the producer samples batch ``t`` while the
+earlier, sampled by the weights of then (``asynchronous.producer``): the producer samples batch ``t`` while the
 trainer scores and updates on batch ``t - k``. The first ``k`` steps only fill the pipeline (no update, like
 ``filter_groups`` waiting), and the staleness is at most ``k`` by construction: admission pacing, nothing is
 generated that would be thrown away. With ``k = 0`` the trainer waits for each batch: the synchronous path's
@@ -42,8 +42,8 @@ import torch.multiprocessing as mp
 from torch import Tensor
 from typing_extensions import override
 
-from lightning_grpo.engines.lean import LeanDecode
-from lightning_grpo.engines.producer import Produced, Request, WeightsMailbox, produce
+from lightning_grpo.engines.asynchronous.producer import Produced, Request, WeightsMailbox, produce
+from lightning_grpo.engines.decode.lean import LeanDecode
 from lightning_grpo.model.policy import Policy
 from lightning_grpo.model.sharding import full_state_dict, is_sharded, meta_copy, unsharded
 from lightning_grpo.rewards.convention import reward_name

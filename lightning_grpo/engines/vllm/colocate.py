@@ -4,9 +4,9 @@
 It samples from its own copy of the weights with its own kernels, so it reports the log-prob of each sampled token
 (``processed_logprobs``: after temperature, as the trainer computes them); the trainer re-weights the loss by
 ``exp(policy logp - sampler logp)`` (``update.sampling_correction``), as TRL does. After each optimiser step the
-weights are pushed into the engine and the push is checked on a probe prompt (``engines/vllm_sync.py``): a push
+weights are pushed into the engine and the push is checked on a probe prompt (``engines/vllm/sync.py``): a push
 that delivered nothing stops the run instead of training on stale samples. A LoRA policy pushes its adapter alone
-as a new version (``engines/vllm_lora.py``; the base never moves), or with ``lora_sync="merged"`` the whole model
+as a new version (``engines/vllm/lora.py``; the base never moves), or with ``lora_sync="merged"`` the whole model
 with the adapter merged in.
 """
 
@@ -20,7 +20,7 @@ from typing import Any
 import torch
 from typing_extensions import override
 
-from lightning_grpo.engines.vllm_lora import (
+from lightning_grpo.engines.vllm.lora import (
     AdapterVersion,
     AdapterVersions,
     LoraSync,
@@ -28,7 +28,7 @@ from lightning_grpo.engines.vllm_lora import (
     check_lora_sync,
     max_lora_rank,
 )
-from lightning_grpo.engines.vllm_sync import (
+from lightning_grpo.engines.vllm.sync import (
     PROBE_TOKENS,
     check_sync,
     inference_weights,

@@ -18,8 +18,8 @@ from typing import Any
 
 from transformers import PreTrainedTokenizerBase
 
-from lightning_grpo.engines.endpoint import Refusal, chat_reply, text_reply
-from lightning_grpo.engines.episodes import tool_suffix_ids
+from lightning_grpo.engines.agents.endpoint import Refusal, chat_reply, text_reply
+from lightning_grpo.engines.multiturn.episodes import tool_suffix_ids
 
 
 @dataclass(frozen=True)

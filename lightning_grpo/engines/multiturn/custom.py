@@ -11,7 +11,7 @@ from typing import Any
 
 from typing_extensions import override
 
-from lightning_grpo.engines.toolcalls import resolve_tool
+from lightning_grpo.engines.multiturn.toolcalls import resolve_tool
 from lightning_grpo.model.policy import Policy
 from lightning_grpo.rollout import RolloutEngine, SamplingConfig, is_conversational
 from lightning_grpo.types import Prompt, Rollout

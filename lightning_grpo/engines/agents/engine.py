@@ -1,8 +1,8 @@
 """Prompts -> a Rollout played by the user's own agent program against an OpenAI-compatible endpoint over the policy.
 
 For each of the N = B * G rows, ``agent(base_url, row)`` runs on its own thread; its requests reach the endpoint
-(``engines.endpoint``), are gathered here on the trainer's thread and generated in batches by the sampler engine
-(``complete``: HF ``generate`` by default), recorded token by token (``engines.served``). When every agent has
+(``agents.endpoint``), are gathered here on the trainer's thread and generated in batches by the sampler engine
+(``complete``: HF ``generate`` by default), recorded token by token (``agents.served``). When every agent has
 returned, failed or run out of time, the records become the Rollout: the sampled tokens as they were sampled, the
 tokens the model was shown between its turns masked out of the loss (``tool_mask``). Knows threads, the episode
 record and the Rollout; nothing about HTTP or rewards beyond the agent's own.
@@ -23,11 +23,11 @@ import torch
 from lightning.pytorch.utilities import rank_zero_warn
 from typing_extensions import override
 
-from lightning_grpo.engines.endpoint import Endpoint, Refusal, Request
-from lightning_grpo.engines.episodes import EpisodeStats
-from lightning_grpo.engines.hf import HFGenerate
-from lightning_grpo.engines.served import ServedEpisode, template_message
-from lightning_grpo.engines.toolcalls import HermesParser, resolve_tool
+from lightning_grpo.engines.agents.endpoint import Endpoint, Refusal, Request
+from lightning_grpo.engines.agents.served import ServedEpisode, template_message
+from lightning_grpo.engines.decode.hf import HFGenerate
+from lightning_grpo.engines.multiturn.episodes import EpisodeStats
+from lightning_grpo.engines.multiturn.toolcalls import HermesParser, resolve_tool
 from lightning_grpo.model.policy import Policy
 from lightning_grpo.rewards.calls import ON_ERROR
 from lightning_grpo.rollout import RolloutEngine, SamplingConfig, pad_rows

@@ -1,7 +1,7 @@
 """Prompts -> Rollout with a lean sampling loop over the policy's own forward and KV cache (no ``generate``).
 
 Knows the policy's decoder, LM head and cache; nothing about rewards. Per decode step it runs the model's forward on
-one token per row (the LM head on the last position only) and ``engines.sampling`` on the logits: the same filters
+one token per row (the LM head on the last position only) and ``decode.sampling`` on the logits: the same filters
 and distribution as ``generate``, without its per-step overhead. Where the time went on 2 CPU cores (Qwen2, 4
 layers, 256 wide, vocabulary 32,000, 16 rows; GRPO_REFERENCE.md): ``generate`` 35 ms a step, of which
 ``torch.multinomial`` 13-16 ms (an inverse-CDF draw needs one random number per row, not per vocabulary entry)
@@ -30,9 +30,9 @@ from torch import Tensor, nn
 from transformers import DynamicCache, cache_utils
 from typing_extensions import override
 
-from lightning_grpo.engines.fused import FusedDecodeStep, fusable, fused_projections
-from lightning_grpo.engines.packing import packed_linears
-from lightning_grpo.engines.sampling import draw, drawn_logps, sampling_logits
+from lightning_grpo.engines.decode.fused import FusedDecodeStep, fusable, fused_projections
+from lightning_grpo.engines.decode.packing import packed_linears
+from lightning_grpo.engines.decode.sampling import draw, drawn_logps, sampling_logits
 from lightning_grpo.model.policy import Policy
 from lightning_grpo.model.prefix import cache_keyword
 from lightning_grpo.rollout import (
@@ -63,7 +63,7 @@ class LeanDecode(RolloutEngine):
             and freed at its end: about twice as fast per decode step, for a transient copy of the weights.
             Off, or where it does not apply (GPU, bf16, sharded weights), the layers run as they are.
         fused_layers: with ``packed_weights``, decode Llama, Qwen2, Qwen3 and Mistral models (no adapters, no
-            sliding window) with ``engines.fused.FusedDecodeStep`` instead of the model's forward: the same values
+            sliding window) with ``decode.fused.FusedDecodeStep`` instead of the model's forward: the same values
             to fp32 rounding with fewer, larger operations. Other models run their forward either way.
         drop_finished_rows: decode only the rows that have not ended, narrowing the batch and its KV cache once a
             quarter of it has ended. The same tokens as off (the draw takes a random number for every row); off,
