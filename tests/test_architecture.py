@@ -161,6 +161,7 @@ TESTS = {
     "advantages.py": ["test_advantages.py", "test_properties.py"],
     "callbacks/alerts.py": ["test_callbacks.py"],
     "callbacks/collapse.py": ["test_callbacks.py", "test_types.py"],
+    "callbacks/distill.py": ["test_distill_alert.py"],
     "callbacks/divergence.py": ["test_callbacks.py"],
     "callbacks/early_stopping.py": ["test_early_stopping.py"],
     "callbacks/export.py": ["test_module.py", "test_lora.py"],

@@ -2,6 +2,7 @@
 
 from lightning_grpo.callbacks.alerts import Alert, GRPOAlertError
 from lightning_grpo.callbacks.collapse import ModeCollapseAlert
+from lightning_grpo.callbacks.distill import DistillAlert
 from lightning_grpo.callbacks.divergence import KLAlert
 from lightning_grpo.callbacks.early_stopping import StepEarlyStopping
 from lightning_grpo.callbacks.export import HFExport
@@ -19,6 +20,7 @@ from lightning_grpo.callbacks.unscored import UnscoredRewardAlert
 __all__ = [
     "Alert",
     "CompletionSampleLogger",
+    "DistillAlert",
     "FaultCheckpoint",
     "GRPOAlertError",
     "HFExport",
