@@ -143,3 +143,42 @@ def test_the_newest_readable_checkpoint_is_found_across_versions(tmp_path):
     good, skipped = last_readable(run_checkpoints(tmp_path))
     assert good == tmp_path / "version_0" / "checkpoints" / "last.ckpt"
     assert len(skipped) == 1 and "version_1" in skipped[0] and "truncated" in skipped[0]
+
+
+def handmade_checkpoint(path: Path, model_dir: str, group_buffer: dict | None) -> str:
+    """A checkpoint's settings and filter_groups buffer, as the module saves them; no weights (nothing loads them:
+    the run is refused, or its settings named, before the model loads)."""
+    hparams = {"model": model_dir, "num_generations": 8, "seed": 5, "advantages": {"filter_groups": True}}
+    torch.save({"hyper_parameters": hparams, "group_buffer": {"ranks": [group_buffer]}}, path)
+    return str(path)
+
+
+def cli_resume(model_dir: str, data: str, ckpt: str, *flags: str) -> None:
+    from lightning_grpo.cli.main import main
+
+    args = ["fit", "--data.dataset", data, "--model.model", model_dir, "--model.advantages.filter_groups", "true"]
+    main([*args, "--trainer.max_steps", "1", "--ckpt_path", ckpt, *flags])
+
+
+def test_a_num_generations_change_against_a_filter_groups_buffer_is_refused(
+    tiny_model_dir, arith_jsonl, tmp_path, capsys
+):
+    waiting = {"rollout": {"prompt_ids": torch.zeros(8, 2)}, "scores": None, "counters": [1, 2, 1]}
+    ckpt = handmade_checkpoint(tmp_path / "last.ckpt", tiny_model_dir, waiting)
+    with pytest.raises(SystemExit):
+        cli_resume(tiny_model_dir, arith_jsonl, ckpt, "--model.num_generations", "4")
+    assert (
+        f"model.num_generations=4, but --ckpt_path '{ckpt}' was trained with 8 and holds groups waiting for an "
+        "update (filter_groups) of 8 completions a prompt" in capsys.readouterr().err
+    )
+
+
+def test_every_setting_that_differs_from_the_checkpoint_is_named_with_the_one_that_wins(
+    tiny_model_dir, arith_jsonl, tmp_path
+):
+    ckpt = handmade_checkpoint(tmp_path / "last.ckpt", tiny_model_dir, {"rollout": None, "scores": None})
+    with pytest.warns(UserWarning, match="2 setting") as warned, pytest.raises(SystemExit):  # no weights to load
+        cli_resume(tiny_model_dir, arith_jsonl, ckpt, "--model.num_generations", "4")
+    message = next(str(w.message) for w in warned if "differ from the checkpoint" in str(w.message))
+    assert "model.num_generations: set to 4, 8 in the checkpoint: the config's 4 is used" in message
+    assert "model.seed: left at its default 0, 5 in the checkpoint: the checkpoint's 5 is used" in message

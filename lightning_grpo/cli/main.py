@@ -37,6 +37,7 @@ from typing import Any, NoReturn
 from jsonargparse import DefaultHelpFormatter
 from lightning.pytorch.callbacks import Checkpoint, ProgressBar
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
+from lightning.pytorch.utilities import rank_zero_warn
 
 from lightning_grpo.callbacks import (
     CompletionSampleLogger,
@@ -58,7 +59,14 @@ from lightning_grpo.callbacks.threads import TorchThreads
 from lightning_grpo.checkpoints import AtomicCheckpointIO
 from lightning_grpo.cli.failure import debugging, failure_message
 from lightning_grpo.cli.preflight import check_data_first, preflight
-from lightning_grpo.cli.resume import continue_run_dir, model_mismatch, refuse_unreadable, resume_path
+from lightning_grpo.cli.resume import (
+    continue_run_dir,
+    model_mismatch,
+    refuse_meaningless,
+    refuse_unreadable,
+    resume_path,
+    setting_changes,
+)
 from lightning_grpo.cli.suggest import did_you_mean
 from lightning_grpo.data import PromptDataModule
 from lightning_grpo.module import GRPOModule
@@ -244,6 +252,7 @@ class GRPOCLI(LightningCLI):
         super().parse_arguments(parser, args)
         config = self.config.get(self.config.get("subcommand")) or self.config
         self.configured_model = None
+        self.configured = config.model.clone().as_dict()  # before Lightning merges the checkpoint's settings in
         ckpt_path = config.get("ckpt_path")
         if ckpt_path and Path(ckpt_path).is_file():
             try:
@@ -262,11 +271,33 @@ class GRPOCLI(LightningCLI):
         problem = model_mismatch(config.get("ckpt_path"), self.configured_model, default, config.model.model)
         if problem:
             self.parser.error(problem)
+        self.resolve_changes(config)
         if subcommand in (None, "fit"):
             try:
                 check_data_first(config.data.as_dict())
             except (ValueError, TypeError, FileNotFoundError) as err:
                 self.parser.error(str(err))
+
+    def resolve_changes(self, config: Any) -> None:
+        """Each ``model:`` setting that differs from the checkpoint's, named with the value that wins
+        (``cli/resume.py``); a change that makes the checkpoint's state meaningless, refused."""
+        ckpt_path = config.get("ckpt_path")
+        if not ckpt_path or not Path(ckpt_path).is_file():
+            return
+        subcommand = self.config.get("subcommand")
+        parser = self.parser._subcommands_action.choices[subcommand] if subcommand else self.parser
+        defaults = parser.get_defaults().model.as_dict()
+        changes = setting_changes(self.configured, config.model.as_dict(), defaults)
+        try:
+            refuse_meaningless(changes, ckpt_path)
+        except ValueError as err:
+            self.parser.error(str(err))
+        for change in changes:
+            if change.explicit:
+                config.model[change.key] = change.configured
+        if changes:
+            lines = "\n".join(f"  - {c.line()}" for c in changes)
+            rank_zero_warn(f"--ckpt_path {ckpt_path}: {len(changes)} setting(s) differ from the checkpoint's:\n{lines}")
 
     def instantiate_classes(self) -> None:
         """Bad settings end the program with their message, before any model is loaded or step taken."""

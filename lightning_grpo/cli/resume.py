@@ -6,12 +6,20 @@ loggers and checkpoint files; nothing about GRPO.
 with a warning naming it and why. An explicit path that cannot be read is refused, naming the newest readable one.
 With the default logger (CSV or TensorBoard under ``default_root_dir``), the resumed run continues the
 checkpoint's own ``version_N`` directory: one directory holds the run's metrics, alerts and summary.
+
+Lightning's CLI replaces the ``model:`` settings with the checkpoint's. Here every setting whose value differs from
+the checkpoint's is named, with the one that wins: a value the config sets (not its default) wins, a default
+gives way to the checkpoint's. A change that makes the checkpoint's state meaningless is refused:
+``num_generations`` when the checkpoint holds groups waiting for an update (``filter_groups``) or rollouts sampled
+ahead (``AsyncRollouts``), all of the old group size.
 """
 
 from __future__ import annotations
 
 import warnings
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import lightning as L
 from lightning.pytorch.loggers import CSVLogger, TensorBoardLogger
@@ -93,3 +101,88 @@ def model_mismatch(ckpt_path: str, configured: object, default: object, resumed:
         f"--ckpt_path {ckpt_path!r} holds a run of model {str(resumed)!r}, but the config trains model "
         f"{str(configured)!r}: resume with that run's model, or start a new run without --ckpt_path"
     )
+
+
+@dataclass(frozen=True)
+class Change:
+    """A setting whose value in the config differs from the checkpoint's."""
+
+    key: str  # dotted, under ``model.``
+    configured: Any
+    resumed: Any
+    explicit: bool  # the config sets it (not its default): the config's value wins
+
+    def line(self) -> str:
+        given = "set to" if self.explicit else "left at its default"
+        winner = f"the config's {self.configured!r}" if self.explicit else f"the checkpoint's {self.resumed!r}"
+        return f"model.{self.key}: {given} {self.configured!r}, {self.resumed!r} in the checkpoint: {winner} is used"
+
+
+def flat(settings: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    """``{"a": {"b": 1}}`` -> ``{"a.b": 1}``; a ``class_path`` object stays one value.
+
+    >>> flat({"num_generations": 8, "loss": {"beta": 0.1}, "engine": {"class_path": "X", "init_args": {}}})
+    {'num_generations': 8, 'loss.beta': 0.1, 'engine': {'class_path': 'X', 'init_args': {}}}
+    """
+    out = {}
+    for key, value in settings.items():
+        if isinstance(value, dict) and value and "class_path" not in value:
+            out |= flat(value, f"{prefix}{key}.")
+        else:
+            out[f"{prefix}{key}"] = value
+    return out
+
+
+def setting_changes(configured: dict[str, Any], resumed: dict[str, Any], defaults: dict[str, Any]) -> list[Change]:
+    """Every ``model:`` setting whose configured value differs from the checkpoint's (``resumed``: the config as
+    Lightning merged the checkpoint's settings into it).
+
+    >>> setting_changes({"num_generations": 4, "seed": 0}, {"num_generations": 8, "seed": 1}, {"num_generations": 8,
+    ...                 "seed": 0})
+    [Change(key='num_generations', configured=4, resumed=8, explicit=True), \
+Change(key='seed', configured=0, resumed=1, explicit=False)]
+    """
+    configured, resumed, defaults = flat(configured), flat(resumed), flat(defaults)
+    return [
+        Change(key, value, resumed[key], explicit=value != defaults.get(key))
+        for key, value in configured.items()
+        if key in resumed and str(resumed[key]) != str(value)
+    ]
+
+
+def refuse_meaningless(changes: list[Change], ckpt_path: str) -> None:
+    """A ``num_generations`` change is refused when the checkpoint holds groups of the old size: its filter_groups
+    buffer or an engine's rollouts sampled ahead would be trained as groups of the new size."""
+    change = next((c for c in changes if c.key == "num_generations" and c.explicit), None)
+    if change is None:
+        return
+    import torch
+
+    checkpoint = torch.load(ckpt_path, map_location="cpu", weights_only=False)
+    waiting = [name for name, key in GROUPED_STATE.items() if _holds_groups(checkpoint.get(key, {}))]
+    if waiting:
+        raise ValueError(
+            f"model.num_generations={change.configured}, but --ckpt_path {ckpt_path!r} was trained with "
+            f"{change.resumed} and holds {' and '.join(waiting)} of {change.resumed} completions a prompt, which "
+            f"cannot be trained as groups of {change.configured}: resume with model.num_generations="
+            f"{change.resumed}, or start a new run without --ckpt_path"
+        )
+
+
+GROUPED_STATE = {
+    "groups waiting for an update (filter_groups)": "group_buffer",
+    "rollouts sampled ahead": "rollout_engine",
+}
+
+
+def _holds_groups(state: dict[str, Any]) -> bool:
+    """Whether any rank's saved buffer or queue holds a rollout."""
+    return any(_has_rollout(rank) for rank in state.get("ranks", []))
+
+
+def _has_rollout(state: Any) -> bool:
+    if isinstance(state, dict):
+        return state.get("rollout") is not None or any(_has_rollout(v) for k, v in state.items() if k != "rollout")
+    if isinstance(state, list | tuple):
+        return any(_has_rollout(v) for v in state)
+    return False
