@@ -69,7 +69,7 @@ def pushes(engine, policy, count: int) -> list[tuple[float, float]]:
             step(policy)
         trainer.global_step = i
         engine.sync_weights(policy)
-        measured.append((engine.sync_metrics["vllm/push_mb"], engine.sync_metrics["vllm/push_s"]))
+        measured.append((engine.weight_sync.metrics["vllm/push_mb"], engine.weight_sync.metrics["vllm/push_s"]))
     return measured
 
 

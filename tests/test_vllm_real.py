@@ -139,7 +139,7 @@ def assert_adapter_only(second, policy, lora_sync):
     """Under adapter sync: one adapter folder left, and the engine's base is the policy with its adapter off."""
     if lora_sync != "adapter":
         return
-    assert [p.name for p in second.adapters.root.iterdir()] == [f"v{second.adapters.number}"]
+    assert [p.name for p in second.weight_sync.adapters.root.iterdir()] == [f"v{second.weight_sync.adapters.number}"]
     assert_serves_policy(second, policy, base=True)
 
 
@@ -158,8 +158,8 @@ def test_colocate_trains_resumes_and_serves_the_trained_policy(model_dir, arith_
     first, second, resumed, trainer = train_and_resume(
         model_dir, arith_jsonl, tmp_path, lambda: VLLMColocate(lora_sync=lora_sync), lora
     )
-    assert first.pushes == STEPS  # one push (and one passed check) after every optimiser step
-    assert second.pushes == 1 + STEPS  # resumed: the checkpoint's weights pushed at set-up, then each step
+    assert first.weight_sync.pushes == STEPS  # one push (and one passed check) after every optimiser step
+    assert second.weight_sync.pushes == 1 + STEPS  # resumed: the checkpoint's weights pushed at set-up, then each step
     assert_serves_policy(second, resumed.policy)
     assert_sampler_is_the_policy(trainer, adapter_pushes=STEPS if sync == "lora_adapter" else 0)
     assert_adapter_only(second, resumed.policy, lora_sync if lora else None)
@@ -273,22 +273,22 @@ def test_server_trains_resumes_and_serves_the_trained_policy(server, model_dir, 
         return VLLMServer(base_url=server, connection_timeout=60, weights_dir=weights, lora_sync=lora_sync)
 
     first, second, resumed, trainer = train_and_resume(model_dir, arith_jsonl, tmp_path, engine, lora)
-    assert first.pushes == 1 + STEPS  # the server may hold another run's weights: pushed at the start too
-    assert second.pushes == 1 + STEPS
+    assert first.weight_sync.pushes == 1 + STEPS  # the server may hold another run's weights: pushed at the start too
+    assert second.weight_sync.pushes == 1 + STEPS
     assert_serves_policy(second, resumed.policy)
     # logged: the start's push (under adapter sync the base too: the earlier tests trained it), then adapters only
     assert_sampler_is_the_policy(trainer, adapter_pushes=STEPS - 1 if sync == "lora_adapter" else 0)
     assert_adapter_only(second, resumed.policy, lora_sync if lora else None)
     if sync == "lora_adapter":  # each engine's older versions unloaded: /v1/models does not grow with the steps
         served = [m["id"] for m in requests.get(f"{server}/v1/models", timeout=10).json()["data"]]
-        assert [n for n in served if n.startswith(second.adapters.root.name)] == [second.client.model]
+        assert [n for n in served if n.startswith(second.weight_sync.adapters.root.name)] == [second.client.model]
 
 
 class NoPushServer(VLLMServer):
     """Nothing reaches the server after the start: neither weights nor adapter versions."""
 
     def push(self, weights):
-        if self.pushes:
+        if self.weight_sync.pushes:
             return
         super().push(weights)  # the start's, so that the failure is the missing update, not a base left dirty
 

@@ -1,16 +1,21 @@
 """engines/vllm/sync.py and engines/vllm/lora.py without vLLM: what a push sends (LoRA merged or the base alone,
 Hugging Face names, the tied LM head; or the adapter alone as numbered versions) and the check that proves it
-arrived, on hand-worked numbers and on the tiny policy itself."""
+arrived, on hand-worked numbers and on the tiny policy itself; ``WeightSync``, the push both vLLM engines share,
+into an engine of this process that loads what it is sent (weights by name, adapter folders through PEFT)."""
 
+import copy
 from pathlib import Path
 
 import pytest
 import torch
 from safetensors.torch import load_file
+from transformers import AutoModelForCausalLM
 
 from lightning_grpo.engines.vllm.lora import AdapterVersions, adapter_rank, check_lora_sync, max_lora_rank
 from lightning_grpo.engines.vllm.sync import (
+    PROBE_TOKENS,
     SyncCheck,
+    WeightSync,
     WeightSyncError,
     check_sync,
     inference_weights,
@@ -156,3 +161,103 @@ def test_adapter_sync_of_a_sharded_policy_is_refused_before_any_step(monkeypatch
     with pytest.raises(ValueError, match=r"lora_sync='adapter' cannot serve a sharded \(FSDP\) policy.*'merged'"):
         vllm.VLLMColocate(lora_sync="adapter").setup(policy, trainer, seed=0)
     assert Policy.shards_under(trainer.strategy) and not Policy.shards_under(None)
+
+
+class LoadingEngine:
+    """A stand-in for a vLLM engine, in this process: its own copy of the model, into which pushed weights load by
+    their Hugging Face names (an unknown name fails) and adapter versions through PEFT, as vLLM loads them; the
+    probe decoded greedily from what it serves."""
+
+    def __init__(self, model_dir: str) -> None:
+        self.model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+        self.served, self.versions = self.model, []
+
+    def push(self, weights):
+        missing, unexpected = self.model.load_state_dict(weights, strict=False)
+        assert not missing and set(unexpected) <= {"lm_head.weight"}, (missing, unexpected)  # the tied head
+
+    def load_adapter(self, version):
+        from peft import PeftModel
+
+        self.served = PeftModel.from_pretrained(copy.deepcopy(self.model), version.path)
+        self.versions.append(version.number)
+
+    def probe(self, prompt):
+        ids = torch.tensor([prompt])
+        with torch.no_grad():
+            out = self.served.generate(ids, do_sample=False, max_new_tokens=PROBE_TOKENS, min_new_tokens=PROBE_TOKENS)
+            logps = self.served(out).logits[0, len(prompt) - 1 : -1].float().log_softmax(-1)  # [K, V]
+        tokens = out[0, len(prompt) :].tolist()
+        return tokens, logps.gather(1, torch.tensor(tokens)[:, None]).squeeze(1).tolist()
+
+
+class DroppingEngine(LoadingEngine):
+    """Only its first push of each kind arrives; the later ones reach nothing (verl #7495's silent failure)."""
+
+    def push(self, weights):
+        if not hasattr(self, "pushed"):
+            self.pushed = super().push(weights)
+
+    def load_adapter(self, version):
+        if not self.versions:
+            super().load_adapter(version)
+
+
+def optimiser_step(policy):
+    with torch.no_grad():
+        for p in policy.trainable_parameters():
+            p.add_(torch.randn_like(p) * 0.05)
+
+
+@pytest.mark.parametrize("lora", [False, True], ids=["full", "lora_merged"])
+def test_the_whole_model_pushed_each_step_is_what_the_engine_serves(tiny_model_dir, lora):
+    policy = trained_lora_policy(tiny_model_dir) if lora else Policy(tiny_model_dir)
+    sync, engine = WeightSync("VLLMColocate", 1, None, "merged"), LoadingEngine(tiny_model_dir)
+    assert not sync.serve_adapters(policy)  # merged: the whole model every push
+    for step in (1, 2):
+        optimiser_step(policy)
+        sync(policy, engine, step)
+        assert sync.metrics["vllm/sync_logp_error"] < 1e-4 and sync.pushes == step
+    assert sync.metrics["vllm/push_mb"] == weight_bytes(inference_weights(policy)) / 2**20
+    sync, dropping = WeightSync("VLLMColocate", 1, None, "merged"), DroppingEngine(tiny_model_dir)
+    sync(policy, dropping, 3)
+    optimiser_step(policy)
+    with pytest.raises(WeightSyncError, match="VLLMColocate does not generate .* after the push of step 4"):
+        sync(policy, dropping, 4)
+
+
+def test_the_adapter_alone_each_step_the_base_once_and_a_lost_version_stops_the_run(tiny_model_dir, tmp_path):
+    policy = trained_lora_policy(tiny_model_dir)
+    sync, engine = WeightSync("VLLMServer", 1, None, "adapter", base_first=True), LoadingEngine(tiny_model_dir)
+    assert sync.serve_adapters(policy, str(tmp_path)) and sync.adapters.parent == str(tmp_path)
+    base_mb = weight_bytes(inference_weights(policy, merge_adapter=False)) / 2**20
+    sizes = []
+    for step in (1, 2):
+        optimiser_step(policy)
+        sync(policy, engine, step)
+        sizes.append(sync.metrics["vllm/push_mb"])
+        assert sync.metrics["vllm/sync_logp_error"] < 1e-4
+    assert engine.versions == [1, 2]  # a new id each push: vLLM serves a known id's old weights
+    assert sizes[0] > base_mb > 10 * sizes[1]  # the base went with the first push only (a server outlives runs)
+    dropping = DroppingEngine(tiny_model_dir)
+    sync = WeightSync("VLLMServer", 1, None, "adapter")
+    sync.serve_adapters(policy, str(tmp_path))
+    sync(policy, dropping, 1)
+    optimiser_step(policy)
+    with pytest.raises(WeightSyncError, match="VLLMServer does not generate .* after the push of step 2"):
+        sync(policy, dropping, 2)
+
+
+def test_the_check_runs_every_check_every_pushes_and_never_with_zero(tiny_model_dir):
+    policy = Policy(tiny_model_dir)
+    engine = LoadingEngine(tiny_model_dir)
+    every_second, never = WeightSync("E", 2, None, "merged"), WeightSync("E", 0, None, "merged")
+    checked = []
+    for step in (1, 2, 3, 4):
+        every_second(policy, engine, step)
+        never(policy, engine, step)
+        checked.append("vllm/sync_logp_error" in every_second.metrics)
+        assert "vllm/sync_logp_error" not in never.metrics
+    assert checked == [False, True, False, True]
+    with pytest.raises(ValueError, match=r"E sync_check_every must be >= 0 \(0: never\), got -1"):
+        WeightSync("E", -1, None, "merged")

@@ -313,7 +313,8 @@ class OpenAIAgent(RolloutEngine):
         stats = EpisodeStats.of(episodes)
         rewards = [_reward(e, self.on_error) for e in episodes]
         columns = {"agent_reward": rewards, "episode_id": [e.session for e in episodes]}
-        metrics = {**stats.metrics(), **_metrics(episodes), **getattr(self.sampler, "sync_metrics", {})}  # vLLM's push
+        pushed = getattr(self.sampler, "weight_sync", None)  # a vLLM sampler's last push
+        metrics = {**stats.metrics(), **_metrics(episodes), **(pushed.metrics if pushed is not None else {})}
         rollout = stats.rollout(policy.tokenizer, episodes, group_size, 0, columns, metrics, policy.device)
         if all(e.sampler_logps for e in episodes):  # else the policy sampled itself: nothing to correct
             logps, _ = pad_rows([e.logps for e in episodes], 0.0, dtype=torch.float32, min_width=1)

@@ -13,31 +13,14 @@ with the adapter merged in.
 from __future__ import annotations
 
 import os
-import time
 from importlib.metadata import PackageNotFoundError, version
 from typing import Any
 
 import torch
 from typing_extensions import override
 
-from lightning_grpo.engines.vllm.lora import (
-    AdapterVersion,
-    AdapterVersions,
-    LoraSync,
-    adapter_rank,
-    check_lora_sync,
-    max_lora_rank,
-)
-from lightning_grpo.engines.vllm.sync import (
-    PROBE_TOKENS,
-    check_sync,
-    inference_weights,
-    policy_side,
-    probe_prompt,
-    push_metrics,
-    sync_atol,
-    weight_bytes,
-)
+from lightning_grpo.engines.vllm.lora import AdapterVersion, LoraSync, adapter_rank, max_lora_rank
+from lightning_grpo.engines.vllm.sync import PROBE_TOKENS, WeightSync
 from lightning_grpo.model.policy import Policy
 from lightning_grpo.rollout import RolloutEngine, SamplingConfig, cut_turns, sampled_rollout, tokenize_prompts
 from lightning_grpo.types import Prompt, Rollout
@@ -99,7 +82,7 @@ class VLLMColocate(RolloutEngine):
         sync_check_every: check every this many pushes that the engine generates from the policy's weights
             (greedy tokens and log-probs of a probe prompt); 0 never checks.
         sync_check_atol: the log-prob tolerance of that check; ``None``: 1e-3 for fp32 policies, 0.1 for bf16.
-        lora_sync: how a LoRA policy reaches the engine (``vllm_lora.LORA_SYNCS``): ``"adapter"`` (the adapter
+        lora_sync: how a LoRA policy reaches the engine (``lora.LORA_SYNCS``): ``"adapter"`` (the adapter
             alone, a new version each step) or ``"merged"`` (the whole model, adapter merged in). Ignored without
             LoRA.
     """
@@ -126,18 +109,12 @@ class VLLMColocate(RolloutEngine):
                 f"VLLMColocate cpu_kv_cache_gib must be a whole number of GiB >= 1 (vLLM reads an integer), "
                 f"got {cpu_kv_cache_gib!r}"
             )
-        if sync_check_every < 0:
-            raise ValueError(f"VLLMColocate sync_check_every must be >= 0 (0: never), got {sync_check_every!r}")
-        check_lora_sync("VLLMColocate", lora_sync)
-        self.lora_sync = lora_sync
-        self.adapters: AdapterVersions | None = None  # set up for a LoRA policy under lora_sync="adapter"
+        self.weight_sync = WeightSync(type(self).__name__, sync_check_every, sync_check_atol, lora_sync)
         self.lora_request: Any = None  # the adapter version every request is served with
         self.gpu_memory_utilization, self.max_model_len = gpu_memory_utilization, max_model_len
         self.cpu_kv_cache_gib = cpu_kv_cache_gib
-        self.sync_check_every, self.sync_check_atol = sync_check_every, sync_check_atol
         self.llm: Any = None
-        self.pushes, self.trainer = 0, None
-        self.sync_metrics: dict[str, float] = {}  # the last push's, logged with the next step
+        self.trainer = None
 
     @override
     def setup(self, policy: Policy, trainer: Any, seed: int) -> None:
@@ -148,13 +125,12 @@ class VLLMColocate(RolloutEngine):
             raise ValueError("rollout_engine VLLMColocate needs `model` as a name or path (vLLM loads it itself)")
         from lightning_grpo.model.loading import resolve_pretrained
 
-        if policy.is_lora and self.lora_sync == "adapter":
-            if Policy.shards_under(trainer.strategy):  # refused before any step: only rank 0 holds the gathered adapter
-                raise ValueError(
-                    "rollout_engine VLLMColocate lora_sync='adapter' cannot serve a sharded (FSDP) policy, whose "
-                    "gathered adapter only rank 0 holds: set lora_sync='merged', or use VLLMServer"
-                )
-            self.adapters = AdapterVersions()
+        # refused before any step: only rank 0 holds a sharded policy's gathered adapter
+        if self.weight_sync.serve_adapters(policy) and Policy.shards_under(trainer.strategy):
+            raise ValueError(
+                "rollout_engine VLLMColocate lora_sync='adapter' cannot serve a sharded (FSDP) policy, whose "
+                "gathered adapter only rank 0 holds: set lora_sync='merged', or use VLLMServer"
+            )
         self.llm = self._build(resolve_pretrained(policy.name_or_path), policy, trainer, seed)
 
     def _build(self, path: str, policy: Policy, trainer: Any, seed: int) -> Any:
@@ -186,7 +162,7 @@ class VLLMColocate(RolloutEngine):
 
     def _lora_options(self, policy: Policy) -> dict[str, Any]:
         """LoRA served per request, for adapter sync: one adapter at a time (each push replaces the last)."""
-        if self.adapters is None:
+        if self.weight_sync.adapters is None:
             return {}
         return {"enable_lora": True, "max_lora_rank": max_lora_rank(adapter_rank(policy)), "max_loras": 1}
 
@@ -209,7 +185,7 @@ class VLLMColocate(RolloutEngine):
         rollout = sampled_rollout(
             policy, prompts, prompt_ids, prompt_mask, completions, logps, num_generations, num_truncated
         )
-        rollout.metrics.update(self.sync_metrics)
+        rollout.metrics.update(self.weight_sync.metrics)
         return rollout
 
     @override
@@ -228,7 +204,7 @@ class VLLMColocate(RolloutEngine):
 
     def _resync(self, policy: Policy) -> None:
         """After a resume the engine holds the initial weights and the policy the checkpoint's: push them."""
-        if not self.pushes and self.trainer.global_step > 0:
+        if not self.weight_sync.pushes and self.trainer.global_step > 0:
             self.sync_weights(policy)
 
     def sample_ids(
@@ -247,25 +223,8 @@ class VLLMColocate(RolloutEngine):
 
     @override
     def sync_weights(self, policy: Policy) -> None:
-        """Push the policy's weights (or its adapter) into the engine, then (every ``sync_check_every`` pushes)
-        check them. The push's seconds count from the policy's tensors to the engine holding them."""
-        start = time.perf_counter()
-        num_bytes = self.push_adapter(policy) if self.adapters is not None else self.push_weights(policy)
-        self.sync_metrics, self.pushes = push_metrics(num_bytes, time.perf_counter() - start), self.pushes + 1
-        if self.sync_check_every and self.pushes % self.sync_check_every == 0:
-            self.sync_metrics.update(self.check(policy))
-
-    def push_weights(self, policy: Policy) -> int:
-        """The whole model (a LoRA adapter merged in) into the engine; the bytes moved."""
-        weights = inference_weights(policy)
-        self.push(weights)
-        return weight_bytes(weights)
-
-    def push_adapter(self, policy: Policy) -> int:
-        """The policy's adapter saved as a new version and loaded into the engine; the bytes of its files."""
-        version = self.adapters.save(policy)  # never sharded here: setup refuses that
-        self.load_adapter(version)
-        return version.num_bytes
+        """Push the policy's weights (or its adapter) into the engine and check them (``WeightSync``)."""
+        self.weight_sync(policy, self, self.trainer.global_step)
 
     def load_adapter(self, version: AdapterVersion) -> None:
         """Serve ``version`` from now on: loaded now (a bad adapter fails here, not at the next request), the
@@ -283,13 +242,11 @@ class VLLMColocate(RolloutEngine):
         self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": list(weights.items())})
         self.llm.reset_prefix_cache()
 
-    def check(self, policy: Policy) -> dict[str, float]:
-        """Raise ``WeightSyncError`` unless the engine's greedy decode of the probe prompt is the policy's."""
-        prompt = probe_prompt(policy)
+    def probe(self, prompt: list[int]) -> tuple[list[int], list[float]]:
+        """The engine's greedy tokens after the sync check's probe prompt and their log-probs."""
         params = {"n": 1, "temperature": 0.0, "max_tokens": PROBE_TOKENS, "logprobs": 0, "ignore_eos": True}
         (tokens,), (logps,) = self.sample_ids([prompt], params)
-        verdict = policy_side(policy, prompt, tokens, logps, sync_atol(policy, self.sync_check_atol))
-        return check_sync(type(self).__name__, self.trainer.global_step, verdict)
+        return tokens, logps
 
 
 def _with_seed(sampling: SamplingConfig) -> SamplingConfig:

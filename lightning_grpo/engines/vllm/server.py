@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import importlib.util
 import tempfile
-import time
 from pathlib import Path
 from typing import Any, Literal
 from urllib.parse import urlparse
@@ -24,17 +23,8 @@ import torch.distributed as dist
 from torch import Tensor
 from typing_extensions import override
 
-from lightning_grpo.engines.vllm.lora import AdapterVersion, AdapterVersions, LoraSync, check_lora_sync
-from lightning_grpo.engines.vllm.sync import (
-    PROBE_TOKENS,
-    check_sync,
-    inference_weights,
-    policy_side,
-    probe_prompt,
-    push_metrics,
-    sync_atol,
-    weight_bytes,
-)
+from lightning_grpo.engines.vllm.lora import AdapterVersion, LoraSync
+from lightning_grpo.engines.vllm.sync import PROBE_TOKENS, WeightSync
 from lightning_grpo.model.policy import Policy
 from lightning_grpo.rollout import RolloutEngine, SamplingConfig, sampled_rollout, tokenize_prompts
 from lightning_grpo.types import Prompt, Rollout
@@ -73,7 +63,7 @@ class VLLMServer(RolloutEngine):
         sync_check_every: check every this many pushes that the server generates from the policy's weights
             (greedy tokens and log-probs of a probe prompt); 0 never checks.
         sync_check_atol: the log-prob tolerance of that check; ``None``: 1e-3 for fp32 policies, 0.1 for bf16.
-        lora_sync: how a LoRA policy reaches the server (``vllm_lora.LORA_SYNCS``): ``"adapter"`` (the adapter
+        lora_sync: how a LoRA policy reaches the server (``lora.LORA_SYNCS``): ``"adapter"`` (the adapter
             alone, a new version each step) or ``"merged"`` (the whole model, adapter merged in). Ignored without
             LoRA.
     """
@@ -97,11 +87,10 @@ class VLLMServer(RolloutEngine):
         transfer = weight_transfer or ("nccl" if torch.cuda.is_available() else "disk")
         if transfer not in WEIGHT_TRANSFERS:
             raise ValueError(f"VLLMServer weight_transfer must be one of {sorted(WEIGHT_TRANSFERS)}, got {transfer!r}")
-        if sync_check_every < 0:
-            raise ValueError(f"VLLMServer sync_check_every must be >= 0 (0: never), got {sync_check_every!r}")
-        check_lora_sync("VLLMServer", lora_sync)
-        self.lora_sync = lora_sync
-        self.adapters: AdapterVersions | None = None  # set up for a LoRA policy under lora_sync="adapter"
+        # a server outlives runs: a run's first adapter push sends the base too
+        self.weight_sync = WeightSync(
+            type(self).__name__, sync_check_every, sync_check_atol, lora_sync, base_first=True
+        )
         self.base_model: str | None = None  # the server's model name; requests name the adapter instead
         self.base_url, self.connection_timeout, self.group_port = base_url, connection_timeout, group_port
         self.weight_transfer, self.weights_dir = transfer, weights_dir
@@ -111,10 +100,8 @@ class VLLMServer(RolloutEngine):
                 f"rollout_engine VLLMServer cannot run on this machine: {'; '.join(problems)}. "
                 "Use rollout_engine: lightning_grpo.engines.HFGenerate (the default)"
             )
-        self.sync_check_every, self.sync_check_atol = sync_check_every, sync_check_atol
         self.client: Any = None  # TRL's VLLMClient, on global rank 0 only
-        self.rank, self.world_size, self.pushes = 0, 1, 0
-        self.sync_metrics: dict[str, float] = {}  # the last push's, logged with the next step
+        self.rank, self.world_size = 0, 1
         self.synced_step: int | None = None
         self.trainer: Any = None
 
@@ -132,8 +119,8 @@ class VLLMServer(RolloutEngine):
     @override
     def setup(self, policy: Policy, trainer: Any, seed: int) -> None:
         self.trainer, self.rank, self.world_size = trainer, trainer.global_rank, trainer.world_size
-        if policy.is_lora and self.lora_sync == "adapter" and self.adapters is None:
-            self.adapters = AdapterVersions(self.weights_dir)  # every rank's: a sharded adapter is gathered by all
+        self.weight_sync.serve_adapters(policy, self.weights_dir)  # every rank's: a sharded adapter is gathered by all
+        self.weight_sync.leader, self.weight_sync.from_leader = self.rank == 0, self.from_rank_zero
         if self.rank != 0 or self.client is not None:
             return
         from trl.generation.vllm_client import VLLMClient
@@ -171,7 +158,7 @@ class VLLMServer(RolloutEngine):
         rollout = sampled_rollout(
             policy, prompts, prompt_ids, prompt_mask, completions, logps, num_generations, num_truncated
         )
-        rollout.metrics.update(self.sync_metrics)
+        rollout.metrics.update(self.weight_sync.metrics)
         return rollout
 
     def _on_rank_zero(
@@ -206,32 +193,10 @@ class VLLMServer(RolloutEngine):
 
     @override
     def sync_weights(self, policy: Policy) -> None:
-        """Send the policy's weights (or its adapter) to the server, then (every ``sync_check_every`` pushes) check
-        them. Every rank calls it: a sharded policy is gathered first (a collective); rank 0 sends."""
-        start = time.perf_counter()
-        num_bytes = self.push_adapter(policy) if self.adapters is not None else self.push_weights(policy)
-        self.sync_metrics = push_metrics(num_bytes, time.perf_counter() - start)
-        self.synced_step, self.pushes = self.trainer.global_step, self.pushes + 1
-        if self.sync_check_every and self.pushes % self.sync_check_every == 0:
-            self.sync_metrics.update(self.check(policy))
-
-    def push_weights(self, policy: Policy, merge_adapter: bool = True) -> int:
-        """The whole model (a LoRA adapter merged in, or left out) to the server from rank 0; the bytes moved."""
-        weights = inference_weights(policy, merge_adapter)
-        if self.rank == 0:
-            self.push(weights)
-        return weight_bytes(weights)
-
-    def push_adapter(self, policy: Policy) -> int:
-        """The policy's adapter saved by rank 0 as a new version and loaded by the server; the bytes moved (every
-        rank reports rank 0's: the metric is averaged over ranks). A run's first push sends the base weights too:
-        a server outlives runs, and another run's pushes may have changed its base."""
-        base_bytes = 0 if self.pushes else self.push_weights(policy, merge_adapter=False)
-        version = self.adapters.save(policy, writer=self.rank == 0)
-        if version is not None:
-            self.load_adapter(version)
-        sizes = [base_bytes + version.num_bytes] * self.world_size if self.rank == 0 else None
-        return _scatter_from_zero(sizes, self.rank, self.world_size)
+        """Send the policy's weights (or its adapter) to the server and check them (``WeightSync``). Every rank
+        calls it: a sharded policy is gathered first (a collective); rank 0 talks to the server."""
+        self.synced_step = self.trainer.global_step
+        self.weight_sync(policy, self, self.synced_step)
 
     def load_adapter(self, version: AdapterVersion) -> None:
         """Rank 0: ``version`` loaded under its own name (a name already loaded is refused), requests served with
@@ -264,20 +229,16 @@ class VLLMServer(RolloutEngine):
             self.client._post(url, json={"method": "reload_weights", "kwargs": {"weights_path": self.weights_dir}})
         self.client.reset_prefix_cache()  # cached prompt states were computed with the old weights
 
-    def check(self, policy: Policy) -> dict[str, float]:
-        """Raise ``WeightSyncError`` on every rank unless the server's greedy decode of the probe prompt is the
-        policy's (rank 0 asks the server; every rank runs the policy's forward, a collective when sharded)."""
-        prompt, answer = probe_prompt(policy), None
-        if self.rank == 0:
-            (tokens,), (logps,) = self.sample_ids(
-                [prompt], n=1, temperature=0.0, max_tokens=PROBE_TOKENS, generation_kwargs={"ignore_eos": True}
-            )
-            answer = (tokens, logps)
-        tokens, logps = _scatter_from_zero(
-            [answer] * self.world_size if self.rank == 0 else None, self.rank, self.world_size
+    def probe(self, prompt: list[int]) -> tuple[list[int], list[float]]:
+        """Rank 0: the server's greedy tokens after the sync check's probe prompt and their log-probs."""
+        (tokens,), (logps,) = self.sample_ids(
+            [prompt], n=1, temperature=0.0, max_tokens=PROBE_TOKENS, generation_kwargs={"ignore_eos": True}
         )
-        verdict = policy_side(policy, prompt, tokens, logps, sync_atol(policy, self.sync_check_atol))
-        return check_sync(type(self).__name__, self.trainer.global_step, verdict)
+        return tokens, logps
+
+    def from_rank_zero(self, value: Any) -> Any:
+        """Rank 0's ``value`` on every rank."""
+        return _scatter_from_zero([value] * self.world_size if self.rank == 0 else None, self.rank, self.world_size)
 
 
 def _offsets(sizes: list[int]) -> list[tuple[int, int]]:

@@ -6,17 +6,23 @@ two months; vLLM leaves a tied LM head stale with only a log line): the run then
 initial policy. So after a push the engine decodes a fixed probe prompt greedily and ``check_sync`` compares that
 with the policy's own forward: each engine token must be the policy's top token (up to ``atol``) and its log-prob
 the policy's within ``atol``. A mismatch raises ``WeightSyncError`` naming the engine, the step and what differed.
+
+``WeightSync`` is the push itself, the same for both engines: what to send (the whole model, or a LoRA adapter alone
+as a new version), its metrics, when to check. The engine is its ``Transport``: how the bytes travel.
 """
 
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator
+import time
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from typing import Any, Protocol
 
 import torch
 from torch import Tensor
 
+from lightning_grpo.engines.vllm.lora import AdapterVersion, AdapterVersions, LoraSync, check_lora_sync
 from lightning_grpo.model.policy import Policy
 from lightning_grpo.model.sharding import full_state_dict, is_sharded
 
@@ -130,3 +136,91 @@ def push_metrics(num_bytes: int, seconds: float) -> dict[str, float]:
 
 def sync_atol(policy: Policy, atol: float | None) -> float:
     return atol if atol is not None else SYNC_ATOL.get(next(policy.model.parameters()).dtype, 0.1)
+
+
+class Transport(Protocol):
+    """How weights reach one vLLM engine (``VLLMColocate``: into its own ``LLM``; ``VLLMServer``: over HTTP or NCCL).
+    Called on the leading rank only (``WeightSync.leader``)."""
+
+    def push(self, weights: dict[str, Tensor]) -> None:
+        """The whole model's tensors, under Hugging Face names, into the engine."""
+
+    def load_adapter(self, version: AdapterVersion) -> None:
+        """Serve ``version`` (a LoRA adapter's folder) from now on, the previous one dropped."""
+
+    def probe(self, prompt: list[int]) -> tuple[list[int], list[float]]:
+        """The engine's ``PROBE_TOKENS`` greedy tokens after ``prompt`` (EOS ignored) and their log-probs."""
+
+
+class WeightSync:
+    """The policy's weights into a vLLM engine after each optimiser step, checked every ``check_every`` pushes.
+
+    A LoRA policy under ``lora_sync="adapter"`` (``serve_adapters``) pushes its adapter alone as a new version;
+    any other the whole model (a LoRA adapter merged in). Every rank calls ``__call__``: a sharded policy is
+    gathered first (a collective); the ``leader`` ranks talk to the engine (each rank its own colocated engine; rank
+    0 alone to a server) and ``from_leader`` hands their answers to every rank.
+
+    Args:
+        engine: the engine's name, for errors.
+        check_every: the engine's ``sync_check_every`` (0: never).
+        atol: its ``sync_check_atol`` (``None``: ``SYNC_ATOL`` of the policy's dtype).
+        lora_sync: its ``lora_sync`` (``LORA_SYNCS``).
+        base_first: a run's first adapter push sends the base weights too (a server outlives runs, and another
+            run's pushes may have changed its base; a colocated engine starts from the base).
+    """
+
+    def __init__(
+        self, engine: str, check_every: int, atol: float | None, lora_sync: LoraSync, base_first: bool = False
+    ) -> None:
+        if check_every < 0:
+            raise ValueError(f"{engine} sync_check_every must be >= 0 (0: never), got {check_every!r}")
+        check_lora_sync(engine, lora_sync)
+        self.engine, self.check_every, self.atol, self.lora_sync = engine, check_every, atol, lora_sync
+        self.base_first = base_first
+        self.adapters: AdapterVersions | None = None  # set by serve_adapters
+        self.pushes = 0
+        self.metrics: dict[str, float] = {}  # the last push's, logged with the next step
+        self.leader = True  # this rank talks to the engine
+        self.from_leader: Callable[[Any], Any] = lambda value: value  # the leader's value, on every rank
+
+    def serve_adapters(self, policy: Policy, parent: str | None = None) -> bool:
+        """Push ``policy``'s adapter alone from now on, as versions in a folder under ``parent``, when it is LoRA and
+        ``lora_sync="adapter"``; whether it does."""
+        if policy.is_lora and self.lora_sync == "adapter" and self.adapters is None:
+            self.adapters = AdapterVersions(parent)
+        return self.adapters is not None
+
+    def __call__(self, policy: Policy, transport: Transport, step: int) -> None:
+        """Push the policy's weights (or its adapter), then (every ``check_every`` pushes) check them. The push's
+        seconds count from the policy's tensors to the engine holding them."""
+        start = time.perf_counter()
+        push = self.push_adapter if self.adapters is not None else self.push_weights
+        num_bytes = push(policy, transport)
+        self.metrics, self.pushes = push_metrics(num_bytes, time.perf_counter() - start), self.pushes + 1
+        if self.check_every and self.pushes % self.check_every == 0:
+            self.metrics.update(self.check(policy, transport, step))
+
+    def push_weights(self, policy: Policy, transport: Transport, merge_adapter: bool = True) -> int:
+        """The whole model (a LoRA adapter merged in, or left out) into the engine; the bytes moved."""
+        weights = inference_weights(policy, merge_adapter)
+        if self.leader:
+            transport.push(weights)
+        return weight_bytes(weights)
+
+    def push_adapter(self, policy: Policy, transport: Transport) -> int:
+        """The adapter saved by the leader as a new version and loaded by the engine; the bytes moved (the
+        leader's on every rank: the metric is averaged over ranks)."""
+        first_base = self.base_first and not self.pushes
+        base_bytes = self.push_weights(policy, transport, merge_adapter=False) if first_base else 0
+        version = self.adapters.save(policy, writer=self.leader)
+        if version is not None:
+            transport.load_adapter(version)
+        return self.from_leader(base_bytes + version.num_bytes if self.leader else None)
+
+    def check(self, policy: Policy, transport: Transport, step: int) -> dict[str, float]:
+        """Raise ``WeightSyncError`` on every rank unless the engine's greedy decode of the probe prompt is the
+        policy's (the leader asks the engine; every rank runs the policy's forward, a collective when sharded)."""
+        prompt = probe_prompt(policy)
+        tokens, logps = self.from_leader(transport.probe(prompt) if self.leader else None)
+        verdict = policy_side(policy, prompt, tokens, logps, sync_atol(policy, self.atol))
+        return check_sync(self.engine, step, verdict)
