@@ -3,6 +3,10 @@
 from __future__ import annotations
 
 import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
 
 import lightning as L
 import pytest
@@ -276,3 +280,47 @@ def test_test_without_a_test_split_names_the_setting(tiny_model_dir, arith_jsonl
     with pytest.raises(ValueError, match="test_split 'test' cannot be read from dataset .* set data.test_split"):
         trainer.test(module, datamodule=data, verbose=False)
     assert len([row for batch in trainer.predict(module, datamodule=data) for row in batch]) == 1  # validation rows
+
+
+EXPORT_INTO_MOUNT = """
+import sys
+from lightning_grpo import PromptDataModule
+from lightning_grpo.callbacks import HFExport
+from tests.helpers import fit, make_module
+
+model_dir, data, target, logs = sys.argv[1:]
+module = make_module(model_dir)
+export = HFExport(dirpath=target, overwrite=True)
+fit(module, PromptDataModule(data, batch_size=4, val_split=None), logs, max_steps=1, callbacks=[export])
+"""
+
+
+def can_bind_mount(tmp_path) -> bool:
+    probe = tmp_path / "probe"
+    probe.mkdir()
+    command = ["unshare", "-m", "--propagation", "private", "mount", "--bind", str(probe), str(probe)]
+    return shutil.which("unshare") is not None and subprocess.run(command, capture_output=True).returncode == 0
+
+
+def test_an_export_into_a_mount_point_writes_into_it_file_by_file(tiny_model_dir, arith_jsonl, tmp_path):
+    """``export.dirpath`` is itself a mounted volume (a bind mount in a private mount namespace): it cannot be
+    removed or renamed, so the export writes into it; an earlier export's file it does not write is removed."""
+    if not can_bind_mount(tmp_path):
+        pytest.skip("no mount namespace here (unshare -m needs root or user namespaces)")
+    target = tmp_path / "models"
+    target.mkdir()
+    (target / "config.json").write_text("{}")
+    (target / "model-00002-of-00002.safetensors").write_text("an earlier export's")
+    script = f"mount --bind {target} {target} && {sys.executable} -c '{EXPORT_INTO_MOUNT}' " + " ".join(
+        [tiny_model_dir, arith_jsonl, str(target), str(tmp_path / "logs")]
+    )
+    run = subprocess.run(
+        ["unshare", "-m", "--propagation", "private", "sh", "-c", script],
+        cwd=Path(__file__).parent.parent,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert run.returncode == 0, run.stderr[-3000:]
+    assert AutoModelForCausalLM.from_pretrained(target) is not None
+    assert sorted(p.name for p in target.iterdir() if p.name.startswith((".", "model-"))) == []

@@ -1,7 +1,16 @@
-"""HFExport: saves the trained policy and tokenizer in Hugging Face format when ``fit`` ends."""
+"""HFExport: saves the trained policy and tokenizer in Hugging Face format when ``fit`` ends.
+
+The export is written into ``dirpath``, never in place of it: ``dirpath`` may be a mounted volume (``/mnt/models``),
+which cannot be removed or renamed (``Device or resource busy``). The files are written first in a hidden
+``.hf_export.partial/`` inside it (the same filesystem), flushed to the disk, then each one moved to its final name
+with ``os.replace`` (atomic per file); files an earlier export left that this one does not write are removed last.
+A kill or a full disk leaves the files of the earlier export, or the new ones, under their names, never a
+half-written file.
+"""
 
 from __future__ import annotations
 
+import os
 import shutil
 from pathlib import Path
 
@@ -9,7 +18,6 @@ import lightning as L
 from lightning.pytorch.utilities import rank_zero_warn
 from typing_extensions import override
 
-from lightning_grpo.checkpoints import partial_dir, publish_dir
 from lightning_grpo.run import run_dir
 
 
@@ -48,18 +56,48 @@ class HFExport(L.Callback):
     def on_fit_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         path = Path(self.dirpath) if self.dirpath else _unused(run_dir(trainer) / "hf_model", self.overwrite)
         self.path = Path(trainer.strategy.broadcast(str(path)))  # rank 0's choice: it writes
-        partial = partial_dir(self.path)  # written beside, renamed when whole: a kill or a full disk leaves no half
+        partial = self.path / PARTIAL  # inside: a mount point's own filesystem, so each file is renamed into place
         if trainer.is_global_zero:
             shutil.rmtree(partial, ignore_errors=True)  # an earlier run's, killed while exporting
         trainer.strategy.barrier("hf_export_start")
         pl_module.save_pretrained(str(partial), merged=self.merged)  # every rank: a sharded policy is gathered
         if trainer.is_global_zero:
-            publish_dir(partial, self.path)
+            publish_into(partial, self.path)
         trainer.strategy.barrier("hf_export")
 
 
+PARTIAL = ".hf_export.partial"
+
+
+def publish_into(partial: Path, target: Path) -> None:
+    """Every file of ``partial`` flushed, then moved to the same place under ``target`` (``os.replace``: atomic per
+    file); the files of ``target`` that ``partial`` did not hold are removed, then ``partial`` itself. ``target``
+    is written into, never replaced: it may be a mount point."""
+    files = sorted(f.relative_to(partial) for f in partial.rglob("*") if f.is_file())
+    for name in files:
+        with open(partial / name, "rb") as f:
+            os.fsync(f.fileno())
+    for name in files:
+        (target / name).parent.mkdir(parents=True, exist_ok=True)
+        os.replace(partial / name, target / name)
+    _fsync(target)
+    kept = set(files)
+    for old in [f for f in target.rglob("*") if f.is_file() and PARTIAL not in f.relative_to(target).parts]:
+        if old.relative_to(target) not in kept:
+            old.unlink()
+    shutil.rmtree(partial)
+
+
+def _fsync(directory: Path) -> None:
+    fd = os.open(directory, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
 def _holds_files(path: Path) -> bool:
-    return path.is_dir() and any(path.iterdir())
+    return path.is_dir() and any(p.name != PARTIAL for p in path.iterdir())
 
 
 def _unused(path: Path, overwrite: bool) -> Path:
