@@ -290,3 +290,24 @@ def test_the_templates_show_a_checkpoint_filename_that_makes_no_folders(tiny_mod
     saved = sorted(p.relative_to(tmp_path) for p in tmp_path.rglob("*.ckpt"))
     assert len(saved) == 2 and all(p.parent.name == "checkpoints" for p in saved), saved
     assert any(p.name.startswith("step=2-accuracy=") for p in saved), saved
+
+
+def test_a_tab_in_a_config_s_indentation_names_the_file_and_line(tmp_path, capsys):
+    config = tmp_path / "run.yaml"
+    config.write_text("model:\n  num_generations: 4\n\tseed: 1\n")
+    with pytest.raises(SystemExit) as done:
+        main(["fit", "--config", str(config), "--print_config"])
+    message = str(done.value.code) + capsys.readouterr().err
+    assert f"--config '{config}': line 3 indents with a tab: YAML indents with spaces only" in message
+    assert "<unicode string>" not in message
+
+
+def test_an_unwritable_lightning_grpo_home_names_the_variable(tmp_path, monkeypatch, capsys):
+    """As root no directory is read-only: a home under a plain file cannot be made either."""
+    (tmp_path / "a-file").write_text("")
+    monkeypatch.setenv("LIGHTNING_GRPO_HOME", str(tmp_path / "a-file" / "home"))
+    with pytest.raises(SystemExit):
+        main(["fit", "--config", str(TINY), "--trainer.max_steps", "1"])
+    err = capsys.readouterr().err
+    assert f"cannot be written under {tmp_path / 'a-file' / 'home'}, chosen by LIGHTNING_GRPO_HOME" in err
+    assert "set LIGHTNING_GRPO_HOME to a writable directory, e.g. `export LIGHTNING_GRPO_HOME=" in err

@@ -227,6 +227,34 @@ def resolve_configs(argv: list[str]) -> list[str]:
     return out
 
 
+def check_yaml(argv: list[str]) -> None:
+    """Every ``--config`` file parsed as YAML first, so a syntax error names the file and its line (jsonargparse
+    names ``<unicode string>``); a tab in the indentation, YAML's most common one, says to use spaces."""
+    import yaml
+
+    for path in [Path(b) for a, b in zip(argv, argv[1:]) if a in ("--config", "-c")] + [
+        Path(a.split("=", 1)[1]) for a in argv if a.startswith("--config=")
+    ]:
+        if not path.is_file():
+            continue
+        text = path.read_text(encoding="utf-8", errors="replace")
+        try:
+            yaml.safe_load(text)
+        except yaml.YAMLError as err:
+            raise SystemExit(f"lightning-grpo: error: --config {str(path)!r}: {yaml_problem(err, text)}") from None
+
+
+def yaml_problem(err: Any, text: str) -> str:
+    """``line 3: a tab in the indentation ...`` or the parser's own words, with the line where it stopped."""
+    mark = getattr(err, "problem_mark", None)
+    if mark is None:
+        return str(err)
+    line = text.splitlines()[mark.line] if mark.line < len(text.splitlines()) else ""
+    if "\t" in line[: len(line) - len(line.lstrip())]:
+        return f"line {mark.line + 1} indents with a tab: YAML indents with spaces only; replace the tab with spaces"
+    return f"line {mark.line + 1}, column {mark.column + 1}: {err.problem} ({err.context or 'not valid YAML'})"
+
+
 def check_not_bare(argv: list[str]) -> None:
     """``lightning-grpo fit`` with neither a config nor a dataset: say what to run instead of failing on the first
     missing setting."""
@@ -399,6 +427,7 @@ def main(args: list[str] | None = None) -> None:
         return
     check_not_bare(argv)
     given, argv = argv, resolve_configs(argv)
+    check_yaml(argv)
     if args is None:
         sys.argv[1:] = argv  # LightningCLI reads sys.argv itself (given both, it warns)
     importable_dirs(argv)

@@ -37,7 +37,18 @@ TOOL_CHAT_TEMPLATE = (
 
 
 def cache_home() -> Path:
+    """Where the embedded demos are written: ``LIGHTNING_GRPO_HOME``, by default ``~/.cache/lightning_grpo``."""
     return Path(os.environ.get("LIGHTNING_GRPO_HOME", Path.home() / ".cache" / "lightning_grpo"))
+
+
+def unwritable_home(name: str, err: OSError) -> str:
+    """Why ``name`` cannot be written, naming the variable that chose the place and how to choose another."""
+    chosen = "LIGHTNING_GRPO_HOME" if "LIGHTNING_GRPO_HOME" in os.environ else "the default (LIGHTNING_GRPO_HOME unset)"
+    return (
+        f"the embedded {name!r} cannot be written under {cache_home()}, chosen by {chosen} ({err.strerror}: "
+        f"{err.filename}): set LIGHTNING_GRPO_HOME to a writable directory, e.g. "
+        "`export LIGHTNING_GRPO_HOME=/tmp/lightning_grpo`"
+    )
 
 
 def build_tokenizer() -> PreTrainedTokenizerFast:
@@ -206,8 +217,11 @@ def materialize(name: str) -> Path:
     """Write an embedded model or dataset once (atomically: ranks may race) and return its directory."""
     target = cache_home() / (name + REVISIONS.get(name, ""))
     if not target.exists():
-        target.parent.mkdir(parents=True, exist_ok=True)
-        scratch = Path(tempfile.mkdtemp(dir=target.parent))
+        try:
+            target.parent.mkdir(parents=True, exist_ok=True)
+            scratch = Path(tempfile.mkdtemp(dir=target.parent))
+        except OSError as err:
+            raise OSError(unwritable_home(name, err)) from err
         EMBEDDED[name](scratch / "out")
         try:
             (scratch / "out").rename(target)
