@@ -31,19 +31,24 @@ def _layers(model: nn.Module) -> list[nn.Module]:
     return list(getattr(model.get_decoder(), "layers", []))
 
 
-def fusable(model: nn.Module) -> bool:
-    """A Llama-family model whose layers are plain fp32 CPU ``nn.Linear`` (no adapters, no shards), with no
-    sliding window and SiLU gating."""
+def llama_like(model: nn.Module) -> bool:
+    """A Llama, Qwen2, Qwen3 or Mistral model (not wrapped: a PEFT model is not) with SiLU gating and no sliding
+    window: the layer layout ``FusedLayer`` computes."""
     config = getattr(model, "config", None)
     layers = _layers(model) if hasattr(model, "get_decoder") else []
     if getattr(config, "model_type", None) not in FUSED_TYPES or not layers or config.hidden_act != "silu":
         return False
     if getattr(config, "sliding_window", None) is not None and config.model_type == "mistral":
         return False
-    return all(
-        getattr(layer.self_attn, "sliding_window", None) is None
-        and all(can_pack(layer.get_submodule(name)) for name in (*PROJECTIONS, "self_attn.o_proj", "mlp.down_proj"))
-        for layer in layers
+    return all(getattr(layer.self_attn, "sliding_window", None) is None for layer in layers)
+
+
+def fusable(model: nn.Module) -> bool:
+    """A ``llama_like`` model whose layers are plain fp32 CPU ``nn.Linear`` (no adapters, no shards)."""
+    return llama_like(model) and all(
+        can_pack(layer.get_submodule(name))
+        for layer in _layers(model)
+        for name in (*PROJECTIONS, "self_attn.o_proj", "mlp.down_proj")
     )
 
 
@@ -74,6 +79,25 @@ def _joined(layers: list[nn.Linear], rows: int) -> Callable[[Tensor], Tensor]:
     return linear(weight, bias, rows)
 
 
+def grouped_attention(q: Tensor, keys: Tensor, values: Tensor, mask: Tensor, scale: float) -> Tensor:
+    """One query position's attention with grouped KV heads, without repeating the keys and values per query head
+    (the math fallback of ``scaled_dot_product_attention`` with ``enable_gqa`` copies them, 7x the cache for
+    Qwen2.5-0.5B): each group's queries as one matrix product. Query head h reads KV head h // (heads / kv heads),
+    as Hugging Face's ``repeat_kv``. Softmax in fp32, as the models' eager attention.
+
+    Args:
+        q: [N, heads, 1, D].
+        keys, values: [N, kv heads, L, D].
+        mask: [N, 1, 1, L] True where attended.
+    Returns: [N, heads, 1, D].
+    """
+    n, heads, _, d = q.shape
+    grouped = q.reshape(n, keys.shape[1], heads // keys.shape[1], d)  # [N, kv heads, g, D]
+    scores = torch.matmul(grouped, keys.transpose(-1, -2)).float() * scale  # [N, kv heads, g, L]
+    probs = scores.masked_fill(~mask, float("-inf")).softmax(dim=-1).to(values.dtype)
+    return torch.matmul(probs, values).reshape(n, heads, 1, d)
+
+
 class FusedLayer:
     """One decoder layer's decode step over [N, 1, H] hidden states."""
 
@@ -87,9 +111,19 @@ class FusedLayer:
         self.o_proj, self.down_proj = attn.o_proj, mlp.down_proj  # packed by ``packed_linears`` while decoding
         self.head_dim, self.scaling = attn.head_dim, attn.scaling
 
-    def __call__(self, x: Tensor, cos: Tensor, sin: Tensor, keys: Tensor, values: Tensor, mask: Tensor) -> Tensor:
-        """x [N, 1, H]; cos/sin [N, 1, 1, D]; keys/values [N, kv heads, L, D] with this step's column last (it is
-        written here); mask [N, 1, 1, L] True where attended."""
+    def __call__(
+        self,
+        x: Tensor,
+        cos: Tensor,
+        sin: Tensor,
+        keys: Tensor,
+        values: Tensor,
+        mask: Tensor,
+        column: Tensor | None = None,
+    ) -> Tensor:
+        """x [N, 1, H]; cos/sin [N, 1, 1, D]; keys/values [N, kv heads, L, D], this step's column written here: the
+        last one, or ``column`` ([1] on the device: a captured graph's step, which attends to all L columns);
+        mask [N, 1, 1, L] True where attended."""
         n, d = x.shape[0], self.head_dim
         h = _rms_norm(x, self.norms[0])
         q, k, v = self.qkv(h).split(self.splits, dim=-1)  # [N, 1, *]
@@ -97,11 +131,16 @@ class FusedLayer:
         if self.qk_norms is not None:
             q, k = _rms_norm(q, self.qk_norms[0]), _rms_norm(k, self.qk_norms[1])
         q, k, v = (t.transpose(1, 2) for t in (q, k, v))  # [N, heads, 1, D]
-        keys[:, :, -1:] = _rotate(k, cos, sin)
-        values[:, :, -1:] = v
-        attn = nn.functional.scaled_dot_product_attention(
-            _rotate(q, cos, sin), keys, values, attn_mask=mask, scale=self.scaling, enable_gqa=True
-        )  # [N, heads, 1, D]
+        q, k = _rotate(q, cos, sin), _rotate(k, cos, sin)
+        if column is None:
+            keys[:, :, -1:], values[:, :, -1:] = k, v
+            attn = nn.functional.scaled_dot_product_attention(
+                q, keys, values, attn_mask=mask, scale=self.scaling, enable_gqa=True
+            )  # [N, heads, 1, D]
+        else:
+            keys.index_copy_(2, column, k)
+            values.index_copy_(2, column, v)
+            attn = grouped_attention(q, keys, values, mask, self.scaling)  # [N, heads, 1, D]
         x = x + self.o_proj(attn.transpose(1, 2).reshape(n, 1, -1))
         gate, up = self.gate_up(_rms_norm(x, self.norms[1])).chunk(2, dim=-1)
         return x + self.down_proj(nn.functional.silu(gate) * up)
@@ -118,6 +157,8 @@ class FusedDecodeStep:
         rows: the rows decoded together (oneDNN packs for that many).
     """
 
+    narrows = True  # ``select`` keeps some rows: the decode loop may drop ended ones
+
     def __init__(self, model: nn.Module, rows: int) -> None:
         decoder = model.get_decoder()
         self.embed, self.norm, self.rotary = decoder.embed_tokens, decoder.norm, decoder.rotary_emb
@@ -131,8 +172,8 @@ class FusedDecodeStep:
         self.keys, self.values = [], []
         for layer in cache.layers:
             k, v = layer.keys, layer.values  # [N, kv heads, P, D]
-            self.keys.append(k.new_empty(*k.shape[:2], length, k.shape[3]))
-            self.values.append(v.new_empty(*v.shape[:2], length, v.shape[3]))
+            self.keys.append(k.new_zeros(*k.shape[:2], length, k.shape[3]))  # zeros: a masked column is read as 0
+            self.values.append(v.new_zeros(*v.shape[:2], length, v.shape[3]))
             self.keys[-1][:, :, : k.shape[2]] = k
             self.values[-1][:, :, : v.shape[2]] = v
         return self

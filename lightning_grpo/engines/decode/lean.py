@@ -30,13 +30,14 @@ from torch import Tensor, nn
 from transformers import DynamicCache, cache_utils
 from typing_extensions import override
 
+from lightning_grpo.engines.base import RolloutEngine
 from lightning_grpo.engines.decode.fused import FusedDecodeStep, fusable, fused_projections
+from lightning_grpo.engines.decode.graphed import GraphedDecodeStep, graphable
 from lightning_grpo.engines.decode.packing import packed_linears
 from lightning_grpo.engines.decode.sampling import draw, drawn_logps, sampling_logits
 from lightning_grpo.model.policy import Policy
 from lightning_grpo.model.prefix import cache_keyword
 from lightning_grpo.rollout import (
-    RolloutEngine,
     SamplingConfig,
     build_rollout,
     check_generation_batch_size,
@@ -49,6 +50,9 @@ from lightning_grpo.types import Prompt, Rollout, pad_rows
 
 # cache layers holding a recurrent state per row (linear attention); the class is new in transformers 5
 RECURRENT_LAYERS = getattr(cache_utils, "LinearAttentionCacheLayerMixin", ())
+# Off the CPU, the loop reads "have all rows ended?" every this many tokens: each read waits for the GPU to finish
+# the step (the next step's launches cannot queue behind it), and at most this many - 1 steps run past the end.
+STOP_CHECK_EVERY = 8
 
 
 class LeanDecode(RolloutEngine):
@@ -65,6 +69,11 @@ class LeanDecode(RolloutEngine):
         fused_layers: with ``packed_weights``, decode Llama, Qwen2, Qwen3 and Mistral models (no adapters, no
             sliding window) with ``decode.fused.FusedDecodeStep`` instead of the model's forward: the same values
             to fp32 rounding with fewer, larger operations. Other models run their forward either way.
+        cuda_graphs: on CUDA, decode Llama, Qwen2, Qwen3 and Mistral models (no adapters, no shards) with
+            ``engines.decode.graphed.GraphedDecodeStep``: the same step as ``fused_layers``, captured once per call
+            as a CUDA graph and replayed for every token, so a step costs one launch instead of ~15 a layer. Its
+            batch keeps the rows that have ended, and the loop checks for the end every ``STOP_CHECK_EVERY``
+            tokens (each check waits for the GPU). Other models and devices run as without it.
         drop_finished_rows: decode only the rows that have not ended, narrowing the batch and its KV cache once a
             quarter of it has ended. The same tokens as off (the draw takes a random number for every row); off,
             every row stays in the batch until all have ended (the loop before, kept for comparison).
@@ -80,6 +89,7 @@ class LeanDecode(RolloutEngine):
         share_prompt_cache: bool = True,
         packed_weights: bool = True,
         fused_layers: bool = True,
+        cuda_graphs: bool = True,
         drop_finished_rows: bool = True,
         sampler_logps: bool = False,
     ) -> None:
@@ -87,6 +97,7 @@ class LeanDecode(RolloutEngine):
         self.share_prompt_cache = share_prompt_cache
         self.packed_weights = packed_weights
         self.fused_layers = fused_layers
+        self.cuda_graphs = cuda_graphs
         self.drop_finished_rows = drop_finished_rows
         self.sampler_logps = sampler_logps
 
@@ -155,7 +166,7 @@ class LeanDecode(RolloutEngine):
         """The decode loop of ``rows`` rows at a time over the policy's weights, as this engine's settings make it
         (packed or fused weights, finished rows dropped), for the length of the context."""
         with policy.generating() as model:
-            with decode_weights(model, rows, self.packed_weights, self.fused_layers) as step:
+            with decode_weights(model, rows, self.packed_weights, self.fused_layers, self.cuda_graphs) as step:
                 eos, pad_id, synced = policy.eos_token_ids, policy.tokenizer.pad_token_id, policy.synced_generation
                 yield Decoder(
                     NextTokenLogits(model),
@@ -171,11 +182,15 @@ class LeanDecode(RolloutEngine):
 
 @contextlib.contextmanager
 def decode_weights(
-    model: nn.Module, rows: int, packed: bool = True, fused: bool = True
+    model: nn.Module, rows: int, packed: bool = True, fused: bool = True, graphs: bool = True
 ) -> Iterator[FusedDecodeStep | None]:
-    """The weights a decode loop of ``rows`` rows runs against while the context lasts: ``packed``, pre-packed
-    copies (``packed_linears``); ``fused`` (with ``packed``, for a ``fusable`` model), also a ``FusedDecodeStep``,
+    """The weights a decode loop of ``rows`` rows runs against while the context lasts: ``graphs`` (on CUDA, for a
+    ``graphable`` model), a ``GraphedDecodeStep``, yielded; on CPU ``packed``, pre-packed copies
+    (``packed_linears``), and ``fused`` (with ``packed``, for a ``fusable`` model) also a ``FusedDecodeStep``,
     yielded, which holds the projections it concatenates itself (they get no packed copy). ``None`` otherwise."""
+    if graphs and graphable(model):
+        yield GraphedDecodeStep(model, rows)
+        return
     fused = packed and fused and fusable(model)
     skip = list(fused_projections(model)) if fused else []
     with packed_linears(model, rows, skip) if packed else contextlib.nullcontext():
@@ -295,7 +310,8 @@ class Decoder:
             forward, cache = self.fused.bind(cache, width + steps), None
         position = mask[:, :width].sum(dim=1, keepdim=True)  # [N, 1] the next token's position
         seen = self.seen_ids(prompt_ids.repeat_interleave(group_size, dim=0), logits.shape[1])  # [N, V] or None
-        rows, drop = DecodeRows(mask, position, seen, cache, self.fused), self.drop_finished and narrowable(cache)
+        rows, drop = DecodeRows(mask, position, seen, cache, self.fused), self.drop_finished and self.narrows(cache)
+        check_every = 1 if prompt_ids.device.type == "cpu" else STOP_CHECK_EVERY
         eos = torch.tensor(self.eos_ids, device=prompt_ids.device)
         unfinished = torch.ones(n, dtype=torch.bool, device=prompt_ids.device)  # [N]
         tokens, logps = [], []
@@ -303,7 +319,7 @@ class Decoder:
             token = self.sample(logits, rows, unfinished, greedy, logps)  # [N]
             tokens.append(token)
             unfinished &= ~torch.isin(token, eos)
-            if step == steps - 1 or self.all_done(unfinished):
+            if step == steps - 1 or (step % check_every == check_every - 1 and self.all_done(unfinished)):
                 break
             if drop:
                 self.drop_ended(rows, unfinished, width + step)
@@ -361,6 +377,10 @@ class Decoder:
             return None
         seen = torch.zeros(row_ids.shape[0], vocab_size + 1, dtype=torch.bool, device=row_ids.device)
         return seen.scatter_(1, row_ids.clamp(max=vocab_size), True)[:, :vocab_size]  # ids past the head: dropped
+
+    def narrows(self, cache: DynamicCache | None) -> bool:
+        """The decode batch can drop the rows that ended: the cache allows it, and the fused step (if any) too."""
+        return narrowable(cache) and (self.fused is None or self.fused.narrows)
 
     def all_done(self, unfinished: Tensor) -> bool:
         """Every row has ended; under sharding, on every rank (one small all-reduce a step)."""

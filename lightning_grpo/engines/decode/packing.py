@@ -38,9 +38,9 @@ def packed_linear(x: Tensor, weight: Tensor, bias: Tensor | None) -> Tensor:
 
 
 def linear(weight: Tensor, bias: Tensor | None, rows: int) -> Callable[[Tensor], Tensor]:
-    """``x -> x @ weight.T + bias`` for products of ``rows`` rows: against a packed copy of the weight when it
-    has at least ``MIN_PACKED`` elements, else ``F.linear`` on the weight itself."""
-    if weight.numel() < MIN_PACKED:
+    """``x -> x @ weight.T + bias`` for products of ``rows`` rows: on CPU against a packed copy of the weight when
+    it has at least ``MIN_PACKED`` elements, else (a GPU's weight too) ``F.linear`` on the weight itself."""
+    if weight.numel() < MIN_PACKED or weight.device.type != "cpu":
         return functools.partial(nn.functional.linear, weight=weight, bias=bias)
     return functools.partial(packed_linear, weight=pack_weight(weight, rows), bias=bias)
 
