@@ -216,17 +216,36 @@ QWEN05B_SIZES = dict(  # Qwen2.5-0.5B's shape (494M parameters, 136M of them the
 )
 
 
-def qwen05b_task(home: Path) -> Task:
-    """Qwen2.5-0.5B's architecture and vocabulary with random weights, saved in bfloat16 (no download): the GPU
-    benchmarks' model. Its data is the 32-token synthetic prompts."""
+QWEN15B_SIZES = dict(  # Qwen2.5-1.5B's shape (1.54B parameters, 233M of them the tied embedding / LM head)
+    hidden_size=1536,
+    intermediate_size=8960,
+    num_hidden_layers=28,
+    num_attention_heads=12,
+    num_key_value_heads=2,
+    max_position_embeddings=32768,
+    rope_theta=1000000.0,
+)
+
+
+QWEN_SHAPES = {"qwen0.5b": QWEN05B_SIZES, "qwen1.5b": QWEN15B_SIZES}
+
+
+def qwen_shape_task(home: Path, shape: str = "qwen0.5b") -> Task:
+    """Qwen2.5-0.5B's or 1.5B's architecture and vocabulary (``QWEN_SHAPES``) with random weights, saved in
+    bfloat16 (no download): the GPU benchmarks' models. Its data is the 32-token synthetic prompts."""
     from lightning_grpo.demo.tiny import build_tiny_qwen2
 
     def write(path: Path) -> None:
         tokenizer = qwen_vocab_tokenizer()
-        model = build_tiny_qwen2(tokenizer, 0, vocab_size=QWEN25_VOCAB, **QWEN05B_SIZES).to(torch.bfloat16)
+        model = build_tiny_qwen2(tokenizer, 0, vocab_size=QWEN25_VOCAB, **QWEN_SHAPES[shape]).to(torch.bfloat16)
         write_task(path, tokenizer, model, synthetic_rows())
 
-    return cached_task(home, "qwen2.5-0.5b-shape-random", write)
+    return cached_task(home, f"qwen2.5-{shape.removeprefix('qwen')}-shape-random", write)
+
+
+def lora_config(r: int) -> dict[str, object]:
+    """The adapter both sides train with ``--lora r``: every linear layer, alpha 2r."""
+    return {"r": r, "lora_alpha": 2 * r, "target_modules": "all-linear"}
 
 
 def read_rows(data_dir: str, split: str) -> list[dict[str, Any]]:
@@ -287,6 +306,8 @@ class RunSpec:
     micro_batch_tokens: int | str | None = "auto"  # lightning-grpo only: token-budget micro-batches, sorted rows
     padding_free: bool = False  # lightning-grpo only: the log-prob forward on packed rows
     drop_finished_rows: bool = True  # lightning-grpo only: LeanDecode's ended rows leave the decode batch
+    lora_r: int = 0  # both sides: a LoRA adapter of this rank on every linear layer (alpha 2r); 0 trains all weights
+    bf16: bool = False  # both sides: bf16 autocast over fp32 weights
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> RunSpec:

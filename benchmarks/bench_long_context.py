@@ -1,7 +1,7 @@
 """How long a completion one GPU trains: peak GPU memory of one training step (the log-prob forward and backward of
 one completion, then an AdamW step) against completion length, with gradient checkpointing and activation offload.
 
-Qwen2.5-0.5B's shape (``bench_assets.qwen05b_task``: random weights, no download), one 32-token prompt and one
+Qwen2.5-0.5B's shape (``bench_assets.qwen_shape_task``: random weights, no download), one 32-token prompt and one
 completion of random tokens per length; the log-probs chunked as always (``policy.logprob_chunk_size``)::
 
     python benchmarks/bench_long_context.py --lengths 4096 8192 16384 32768
@@ -16,7 +16,7 @@ import argparse
 import time
 
 import torch
-from bench_assets import qwen05b_task
+from bench_assets import qwen_shape_task
 from bench_padding import synthetic_rollout
 from transformers import AutoConfig, AutoTokenizer
 
@@ -52,7 +52,7 @@ def main() -> None:
     args = p.parse_args()
     if not torch.cuda.is_available():
         raise SystemExit("bench_long_context.py measures GPU memory: no CUDA GPU is visible")
-    task = qwen05b_task(cache_home())
+    task = qwen_shape_task(cache_home())
     vocab = AutoConfig.from_pretrained(task.model_dir).vocab_size
     pad = AutoTokenizer.from_pretrained(task.model_dir).pad_token_id
     print(

@@ -11,11 +11,11 @@ import time
 from typing import Any
 
 import lightning as L
-from bench_assets import RunResult, RunSpec, StepLog, reward_for, rss_mb, run_result
+from bench_assets import RunResult, RunSpec, StepLog, lora_config, reward_for, rss_mb, run_result
 
 from lightning_grpo import GRPOModule, PromptDataModule
 from lightning_grpo.engines import AsyncRollouts, HFGenerate, LeanDecode
-from lightning_grpo.rollout import RolloutEngine
+from lightning_grpo.engines.base import RolloutEngine
 
 
 class StepClock(L.Callback):
@@ -61,7 +61,8 @@ def build(spec: RunSpec) -> tuple[GRPOModule, PromptDataModule]:
         num_generations=spec.num_generations,
         seed=spec.seed,
         rollout_engine=engine(spec),
-        policy={"share_prompt_prefix": spec.share_prompt_prefix, "padding_free": spec.padding_free},
+        policy={"share_prompt_prefix": spec.share_prompt_prefix, "padding_free": spec.padding_free}
+        | ({"peft_config": lora_config(spec.lora_r)} if spec.lora_r else {}),
         update={"micro_batch_tokens": spec.micro_batch_tokens} | correction(spec.sampling_correction),
         sampling={
             "max_prompt_length": spec.max_prompt_length,
@@ -84,6 +85,7 @@ def trainer(spec: RunSpec, callback: L.Callback, root: str) -> L.Trainer:
     return L.Trainer(
         max_steps=spec.warmup_steps + spec.timed_steps,
         accelerator=spec.device,
+        precision="bf16-mixed" if spec.bf16 else "32-true",
         devices=1,
         logger=False,
         enable_checkpointing=False,

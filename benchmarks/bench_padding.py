@@ -24,7 +24,7 @@ import math
 import time
 
 import torch
-from bench_assets import qwen05b_task, uneven_task
+from bench_assets import qwen_shape_task, uneven_task
 from torch import Tensor
 from transformers import AutoConfig, AutoTokenizer
 
@@ -143,7 +143,7 @@ def main() -> None:
     p.add_argument("--layouts", nargs="*", default=list(LAYOUTS), help="a subset of the layouts (all)")
     args = p.parse_args()
     home = cache_home()
-    task = uneven_task(home) if args.model == "uneven" else qwen05b_task(home)
+    task = uneven_task(home) if args.model == "uneven" else qwen_shape_task(home)
     if args.lengths:
         tokenizer = AutoTokenizer.from_pretrained(task.model_dir)
         vocab = AutoConfig.from_pretrained(task.model_dir).vocab_size

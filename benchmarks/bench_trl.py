@@ -12,8 +12,9 @@ import tempfile
 import time
 from typing import Any
 
-from bench_assets import RunResult, RunSpec, StepLog, read_rows, reward_for, rss_mb, run_result
+from bench_assets import RunResult, RunSpec, StepLog, lora_config, read_rows, reward_for, rss_mb, run_result
 from datasets import Dataset
+from peft import LoraConfig
 from transformers import TrainerCallback
 from trl import GRPOConfig, GRPOTrainer
 
@@ -64,7 +65,7 @@ def config(spec: RunSpec, output_dir: str) -> GRPOConfig:
     return GRPOConfig(
         output_dir=output_dir,
         use_cpu=spec.device == "cpu",
-        bf16=False,
+        bf16=spec.bf16,
         fp16=False,
         gradient_checkpointing=False,
         use_vllm=spec.vllm,
@@ -104,6 +105,7 @@ def run(spec: RunSpec) -> RunResult:
             args=config(spec, output_dir),
             train_dataset=Dataset.from_list(read_rows(spec.task.data_dir, "train")),
             callbacks=[StepClock(log, probe)],
+            peft_config=LoraConfig(**lora_config(spec.lora_r)) if spec.lora_r else None,
         )
         setup_s, rss_before = time.perf_counter() - start, rss_mb()
         grpo.train()

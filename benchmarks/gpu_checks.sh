@@ -1,11 +1,10 @@
 #!/usr/bin/env bash
-# What only a GPU proves, in one run of about 9 minutes on one H100: the selfcheck's GPU rows, the log-prob layouts
-# on CUDA (their log-probs compared, their time and memory), how long a completion one GPU trains, the side-by-side
-# benchmark's GPU mode, and a profile of one of our steps. Each part has its own time limit and log; one that fails
-# leaves the others.
-#
-#     bash benchmarks/gpu_checks.sh            # logs under gpu_results/ (or $OUT), the tables on stdout
-#     ONLY="padding_qwen trl_vs_ours" bash benchmarks/gpu_checks.sh   # some parts
+# What only a GPU proves, on one H100. Each part has its own time limit and log; one that fails leaves the others.
+# The parts of issue 45 (the captured decode graph, the side-by-side at real model sizes), about 9 minutes:
+#     ONLY="graphed decode_step trl_05b trl_vs_ours trl_05b_lora profile_step" bash benchmarks/gpu_checks.sh
+# The earlier parts (the selfcheck's GPU rows, the log-prob layouts on CUDA, how long a completion one GPU trains):
+#     ONLY="selfcheck padding_tiny long_context padding_qwen padding_flex" bash benchmarks/gpu_checks.sh
+# Logs under gpu_results/ (or $OUT), the tables on stdout; no ONLY runs every part (more than one 10-minute call).
 #
 # Needs the package's requirements (trl for the last part) and a CUDA GPU. No downloads: every model is built here.
 set -u
@@ -31,6 +30,14 @@ part() {  # part NAME SECONDS COMMAND...: run it under a time limit, its whole o
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
 $py -c "import torch, transformers, lightning; print('torch', torch.__version__, 'transformers', \
 transformers.__version__, 'lightning', lightning.__version__)"
+part graphed 120 $py -m pytest -q -p no:cacheprovider -o addopts="" tests/test_engine_graphed.py tests/test_host_syncs.py
+part decode_step 60 $py benchmarks/bench_decode_cuda.py --rows 8 64
+part trl_05b 150 $py benchmarks/trl_vs_lightning_grpo.py --model qwen0.5b --device cuda --betas 0 --repeats 1 \
+    --steps 2 --warmup 1 --json "$out/trl_05b.json"
+part trl_05b_lora 130 $py benchmarks/trl_vs_lightning_grpo.py --model qwen0.5b --device cuda --betas 0 --repeats 1 \
+    --steps 2 --warmup 1 --lora 16 --json "$out/trl_05b_lora.json"
+part trl_15b 200 $py benchmarks/trl_vs_lightning_grpo.py --model qwen1.5b --device cuda --betas 0 --repeats 1 \
+    --steps 2 --warmup 1 --json "$out/trl_15b.json"
 part selfcheck 90 $py -m lightning_grpo selfcheck --only bf16,offload
 part padding_tiny 50 $py benchmarks/bench_padding.py --device cuda
 part long_context 100 $py benchmarks/bench_long_context.py --lengths 4096 8192 16384 32768 65536

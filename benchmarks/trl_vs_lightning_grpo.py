@@ -37,8 +37,8 @@ from bench_assets import (
     Task,
     gen_task,
     matmul_gflops,
-    qwen05b_task,
     qwen_100m_task,
+    qwen_shape_task,
     tiny_task,
     uneven_task,
 )
@@ -66,6 +66,8 @@ class Settings:
     micro_batch_tokens: int | str | None = "auto"  # lightning-grpo only: length-sorted token-budget micro-batches
     padding_free: bool = False  # lightning-grpo only: the log-prob forward on packed rows
     drop_finished_rows: bool = True  # lightning-grpo only: LeanDecode's ended rows leave the decode batch
+    lora_r: int = 0  # both sides: > 0 trains a LoRA adapter of this rank on every linear layer (alpha 2r)
+    bf16: bool = False  # both sides: bf16 autocast over fp32 weights (ours: precision bf16-mixed; TRL: bf16=True)
 
 
 # tiny: overhead-bound, 4 prompts x 8 = 32 completions of <= 16 tokens (most end after 1-2: the task's answer);
@@ -81,10 +83,11 @@ MODEL_DEFAULTS = {
     "uneven": Settings(
         num_generations=8, prompts_per_step=2, max_completion_length=256, learning_rate=1e-6, micro_batch_tokens=1024
     ),
-    "qwen0.5b": Settings(num_generations=8, prompts_per_step=2, max_completion_length=256, learning_rate=1e-6),
+    "qwen0.5b": Settings(num_generations=8, prompts_per_step=8, max_completion_length=512, learning_rate=1e-6),
+    "qwen1.5b": Settings(num_generations=8, prompts_per_step=8, max_completion_length=512, learning_rate=1e-6),
 }
 PROMPT_HEAVY_TOKENS = 320
-MODELS = {"both": ["tiny", "100m"], "all": [m for m in MODEL_DEFAULTS if m != "qwen0.5b"]}  # 0.5B: for GPUs
+MODELS = {"both": ["tiny", "100m"], "all": [m for m in MODEL_DEFAULTS if not m.startswith("qwen")]}  # qwen: GPUs
 UNSET = -1  # a command-line value that sets an optional setting to None
 
 
@@ -203,8 +206,8 @@ def task_for(model: str) -> Task:
         return qwen_100m_task(cache_home())
     if model == "uneven":
         return uneven_task(cache_home())
-    if model == "qwen0.5b":
-        return qwen05b_task(cache_home())
+    if model.startswith("qwen"):
+        return qwen_shape_task(cache_home(), model)
     return gen_task(cache_home(), PROMPT_HEAVY_TOKENS if model == "prompt" else 32)
 
 
@@ -224,6 +227,8 @@ def speed_settings(args: argparse.Namespace, model: str) -> Settings:
         "micro_batch_tokens": args.micro_batch_tokens,
         "padding_free": args.padding_free,
         "drop_finished_rows": args.drop_finished_rows,
+        "lora_r": args.lora or None,
+        "bf16": args.bf16 or None,
     }
     settings = {**asdict(MODEL_DEFAULTS[model]), **{k: v for k, v in given.items() if v is not None}}
     return Settings(**{k: None if v == UNSET else v for k, v in settings.items()})
@@ -444,8 +449,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "with Qwen2.5's 151936 vocabulary on random prompts with a length reward; gen: Qwen2 4 layers x 256, "
         "vocabulary 32,000, 128-token completions; prompt: the gen model with 320-token prompts and 16-token "
         "completions; uneven: the gen model, one prompt, completions of ~30 to 256 tokens; qwen0.5b: Qwen2.5-0.5B's "
-        "shape, random weights, 256-token completions (for the GPU mode); both: tiny and 100m; all: every shape "
-        "but qwen0.5b (default tiny)",
+        "shape, random weights, 8 x 8 completions of 512 tokens (for the GPU mode); qwen1.5b: the same at "
+        "Qwen2.5-1.5B's shape; both: tiny and 100m; all: every shape but the qwen ones (default tiny)",
     )
     p.add_argument(
         "--engine",
@@ -471,6 +476,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help="instead of the speed comparison: each side's peak RSS after each of its imports (what a tiny "
         "model's run is made of), and which optional libraries they load",
     )
+    p.add_argument("--lora", type=int, default=0, help="both sides train a LoRA adapter of this rank (0: off)")
+    p.add_argument("--bf16", action="store_true", help="both sides in bf16 autocast over fp32 weights")
     p.add_argument("--repeats", type=int, default=3, help="runs per side and beta; medians are reported (3)")
     p.add_argument("--steps", type=int, default=20, help="timed optimiser steps per run (20)")
     p.add_argument("--warmup", type=int, default=2, help="untimed optimiser steps before the timed ones (2)")
