@@ -308,6 +308,7 @@ class RunSpec:
     drop_finished_rows: bool = True  # lightning-grpo only: LeanDecode's ended rows leave the decode batch
     lora_r: int = 0  # both sides: a LoRA adapter of this rank on every linear layer (alpha 2r); 0 trains all weights
     bf16: bool = False  # both sides: bf16 autocast over fp32 weights
+    cuda_graphs: bool = True  # lightning-grpo only: LeanDecode's captured decode step on CUDA
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> RunSpec:

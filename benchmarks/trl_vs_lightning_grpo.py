@@ -68,6 +68,7 @@ class Settings:
     drop_finished_rows: bool = True  # lightning-grpo only: LeanDecode's ended rows leave the decode batch
     lora_r: int = 0  # both sides: > 0 trains a LoRA adapter of this rank on every linear layer (alpha 2r)
     bf16: bool = False  # both sides: bf16 autocast over fp32 weights (ours: precision bf16-mixed; TRL: bf16=True)
+    cuda_graphs: bool = True  # lightning-grpo only: LeanDecode's captured decode step on CUDA
 
 
 # tiny: overhead-bound, 4 prompts x 8 = 32 completions of <= 16 tokens (most end after 1-2: the task's answer);
@@ -229,6 +230,7 @@ def speed_settings(args: argparse.Namespace, model: str) -> Settings:
         "drop_finished_rows": args.drop_finished_rows,
         "lora_r": args.lora or None,
         "bf16": args.bf16 or None,
+        "cuda_graphs": args.cuda_graphs,
     }
     settings = {**asdict(MODEL_DEFAULTS[model]), **{k: v for k, v in given.items() if v is not None}}
     return Settings(**{k: None if v == UNSET else v for k, v in settings.items()})
@@ -478,6 +480,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     )
     p.add_argument("--lora", type=int, default=0, help="both sides train a LoRA adapter of this rank (0: off)")
     p.add_argument("--bf16", action="store_true", help="both sides in bf16 autocast over fp32 weights")
+    p.add_argument(
+        "--cuda-graphs",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="lightning-grpo's LeanDecode(cuda_graphs): its decode step as one captured CUDA graph (on)",
+    )
     p.add_argument("--repeats", type=int, default=3, help="runs per side and beta; medians are reported (3)")
     p.add_argument("--steps", type=int, default=20, help="timed optimiser steps per run (20)")
     p.add_argument("--warmup", type=int, default=2, help="untimed optimiser steps before the timed ones (2)")
