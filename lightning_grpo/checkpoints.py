@@ -19,7 +19,6 @@ from __future__ import annotations
 import contextlib
 import errno
 import os
-import shutil
 import zipfile
 from pathlib import Path
 from typing import Any
@@ -76,25 +75,6 @@ def _failed_write(target: Path, err: Exception) -> str:
     chain = [err, err.__context__, err.__cause__]
     full = "no space left on the device; " if any(getattr(e, "errno", None) == errno.ENOSPC for e in chain) else ""
     return f"checkpoint {target} could not be written: {full}{type(err).__name__}: {err}. Earlier ones are intact"
-
-
-def partial_dir(target: Path) -> Path:
-    """Where an export to ``target`` is written before ``publish_dir`` renames it: beside it, the same name on
-    every rank."""
-    return target.with_name(f".{target.name}.partial")
-
-
-def publish_dir(partial: Path, target: Path) -> None:
-    """Flush every file of ``partial`` to the disk and rename it to ``target`` (an existing ``target`` is replaced):
-    an export is whole or absent, never half-written under its final name."""
-    for file in partial.rglob("*"):
-        if file.is_file():
-            with open(file, "rb") as f:
-                os.fsync(f.fileno())
-    if target.exists():
-        shutil.rmtree(target)
-    os.replace(partial, target)
-    _fsync_dir(target.parent)
 
 
 def unreadable(path: str | Path) -> str | None:

@@ -113,11 +113,12 @@ def produce(
 ) -> None:
     """The producer process's loop: take a request, copy its weights, sample, score (with ``rewards``), send the
     answer; ``None`` ends, and so does the trainer's death. Scoring runs on this process's main thread, so reward
-    timeouts and math-verify's ``signal.alarm`` work as in the trainer. SIGTERM and SIGINT are left to the trainer,
-    which finishes its step, saves the queue and ends the producer (a scheduler's SIGTERM and a Ctrl+C reach the
-    whole process group)."""
-    signal.signal(signal.SIGTERM, signal.SIG_IGN)
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    timeouts and math-verify's ``signal.alarm`` work as in the trainer. The signals that end a run (SIGTERM, SIGINT,
+    SIGHUP, SIGQUIT, SIGUSR1: ``PreemptionCheckpoint``'s) are left to the trainer, which finishes its step, saves the
+    queue and ends the producer (a scheduler's SIGTERM, a Ctrl+C and a closed terminal's SIGHUP reach the whole
+    process group)."""
+    for signum in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT, signal.SIGUSR1):
+        signal.signal(signum, signal.SIG_IGN)
     torch.set_num_threads(threads)
     policy.model = copy.deepcopy(mailbox.staging)  # private: the trainer may publish while this one samples
     have, waited_since, trainer = mailbox.version.value, time.perf_counter(), os.getppid()
