@@ -8,6 +8,7 @@ import lightning as L
 import pytest
 import torch
 from helpers import fit, logged, make_module
+from test_docs import METRICS_TABLE, metric_patterns
 
 from lightning_grpo import PromptDataModule
 from lightning_grpo.demo.tiny import build_tiny_qwen2, build_tokenizer
@@ -79,6 +80,7 @@ def test_the_teacher_is_frozen_and_left_out_of_checkpoints(tiny_model_dir, teach
     assert not any(p.requires_grad for p in policy.teacher.parameters())
     assert all(p.requires_grad for p in policy.trainable_parameters())
     assert not any(k.startswith("teacher.") for k in policy.state_dict())
+    policy.load_state_dict(policy.state_dict())  # strict: the teacher is filled back in, as the reference is
     assert sum(p.numel() for p in policy.trainable_parameters()) == sum(p.numel() for p in policy.model.parameters())
 
 
@@ -152,6 +154,9 @@ def test_gkd_mixed_with_rewards_logs_the_top_token_agreement(tiny_model_dir, tea
     assert len(metrics["train/distill/top_agreement"]) == 2
     assert all(0 <= a <= 1 for a in metrics["train/distill/top_agreement"])
     assert "train/reward" in metrics
+    patterns = metric_patterns(METRICS_TABLE.read_text())
+    undocumented = [k for k in metrics if k.startswith("train/") and not any(p.fullmatch(k) for p in patterns)]
+    assert not undocumented, f"add these to references/metrics.md: {undocumented}"
 
 
 @pytest.mark.parametrize(
