@@ -82,6 +82,7 @@ class GRPOSettings:
         except ValueError as err:
             problems.append(str(err))
         settings = cls(**values)
+        problems += engine.adopt(settings.sampling, settings.update.sampling_correction)  # vLLM: its log-prob mode
         raise_problems("GRPOModule", [(False, p) for p in problems] + settings.checks(engine.problems))
         return settings
 

@@ -99,6 +99,10 @@ class AsyncRollouts(RolloutEngine):
         return own + self.engine.problems(sampling)
 
     @override
+    def adopt(self, sampling: SamplingConfig, correction: str | None) -> list[str]:
+        return self.engine.adopt(sampling, correction)
+
+    @override
     def reward_columns(self) -> tuple[str, ...] | None:
         return self.engine.reward_columns()
 

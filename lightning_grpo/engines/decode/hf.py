@@ -12,6 +12,7 @@ from typing import Any
 import torch
 from typing_extensions import override
 
+from lightning_grpo.engines.decode.sampling import drawn_logps
 from lightning_grpo.model.policy import Policy
 from lightning_grpo.rollout import (
     RolloutEngine,
@@ -82,13 +83,14 @@ class HFGenerate(RolloutEngine):
     def complete(
         self, policy: Policy, contexts: list[list[int]], budgets: list[int], sampling: SamplingConfig, greedy: bool
     ) -> list[tuple[list[int], list[float] | None]]:
-        """One left-padded ``generate`` call over the contexts; log-probs from its processed scores (after
-        temperature and the top-k/top-p/min-p filters: the distribution each token was drawn from)."""
+        """One left-padded ``generate`` call over the contexts; each token's log-prob from the model's raw logits
+        (``output_logits``) under ``softmax(logits / temperature)``, the trainer's distribution: before the repetition
+        penalty and the top-k/top-p/min-p filters it was drawn through (``drawn_logps``)."""
         tokenizer, eos = policy.tokenizer, policy.eos_token_ids
         ids, mask = pad_rows(contexts, tokenizer.pad_token_id, left=True)  # [n, C]
         config = sampling.generation_config(tokenizer, greedy=greedy)
         config.eos_token_id, config.max_new_tokens = eos, max(budgets)
-        config.output_scores, config.return_dict_in_generate = True, True
+        config.output_logits, config.return_dict_in_generate = True, True
         with policy.generating() as model:
             out = model.generate(
                 input_ids=ids.to(policy.device),
@@ -97,7 +99,5 @@ class HFGenerate(RolloutEngine):
                 synced_gpus=policy.synced_generation,
             )
         new = out.sequences[:, ids.shape[1] :]  # [n, t]
-        logps = torch.stack(
-            [s.float().log_softmax(-1).gather(1, new[:, i : i + 1]).squeeze(1) for i, s in enumerate(out.scores)], 1
-        )  # [n, t]
-        return cut_turns(new.tolist(), logps.tolist(), budgets, eos)
+        steps = [drawn_logps(raw.float(), new[:, i], sampling.temperature) for i, raw in enumerate(out.logits)]
+        return cut_turns(new.tolist(), torch.stack(steps, 1).tolist(), budgets, eos)  # [n, t] log-probs

@@ -77,9 +77,11 @@ class LeanDecode(RolloutEngine):
         drop_finished_rows: decode only the rows that have not ended, narrowing the batch and its KV cache once a
             quarter of it has ended. The same tokens as off (the draw takes a random number for every row); off,
             every row stays in the batch until all have ended (the loop before, kept for comparison).
-        sampler_logps: record the log-prob of every sampled token as it is drawn (``Rollout.sampling_logps``; in
-            ``complete``, the endpoint's ``sampler_logprobs``). ``AsyncRollouts`` turns it on in its producer, where
-            the sampler is a stale copy of the policy and the correction needs them: no forward pass to make.
+        sampler_logps: record the log-prob of every sampled token under ``softmax(logits / temperature)``, the
+            distribution the trainer scores, before the repetition penalty and the filters
+            (``Rollout.sampling_logps``; in ``complete``, the endpoint's ``sampler_logprobs``). ``AsyncRollouts``
+            turns it on in its producer, where the sampler is a stale copy of the policy and the correction needs
+            them: no forward pass to make.
             Off, a rollout carries none (the policy sampled itself: nothing to correct).
     """
 
@@ -280,7 +282,8 @@ class Decoder:
     """Samples completions for one batch of prompts: prefill, then one forward per token until every row (on
     every rank, when ``synced``) has produced an EOS or ``max_completion_length`` tokens. ``drop_finished``:
     rows leave the forward's batch as they end (``rows_to_keep``); the tokens are the same either way.
-    ``record_logps``: ``logps`` holds the [N, t] log-probs of the last call's tokens as drawn (0 after a row ended)."""
+    ``record_logps``: ``logps`` holds the [N, t] log-probs of the last call's tokens under ``softmax(logits / T)``,
+    the trainer's distribution, not the filtered one they were drawn from (0 after a row ended)."""
 
     def __init__(
         self,
@@ -335,7 +338,7 @@ class Decoder:
         scores = sampling_logits(logits, self.sampling, greedy, rows.seen)  # [n, V]
         drawn = draw(scores, greedy, rows.ids, rows.batch)  # [n]
         if self.record_logps:
-            logp = drawn_logps(scores, drawn)  # [n]
+            logp = drawn_logps(logits, drawn, self.sampling.temperature)  # [n] unfiltered: the trainer's
             logps.append(torch.zeros(len(unfinished), device=logp.device).index_copy_(0, rows.ids, logp) * unfinished)
         token = torch.full_like(unfinished, self.pad_id, dtype=torch.long).index_copy_(0, rows.ids, drawn)  # [N]
         token.masked_fill_(~unfinished, self.pad_id)

@@ -122,7 +122,15 @@ def draw(scores: Tensor, greedy: bool, rows: Tensor | None = None, batch: int | 
     return scores.argmax(dim=-1) if greedy else sample_inverse_cdf(scores, rows=rows, batch=batch)
 
 
-def drawn_logps(scores: Tensor, ids: Tensor) -> Tensor:
-    """[N] the sampler's log-prob of each drawn id: under the processed scores (after temperature and the
-    filters), as ``generate``'s ``output_scores`` and vLLM's processed log-probs give it."""
-    return scores.log_softmax(dim=-1).gather(1, ids.unsqueeze(1)).squeeze(1)
+def drawn_logps(logits: Tensor, ids: Tensor, temperature: float) -> Tensor:
+    """[N] the sampler's log-prob of each drawn id under the distribution the trainer scores,
+    ``softmax(logits / temperature)``: before the repetition penalty and the top-k/top-p/min-p filters, so that a
+    sampler that is the current policy gives every token an importance ratio of exactly 1 whatever the filters
+    (``references/concepts.md``, "Sampling filters and the correction").
+
+    Args:
+        logits: [N, V] fp32 next-token logits as the model gave them (not ``sampling_logits``' scores).
+        ids: [N] the drawn ids.
+    """
+    scaled = logits if temperature == 1.0 else logits / temperature  # [N, V]
+    return scaled.log_softmax(dim=-1).gather(1, ids.unsqueeze(1)).squeeze(1)

