@@ -11,6 +11,7 @@ from helpers import fit, logged, make_module
 from test_docs import METRICS_TABLE, metric_patterns
 
 from lightning_grpo import PromptDataModule
+from lightning_grpo.cli.report import panels, write_report
 from lightning_grpo.demo.tiny import build_tiny_qwen2, build_tokenizer
 from lightning_grpo.loss import LossNormalizer
 from lightning_grpo.loss.config import DistillConfig
@@ -157,6 +158,10 @@ def test_gkd_mixed_with_rewards_logs_the_top_token_agreement(tiny_model_dir, tea
     patterns = metric_patterns(METRICS_TABLE.read_text())
     undocumented = [k for k in metrics if k.startswith("train/") and not any(p.fullmatch(k) for p in patterns)]
     assert not undocumented, f"add these to references/metrics.md: {undocumented}"
+    report = write_report(trainer.logger.log_dir)  # lightning-grpo report: the distillation panels appear
+    titles = [title for title, _, _ in panels(report.series)]
+    assert titles[-2:] == ["Distillation: reverse KL to the teacher", "Distillation: top-token agreement (gkd)"]
+    assert report.png.exists() and not any(t.startswith("Distillation") for t, _, _ in panels({}))
 
 
 @pytest.mark.parametrize(

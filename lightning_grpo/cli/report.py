@@ -21,6 +21,10 @@ PANELS = [  # (title, y label, series prefixes or names)
     ("Token entropy", "nats", ["train/entropy"]),
     ("Completion length", "tokens", ["train/completions/mean_length"]),
 ]
+OPTIONAL_PANELS = [  # drawn only when the run logged one of their series
+    ("Distillation: reverse KL to the teacher", "nats", ["train/distill/reverse_kl", "train/distill/reverse_kl_std"]),
+    ("Distillation: top-token agreement (gkd)", "share", ["train/distill/top_agreement"]),
+]
 
 
 @dataclass
@@ -79,6 +83,11 @@ def _from_tensorboard(events: list[Path]) -> dict[str, list[tuple[int, float]]]:
     return series
 
 
+def panels(series: dict) -> list[tuple[str, str, list[str]]]:
+    """The panels of a run's report: every one of ``PANELS``, and those of ``OPTIONAL_PANELS`` it logged."""
+    return [*PANELS, *(p for p in OPTIONAL_PANELS if _matching(series, p[2]))]
+
+
 def _matching(series: dict, patterns: list[str]) -> list[str]:
     names = [
         n
@@ -95,8 +104,9 @@ def plot(series: dict[str, list[tuple[int, float]]], alerts: list[dict], path: P
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, axes = plt.subplots(len(PANELS), 1, figsize=(9, 2.6 * len(PANELS)), sharex=True)
-    for ax, (title, ylabel, patterns) in zip(axes, PANELS):
+    shown = panels(series)
+    fig, axes = plt.subplots(len(shown), 1, figsize=(9, 2.6 * len(shown)), sharex=True)
+    for ax, (title, ylabel, patterns) in zip(axes, shown):
         names = _matching(series, patterns)
         for name in names:
             steps, values = zip(*sorted(series[name]))
