@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # What only a GPU proves, on one H100. Each part has its own time limit and log; one that fails leaves the others.
-# The parts of issue 45 (the captured decode graph, the side-by-side at real model sizes), about 9 minutes:
-#     ONLY="graphed decode_step trl_05b trl_vs_ours trl_05b_lora profile_step" bash benchmarks/gpu_checks.sh
+# The parts of issue 45, in two calls of under 10 minutes (TRL's generate of 512 tokens needs most of a part):
+#     ONLY="graphed decode_step trl_05b trl_vs_ours" bash benchmarks/gpu_checks.sh
+#     ONLY="trl_05b_lora profile_step" bash benchmarks/gpu_checks.sh
 # The earlier parts (the selfcheck's GPU rows, the log-prob layouts on CUDA, how long a completion one GPU trains):
 #     ONLY="selfcheck padding_tiny long_context padding_qwen padding_flex" bash benchmarks/gpu_checks.sh
 # Logs under gpu_results/ (or $OUT), the tables on stdout; no ONLY runs every part (more than one 10-minute call).
@@ -30,14 +31,14 @@ part() {  # part NAME SECONDS COMMAND...: run it under a time limit, its whole o
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
 $py -c "import torch, transformers, lightning; print('torch', torch.__version__, 'transformers', \
 transformers.__version__, 'lightning', lightning.__version__)"
-part graphed 90 $py -m pytest -q -p no:cacheprovider -o addopts="" tests/test_engine_graphed.py
+part graphed 60 $py -m pytest -q -p no:cacheprovider -o addopts="" tests/test_engine_graphed.py
 # the captured decode step failed its checks: the side-by-sides run LeanDecode without it (said in the log)
 graphs=--cuda-graphs
 grep -qE "[0-9]+ (failed|error)" "$out/graphed.log" 2>/dev/null && graphs=--no-cuda-graphs && echo "graphs off: $graphs"
 part decode_step 45 $py benchmarks/bench_decode_cuda.py --rows 8 64
-part trl_05b 150 $py benchmarks/trl_vs_lightning_grpo.py --model qwen0.5b --device cuda --bf16 $graphs --betas 0 \
+part trl_05b 300 $py benchmarks/trl_vs_lightning_grpo.py --model qwen0.5b --device cuda --bf16 $graphs --betas 0 \
     --repeats 1 --steps 2 --warmup 1 --json "$out/trl_05b.json"
-part trl_05b_lora 120 $py benchmarks/trl_vs_lightning_grpo.py --model qwen0.5b --device cuda --bf16 --lora 16 \
+part trl_05b_lora 300 $py benchmarks/trl_vs_lightning_grpo.py --model qwen0.5b --device cuda --bf16 --lora 16 \
     $graphs --betas 0 --repeats 1 --steps 2 --warmup 1 --json "$out/trl_05b_lora.json"
 part trl_15b 200 $py benchmarks/trl_vs_lightning_grpo.py --model qwen1.5b --device cuda --bf16 $graphs --betas 0 \
     --repeats 1 --steps 2 --warmup 1 --json "$out/trl_15b.json"
