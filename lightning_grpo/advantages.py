@@ -9,7 +9,10 @@ An estimator is one entry of ``ADV_ESTIMATORS`` (verl's ``adv_estimator`` names)
   ``compute_rloo_outcome_advantage``).
 - ``reinforce_plus_plus`` (arXiv:2501.03262): no group baseline; per-token returns (the reward at the last token
   minus ``kl_coef * KL`` at every token, summed to the end with discount ``gamma``), whitened over every token of
-  the batch (verl's ``compute_reinforce_plus_plus_outcome_advantage`` with ``use_kl_in_reward``): [N, T].
+  the batch (verl's ``compute_reinforce_plus_plus_outcome_advantage`` with ``use_kl_in_reward``): [N, T]. Tokens
+  out of the loss inside a completion (tool replies of a multi-turn episode) carry the return back to the earlier
+  turns and take no discount step (verl resets the return at every masked token, so its outcome reward reaches
+  only the last turn; the same as verl on single-turn rows).
 - ``reinforce_plus_plus_baseline``: the group mean of the (KL-penalised) sequence reward as baseline, then the
   same batch whitening (verl's ``compute_reinforce_plus_plus_baseline_outcome_advantage``): [N, T].
 
@@ -176,11 +179,12 @@ def reinforce_pp_estimator(rewards: Tensor, group_size: int, scale_rewards: str,
     last = (mask.cumsum(-1) == mask.sum(-1, keepdim=True)) & (mask > 0)  # [N, T] ... and the score on the last
     token_rewards = token_rewards + last * rewards.nan_to_num(0.0).unsqueeze(-1)
     returns = torch.zeros_like(token_rewards)  # [N, T]
-    running = torch.zeros_like(rewards)  # [N]
+    running = torch.zeros_like(rewards)  # [N] 0 through the padding after the last loss token
     for i in reversed(range(mask.shape[1])):
-        running = token_rewards[:, i] + t.gamma * running
+        # a token out of the loss inside the completion (a tool reply in a multi-turn episode) passes the return
+        # on to the model's earlier turns, undiscounted: the outcome reward reaches every turn
+        running = torch.where(mask[:, i] > 0, token_rewards[:, i] + t.gamma * running, running)
         returns[:, i] = running
-        running = running * mask[:, i]  # reset across padding
     return _whiten(returns, mask * ~rewards.isnan().unsqueeze(-1))
 
 

@@ -241,3 +241,34 @@ def test_zero_std_fraction():
     # float32 rewards of 3.8 are equal; a group with one valid reward has no spread either
     groups = torch.tensor([[3.8, 3.8, 3.8], [0.0, 1.0, 0.0], [math.nan, 2.0, math.nan]])
     assert zero_std_fraction(groups) == pytest.approx(2 / 3)
+
+
+# Two 2-turn episodes of one group: model turn, tool reply (out of the loss), model turn; rewards 1 and 0
+TWO_TURNS = torch.tensor([[1.0, 1.0, 0.0, 0.0, 1.0, 1.0], [1.0, 1.0, 0.0, 0.0, 1.0, 1.0]])
+STD_OF_8 = math.sqrt(8 * 0.25 / 7)  # eight model tokens at +-0.5 around their mean: unbiased std 0.5345
+MULTI_TURN = {  # the advantage of every model token of episode 1 (episode 2's is its negative)
+    "grpo": 0.5 / (math.sqrt(0.5) + 1e-4),  # (1 - 0.5) / (group std 0.7071 + 1e-4) = 0.7070
+    "rloo": 1.0,  # 1 - the other's 0
+    "reinforce_plus_plus": 0.5 / STD_OF_8,  # returns 1 on all four model tokens, 0 on the other's: +-0.9354
+    "reinforce_plus_plus_baseline": 0.5 / STD_OF_8,  # +-0.5 centred on every model token, whitened: +-0.9354
+}
+
+
+@pytest.mark.parametrize("estimator", sorted(MULTI_TURN))
+def test_the_outcome_reaches_every_turn_of_a_multi_turn_episode(estimator):
+    """Before, reinforce_plus_plus reset its return at the tool reply: the first turn got -0.54 whatever the
+    outcome, the last +1.62 or -0.54."""
+    out = compute_advantages(torch.tensor([1.0, 0.0]), 2, adv_estimator=estimator, tokens=TokenRewards(TWO_TURNS))
+    adv = out.advantages if out.advantages.dim() == 2 else out.advantages.unsqueeze(1) * TWO_TURNS  # [2, 6]
+    a = MULTI_TURN[estimator]
+    expected = torch.tensor([[a, a, 0, 0, a, a], [-a, -a, 0, 0, -a, -a]]).double()
+    assert (adv * TWO_TURNS).flatten().tolist() == pytest.approx(expected.flatten().tolist(), abs=1e-4)
+
+
+def test_reinforce_pp_discounts_model_tokens_only():
+    """gamma 0.5: each model token's return halves per model token to the end; the tool reply takes no step."""
+    tokens = TokenRewards(TWO_TURNS, gamma=0.5)
+    adv = compute_advantages(torch.tensor([1.0, 0.0]), 2, adv_estimator="reinforce_plus_plus", tokens=tokens)
+    returns = torch.tensor([0.125, 0.25, 0.5, 1.0, 0.0, 0.0, 0.0, 0.0]).double()  # model tokens, in order
+    expected = (returns - returns.mean()) / returns.std()
+    assert adv.advantages[TWO_TURNS.bool()].tolist() == pytest.approx(expected.tolist(), abs=1e-6)
