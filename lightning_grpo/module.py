@@ -23,6 +23,7 @@ from typing_extensions import override
 from lightning_grpo.advantages import AdvantageConfig
 from lightning_grpo.dynamic import GroupBuffer
 from lightning_grpo.engines import default_engine
+from lightning_grpo.engines.base import RolloutEngine, Sampled
 from lightning_grpo.loss import LossConfig, LossOutput
 from lightning_grpo.loss.config import DistillConfig
 from lightning_grpo.loss.entropy import EntropyController
@@ -35,7 +36,7 @@ from lightning_grpo.ranks import Ranks, every_rank, own_state
 from lightning_grpo.rewards.calls import RewardCallConfig
 from lightning_grpo.rewards.combine import import_paths
 from lightning_grpo.rewards.scoring import RewardSet, trl_trainer_state
-from lightning_grpo.rollout import RolloutEngine, SamplingConfig
+from lightning_grpo.rollout import SamplingConfig
 from lightning_grpo.run import log_train_metrics, numerical_abort, optimizer_steps_of, seeded, step_seed
 from lightning_grpo.settings import GRPOSettings
 from lightning_grpo.targets import OptimiserStep, Targets, UpdateConfig, build_targets, optimiser_steps
@@ -168,25 +169,27 @@ class GRPOModule(L.LightningModule):
 
     def _training_step(self, batch: PromptBatch) -> dict[str, Any] | None:
         start, ranks = time.perf_counter(), Ranks(self.trainer)
-        produced = self.engine.rollout(self.policy, batch, self.settings.num_generations, self.settings.sampling)
-        if produced is None:  # an engine sampling ahead fills its pipeline: no update yet
+        sampled = self.engine.rollout(self.policy, batch, self.settings.num_generations, self.settings.sampling)
+        if sampled is None:  # an engine sampling ahead fills its pipeline: no update yet
             return None
-        rollout, batch = produced  # the batch it answers (an earlier one when sampled ahead)
-        scores = self.engine.prescored(rollout)  # an engine that scores as it samples
-        kept = self._filter_groups(rollout, scores or self._score(rollout, batch), len(batch), ranks)
+        rollout, batch = sampled.rollout, sampled.batch  # the batch it answers (an earlier one when sampled ahead)
+        scores = sampled.scores or self._score(rollout, batch)  # the engine's own when it scores as it samples
+        kept = self._filter_groups(rollout, scores, len(batch), ranks, sampled)
         if kept is None:  # filter_groups: no update this batch, waiting for more groups with signal
             return None
         rollout, scores, extra = kept
-        extra |= staleness_metrics(self.engine.staleness(rollout))
+        extra |= staleness_metrics(sampled.staleness(rollout))
         every_rank = ranks.gather_rows(scores.per_function)  # [W*N, F] identical on every rank: a batch std is global
         if every_rank.isinf().any():  # NaN rewards are "not applicable"
             return self._skip_step("rewards are infinite")
         targets = build_targets(self.policy, rollout, scores, every_rank, self.targets, ranks)
         if not targets.advantages.isfinite().all():
             return self._skip_step("advantages are infinite or NaN")
-        loss = self._update(rollout, targets, ranks)
+        loss, taken = self._update(rollout, targets, ranks)
         if loss is None:
-            return self._skip_step("gradients are infinite or NaN")
+            if taken:  # the optimiser steps before the bad one moved the weights: the engine samples from them
+                self.engine.sync_weights(self.policy)
+            return self._skip_step(f"gradients are infinite or NaN (after {taken} optimiser step(s) of the update)")
         targets = targets.settled(ranks)
         self.engine.sync_weights(self.policy)
         self.counters.good_step(ranks.sum(rollout.attention_mask.sum()))
@@ -217,26 +220,28 @@ class GRPOModule(L.LightningModule):
         return {"loss": torch.tensor(stats.update.loss), "record": record}
 
     def _filter_groups(
-        self, rollout: Rollout, scores: RewardScores, num_prompts: int, ranks: Ranks
+        self, rollout: Rollout, scores: RewardScores, num_prompts: int, ranks: Ranks, sampled: Sampled
     ) -> tuple[Rollout, RewardScores, dict[str, float]] | None:
         """The rollout to train on, with its scores and metrics; with ``filter_groups``, the groups with signal
-        gathered over batches, ``None`` while too few have come."""
+        gathered over batches (their staleness counted from ``sampled``'s version), ``None`` while too few have
+        come."""
         buffer = self.group_buffer
-        filtered = buffer.next_update(rollout, scores, num_prompts, ranks, self.global_step, self.engine.staleness)
+        filtered = buffer.next_update(rollout, scores, num_prompts, ranks, self.global_step, sampled.staleness)
         if filtered is None and buffer.num_gen_batches:
             self.log("train/filter_groups/num_gen_batches", float(buffer.num_gen_batches), batch_size=1)
         return filtered
 
-    def _update(self, rollout: Rollout, targets: Targets, ranks: Ranks) -> LossOutput | None:
-        """``num_iterations`` passes over the generation batch's optimiser steps; the last step's loss, ``None``
-        when one had gradients that are not finite (and was not taken)."""
-        steps, loss = optimiser_steps(targets, self.targets, ranks), None
+    def _update(self, rollout: Rollout, targets: Targets, ranks: Ranks) -> tuple[LossOutput | None, int]:
+        """``num_iterations`` passes over the generation batch's optimiser steps: the last step's loss (``None``
+        when one had gradients that are not finite, was not taken and ended the update) and the steps taken."""
+        steps, loss, taken = optimiser_steps(targets, self.targets, ranks), None, 0
         for _ in range(self.settings.update.num_iterations):
             for step in steps:
                 loss = self._optimizer_step(rollout, targets, step)
                 if loss is None:
-                    return None
-        return loss
+                    return None, taken
+                taken += 1
+        return loss, taken
 
     def _optimizer_step(self, rollout: Rollout, targets: Targets, step: OptimiserStep) -> LossOutput | None:
         """One optimiser step over ``step``'s rows, gradients accumulated across micro-batches; ``None`` when the

@@ -1,8 +1,8 @@
-"""Prompts -> a Rollout: the rollout-engine interface and what every engine shares (prompt tokenisation, masks
-after EOS, Rollout building). Knows the policy and its tokenizer; nothing about rewards or losses.
+"""Prompts -> a Rollout: what every rollout engine shares (prompt tokenisation, masks after EOS, Rollout
+building). Knows the policy and its tokenizer; nothing about rewards or losses.
 
-An engine is chosen by ``class_path`` (``rollout_engine:`` in YAML); ``lightning_grpo.engines`` has them:
-Hugging Face ``generate`` (the default) and a colocated vLLM engine; a multi-turn tool engine plugs in the same way.
+The engine interface, ``RolloutEngine``, is ``lightning_grpo.engines.base`` (still importable from here); the
+engines are ``lightning_grpo.engines``, chosen by ``class_path`` (``rollout_engine:`` in YAML).
 """
 
 from __future__ import annotations
@@ -16,8 +16,7 @@ from transformers import GenerationConfig, PreTrainedTokenizerBase
 
 from lightning_grpo.checks import raise_problems
 from lightning_grpo.model.policy import Policy
-from lightning_grpo.rewards.scoring import RewardSet
-from lightning_grpo.types import Prompt, PromptBatch, RewardScores, Rollout, pad_rows
+from lightning_grpo.types import Prompt, Rollout, pad_rows
 
 
 @dataclass(frozen=True)
@@ -247,84 +246,10 @@ def check_generation_batch_size(generation_batch_size: int | None) -> int | None
     return generation_batch_size
 
 
-class RolloutEngine:
-    """Turns prompts into a Rollout. Subclass it and choose it with ``rollout_engine: {class_path: ...}``.
+def __getattr__(name: str) -> Any:
+    """``RolloutEngine`` and ``Sampled`` where users imported them before they moved to ``engines/base.py``."""
+    if name in ("RolloutEngine", "Sampled"):
+        from lightning_grpo.engines import base
 
-    An engine returns, for each of the B prompts, ``num_generations`` completions as token ids with their
-    masks (``build_rollout`` does the bookkeeping), and may add per-token sampler log-probs (an engine that
-    samples from its own copy of the weights), a ``tool_mask`` (tokens the model did not write), per-row
-    ``columns`` for the reward functions and its own ``metrics``.
-    """
-
-    def problems(self, sampling: SamplingConfig) -> list[str]:
-        """What of ``sampling`` this engine cannot honour, one message per setting (name, value, what to do).
-        ``GRPOModule`` lists them with every other bad setting, before any model is loaded."""
-        return []
-
-    def reward_columns(self) -> tuple[str, ...] | None:
-        """The columns this engine's rollouts add to the reward functions' arguments (``agent_reward``), checked
-        with the dataset's before any compute; ``None``: not known until a rollout (a ``rollout_func``'s fields)."""
-        return ()
-
-    def setup(self, policy: Policy, trainer: Any, seed: int) -> None:
-        """Called once the training processes exist (``LightningModule.setup``); ``trainer`` has the ranks."""
-
-    def generate(
-        self,
-        policy: Policy,
-        prompts: list[Prompt],
-        num_generations: int,
-        sampling: SamplingConfig,
-        greedy: bool,
-        columns: dict[str, list[Any]] | None = None,
-    ) -> Rollout:
-        """``num_generations`` completions for each prompt (one, greedy, for validation); rows are grouped.
-        ``columns`` are the prompts' other dataset columns (name -> [B] values), for engines that need the rows
-        (environments reset from them); single-turn engines ignore them."""
-        raise NotImplementedError
-
-    def complete(
-        self, policy: Policy, contexts: list[list[int]], budgets: list[int], sampling: SamplingConfig, greedy: bool
-    ) -> list[tuple[list[int], list[float] | None]]:
-        """Token ids in, token ids out, for the agent endpoint (``engines.OpenAIAgent``): one continuation of each
-        context, at most its budget of tokens, cut after the first EOS, with the sampler's log-prob of each sampled
-        token (``None`` where this engine cannot give them). Sampled as ``generate`` samples."""
-        raise NotImplementedError(
-            f"{type(self).__name__} cannot serve the agent endpoint: it has no complete(); use HFGenerate or LeanDecode"
-        )
-
-    def rollout(
-        self, policy: Policy, batch: PromptBatch, num_generations: int, sampling: SamplingConfig
-    ) -> tuple[Rollout, PromptBatch] | None:
-        """A training step's rollout and the prompt batch it answers: ``batch``'s own here; an engine that
-        samples ahead (``AsyncRollouts``) answers an earlier batch, or ``None`` while its pipeline fills."""
-        return self.generate(policy, batch.prompts, num_generations, sampling, False, columns=batch.columns), batch
-
-    def use_rewards(self, rewards: RewardSet) -> None:
-        """The run's rewards, offered once when a fit sets up to an engine that scores what it samples
-        (``AsyncRollouts(score_in_producer=True)``); others ignore them and ``GRPOModule`` scores their rollouts."""
-
-    def prescored(self, rollout: Rollout) -> RewardScores | None:
-        """The ``RewardScores`` of the rollout ``rollout()`` just returned, when this engine scored it; ``None``:
-        ``GRPOModule`` scores it."""
-        return None
-
-    max_staleness = 0  # updates a rollout may lag the weights that train on it (an engine sampling ahead: k)
-
-    def staleness(self, rollout: Rollout) -> Tensor | None:
-        """[N] updates between the weights that sampled each row and the current ones; ``None``: the current
-        weights sampled it (an in-process engine)."""
-        return None
-
-    def sync_weights(self, policy: Policy) -> None:
-        """Make the next ``generate`` use the policy's current weights (after each training step)."""
-
-    def state_dict(self) -> dict[str, Any]:
-        """What a checkpoint keeps of this rank's engine (rollouts sampled ahead); every rank's is saved."""
-        return {}
-
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Restore ``state_dict()``'s content on resume."""
-
-    def teardown(self) -> None:
-        """Release what the engine started (processes) at the end of a fit."""
+        return getattr(base, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

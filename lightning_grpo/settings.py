@@ -15,12 +15,13 @@ from typing import Any
 
 from lightning_grpo.advantages import AdvantageConfig
 from lightning_grpo.checks import raise_problems
+from lightning_grpo.engines.base import RolloutEngine
 from lightning_grpo.loss import LossConfig
 from lightning_grpo.loss.config import DistillConfig
 from lightning_grpo.model.config import PolicyConfig
 from lightning_grpo.optim import OptimConfig
 from lightning_grpo.rewards.calls import RewardCallConfig
-from lightning_grpo.rollout import RolloutEngine, SamplingConfig
+from lightning_grpo.rollout import SamplingConfig
 from lightning_grpo.targets import TargetSettings, UpdateConfig
 
 SECTIONS = {

@@ -33,6 +33,7 @@ from transformers.models.qwen2.modeling_qwen2 import Qwen2DecoderLayer
 
 from lightning_grpo import GRPOModule, PromptDataModule
 from lightning_grpo.engines import HFGenerate
+from lightning_grpo.engines.base import Sampled
 
 STEPS, PROMPTS_PER_RANK = 3, 2
 LORA = {"r": 4, "lora_alpha": 8, "target_modules": "all-linear"}
@@ -91,7 +92,7 @@ class ReplayEngine(HFGenerate):
     def rollout(self, policy, batch, num_generations, sampling):
         first, second = (steps[self.step]["rollout"] for steps in self.recorded)
         self.step += 1
-        return first.cat(second, policy.tokenizer.pad_token_id), batch  # each rank trimmed its own padding
+        return Sampled(first.cat(second, policy.tokenizer.pad_token_id), batch)  # each rank trimmed its own padding
 
 
 def main(

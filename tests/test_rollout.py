@@ -1,11 +1,12 @@
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from lightning_grpo.engines import HFGenerate
+from lightning_grpo.engines import HFGenerate, Sampled
 from lightning_grpo.model.loading import load_tokenizer
 from lightning_grpo.model.logprobs import LinearLogps, auto_chunk_size, completion_logps
 from lightning_grpo.model.policy import Policy
 from lightning_grpo.rollout import SamplingConfig, mask_after_eos, tokenize_prompts
+from lightning_grpo.types import PromptBatch
 
 
 def test_mask_covers_up_to_and_including_first_eos():
@@ -125,3 +126,24 @@ def test_saved_tokenizer_round_trips_through_auto_tokenizer(tiny_model_dir):
     loaded = load_tokenizer(tiny_model_dir)
     assert loaded(text)["input_ids"] == build_tokenizer()(text)["input_ids"]
     assert loaded.decode(loaded(text)["input_ids"]) == text
+
+
+def test_an_in_process_engine_hands_back_its_batch_unscored_and_sampled_by_the_current_weights(tiny_model_dir):
+    policy = Policy(tiny_model_dir)
+    batch = PromptBatch(["1+1=", "2+2="], {"answer": ["2", "4"]})
+    torch.manual_seed(0)
+    sampled = HFGenerate().rollout(policy, batch, 3, SamplingConfig(max_completion_length=4))
+    assert sampled.batch is batch and len(sampled.rollout) == 6  # B * G rows, grouped
+    assert sampled.scores is None and sampled.staleness() is None  # the module scores it; nothing is stale
+
+
+def test_staleness_counts_updates_since_each_rows_weights(tiny_model_dir):
+    policy = Policy(tiny_model_dir)
+    torch.manual_seed(0)
+    rollout = HFGenerate().generate(policy, ["1+1=", "2+2="], 2, SamplingConfig(max_completion_length=4), False)
+    rollout.versions = torch.tensor([3, 3, 5, 5])  # sampled after 3 and after 5 published updates
+    sampled = Sampled(rollout, PromptBatch(["1+1=", "2+2="]), version=5)
+    assert sampled.staleness().tolist() == [2, 2, 0, 0]
+    kept = rollout.select(torch.tensor([0, 1]))  # rows kept from it for a later update, counted the same way
+    assert sampled.staleness(kept).tolist() == [2, 2]
+    assert Sampled(rollout, sampled.batch).staleness() is None  # no version: the current weights sampled it

@@ -17,7 +17,8 @@ folder per family; every public name is exported here (``lightning_grpo.engines.
 - ``asynchronous/``: ``AsyncRollouts``, any of these in a producer process, sampling ahead of the trainer
   (``max_staleness``).
 
-The modules' paths before the split (``lightning_grpo.engines.lean`` ...) still import: ``_moved.py``.
+The interface they implement, ``RolloutEngine``, and the record a training step gets back, ``Sampled``, are
+``base.py``. The modules' paths before the split (``lightning_grpo.engines.lean`` ...) still import: ``_moved.py``.
 """
 
 from typing import Any
@@ -27,6 +28,7 @@ from lightning.pytorch.utilities import rank_zero_info
 from lightning_grpo.engines import _moved
 from lightning_grpo.engines.agents import OpenAIAgent, SkyRLGymAgent, agent_reward
 from lightning_grpo.engines.asynchronous import AsyncRollouts
+from lightning_grpo.engines.base import RolloutEngine, Sampled
 from lightning_grpo.engines.decode import HFGenerate, LeanDecode
 from lightning_grpo.engines.multiturn import (
     HermesParser,
@@ -47,7 +49,9 @@ __all__ = [
     "LeanDecode",
     "OpenAIAgent",
     "OpenEnvFactory",
+    "RolloutEngine",
     "RolloutFunction",
+    "Sampled",
     "SkyRLGymAgent",
     "ToolCall",
     "ToolCalling",

@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import inspect
 import queue
+import sys
 import threading
 import time
 import uuid
@@ -25,12 +26,13 @@ from typing_extensions import override
 
 from lightning_grpo.engines.agents.endpoint import Endpoint, Refusal, Request
 from lightning_grpo.engines.agents.served import ServedEpisode, template_message
+from lightning_grpo.engines.base import RolloutEngine
 from lightning_grpo.engines.decode.hf import HFGenerate
 from lightning_grpo.engines.multiturn.episodes import EpisodeStats
 from lightning_grpo.engines.multiturn.toolcalls import HermesParser, resolve_tool
 from lightning_grpo.model.policy import Policy
 from lightning_grpo.rewards.calls import ON_ERROR
-from lightning_grpo.rollout import RolloutEngine, SamplingConfig, pad_rows
+from lightning_grpo.rollout import SamplingConfig, pad_rows
 from lightning_grpo.types import Prompt, Rollout
 
 AGENT_ARGUMENTS = ("client", "base_url")
@@ -53,9 +55,10 @@ class OpenAIAgent(RolloutEngine):
     conversation is scored). It may be ``async def``. ``references/agents.md``: what is recorded, the limits.
 
     Metrics (``train/...``): ``agents/errors`` and ``agents/timeouts`` (fractions of episodes), ``agents/requests``
-    (per episode), ``agents/restarts`` (requests that did not continue their episode), and the tool engine's
-    ``tools/call_frequency``, ``tools/failure_frequency`` (calls that could not be parsed or name no tool of the
-    request), ``turns/mean``.
+    (per episode), ``agents/restarts`` (requests that did not continue their episode), ``agents/context_full``
+    (episodes ended because a request's messages left no room under the context bound: the model's positions and
+    ``sampling.max_prompt_length + max_completion_length``), and the tool engine's ``tools/call_frequency``,
+    ``tools/failure_frequency`` (calls that could not be parsed or name no tool of the request), ``turns/mean``.
 
     Args:
         agent: the callable, or its import path.
@@ -71,7 +74,8 @@ class OpenAIAgent(RolloutEngine):
             ``VLLMColocate``, the weights pushed to it after every step); it needs ``complete``.
         parser: reads tool calls from the model's text; default Hermes/Qwen ``<tool_call>{json}</tool_call>``.
         batch_wait: seconds to wait for the other agents' requests before generating a partial batch.
-        port: the endpoint's port on 127.0.0.1; 0 picks a free one.
+        port: the endpoint's port on 127.0.0.1; 0 picks a free one. Under DDP/FSDP2 each rank serves its own
+            episodes on ``port + local rank`` (one machine's ranks never share a port).
     """
 
     def __init__(
@@ -93,6 +97,8 @@ class OpenAIAgent(RolloutEngine):
             raise ValueError(f"agent_argument must be one of {list(AGENT_ARGUMENTS)}, got {agent_argument!r}")
         if batch_wait < 0:
             raise ValueError(f"batch_wait must be >= 0 seconds, got {batch_wait!r}")
+        if not isinstance(port, int) or not 0 <= port <= 65535:
+            raise ValueError(f"port must be 0 (a free port) or a TCP port 1-65535, got {port!r}")
         self.agent = resolve_tool(agent, "agent")
         self.timeout, self.on_error, self.batch_wait = timeout, on_error, batch_wait
         self.agent_argument, self._client = agent_argument, None
@@ -103,7 +109,7 @@ class OpenAIAgent(RolloutEngine):
                 f"LeanDecode or VLLMColocate, got {type(self.sampler).__name__}"
             )
         self.parser = parser or HermesParser()
-        self.endpoint = Endpoint(port=port)
+        self.endpoint, self.port, self.local_rank = Endpoint(), port, 0
         self.inbox: queue.Queue = queue.Queue()
         self.live: dict[str, ServedEpisode] = {}
         self.lock = threading.Lock()
@@ -124,21 +130,32 @@ class OpenAIAgent(RolloutEngine):
     @override
     def setup(self, policy: Policy, trainer: Any, seed: int) -> None:
         self.sampler.setup(policy, trainer, seed)
-        self.endpoint.start(self._accept)
+        self.local_rank = getattr(trainer, "local_rank", 0)
+        self._start_endpoint()
+
+    def _start_endpoint(self) -> None:
+        """Listen on ``port + local rank`` (or a free port); a port that cannot be bound is reported at once."""
+        port = self.port + self.local_rank if self.port else 0
+        try:
+            self.endpoint.start(self._accept, port)
+        except OSError as e:
+            rank = f" + local rank {self.local_rank}" if self.local_rank else ""
+            raise RuntimeError(
+                f"OpenAIAgent(port={self.port}){rank}: the agent endpoint cannot listen on "
+                f"{self.endpoint.host}:{port}: {e.strerror or e}; set another port, or port: 0 for a free one"
+            ) from e
 
     def _accept(self, request: Request) -> None:
-        """On the server's thread: refuse what is not ours to serve, queue the rest for the trainer's thread."""
+        """On the server's thread: refuse what is not ours to serve, queue the rest for the trainer's thread. Under
+        the lock that closes a rollout: a request is queued while its episode plays, or refused."""
         with self.lock:
             episode = self.live.get(request.session)
-        if episode is None:
-            raise Refusal(404, NOT_PLAYING.format(session=request.session))
-        if episode.status != "running":
-            raise Refusal(410, f"episode {request.session!r} has ended ({episode.status}); it takes no more requests")
-        if request.body.get("stream"):
-            raise Refusal(400, "stream=true is not served: the endpoint answers whole replies")
-        if request.body.get("n", 1) != 1:
-            raise Refusal(400, f"n={request.body.get('n')!r}: one completion a request (GRPO's G are G episodes)")
-        self.inbox.put(request)
+            if episode is None:
+                raise Refusal(404, NOT_PLAYING.format(session=request.session))
+            if episode.status != "running":
+                ended = f"episode {request.session!r} has ended ({episode.status}); it takes no more requests"
+                raise Refusal(410, ended)
+            self.inbox.put(request)
 
     @override
     def generate(
@@ -150,7 +167,7 @@ class OpenAIAgent(RolloutEngine):
         greedy: bool,
         columns: dict[str, list[Any]] | None = None,
     ) -> Rollout:
-        self.endpoint.start(self._accept)  # setup() is skipped when the engine is driven by hand
+        self._start_endpoint()  # setup() is skipped when the engine is driven by hand
         rows = [{"prompt": p, **{k: v[i] for k, v in (columns or {}).items()}} for i, p in enumerate(prompts)]
         episodes = [
             ServedEpisode(uuid.uuid4().hex, dict(r), sampling.max_completion_length)
@@ -192,7 +209,8 @@ class OpenAIAgent(RolloutEngine):
         with self.lock:
             if episode.status == "running":  # not already timed out
                 episode.status = status
-        self.inbox.put(episode)
+            if self.live.get(episode.session) is episode:  # the rollout is still collecting
+                self.inbox.put(episode)
 
     def _serve(self, policy: Policy, episodes: list[ServedEpisode], sampling: SamplingConfig, greedy: bool) -> None:
         """Answer requests in batches until every agent has ended or the time is up.
@@ -254,24 +272,35 @@ class OpenAIAgent(RolloutEngine):
             return sum(e.status == "running" for e in self.live.values())
 
     def _prepare(self, policy: Policy, batch: list[Request], sampling: SamplingConfig) -> list[Turn]:
-        """The requests that need tokens, with their episode, context and budget; the others are answered here
-        (a refused context, or an empty reply when no budget is left)."""
+        """The requests that need tokens, with their episode, context and budget; the others are answered here:
+        a refused request (400 naming the field), an empty reply when no budget or no room is left."""
         tokenizer, template_kwargs = policy.tokenizer, sampling.chat_template_kwargs or {}
-        limit = getattr(policy.model.config, "max_position_embeddings", None)
+        limit = context_limit(policy, sampling)
         todo = []
         for request in batch:
             episode = self.live[request.session]
             try:
-                context = episode.context(tokenizer, request.kind, request.body, template_kwargs)
+                context = episode.context(tokenizer, request.kind, request.body, template_kwargs, limit)
             except Refusal as refusal:
                 request.answer(refusal)
                 continue
-            budget = episode.turn_budget(request.body, limit)
+            except Exception as e:  # noqa: BLE001 - one agent's request must not stop every other agent's step
+                self._failed_request(request, e)
+                continue
+            budget = 0 if context is None else episode.turn_budget(request.body, limit)
             if budget <= 0:
                 request.answer(episode.empty_reply(request.kind))
             else:
                 todo.append((request, episode, context, budget))
         return todo
+
+    def _failed_request(self, request: Request, error: Exception) -> None:
+        """A request the endpoint could not read, though it passed its checks: answered 500 and said, once."""
+        why = f"{type(error).__name__}: {error}"
+        request.answer(Refusal(500, f"the endpoint could not serve this request: {why}"))
+        if why not in self.warned:
+            self.warned.add(why)
+            rank_zero_warn(f"the agent endpoint failed on a request of episode {request.session!r} ({why}): 500")
 
     def _answer(self, policy: Policy, todo: list[Turn], sampling: SamplingConfig, greedy: bool) -> None:
         """Generate the requests' turns in one sampler call and answer each."""
@@ -286,16 +315,17 @@ class OpenAIAgent(RolloutEngine):
             request.answer(reply)
 
     def _close(self, episodes: list[ServedEpisode]) -> None:
-        """No episode takes requests any more; any still queued is refused."""
+        """No episode takes requests any more; any still queued is refused. Under the lock ``_accept`` queues in: no
+        request lands in the queue once it is drained."""
         with self.lock:
             self.live = {}
-        while True:
-            try:
-                item = self.inbox.get_nowait()
-            except queue.Empty:
-                return
-            if isinstance(item, Request):
-                _refuse([item], "the rollout has ended")
+            while True:
+                try:
+                    item = self.inbox.get_nowait()
+                except queue.Empty:
+                    return
+                if isinstance(item, Request):
+                    _refuse([item], "the rollout has ended")
 
     def _rollout(
         self, policy: Policy, episodes: list[ServedEpisode], group_size: int, sampling: SamplingConfig
@@ -342,6 +372,15 @@ class OpenAIAgent(RolloutEngine):
         self.sampler.teardown()
 
 
+def context_limit(policy: Policy, sampling: SamplingConfig) -> int:
+    """Positions an episode's context may fill: the model's (``max_position_embeddings``) and a row of the run's
+    (``sampling.max_prompt_length + max_completion_length``, when the prompt length is bounded)."""
+    limits = [getattr(policy.model.config, "max_position_embeddings", None) or sys.maxsize]
+    if sampling.max_prompt_length:
+        limits.append(sampling.max_prompt_length + sampling.max_completion_length)
+    return min(limits)
+
+
 def _refuse(requests: list[Request], why: str) -> None:
     for request in requests:
         request.answer(Refusal(410, why))
@@ -370,6 +409,7 @@ def _metrics(episodes: list[ServedEpisode]) -> dict[str, float]:
         "agents/timeouts": sum(e.status == "timeout" for e in episodes) / n,
         "agents/requests": sum(e.requests for e in episodes) / n,
         "agents/restarts": float(sum(e.restarts for e in episodes)),
+        "agents/context_full": sum(e.full for e in episodes) / n,
     }
 
 

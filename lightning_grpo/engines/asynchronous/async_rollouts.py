@@ -39,17 +39,17 @@ from typing import Any
 
 import torch
 import torch.multiprocessing as mp
-from torch import Tensor
 from typing_extensions import override
 
 from lightning_grpo.engines.asynchronous.producer import Produced, Request, WeightsMailbox, produce
+from lightning_grpo.engines.base import RolloutEngine, Sampled
 from lightning_grpo.engines.decode.lean import LeanDecode
 from lightning_grpo.model.policy import Policy
 from lightning_grpo.model.sharding import full_state_dict, is_sharded, meta_copy, unsharded
 from lightning_grpo.rewards.convention import reward_name
 from lightning_grpo.rewards.scoring import RewardSet, trl_trainer_state
-from lightning_grpo.rollout import RolloutEngine, SamplingConfig
-from lightning_grpo.types import Prompt, PromptBatch, RewardScores, Rollout, fields_of
+from lightning_grpo.rollout import SamplingConfig
+from lightning_grpo.types import Prompt, PromptBatch, Rollout, fields_of
 
 POLL_S = 1.0  # how often a wait checks that the producer is alive
 
@@ -82,7 +82,6 @@ class AsyncRollouts(RolloutEngine):
         self.score_in_producer = score_in_producer
         self.rewards: RewardSet | None = None  # handed to the producer when it scores
         self.trainer: Any = None
-        self.scored: tuple[Rollout, RewardScores] | None = None  # the last rollout used, with its producer scores
         self.version = 0  # updates published: the trainer's policy version
         self.submitted = 0  # requests sent since the start of training
         self.pending: collections.deque[int] = collections.deque()  # versions of requests not yet answered
@@ -120,14 +119,6 @@ class AsyncRollouts(RolloutEngine):
             self.rewards = rewards
 
     @override
-    def prescored(self, rollout: Rollout) -> RewardScores | None:
-        return self.scored[1] if self.scored is not None and self.scored[0] is rollout else None
-
-    @override
-    def staleness(self, rollout: Rollout) -> Tensor | None:
-        return None if rollout.versions is None else self.version - rollout.versions
-
-    @override
     def generate(
         self,
         policy: Policy,
@@ -143,7 +134,7 @@ class AsyncRollouts(RolloutEngine):
     @override
     def rollout(
         self, policy: Policy, batch: PromptBatch, num_generations: int, sampling: SamplingConfig
-    ) -> tuple[Rollout, PromptBatch] | None:
+    ) -> Sampled | None:
         if self.process is None:
             self._start(policy, num_generations, sampling)
         self._submit(batch)
@@ -220,21 +211,20 @@ class AsyncRollouts(RolloutEngine):
                 "see its error above"
             )
 
-    def _use(self, answer: Produced) -> tuple[Rollout, PromptBatch]:
-        """The answer's rollout, its rows marked with the version that sampled them and the queue's metrics, and
-        its batch; the RNG continues from the producer's when the trainer waited for it (k = 0: as the
-        synchronous path's)."""
+    def _use(self, answer: Produced) -> Sampled:
+        """The answer's rollout, its rows marked with the version that sampled them and the queue's metrics, its
+        batch, its producer scores and the current version; the RNG continues from the producer's when the trainer
+        waited for it (k = 0: as the synchronous path's)."""
         rollout = answer.rollout
         if answer.error is not None:
             raise RuntimeError(answer.error)
-        self.scored = None if answer.scores is None else (rollout, answer.scores)
         if self.max_staleness == 0:
             torch.set_rng_state(answer.rng_state)
         rollout.versions = torch.full((len(rollout),), answer.version)  # [N]
         now = time.perf_counter()
         rollout.metrics = {**rollout.metrics, **self._metrics(answer, now - self.last_receive)}
         self.last_receive, self.waited_s = now, 0.0
-        return rollout, answer.batch
+        return Sampled(rollout, answer.batch, answer.scores, self.version)
 
     def _metrics(self, answer: Produced, step_s: float) -> dict[str, float]:
         return {

@@ -13,9 +13,9 @@ import torch
 from typing_extensions import override
 
 from lightning_grpo.engines.decode.sampling import drawn_logps
+from lightning_grpo.engines.base import RolloutEngine
 from lightning_grpo.model.policy import Policy
 from lightning_grpo.rollout import (
-    RolloutEngine,
     SamplingConfig,
     build_rollout,
     check_generation_batch_size,

@@ -21,11 +21,12 @@ from typing import Any
 import torch
 from typing_extensions import override
 
+from lightning_grpo.engines.base import RolloutEngine
 from lightning_grpo.engines.vllm.logprobs import PROCESSED, logprobs_mode, mode_problems
 from lightning_grpo.engines.vllm.lora import AdapterVersion, LoraSync, adapter_rank, max_lora_rank
 from lightning_grpo.engines.vllm.sync import PROBE_TOKENS, WeightSync
 from lightning_grpo.model.policy import Policy
-from lightning_grpo.rollout import RolloutEngine, SamplingConfig, cut_turns, sampled_rollout, tokenize_prompts
+from lightning_grpo.rollout import SamplingConfig, cut_turns, sampled_rollout, tokenize_prompts
 from lightning_grpo.types import Prompt, Rollout
 
 

@@ -23,11 +23,12 @@ import torch.distributed as dist
 from torch import Tensor
 from typing_extensions import override
 
+from lightning_grpo.engines.base import RolloutEngine
 from lightning_grpo.engines.vllm.logprobs import LOGPROBS_MODES, PROCESSED, mode_problems
 from lightning_grpo.engines.vllm.lora import AdapterVersion, LoraSync
 from lightning_grpo.engines.vllm.sync import PROBE_TOKENS, WeightSync
 from lightning_grpo.model.policy import Policy
-from lightning_grpo.rollout import RolloutEngine, SamplingConfig, sampled_rollout, tokenize_prompts
+from lightning_grpo.rollout import SamplingConfig, sampled_rollout, tokenize_prompts
 from lightning_grpo.types import Prompt, Rollout
 
 WEIGHT_TRANSFERS = {
