@@ -4,9 +4,9 @@ episode and rank 1's once.
 STRATEGY is ``ddp`` or ``fsdp2`` (``ModelParallelStrategy``: FSDP2 ``fully_shard``, whose forwards are collectives
 of their own); SAMPLER is ``HFGenerate`` or ``LeanDecode``. Generation is synced across ranks (as under sharding), so
 rank 1 must step dummy sampler calls while rank 0's agents play on; each rank writes its sampler calls' budgets,
-its requests and first parameters to OUT_DIR/rank<k>.json. Run by tests/test_agents_ddp.py as
-``agents_ddp_run.py MODEL_DIR DATA OUT_DIR STRATEGY SAMPLER``; Lightning's launcher starts rank 1 by re-running
-this script.
+its requests, first parameters and endpoint port (the engine's fixed PORT, + local rank) to OUT_DIR/rank<k>.json.
+Run by tests/test_agents_ddp.py as ``agents_ddp_run.py MODEL_DIR DATA OUT_DIR STRATEGY SAMPLER PORT``; Lightning's
+launcher starts rank 1 by re-running this script.
 """
 
 import json
@@ -54,10 +54,11 @@ class Probe(L.Callback):
         self.requests.append(outputs["record"].stats.extra["agents/requests"])
 
 
-def main(model_dir: str, data_path: str, out_dir: str, strategy: str, sampler: str) -> None:
+def main(model_dir: str, data_path: str, out_dir: str, strategy: str, sampler: str, port: str) -> None:
     torch.set_num_threads(1)
     L.seed_everything(0)
-    engine = OpenAIAgent(rank_agent, sampler=counting(SAMPLERS[sampler])(), timeout=300, on_error="raise")
+    sampler = counting(SAMPLERS[sampler])()
+    engine = OpenAIAgent(rank_agent, sampler=sampler, timeout=300, on_error="raise", port=int(port))
     module = GRPOModule(
         model=model_dir,
         reward_funcs=[agent_reward],
@@ -75,6 +76,7 @@ def main(model_dir: str, data_path: str, out_dir: str, strategy: str, sampler: s
                 "budgets": engine.sampler.budgets,
                 "requests": probe.requests,
                 "param_head": param_head(module),
+                "port": engine.endpoint.port,
             },
             f,
         )

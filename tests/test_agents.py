@@ -7,9 +7,11 @@ the tests are about what is recorded and served, not about what the model says.
 from __future__ import annotations
 
 import random
+import socket
 import threading
 import time
 import warnings
+from pathlib import Path
 
 import pytest
 import torch
@@ -247,3 +249,172 @@ def test_a_run_whose_agents_all_fail_before_asking_trains_on(tool_model_dir, tmp
     with pytest.warns(UserWarning, match=r"agent 'broken' failed \(KeyError: 'extra_info'\)"):
         trainer = fit(module, PromptDataModule(str(data), batch_size=2, val_size=0), tmp_path, max_steps=2)
     assert trainer.global_step == 2
+
+
+REFUSES_SYSTEM = "{% if messages[0]['role'] == 'system' %}{{ raise_exception('System role not supported') }}{% endif %}"
+USER = [{"role": "user", "content": "a?"}]
+CALLS_AS_STRINGS = [*USER, {"role": "assistant", "tool_calls": ["mul"]}]
+MALFORMED = {  # what an agent may send -> the field its 400 must name
+    "not_an_object": ([1, 2], None),
+    "messages_a_string": ({"messages": "hello"}, "messages"),
+    "messages_as_strings": ({"messages": ["hello"]}, "messages[0]"),
+    "content_an_object": ({"messages": [{"role": "user", "content": {"a": 1}}]}, "messages[0].content"),
+    "calls_as_strings": ({"messages": CALLS_AS_STRINGS}, "messages[1].tool_calls[0]"),
+    "tools_as_strings": ({"messages": USER, "tools": ["calc"]}, "tools[0]"),
+    "max_tokens_a_string": ({"messages": USER, "max_tokens": "4"}, "max_tokens"),
+    "template_raises": ({"messages": [{"role": "system", "content": "be brief"}, *USER]}, "messages"),
+}
+
+
+def test_a_malformed_request_gets_a_400_naming_its_field_and_the_other_agents_play_on(policy):
+    """Issue 43 item 6 (and 13: a body that is not an object): each malformed request is answered 400 naming its
+    field, whatever the template does; the same agents' next requests and the other agents are served."""
+    import httpx
+
+    answers: dict[str, list] = {}
+
+    def agent(base_url: str, row: dict) -> float:
+        if row["kind"] == "good":
+            return two_turn_agent(client(base_url), row)
+        body, _ = MALFORMED[row["kind"]]
+        bad = httpx.post(f"{base_url}/chat/completions", json=body, timeout=30)
+        good = httpx.post(f"{base_url}/chat/completions", json={"messages": USER, "max_tokens": 2}, timeout=30)
+        answers[row["kind"]] = [bad.status_code, bad.json()["error"], good.status_code]
+        return 0.0
+
+    kinds = [*MALFORMED, "good", "good"]
+    engine = OpenAIAgent(agent, "base_url", timeout=60, on_error="raise")
+    template = policy.tokenizer.chat_template
+    policy.tokenizer.chat_template = REFUSES_SYSTEM + template
+    try:
+        rollout = engine.generate(policy, prompts(len(kinds)), 1, SAMPLING, greedy=False, columns={"kind": kinds})
+    finally:
+        policy.tokenizer.chat_template = template
+        start = time.monotonic()
+        engine.teardown()
+        assert time.monotonic() - start < 3  # stop() returns promptly
+    for kind, (_, field) in MALFORMED.items():
+        status, error, then = answers[kind]
+        assert (status, then) == (400, 200), (kind, error)
+        assert error["param"] == field and error["message"].startswith(field or "the request body must be"), error
+    assert "System role not supported" in answers["template_raises"][1]["message"]
+    assert rollout.metrics["agents/errors"] == 0  # on_error="raise": every agent returned
+    good = [i for i, kind in enumerate(kinds) if kind == "good"]
+    assert (rollout.tool_mask[good].sum(1) >= 2).all()  # the well-formed agents played both their turns
+
+
+def test_stop_answers_the_requests_still_waiting_at_once():
+    """Issue 43 item 6: ``Endpoint.stop()`` with requests queued that nothing will generate (a rollout that failed)
+    answers them 503 and returns, instead of waiting out its timeout."""
+    import httpx
+
+    from lightning_grpo.engines.agents.endpoint import Endpoint
+
+    endpoint, queued, replies = Endpoint(), [], []
+    endpoint.start(queued.append)
+    url = f"http://127.0.0.1:{endpoint.port}/sessions/s/v1/chat/completions"
+    asking = threading.Thread(target=lambda: replies.append(httpx.post(url, json={"messages": USER}, timeout=30)))
+    asking.start()
+    deadline = time.monotonic() + 10
+    while not queued and time.monotonic() < deadline:
+        time.sleep(0.01)
+    start = time.monotonic()
+    endpoint.stop()
+    assert time.monotonic() - start < 3
+    asking.join(10)
+    assert replies[0].status_code == 503 and "stopping" in replies[0].json()["error"]["message"]
+
+
+def test_a_request_accepted_as_the_rollout_closes_never_reaches_the_next_rollout(policy):
+    """Issue 43 item 7. The window between accepting a request and queueing it is widened without changing any
+    code: a trace function holds the endpoint's thread at the queue's ``put`` until the rollout has closed (or
+    1 s has passed: the fix holds the lock that closing needs). The request must get an answer, and the next
+    rollout must not meet it."""
+    import httpx
+
+    arm, held, late = threading.Event(), threading.Event(), []
+    engine = OpenAIAgent(lambda base_url, row: agent(base_url, row), "base_url", timeout=60)
+
+    def pause(frame, event, arg):
+        if event == "call" and frame.f_code.co_name == "put" and frame.f_back.f_code.co_name == "_accept":
+            if arm.is_set():
+                arm.clear()
+                held.set()
+                deadline = time.monotonic() + 1.0
+                while engine.live and time.monotonic() < deadline:
+                    time.sleep(0.01)
+                time.sleep(0.1)
+
+    def ask_late(base_url: str) -> None:
+        try:
+            reply = httpx.post(f"{base_url}/chat/completions", json={"messages": USER, "max_tokens": 2}, timeout=15)
+            late.append(reply.status_code)
+        except httpx.TimeoutException:
+            late.append("no answer")
+
+    def agent(base_url: str, row: dict) -> float:
+        httpx.post(f"{base_url}/chat/completions", json={"messages": USER, "max_tokens": 2}, timeout=15)
+        if row["late"]:
+            arm.set()
+            threading.Thread(target=ask_late, args=(base_url,), daemon=True).start()
+            held.wait(10)  # the late request is past the checks: the agent returns, the rollout closes
+        return 0.0
+
+    threading.settrace(pause)  # the threads started from here on: the endpoint's among them
+    try:
+        engine.generate(policy, prompts(1), 1, SAMPLING, greedy=False, columns={"late": [True]})
+    finally:
+        threading.settrace(None)
+    assert held.is_set(), "the endpoint no longer queues requests in _accept: widen the window elsewhere"
+    engine.generate(policy, prompts(1), 1, SAMPLING, greedy=False, columns={"late": [False]})  # was: KeyError
+    deadline = time.monotonic() + 15
+    while not late and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert late and late[0] in (200, 404, 410), late
+    engine.teardown()
+
+
+def long_tool_agent(client: openai.OpenAI, row: dict) -> list:
+    """Eight turns, each followed by a 60-token tool reply: far more than the tiny model's 256 positions."""
+    messages, finishes = list(row["prompt"]), []
+    for _ in range(8):
+        reply = client.chat.completions.create(model="policy", messages=messages, max_tokens=4)
+        finishes.append((reply.choices[0].finish_reason, reply.usage.completion_tokens))
+        messages += [reply.choices[0].message.model_dump(exclude_none=True), {"role": "tool", "content": "x" * 60}]
+    SERVED[str(client.base_url).rstrip("/")] = finishes
+    return messages[len(row["prompt"]) :]
+
+
+@pytest.mark.parametrize(("max_prompt_length", "limit"), [(512, 256), (20, 32)])  # positions; 20 + 12 of the run's
+def test_an_agent_context_ends_at_the_model_s_positions_and_the_run_s_lengths(policy, max_prompt_length, limit):
+    """Issue 43 item 9: the messages an agent adds between turns are bounded: the episode ends when they would
+    leave no room for a model token (as ToolCalling ends its episode), and ``agents/context_full`` says so."""
+    sampling = SamplingConfig(max_completion_length=12, max_prompt_length=max_prompt_length)
+    engine = OpenAIAgent(long_tool_agent, timeout=60, on_error="raise")
+    rollout = engine.generate(policy, prompts(2), 1, sampling, greedy=False)
+    engine.teardown()
+    lengths = rollout.prompt_mask.sum(1) + rollout.completion_mask.sum(1)
+    assert lengths.max() <= limit, lengths  # was 8 x (60 + ~8) tokens and more, trained on
+    assert rollout.metrics["agents/context_full"] == 1.0 and rollout.metrics["episodes/truncated_by_tokens"] == 1.0
+    table = (Path(__file__).parents[1] / "references" / "metrics.md").read_text()
+    assert all(f"| `train/{name}` |" in table for name in rollout.metrics if name.startswith("agents/"))
+    for i in range(len(rollout)):
+        finishes = served_of(rollout, engine, i)
+        assert finishes[-1] == ("length", 0)  # once ended, every reply is empty, cut by length
+        assert sum(rollout.tool_mask[i].tolist()) == sum(written for _, written in finishes)  # all served, trained
+
+
+def test_a_busy_port_is_reported_at_once_with_its_cause(policy):
+    """Issue 43 item 12: a port that cannot be bound says so at once, naming the setting and the cause."""
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        engine = OpenAIAgent(two_turn_agent, port=port)
+        start = time.monotonic()
+        with pytest.raises(RuntimeError, match=rf"OpenAIAgent\(port={port}\): .* 127.0.0.1:{port}: .*in use") as e:
+            engine.setup(policy, None, 0)
+        assert time.monotonic() - start < 5 and isinstance(e.value.__cause__, OSError)
+    engine.setup(policy, None, 0)  # freed: it listens there
+    assert engine.endpoint.port == port
+    engine.teardown()

@@ -5,21 +5,36 @@ Token in, token out: the model's tokens are recorded as sampled, never re-tokeni
 the episode's conversation so far (as the agent got it back) plus new ones (tool results, a user turn) continues the
 episode: only the new messages are rendered, with the template's scaffolding, and appended as tokens the model did
 not write (``model_mask`` 0). Any other request starts the episode over from its own messages (counted in
-``restarts``): the rollout keeps the last run. Knows token ids, chat templates and the API's message shapes;
-nothing about HTTP or generation.
+``restarts``): the rollout keeps the last run. An episode's context is bounded: a request whose messages would not
+leave room for one more model token ends it (``full``), nothing of it recorded. A body the API would refuse is
+refused with a 400 naming its field (``check_body``), and so are messages the chat template will not render.
+Knows token ids, chat templates and the API's message shapes; nothing about HTTP or generation.
 """
 
 from __future__ import annotations
 
 import json
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
 from transformers import PreTrainedTokenizerBase
 
 from lightning_grpo.engines.agents.endpoint import Refusal, chat_reply, text_reply
 from lightning_grpo.engines.multiturn.episodes import tool_suffix_ids
+
+
+class Step(NamedTuple):
+    """What a request adds to its episode, not yet recorded: a start (the prompt and its ids) or the ids of the
+    messages shown after the last turn; ``seen``/``text`` are the conversation it leaves."""
+
+    start: bool
+    prompt: Any  # a start: the chat or text the ids render
+    ids: list[int]
+    messages: list[dict]  # a continuation: the new messages, for the transcript
+    seen: list[tuple] | None  # chat: the conversation's ``normal`` form
+    text: str | None  # /completions: the prompt text
 
 
 @dataclass(frozen=True)
@@ -37,6 +52,16 @@ def _text(content: Any) -> str:
     if isinstance(content, list):
         return "".join(p.get("text", "") for p in content if isinstance(p, dict))
     return str(content)
+
+
+def _rendered(render: Callable[[], Any]) -> list[int]:
+    """Token ids from the chat template; whatever it raises (``raise_exception("System role not supported")``, a
+    missing key) refuses the request, naming the messages."""
+    try:
+        return list(render())
+    except Exception as e:  # noqa: BLE001 - a template is the model's code: it may raise anything
+        message = f"messages cannot be rendered by the model's chat template: {type(e).__name__}: {e}"
+        raise Refusal(400, message, param="messages") from e
 
 
 def _arguments(arguments: Any) -> dict[str, Any]:
@@ -97,61 +122,68 @@ class ServedEpisode:
     requests: int = 0
     restarts: int = 0
     ended: str = "answer"  # how the last model turn ended: answer (EOS) or tokens (budget or context ran out)
+    full: bool = False  # a request would have left no room for a model token: the episode ended there
     status: str = "running"  # running, done, failed, timeout
     outcome: Any = None  # what the agent returned
     error: str | None = None
 
-    def context(self, tokenizer: PreTrainedTokenizerBase, kind: str, body: dict, template_kwargs: dict) -> list[int]:
-        """The ids the policy continues for this request: the episode so far plus what the request added."""
+    def context(
+        self, tokenizer: PreTrainedTokenizerBase, kind: str, body: dict, template_kwargs: dict, limit: int
+    ) -> list[int] | None:
+        """The ids the policy continues for this request: the episode so far plus what the request added. ``None``
+        when that would leave no room for a model token under ``limit`` positions: the episode ends here (``full``,
+        ``ended`` "tokens", as a tool engine ends one whose replies do not fit); nothing of this request or a later
+        one is recorded."""
         self.requests += 1
-        try:
-            if kind == "chat":
-                self._chat(tokenizer, body, template_kwargs)
-            else:
-                self._text_prompt(tokenizer, body)
-        except (TypeError, KeyError, ValueError) as e:  # a malformed request, or a template that refuses it
-            raise Refusal(400, f"cannot render the request: {type(e).__name__}: {e}") from e
+        if self.full:
+            return None
+        step = self._chat(tokenizer, body, template_kwargs) if kind == "chat" else self._text_prompt(tokenizer, body)
+        kept = 0 if step.start else len(self.prompt_ids) + len(self.ids)
+        if kept + len(step.ids) >= limit:
+            self.full, self.ended = True, "tokens"
+            return None
+        self._record(step)
         return self.prompt_ids + self.ids
 
-    def _chat(self, tokenizer: PreTrainedTokenizerBase, body: dict, template_kwargs: dict) -> None:
-        messages = body.get("messages")
-        if not isinstance(messages, list) or not messages:
-            raise Refusal(400, "messages must be a non-empty list of {'role': ..., 'content': ...}")
+    def _chat(self, tokenizer: PreTrainedTokenizerBase, body: dict, template_kwargs: dict) -> Step:
+        messages, tools = body["messages"], body.get("tools") or None  # shapes checked by check_body
         seen, norm = len(self.seen), [normal(m) for m in messages]
-        self.tool_names = {t.get("function", {}).get("name") for t in body.get("tools") or []}
+        self.tool_names = {t["function"]["name"] for t in tools or []}
         if self.turns and len(norm) > seen and norm[:seen] == self.seen:
             new = [template_message(m, self.call_names) for m in messages[seen:]]
-            self._shown(tool_suffix_ids(tokenizer, new, template_kwargs))
-            self.messages += new
-        else:
-            self.restarts += bool(self.turns)
-            chat = [template_message(m, self.call_names) for m in messages]
-            ids = tokenizer.apply_chat_template(
-                chat,
-                tools=body.get("tools") or None,
-                add_generation_prompt=True,
-                tokenize=True,
-                return_dict=False,
-                **template_kwargs,
+            ids = _rendered(lambda: tool_suffix_ids(tokenizer, new, template_kwargs))
+            return Step(False, None, ids, new, norm, None)
+        chat = [template_message(m, self.call_names) for m in messages]
+        ids = _rendered(
+            lambda: tokenizer.apply_chat_template(
+                chat, tools=tools, add_generation_prompt=True, tokenize=True, return_dict=False, **template_kwargs
             )
-            self._start(chat, list(ids))
-        self.seen = norm
+        )
+        return Step(True, chat, ids, [], norm, None)
 
-    def _text_prompt(self, tokenizer: PreTrainedTokenizerBase, body: dict) -> None:
-        prompt = body.get("prompt")
-        prompt = prompt[0] if isinstance(prompt, list) and len(prompt) == 1 else prompt
-        if not isinstance(prompt, str):
-            raise Refusal(400, f"prompt must be one string, got {type(prompt).__name__}")
+    def _text_prompt(self, tokenizer: PreTrainedTokenizerBase, body: dict) -> Step:
+        prompt = body["prompt"]
+        prompt = prompt[0] if isinstance(prompt, list) else prompt  # one string, checked by check_body
         if self.turns and prompt.startswith(self.text) and len(prompt) > len(self.text):
-            self._shown(tokenizer(prompt[len(self.text) :], add_special_tokens=False)["input_ids"])
-            self.messages.append({"role": "user", "content": prompt[len(self.text) :]})
-        elif not (self.turns and prompt == self.text):
+            added = prompt[len(self.text) :]
+            ids = tokenizer(added, add_special_tokens=False)["input_ids"]
+            return Step(False, None, ids, [{"role": "user", "content": added}], None, prompt)
+        if self.turns and prompt == self.text:
+            return Step(False, None, [], [], None, prompt)
+        return Step(True, prompt, tokenizer(prompt)["input_ids"], [], None, prompt)
+
+    def _record(self, step: Step) -> None:
+        if step.start:
             self.restarts += bool(self.turns)
-            self._start(prompt, tokenizer(prompt)["input_ids"])
-        self.text = prompt
+            self._start(step.prompt, step.ids)
+        else:
+            self._shown(step.ids)
+            self.messages += step.messages
+        self.seen = step.seen if step.seen is not None else self.seen
+        self.text = step.text if step.text is not None else self.text
 
     def _start(self, prompt: Any, ids: list[int]) -> None:
-        self.prompt, self.prompt_ids, self.turns = prompt, ids, 0
+        self.prompt, self.prompt_ids, self.turns = prompt, list(ids), 0
         self.ids, self.model_mask, self.logps, self.messages, self.results = [], [], [], [], []
 
     def _shown(self, ids: list[int]) -> None:
@@ -159,12 +191,11 @@ class ServedEpisode:
         self.model_mask += [0] * len(ids)
         self.logps += [0.0] * len(ids)
 
-    def turn_budget(self, body: dict, max_positions: int | None) -> int:
-        """Tokens the model may write now: the episode's budget, the request's ``max_tokens``, the context."""
-        limits = [self.budget, body.get("max_completion_tokens") or body.get("max_tokens") or self.budget]
-        if max_positions:
-            limits.append(max_positions - len(self.prompt_ids) - len(self.ids))
-        return max(0, min(limits))
+    def turn_budget(self, body: dict, limit: int) -> int:
+        """Tokens the model may write now: the episode's budget, the request's ``max_tokens``, the room left under
+        ``limit`` positions."""
+        asked = body.get("max_completion_tokens") or body.get("max_tokens") or self.budget
+        return max(0, min(self.budget, asked, limit - len(self.prompt_ids) - len(self.ids)))
 
     def take_turn(
         self,
@@ -217,13 +248,15 @@ class ServedEpisode:
         return reply
 
     def empty_reply(self, kind: str) -> dict[str, Any]:
-        """No token left to write: an empty answer cut by length (the episode records nothing)."""
+        """No token left to write, or no room (``full``): an empty answer cut by length (no token recorded; a full
+        episode records nothing more at all)."""
         usage, extra = (len(self.prompt_ids) + len(self.ids), 0), {"token_ids": [], "sampler_logprobs": []}
         if kind != "chat":
             return text_reply("", "length", usage, extra)
         reply = chat_reply("", [], "length", usage, extra)
-        self.seen.append(normal(reply["choices"][0]["message"]))
-        self.messages.append({"role": "assistant", "content": ""})
-        self.turns += 1
-        self.ended = "tokens"
+        if not self.full:
+            self.seen.append(normal(reply["choices"][0]["message"]))
+            self.messages.append({"role": "assistant", "content": ""})
+            self.turns += 1
+            self.ended = "tokens"
         return reply
