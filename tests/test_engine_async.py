@@ -348,3 +348,29 @@ def test_a_reward_failing_in_the_producer_is_raised_by_the_trainer(tiny_model_di
     message = str(err.value)
     assert "reward function 'failing_reward' raised ValueError" in message and "no score today" in message
     assert "(in the rollout producer)" in message
+
+
+def nan_gradient_at(module, calls: set[int]) -> None:
+    """The head's gradient NaN on the given backward calls (1-based): one backward per optimiser step here."""
+    seen = [0]
+
+    def hook(grad):
+        seen[0] += 1
+        return grad * float("nan") if seen[0] in calls else grad
+
+    module.policy.model.get_output_embeddings().weight.register_hook(hook)
+
+
+def test_an_update_cut_short_by_a_nan_gradient_is_published(tiny_model_dir, arith_jsonl, tmp_path):
+    """steps_per_generation 2: the first update's second optimiser step has NaN gradients and is not taken, after
+    its first was. The step is skipped, and the weights that step moved are published all the same: the producer
+    samples from them and the staleness counts them (before: no sync, version 2 after 3 updates)."""
+    module = make_module(
+        tiny_model_dir, rollout_engine=AsyncRollouts(max_staleness=1), update={"steps_per_generation": 2}
+    )
+    nan_gradient_at(module, {2})
+    with pytest.warns(UserWarning, match=r"gradients are infinite or NaN \(after 1 optimiser step\(s\) of the"):
+        trainer = fit(module, data(arith_jsonl), tmp_path, max_steps=5)
+    assert trainer.global_step == 5  # 1 + 2 + 2 optimiser steps taken over three updates
+    assert module.engine.version == 3  # every update that moved the weights was published
+    assert logged(trainer)["train/skipped_steps"][-1] == 1.0

@@ -12,8 +12,8 @@ from typing import Any
 import torch
 from typing_extensions import override
 
-from lightning_grpo.engines.decode.sampling import drawn_logps
 from lightning_grpo.engines.base import RolloutEngine
+from lightning_grpo.engines.decode.sampling import drawn_logps
 from lightning_grpo.model.policy import Policy
 from lightning_grpo.rollout import (
     SamplingConfig,
