@@ -186,6 +186,7 @@ TESTS = {
     "cli/main.py": ["test_cli.py", "test_restore.py"],
     "cli/report.py": ["test_callbacks.py"],
     "cli/selfcheck.py": ["test_selfcheck.py"],
+    "cli/step_model.py": ["test_step_model.py"],
     "data.py": ["test_data.py"],
     "deadline.py": ["test_deadline.py"],
     "demo/calc.py": ["test_demo_tools.py"],
