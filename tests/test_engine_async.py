@@ -374,3 +374,32 @@ def test_an_update_cut_short_by_a_nan_gradient_is_published(tiny_model_dir, arit
     assert trainer.global_step == 5  # 1 + 2 + 2 optimiser steps taken over three updates
     assert module.engine.version == 3  # every update that moved the weights was published
     assert logged(trainer)["train/skipped_steps"][-1] == 1.0
+
+
+def test_the_producer_scores_without_dropout(tiny_model_dir, tmp_path):
+    """An engine other than LeanDecode (no log-probs of its own): the producer's forward gives the sampler's
+    log-probs, in eval mode, equal to the policy's without dropout (before: train mode, 0.1+ off with
+    attention_dropout 0.3)."""
+    from transformers import AutoModelForCausalLM
+
+    from lightning_grpo.engines import HFGenerate
+    from lightning_grpo.engines.asynchronous.producer import Request, sample
+    from lightning_grpo.model.policy import Policy
+    from lightning_grpo.rollout import SamplingConfig
+    from lightning_grpo.types import PromptBatch
+
+    model = AutoModelForCausalLM.from_pretrained(tiny_model_dir, attention_dropout=0.3)
+    model.save_pretrained(tmp_path / "dropout")
+    for name in ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json"):
+        if (Path(tiny_model_dir) / name).exists():
+            (tmp_path / "dropout" / name).write_bytes((Path(tiny_model_dir) / name).read_bytes())
+    policy = Policy(str(tmp_path / "dropout"))
+    policy.model.train()  # as the trainer's copy is when it is published
+    batch = PromptBatch(prompts=["max(1,2,3)=", "max(4,5,6)="], columns={})
+    request = Request(batch, 0, torch.get_rng_state(), 0, sampling_logps=True)
+    rollout = sample(policy, HFGenerate(), SamplingConfig(max_completion_length=8), 2, request)
+    policy.model.eval()
+    with torch.no_grad():
+        expected = policy.logps(rollout, [slice(None)])  # [N, T]
+    mask = rollout.completion_mask.bool()
+    torch.testing.assert_close(rollout.sampling_logps[mask], expected[mask], atol=1e-5, rtol=1e-5)

@@ -159,7 +159,9 @@ def sample(
     policy: Policy, engine: RolloutEngine, sampling: SamplingConfig, num_generations: int, request: Request
 ) -> Rollout:
     """The request's completions from its RNG state, with the sampler's log-probs when asked (the engine's own as
-    it drew, else a forward pass); the batch's dataset columns travel with it, repeated per completion."""
+    it drew, else a forward pass); the batch's dataset columns travel with it, repeated per completion. The model
+    in eval mode: the producer never trains, and dropout would make its log-probs noise, not the sampler's."""
+    policy.model.eval()
     torch.set_rng_state(request.rng_state)
     if request.salt:
         torch.manual_seed(int(torch.randint(0, 2**62, (1,))) + request.salt)
@@ -168,5 +170,6 @@ def sample(
     if not request.sampling_logps:
         rollout.sampling_logps = None  # k = 0: the synchronous path's rollout
     elif rollout.sampling_logps is None:
-        rollout.sampling_logps = policy.logps(rollout, [slice(None)])  # [N, T] the weights of request.version
+        with torch.no_grad():
+            rollout.sampling_logps = policy.logps(rollout, [slice(None)])  # [N, T] the weights of request.version
     return rollout
