@@ -261,3 +261,19 @@ def test_the_check_runs_every_check_every_pushes_and_never_with_zero(tiny_model_
     assert checked == [False, True, False, True]
     with pytest.raises(ValueError, match=r"E sync_check_every must be >= 0 \(0: never\), got -1"):
         WeightSync("E", -1, None, "merged")
+
+
+@pytest.mark.parametrize("merge", [True, False], ids=["merged", "base"])
+def test_modules_to_save_are_pushed_under_the_base_names(tiny_model_dir, merge):
+    """A trained embedding (PEFT ``modules_to_save``) holds a trained and an original copy: vLLM gets the trained
+    one as ``model.embed_tokens.weight`` (the original with the base alone), never the PEFT names it does not
+    know (before: ``...modules_to_save.default.weight`` and ``...original_module.weight``)."""
+    policy = Policy(tiny_model_dir, PolicyConfig(peft_config={**LORA, "modules_to_save": ["embed_tokens"]}))
+    trained = policy.model.base_model.model.model.embed_tokens.modules_to_save["default"].weight
+    with torch.no_grad():
+        trained.add_(1.0)  # an optimiser step on the trained copy
+    weights = inference_weights(policy, merge_adapter=merge)
+    original = inference_weights(Policy(tiny_model_dir))
+    assert set(weights) == set(original)
+    expected = trained if merge else original["model.embed_tokens.weight"]
+    torch.testing.assert_close(weights["model.embed_tokens.weight"], expected.detach(), rtol=0, atol=0)

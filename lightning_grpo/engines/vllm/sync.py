@@ -14,6 +14,7 @@ as a new version), its metrics, when to check. The engine is its ``Transport``: 
 from __future__ import annotations
 
 import contextlib
+import re
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -44,7 +45,8 @@ def inference_weights(policy: Policy, merge_adapter: bool = True) -> dict[str, T
     model = policy.model
     with _merged(model) if policy.is_lora and merge_adapter else contextlib.nullcontext():
         state = full_state_dict(model) if is_sharded(model) else model.state_dict()
-        weights = {_hf_name(name): t.detach().clone() for name, t in state.items() if "lora_" not in name}
+        named = {_hf_name(name, merge_adapter): t for name, t in state.items() if "lora_" not in name}
+        weights = {name: t.detach().clone() for name, t in named.items() if name is not None}
     if "lm_head.weight" not in weights and "model.embed_tokens.weight" in weights:
         weights["lm_head.weight"] = weights["model.embed_tokens.weight"].clone()  # a tensor of its own: safetensors
     return weights
@@ -61,9 +63,23 @@ def _merged(model: torch.nn.Module) -> Iterator[None]:
             model.unmerge_adapter()
 
 
-def _hf_name(name: str) -> str:
-    """A PEFT name (``base_model.model.model.layers.0.q_proj.base_layer.weight``) -> the base model's."""
-    return name.removeprefix("base_model.model.").replace(".base_layer.", ".")
+def _hf_name(name: str, adapter: bool = True) -> str | None:
+    """A PEFT name (``base_model.model.model.layers.0.q_proj.base_layer.weight``) -> the base model's, or ``None``
+    for a weight vLLM does not take. A module in ``modules_to_save`` (a trained embedding or head) holds two copies:
+    ``...modules_to_save.<adapter>.weight``, the trained one, goes under the base name with the adapter on, and
+    ``...original_module.weight`` without it (the base alone).
+
+    >>> _hf_name("base_model.model.model.embed_tokens.modules_to_save.default.weight")
+    'model.embed_tokens.weight'
+    >>> _hf_name("base_model.model.model.embed_tokens.original_module.weight") is None
+    True
+    """
+    name = name.removeprefix("base_model.model.").replace(".base_layer.", ".")
+    if ".modules_to_save." in name:
+        return re.sub(r"\.modules_to_save\.[^.]+\.", ".", name) if adapter else None
+    if ".original_module." in name:
+        return None if adapter else name.replace(".original_module.", ".")
+    return name
 
 
 def probe_prompt(policy: Policy) -> list[int]:
