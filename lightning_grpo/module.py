@@ -58,7 +58,8 @@ class GRPOModule(L.LightningModule):
     Args:
         model: Hugging Face model name or local path (``AutoModelForCausalLM``), or a built model.
         reward_funcs: callables ``fn(prompts, completions, completion_ids, **columns) -> list[float | None]``,
-            or their import paths in YAML (``trl.rewards.accuracy_reward``).
+            or their import paths in YAML (``trl.rewards.accuracy_reward``). Empty with a ``distill.teacher``: every
+            reward is 0 and the teacher alone trains.
         reward_weights: one weight per reward function; the reward is their weighted sum (default all 1.0).
         reward_preset: a named set of weighted reward functions added to ``reward_funcs``: math_reasoning,
             code_generation, summarization or qa (``lightning_grpo.rewards.PRESETS``).
@@ -76,8 +77,7 @@ class GRPOModule(L.LightningModule):
         update: how a generation batch is trained on (num_iterations, steps_per_generation, micro_batch_size,
             mask_truncated_completions, sampling_correction).
         reward_calls: what a failing or overdue reward call does (on_error, timeout).
-        distill: on-policy distillation from a frozen teacher (teacher, objective reverse_kl or gkd, teacher_weight,
-            reward_weight, beta ...); with a teacher, ``reward_funcs`` may be empty (the reward is then 0).
+        distill: on-policy distillation from a frozen teacher (``references/distillation.md``).
         max_bad_steps: a step whose rewards, advantages or gradients are not finite is skipped (counted in
             ``train/skipped_steps``); this many in a row stop training with an error and a checkpoint.
         rollout_engine: what turns prompts into completions (``class_path`` in YAML): ``None`` is
