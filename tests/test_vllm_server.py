@@ -103,3 +103,40 @@ def test_refused_where_it_cannot_push_weights():
     with pytest.raises(ValueError, match="VLLMServer cannot run on this machine: .*no CUDA GPU"):
         VLLMServer(weight_transfer="nccl")
     assert VLLMServer().weight_transfer == "disk"  # the server reads a safetensors file the trainer writes
+
+
+TEARDOWN = """
+import sys
+from pathlib import Path
+
+import lightning as L
+
+from lightning_grpo.engines import VLLMServer
+from lightning_grpo.model.policy import Policy
+
+server, model_dir, named = sys.argv[1:]
+policy, trainer = Policy(model_dir), L.Trainer(accelerator="cpu", logger=False)
+engine = VLLMServer(base_url=server, weight_transfer="disk", sync_check_every=0)
+engine.setup(policy, trainer, 0)
+folder = Path(engine.weights_dir)
+(folder / "model.safetensors").write_bytes(b"a pushed model")  # what a push writes there
+engine.teardown()
+assert not folder.exists() and engine.weights_dir is None, folder
+engine.setup(policy, trainer, 0)  # a second fit makes a new one
+assert Path(engine.weights_dir).is_dir()
+engine.teardown()
+mine = VLLMServer(base_url=server, weight_transfer="disk", weights_dir=named)
+mine.setup(policy, trainer, 0)
+mine.teardown()
+assert Path(named).is_dir()
+"""
+
+
+def test_the_temporary_weights_folder_is_removed_at_teardown(server, tiny_model_dir, tmp_path):
+    """weight_transfer disk without weights_dir: the folder the model is written to for the server is this run's
+    own and goes with it (before: a whole copy of the model left in /tmp after every run); a named one stays. In a
+    process of its own: TRL's client needs an importable vLLM (the stand-in)."""
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(STAND_IN), str(HERE.parent)]), "OMP_NUM_THREADS": "1"}
+    command = [sys.executable, "-c", TEARDOWN, server, tiny_model_dir, str(tmp_path / "mine")]
+    proc = subprocess.run(command, capture_output=True, text=True, timeout=300, env=env)
+    assert proc.returncode == 0, proc.stderr[-3000:]

@@ -13,6 +13,7 @@ kernels, so its per-token log-probs come back and the loss is re-weighted by ``u
 from __future__ import annotations
 
 import importlib.util
+import shutil
 import tempfile
 from pathlib import Path
 from typing import Any, Literal
@@ -63,7 +64,8 @@ class VLLMServer(RolloutEngine):
         weight_transfer: how weights reach the server (``WEIGHT_TRANSFERS``); ``None``: ``"nccl"`` where CUDA is
             available, else ``"disk"``.
         weights_dir: the folder of the ``"disk"`` transfer (the server reads ``model.safetensors`` there) and of
-            the adapter versions; ``None``: a new temporary folder (a server on this machine).
+            the adapter versions; ``None``: a new temporary folder (a server on this machine), removed at the end
+            of the fit.
         sync_check_every: check every this many pushes that the server generates from the policy's weights
             (greedy tokens and log-probs of a probe prompt); 0 never checks.
         sync_check_atol: the log-prob tolerance of that check; ``None``: 1e-3 for fp32 policies, 0.1 for bf16.
@@ -101,6 +103,7 @@ class VLLMServer(RolloutEngine):
         self.base_model: str | None = None  # the server's model name; requests name the adapter instead
         self.base_url, self.connection_timeout, self.group_port = base_url, connection_timeout, group_port
         self.weight_transfer, self.weights_dir = transfer, weights_dir
+        self.temporary_dir: str | None = None  # the weights folder made in setup when weights_dir is None
         if logprobs_mode not in LOGPROBS_MODES:
             raise ValueError(f"VLLMServer logprobs_mode must be one of {list(LOGPROBS_MODES)}, got {logprobs_mode!r}")
         self.logprobs_mode = logprobs_mode
@@ -136,7 +139,13 @@ class VLLMServer(RolloutEngine):
         self.trainer, self.rank, self.world_size = trainer, trainer.global_rank, trainer.world_size
         self.weight_sync.serve_adapters(policy, self.weights_dir)  # every rank's: a sharded adapter is gathered by all
         self.weight_sync.leader, self.weight_sync.from_leader = self.rank == 0, self.from_rank_zero
-        if self.rank != 0 or self.client is not None:
+        if self.rank != 0:
+            return
+        if self.weight_transfer == "disk":  # a folder of this run's own unless weights_dir names one
+            if self.weights_dir is None:
+                self.weights_dir = self.temporary_dir = tempfile.mkdtemp(prefix="lightning_grpo_weights_")
+            Path(self.weights_dir).mkdir(parents=True, exist_ok=True)
+        if self.client is not None:
             return
         from trl.generation.vllm_client import VLLMClient
 
@@ -146,9 +155,13 @@ class VLLMServer(RolloutEngine):
         self.base_model = self.client.model
         if self.weight_transfer == "nccl":
             self.open_weight_channel(policy.device)
-        else:
-            self.weights_dir = self.weights_dir or tempfile.mkdtemp(prefix="lightning_grpo_weights_")
-            Path(self.weights_dir).mkdir(parents=True, exist_ok=True)
+
+    @override
+    def teardown(self) -> None:
+        """Remove the temporary weights folder (a whole copy of the model) this run made; a named one stays."""
+        if self.temporary_dir is not None:
+            shutil.rmtree(self.temporary_dir, ignore_errors=True)
+            self.weights_dir = self.temporary_dir = None
 
     def open_weight_channel(self, device: torch.device) -> None:
         """Join the server's weight-update group (rank 0 of it; the server's workers follow)."""
