@@ -2,11 +2,12 @@
 Lightning's ``CheckpointIO`` plugin API and files; nothing about GRPO.
 
 A checkpoint is written next to its final name (``.last.ckpt.tmp-<pid>`` in the same directory, hence the same
-filesystem), flushed to the disk (``fsync``), then renamed over the final name, and the directory entry is
-flushed too. A process killed mid-write, or a disk that fills up, leaves the previous checkpoint intact and at
-worst a temporary file, never a truncated ``.ckpt`` under a final name. (Lightning's own ``TorchCheckpointIO``
-writes the final file in place: a kill leaves it truncated, and resume fails with ``PytorchStreamReader failed
-reading zip archive``.)
+filesystem), flushed to the disk (``fsync``), then renamed over the final name, and the directory entry is flushed
+too. A process killed mid-write, or a disk that fills up, leaves the previous checkpoint intact and at worst a
+temporary file, never a truncated ``.ckpt`` under a final name; the next write into that directory (the resumed
+run's first checkpoint) removes the temporary files of writers that are no longer running. (Lightning's own
+``TorchCheckpointIO`` writes the final file in place: a kill leaves it truncated, and resume fails with
+``PytorchStreamReader failed reading zip archive``.)
 
 A resume checks the checkpoint first: ``torch.save`` writes a zip archive whose every member has a CRC, so a
 truncated or corrupt file is found without unpickling it (``readable``). ``--ckpt_path last`` looks at every
@@ -54,6 +55,7 @@ class AtomicCheckpointIO(TorchCheckpointIO):
             return super().save_checkpoint(checkpoint, path, storage_options)
         target = Path(path)
         target.parent.mkdir(parents=True, exist_ok=True)
+        remove_dead_partials(target.parent)
         partial = target.with_name(f".{target.name}.tmp-{os.getpid()}")
         try:
             with open(partial, "wb") as f:
@@ -67,6 +69,29 @@ class AtomicCheckpointIO(TorchCheckpointIO):
                 raise
             raise OSError(_failed_write(target, err)) from err
         _fsync_dir(target.parent)
+
+
+def remove_dead_partials(directory: Path) -> list[Path]:
+    """Remove the temporary files (``.<name>.tmp-<pid>``) that writers killed mid-write left in ``directory``: those
+    of a process that no longer runs. One process writes a run's checkpoints (global rank 0), so another pid still
+    running is another run's writer and its file is kept. Returns the files removed."""
+    removed = []
+    for partial in directory.glob(".*.tmp-*"):
+        pid = partial.name.rsplit("-", 1)[1]
+        if pid.isdigit() and int(pid) != os.getpid() and not _running(int(pid)):
+            partial.unlink(missing_ok=True)
+            removed.append(partial)
+    return removed
+
+
+def _running(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)  # signal 0: no signal sent, only whether the process exists
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # it exists, under another user
+        return True
+    return True
 
 
 def _failed_write(target: Path, err: Exception) -> str:

@@ -1,17 +1,30 @@
 """Exact resume: 2N steps in one go equal N steps, a signal (SIGTERM, SIGINT, SIGHUP, SIGQUIT, SIGUSR1), and N more
-steps from the checkpoint it saved."""
+steps from the checkpoint it saved. What a resume leaves on disk: no temporary file of a write a kill interrupted, and
+metrics.jsonl with each step once."""
 
+import json
 import os
 import signal
+import subprocess
+import sys
+import textwrap
 from dataclasses import dataclass
+from pathlib import Path
 
 import lightning as L
 import pytest
 import torch
+from lightning.pytorch.callbacks import ModelCheckpoint
+from lightning.pytorch.loggers import CSVLogger
 
 from lightning_grpo.callbacks import PreemptionCheckpoint
+from lightning_grpo.callbacks.metricsfile import MetricsFile
+from lightning_grpo.checkpoints import AtomicCheckpointIO
 from lightning_grpo.data import PromptDataModule
 from tests.helpers import fit, logged, make_module
+from tests.test_checkpoints import KILLED_RUN
+
+ROOT = Path(__file__).resolve().parents[1]
 
 N = 3
 
@@ -133,3 +146,59 @@ def test_unknown_signal_is_refused():
         match=r"signals must be a subset of \['SIGHUP', 'SIGINT', 'SIGQUIT', 'SIGTERM', 'SIGUSR1'\], got \['SIGKILL'\]",
     ):
         PreemptionCheckpoint(signals=["SIGKILL"])
+
+
+def test_a_kill_mid_write_leaves_no_temporary_file_once_the_resumed_run_saves(tiny_model_dir, arith_jsonl, tmp_path):
+    script = tmp_path / "killed_run.py"
+    script.write_text(textwrap.dedent(KILLED_RUN))  # SIGKILL while step 2's checkpoint is being written
+    checkpoints = tmp_path / "checkpoints"
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
+    command = [sys.executable, str(script), tiny_model_dir, arith_jsonl, str(checkpoints)]
+    with subprocess.Popen(command, stdout=subprocess.PIPE, text=True, env=env) as proc:
+        try:
+            assert "writing" in (line.strip() for line in proc.stdout)
+        finally:
+            proc.send_signal(signal.SIGKILL)
+            proc.wait(timeout=60)
+    assert len(list(checkpoints.glob(".last.ckpt.tmp-*"))) == 1  # what the kill left beside step 1's checkpoint
+    last = ModelCheckpoint(dirpath=checkpoints, filename="last", every_n_train_steps=1, enable_version_counter=False)
+    resumed = fit(
+        make_module(tiny_model_dir),
+        data(arith_jsonl),
+        tmp_path / "resumed",
+        max_steps=3,
+        ckpt_path=checkpoints / "last.ckpt",
+        enable_checkpointing=True,
+        callbacks=[last],
+        plugins=[AtomicCheckpointIO()],
+    )
+    assert resumed.global_step == 3 and sorted(p.name for p in checkpoints.iterdir()) == ["last.ckpt"]
+
+
+def test_a_resumed_run_writes_each_step_once_in_metrics_jsonl(tiny_model_dir, arith_jsonl, tmp_path):
+    def run(max_steps: int, ckpt_path: Path | None = None) -> list[dict]:
+        every_step = ModelCheckpoint(dirpath=tmp_path / "checkpoints", every_n_train_steps=1, save_top_k=-1)
+        trainer = L.Trainer(
+            max_steps=max_steps,
+            accelerator="cpu",
+            logger=CSVLogger(tmp_path, version=0),  # the resumed run continues the interrupted run's directory
+            log_every_n_steps=1,
+            val_check_interval=2,
+            limit_val_batches=1,
+            enable_progress_bar=False,
+            enable_model_summary=False,
+            callbacks=[every_step, MetricsFile()],
+        )
+        trainer.fit(make_module(tiny_model_dir), PromptDataModule(arith_jsonl, batch_size=4), ckpt_path=ckpt_path)
+        return [json.loads(line) for line in (Path(trainer.logger.log_dir) / "metrics.jsonl").open()]
+
+    def steps(rows: list[dict]) -> dict[str, list[int]]:
+        return {kind: [r["step"] for r in rows if any(k.startswith(kind) for k in r)] for kind in ("train/", "val/")}
+
+    interrupted = run(max_steps=4)  # got to step 4; the resume below starts from step 2's checkpoint
+    assert steps(interrupted)["train/"] == [1, 2, 3, 4] and steps(interrupted)["val/"][:2] == [0, 2]  # 0: sanity
+    checkpoint = next((tmp_path / "checkpoints").glob("*step=2.ckpt"))
+    resumed = run(max_steps=4, ckpt_path=checkpoint)
+    assert steps(resumed) == steps(interrupted)  # each step once: steps 3 and 4 written again, not twice
+    before = [r for r in interrupted if r["step"] <= 2]
+    assert resumed[: len(before)] == before  # the rows up to the checkpoint's step, as they were
