@@ -34,6 +34,20 @@ class NoisySampler(ShiftedSampler):
         return rollout
 
 
+class SpikeSampler(ShiftedSampler):
+    """Agrees with the trainer except at its ``at``-th batch (1-based), ``shift`` nats a token off there: a one-step
+    spike, as an update that moves the policy far makes under async."""
+
+    def __init__(self, shift: float, at: int) -> None:
+        super().__init__(0.0)
+        self.spike, self.at, self.calls = shift, at, 0
+
+    def generate(self, *args, **kw):
+        self.calls += 1
+        self.shift = self.spike if self.calls == self.at else 0.0
+        return super().generate(*args, **kw)
+
+
 def data(path):
     return PromptDataModule(path, batch_size=4, val_split=None)
 
@@ -84,6 +98,18 @@ def test_a_noisy_sampler_raises_on_the_effective_sample_size(tiny_model_dir, ari
         fit(module, data(arith_jsonl), tmp_path, max_steps=3, callbacks=[alert])
 
 
+def test_a_one_step_spike_is_not_a_mismatch(tiny_model_dir, arith_jsonl, tmp_path):
+    windowed = MismatchAlert(patience=1, window=5)
+    fit(make_module(tiny_model_dir, rollout_engine=SpikeSampler(0.3, at=3)), data(arith_jsonl), tmp_path / "w",
+        max_steps=5, callbacks=[windowed])  # fmt: skip
+    assert max(windowed.history["token_mult_prob_error"]) == pytest.approx(math.exp(0.3), rel=1e-4)  # measured
+    assert not windowed.firings  # the median of [1, 1, 1.35, 1, 1] is 1
+    one_step = MismatchAlert(patience=1, window=1)  # the judgement of one step alone fires on it
+    fit(make_module(tiny_model_dir, rollout_engine=SpikeSampler(0.3, at=3)), data(arith_jsonl), tmp_path / "s",
+        max_steps=5, callbacks=[one_step])  # fmt: skip
+    assert [(f.step, f.signal) for f in one_step.firings] == [(3, "token_mult_prob_error"), (3, "sampler_kl")]
+
+
 @pytest.mark.parametrize("correction", ["auto", "sequence_mask"])
 def test_an_async_sampler_behind_by_design_gets_its_own_advice(tiny_model_dir, arith_jsonl, tmp_path, correction):
     alert = MismatchAlert(max_token_mult_prob_error=1.001, min_ess=1.0, patience=1)  # over rounding; any spread
@@ -92,6 +118,8 @@ def test_an_async_sampler_behind_by_design_gets_its_own_advice(tiny_model_dir, a
     fit(module, data(arith_jsonl), tmp_path, max_steps=3, callbacks=[alert])
     stale = [f for f in alert.firings if f.signal != "sampler_ess"]
     assert stale and all("1 update(s) behind" in f.message for f in stale)
+    amounts = "halve model.optim.learning_rate (0.01 -> 0.005), or lower max_staleness (1 -> 0: synchronous)"
+    assert all(amounts in f.message for f in stale)
     assert "same dtype" not in stale[0].message  # not an engine fault
     if correction == "auto":  # bypass: the clip is already at the sampler, and no weight's ESS to watch
         assert "already clips its ratio against the sampler" in stale[0].message and len(stale) == len(alert.firings)
@@ -135,6 +163,8 @@ def test_bad_settings_are_named():
         MismatchAlert(min_ess=2)
     with pytest.raises(ValueError, match="max_kl must be >= 0, got -1"):
         MismatchAlert(max_kl=-1)
+    with pytest.raises(ValueError, match="window must be >= 1, got 0"):
+        MismatchAlert(window=0)
 
 
 def test_the_docstring_example_runs():
