@@ -1,7 +1,7 @@
 """The padding-free log-prob forwards (trimmed columns, packed rows, packed with a shared prompt) against an
 independent padded computation: the model's own forward over every column, log-softmax, gather. Log-probs,
 entropies and every gradient equal to fp32 tolerance, for several length spreads, with LoRA, eager attention
-and a Mixture-of-Experts router loss."""
+and a Mixture-of-Experts router loss; and the positions each layout computes, as ``train/tokens/*`` reports them."""
 
 from __future__ import annotations
 
@@ -10,9 +10,11 @@ import torch
 from test_moe_aux import tiny_mixtral
 from test_prefix import assert_same_outputs, grouped_rows, lora_model, with_grads
 
+from lightning_grpo.data import PromptDataModule
 from lightning_grpo.demo.tiny import build_tiny_qwen2, build_tokenizer
 from lightning_grpo.model.logprobs import completion_logps
-from lightning_grpo.model.padding import pack_rows, position_ids_from_mask, trim_padding
+from lightning_grpo.model.padding import forward_positions, pack_rows, position_ids_from_mask, trim_padding
+from tests.helpers import fit, logged, make_module
 
 LAYOUTS = {
     "trimmed": {},
@@ -61,6 +63,35 @@ SPREADS = [
 def test_every_layout_equals_the_padded_forward(model, layout, prompt_lengths, group_size, completion_length):
     ids, mask = grouped_rows(prompt_lengths, group_size, completion_length, seed=len(prompt_lengths))
     assert_equal_to_reference(model, ids, mask, completion_length, layout)
+
+
+@pytest.mark.parametrize("layout", sorted(LAYOUTS))
+@pytest.mark.parametrize("prompt_lengths,group_size,completion_length", SPREADS)
+def test_the_positions_counted_are_those_the_decoder_runs(model, layout, prompt_lengths, group_size, completion_length):
+    """``forward_positions`` (the ``train/tokens/computed`` of a step) against the token positions that reach the
+    decoder's embedding in the forward itself."""
+    ids, mask = grouped_rows(prompt_lengths, group_size, completion_length, seed=len(prompt_lengths))
+    seen = []
+    hook = model.get_input_embeddings().register_forward_pre_hook(lambda _, args: seen.append(args[0].numel()))
+    try:
+        with torch.no_grad():
+            completion_logps(model, ids, mask, completion_length, **LAYOUTS[layout])
+    finally:
+        hook.remove()
+    options = LAYOUTS[layout]
+    counted = forward_positions(
+        ids, mask, completion_length, options.get("shared_prefix", False), "padding_free" in options
+    )
+    assert counted == sum(seen) <= ids.numel()
+
+
+def test_a_run_logs_the_positions_computed_against_the_padded_batch(tiny_model_dir, arith_jsonl, tmp_path):
+    # G = 4 rows share each prompt: the default forward encodes it once, so a step computes fewer than N x (P + T)
+    trainer = fit(make_module(tiny_model_dir), PromptDataModule(arith_jsonl, batch_size=4, val_split=None), tmp_path)
+    steps = logged(trainer)
+    for computed, padded, saved in zip(*(steps[f"train/tokens/{k}"] for k in ("computed", "padded", "padding_saved"))):
+        assert 0 < computed < padded and saved == pytest.approx(1 - computed / padded)
+    assert len(steps["train/tokens/computed"]) == 2
 
 
 @pytest.mark.parametrize("layout", ["packed", "packed_shared"])

@@ -52,6 +52,26 @@ def trim_padding(input_ids: Tensor, attention_mask: Tensor, completion_length: i
     return input_ids[:, columns], attention_mask[:, columns], width
 
 
+def forward_positions(
+    input_ids: Tensor, attention_mask: Tensor, completion_length: int, share_prompt: bool, packed: bool
+) -> int:
+    """Token positions the log-prob forward runs for these rows (the decoder's work, one micro-batch): the columns
+    ``trim_padding`` keeps, then rows x columns (padded) or the real tokens (``packed``); with ``share_prompt`` each
+    run of rows with one prompt counts that prompt once (``model.prefix``).
+
+    >>> ids = torch.tensor([[0, 5, 6, 7, 0], [0, 5, 6, 8, 9]])  # one prompt (0 5 6), completions of 1 and 2 tokens
+    >>> mask = torch.tensor([[0, 1, 1, 1, 0], [0, 1, 1, 1, 1]])
+    >>> [forward_positions(ids, mask, 2, share, packed) for share in (False, True) for packed in (False, True)]
+    [8, 7, 6, 5]
+    """
+    ids, mask, width = trim_padding(input_ids, attention_mask, completion_length)  # [n, P'+T'], T'
+    prompt, completion = mask[:, :-width], mask[:, -width:]  # [n, P'], [n, T']
+    if share_prompt:
+        first, _ = prompt_runs(ids[:, :-width], prompt)  # [U] the first row of each run
+        prompt = prompt[first]
+    return int(prompt.sum() + completion.sum()) if packed else prompt.numel() + completion.numel()
+
+
 @dataclass(frozen=True)
 class PackedRows:
     """A micro-batch as one sequence of its S real tokens."""

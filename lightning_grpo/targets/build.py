@@ -19,6 +19,7 @@ from lightning_grpo.loss import LossConfig, LossNormalizer, LossOutput, grpo_los
 from lightning_grpo.loss.config import DistillConfig
 from lightning_grpo.loss.distill import mix_advantages
 from lightning_grpo.model.logprobs import TokenLogps
+from lightning_grpo.model.padding import forward_positions
 from lightning_grpo.model.policy import Policy
 from lightning_grpo.ranks import Ranks
 from lightning_grpo.targets.config import UpdateConfig
@@ -89,6 +90,7 @@ class Targets:
     row_tokens: Tensor | None = None  # [N] real prompt and completion tokens of each row (token-budget micro-batches)
     proximal: ProximalCorrection | None = None  # the correction, when it is taken from the training forward
     distill: DistillTargets | None = None  # the teacher's judgement of the batch (``distill:``)
+    tokens: tuple[int, int] | None = None  # positions one log-prob pass over the micro-batches runs; N x (P + T)
 
     def loss(
         self, token: TokenLogps, rows: slice | Tensor, norm: LossNormalizer, config: LossConfig, entropy_coef: float
@@ -135,7 +137,16 @@ class Targets:
         none when the policy sampled)."""
         mismatch = self.mismatch.metrics() if self.mismatch is not None else {}
         distill = self.distill.stats.metrics() if self.distill is not None else {}
-        return correction_metrics(self.sampling_weights, self.mask) | mismatch | distill
+        return correction_metrics(self.sampling_weights, self.mask) | mismatch | distill | self.token_metrics()
+
+    def token_metrics(self) -> dict[str, float]:
+        """This rank's ``tokens/computed`` by one log-prob pass over the batch (its micro-batches, in the policy's
+        layout), against ``tokens/padded``: N x (P + T), the batch as one padded pass; ``tokens/padding_saved``: the
+        share of those positions never computed."""
+        if self.tokens is None or not self.tokens[1]:  # no rows
+            return {}
+        computed, padded = self.tokens
+        return {"tokens/computed": computed, "tokens/padded": padded, "tokens/padding_saved": 1 - computed / padded}
 
 
 @dataclass(frozen=True)
@@ -272,7 +283,15 @@ def build_targets(
         row_tokens=row_tokens,
         proximal=proximal,
         distill=distill,
+        tokens=(computed_positions(policy, rollout, rows), rollout.attention_mask.numel()),
     )
+
+
+def computed_positions(policy: Policy, rollout: Rollout, rows: list[slice] | list[Tensor]) -> int:
+    """Token positions the decoder runs in one log-prob pass over ``rows``' micro-batches, in the policy's layout."""
+    share, packed, width = policy.shares_prompt_prefix, policy.config.padding_free, rollout.completion_ids.shape[1]
+    ids, mask = rollout.input_ids, rollout.attention_mask
+    return sum(forward_positions(ids[r], mask[r], width, share, packed) for r in rows)
 
 
 def _with_teacher(advantages: Tensor, distill: DistillTargets, c: DistillConfig) -> Tensor:
