@@ -403,3 +403,51 @@ def test_the_producer_scores_without_dropout(tiny_model_dir, tmp_path):
         expected = policy.logps(rollout, [slice(None)])  # [N, T]
     mask = rollout.completion_mask.bool()
     torch.testing.assert_close(rollout.sampling_logps[mask], expected[mask], atol=1e-5, rtol=1e-5)
+
+
+def slow_reward(completions, **kwargs):
+    """A reward that takes 2 s a batch: the producer, which scores, is the slow side."""
+    import time
+
+    time.sleep(2.0)
+    return [len(c) / 8 for c in completions]
+
+
+def test_the_trainer_s_wait_for_the_producer_to_take_its_weights_is_idle_time(tiny_model_dir, arith_jsonl, tmp_path):
+    """k = 2 with a producer slower than the trainer: the trainer waits in sync_weights until the producer has
+    taken the weights of every request it was sent, and that wait is idle time, in the next step's
+    async/trainer_idle_fraction (before: 0.00 logged while the trainer idled 0.8 s of a 1.0 s step). Each
+    sync_weights is timed from outside: the idle time it leaves counted covers it."""
+    import time
+
+    engine = AsyncRollouts(max_staleness=2, score_in_producer=True)
+    publish, syncs = engine.sync_weights, []
+
+    def timed(policy):
+        start = time.perf_counter()
+        publish(policy)
+        syncs.append((time.perf_counter() - start, engine.waited_s))
+
+    engine.sync_weights = timed
+    slow = ["tests.test_engine_async.slow_reward"]
+    module = make_module(tiny_model_dir, rollout_engine=engine, reward_funcs=slow, accuracy_reward=None)
+    trainer = fit(module, data(arith_jsonl), tmp_path, max_steps=3)
+    assert max(took for took, _ in syncs) > 0.2, syncs  # the trainer did wait for the producer
+    assert all(counted >= 0.9 * took - 0.05 for took, counted in syncs), syncs
+    idle = logged(trainer)["train/async/trainer_idle_fraction"]
+    assert max(idle[1:]) > 0.1, idle
+
+
+def test_teardown_lets_go_of_the_engine(tiny_model_dir, arith_jsonl, tmp_path):
+    """After the fit, nothing of the engine's is kept alive: its exit hook is unregistered (before: atexit held
+    the engine, and through it the trainer, the policy and the shared-memory model, until the interpreter ended)."""
+    import gc
+    import weakref
+
+    module = make_module(tiny_model_dir, rollout_engine=AsyncRollouts(max_staleness=1))
+    trainer = fit(module, data(arith_jsonl), tmp_path, max_steps=1)
+    engine, policy = weakref.ref(module.engine), weakref.ref(module.policy)
+    assert module.engine.process is None
+    del module, trainer
+    gc.collect()
+    assert engine() is None and policy() is None

@@ -151,9 +151,11 @@ class AsyncRollouts(RolloutEngine):
         model = policy.model
         sharded = is_sharded(model)
         state = full_state_dict(model, every_rank=True, trained_only=True) if sharded else model.state_dict()
+        start = time.perf_counter()
         while self.mailbox.taken.value < self.submitted:
             self._check_alive("take the weights of its requests")
             time.sleep(0.0005)
+        self.waited_s += time.perf_counter() - start  # idle too: async/trainer_idle_fraction counts every wait
         self.version = self.mailbox.publish(state)
 
     # ---- the producer process -----------------------------------------------------------------------------
@@ -247,7 +249,10 @@ class AsyncRollouts(RolloutEngine):
         self.ready = collections.deque(from_plain(a) for a in state["ready"])
 
     def teardown(self) -> None:
-        """End the producer process once it has answered every request (a checkpoint after the fit keeps them)."""
+        """End the producer process once it has answered every request (a checkpoint after the fit keeps them),
+        and let go of what it shared: the exit hook (which held this engine, and through it the trainer and the
+        policy, until the interpreter ended), the mailbox's shared-memory copy of the model and the queues."""
+        atexit.unregister(self.teardown)
         if self.process is not None and self.process.is_alive():
             while self.pending:
                 self.ready.append(self._receive())
@@ -255,7 +260,7 @@ class AsyncRollouts(RolloutEngine):
             self.process.join(timeout=30)
             if self.process.is_alive():
                 self.process.kill()  # it ignores SIGTERM (left to the trainer)
-        self.process = None
+        self.process = self.mailbox = self.requests = self.results = None
 
 
 def unpicklable(funcs: list[Any]) -> None:
