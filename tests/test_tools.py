@@ -13,7 +13,7 @@ import torch
 
 from lightning_grpo.demo.tiny import TOOL_CHAT_TEMPLATE, build_tokenizer
 from lightning_grpo.engines import HermesParser, ToolCall, ToolCalling
-from lightning_grpo.engines.multiturn.episodes import check_tool_template, tool_suffix_ids
+from lightning_grpo.engines.multiturn.episodes import EpisodeStats, check_tool_template, tool_suffix_ids
 from lightning_grpo.engines.multiturn.toolcalls import run_call, tool_schema
 from lightning_grpo.model.policy import Policy
 from lightning_grpo.rollout import SamplingConfig
@@ -260,3 +260,22 @@ def test_token_budget_counts_every_model_token():
     )
     assert int((rollout.tool_mask * rollout.completion_mask).sum()) == budget
     assert rollout.is_truncated.tolist() == [True] and rollout.metrics["episodes/truncated_by_tokens"] == 1.0
+
+
+def test_calls_to_made_up_names_share_one_metric_key():
+    """A model under RL writes names no tool has (guessL, guuess ...): each would become a metric key that loggers
+    keep for the whole run. They count under tools/unknown; a real tool called with bad arguments keeps its own."""
+    tools = {"mul": lambda a, b: a * b}
+    calls = [
+        ToolCall("mul", {"a": 2, "b": 3}),
+        ToolCall("guessL", {}),
+        ToolCall("guuess", {"x": 1}),
+        ToolCall("mul", error="arguments must be a JSON object, got 3"),
+        ToolCall("unknown", error="the tool call is not valid JSON"),
+    ]
+    episode = SimpleNamespace(turns=2, ended="answer", results=[run_call(c, tools, None) for c in calls])
+    metrics = EpisodeStats.of([episode]).metrics()
+    per_tool = sorted(k for k in metrics if k.startswith("tools/") and k.count("/") == 2)
+    assert per_tool == ["tools/mul/failure_frequency", "tools/unknown/failure_frequency"]
+    assert metrics["tools/mul/failure_frequency"] == 0.5 and metrics["tools/unknown/failure_frequency"] == 1.0
+    assert metrics["tools/call_frequency"] == 5.0 and metrics["tools/failure_frequency"] == 0.8

@@ -43,6 +43,7 @@ class CallRecord:
 
     name: str
     failed: bool
+    known: bool = True  # the name is a tool of the request (metrics count any other name under UNKNOWN_TOOL)
 
 
 def _text(content: Any) -> str:
@@ -229,7 +230,10 @@ class ServedEpisode:
         # its own actions (a SkyRL-gym environment reads the model's raw text).
         content, calls = parser.parse(text) if self.tool_names else (text.strip(), [])
         good = [c for c in calls if c.error is None]
-        self.results += [CallRecord(c.name, c.error is not None or c.name not in self.tool_names) for c in calls]
+        self.results += [
+            CallRecord(c.name, c.error is not None or c.name not in self.tool_names, c.name in self.tool_names)
+            for c in calls
+        ]
         if len(good) < len(calls):
             content = text.strip()  # a call that cannot be read stays in the text, as the model wrote it
         api_calls = [

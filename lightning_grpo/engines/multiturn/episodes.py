@@ -15,6 +15,8 @@ from transformers import PreTrainedTokenizerBase
 from lightning_grpo.types import Rollout
 
 PROBE = "lightning_grpo_probe_tool"
+# The metrics' name for every call naming no tool of its episode: one key, however many names a model makes up.
+UNKNOWN_TOOL = "unknown"
 PROBE_SCHEMA = {
     "type": "function",
     "function": {"name": PROBE, "description": "probe", "parameters": {"type": "object", "properties": {}}},
@@ -73,7 +75,9 @@ class EpisodeStats:
 
     @staticmethod
     def of(episodes: list[Any]) -> EpisodeStats:
-        calls = [(r.name, r.failed) for e in episodes for r in e.results]
+        """The episodes' counts; a call to a name that is no tool of its episode is counted as ``UNKNOWN_TOOL``,
+        so misspelt names do not grow the set of metric keys."""
+        calls = [(r.name if r.known else UNKNOWN_TOOL, r.failed) for e in episodes for r in e.results]
         return EpisodeStats([e.turns for e in episodes], calls, [e.ended for e in episodes])
 
     def metrics(self) -> dict[str, float]:
