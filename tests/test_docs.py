@@ -385,3 +385,17 @@ def test_the_readme_layout_lists_every_file_and_folder_of_the_package():
     entries = {e for e in entries if not e.startswith("__") and e != "py.typed"}
     shown = {e.removesuffix(".py") for e in listed}
     assert entries == shown, f"missing from the layout: {sorted(entries - shown)}; gone: {sorted(shown - entries)}"
+
+
+def test_the_docs_name_the_default_engine_the_code_uses():
+    """One owner for the fact: wherever a doc calls an engine "the default", it is the one ``default_engine`` picks."""
+    from lightning_grpo.engines import default_engine
+    from lightning_grpo.rollout import SamplingConfig
+
+    default = type(default_engine(SamplingConfig())).__name__
+    engines = "LeanDecode|HFGenerate|VLLMColocate|VLLMServer"
+    said = re.compile(
+        rf"default (?:engine )?is `(?:lightning_grpo\.engines\.)?({engines})`|`({engines})` \((?:the )?default"
+    )
+    named = {(doc.name, m.group(1) or m.group(2)) for doc in DOCS for m in said.finditer(doc.read_text())}
+    assert named and all(engine == default for _, engine in named), sorted(named)
