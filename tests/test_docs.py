@@ -144,6 +144,8 @@ def tiny_overrides(config: dict, root_dir: Path) -> list[str]:
         args += ["--data.dataset", "lightning-grpo/tiny-max", "--data.prompt_column", "prompt"]
         args += ["--data.config_name", "null", "--data.system_prompt", "null", "--data.few_shot", "null"]
         args += ["--data.val_split", "validation"]
+    if not is_local((model.get("distill") or {}).get("teacher")):  # a teacher the reader trains first: not here
+        args += ["--model.distill.teacher", "lightning-grpo/tiny-qwen2"]
     if trainer.get("accelerator", "cpu") != "cpu":
         args += ["--trainer.accelerator", "cpu", "--trainer.devices", "1", "--trainer.num_nodes", "1"]
         args += ["--trainer.strategy", "auto", "--trainer.precision", "32-true"]
