@@ -33,18 +33,29 @@ def filters_on(sampling: SamplingConfig) -> list[str]:
     return [f"sampling.{name}={getattr(sampling, name)!r}" for name, active in on.items() if active]
 
 
+def fitting_modes(sampling: SamplingConfig) -> tuple[str, ...]:
+    """The ``logprobs_mode`` values whose log-probs are the trainer's under ``sampling``: raw at temperature 1,
+    processed when no filter is on (both at the defaults), none with a temperature other than 1 and a filter.
+
+    >>> fitting_modes(SamplingConfig()), fitting_modes(SamplingConfig(top_k=20))
+    (('raw_logprobs', 'processed_logprobs'), ('raw_logprobs',))
+    >>> fitting_modes(SamplingConfig(temperature=0.7)), fitting_modes(SamplingConfig(temperature=0.7, top_p=0.9))
+    (('processed_logprobs',), ())
+    """
+    raw = (RAW,) if sampling.temperature == 1.0 else ()
+    return raw + (() if filters_on(sampling) else (PROCESSED,))
+
+
 def logprobs_mode(sampling: SamplingConfig) -> str | None:
-    """The ``logprobs_mode`` that gives the trainer's log-probs under ``sampling``: raw at temperature 1, else
-    processed when no filter is on; ``None`` when neither does.
+    """The ``logprobs_mode`` an engine of its own builds with under ``sampling`` (the first that fits; ``None``
+    when none does).
 
     >>> logprobs_mode(SamplingConfig(top_k=20)), logprobs_mode(SamplingConfig(temperature=0.7))
     ('raw_logprobs', 'processed_logprobs')
     >>> logprobs_mode(SamplingConfig(temperature=0.7, top_p=0.9)) is None
     True
     """
-    if sampling.temperature == 1.0:
-        return RAW
-    return None if filters_on(sampling) else PROCESSED
+    return next(iter(fitting_modes(sampling)), None)
 
 
 def mode_problems(engine: str, sampling: SamplingConfig, correction: str | None, mode: str | None) -> list[str]:
@@ -53,20 +64,21 @@ def mode_problems(engine: str, sampling: SamplingConfig, correction: str | None,
     them."""
     if correction is None:
         return []
-    needed, filters = logprobs_mode(sampling), ", ".join(filters_on(sampling)) or "no filter"
+    fitting, filters = fitting_modes(sampling), ", ".join(filters_on(sampling)) or "no filter"
     setting = (
         f"update.sampling_correction={correction!r} with sampling.temperature={sampling.temperature!r} and {filters}"
     )
-    if needed is None:
+    if not fitting:
         return [
             f"{setting}: {engine} cannot report the log-probs the trainer computes (softmax(logits / temperature), "
             "unfiltered): vLLM's raw log-probs have no temperature and its processed ones are filtered. Allowed: "
             "sampling.temperature=1.0 with any filter, any temperature without top_p/top_k/min_p/"
             "repetition_penalty, or update.sampling_correction=None"
         ]
-    if mode is not None and mode != needed:
+    if mode is not None and mode not in fitting:
         return [
             f"{setting}: {engine}(logprobs_mode={mode!r}) reports log-probs the trainer does not compute; start the "
-            f"server with --logprobs-mode {needed} and set logprobs_mode={needed!r}, or update.sampling_correction=None"
+            f"server with --logprobs-mode {fitting[0]} and set logprobs_mode={fitting[0]!r}, or "
+            "update.sampling_correction=None"
         ]
     return []
