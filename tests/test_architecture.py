@@ -222,6 +222,8 @@ TESTS = {
     "engines/vllm/colocate.py": ["test_vllm_real.py", "test_selfcheck.py"],
     "engines/vllm/launch.py": ["test_vllm_real.py"],
     "engines/vllm/lora.py": ["test_vllm_sync.py", "test_vllm_real.py"],
+    "engines/vllm/logprobs.py": ["test_sampler_logps.py"],
+    "engines/vllm/seeds.py": ["test_vllm_real.py"],
     "engines/vllm/server.py": ["test_vllm_server.py", "test_vllm_real.py"],
     "engines/vllm/sync.py": ["test_vllm_sync.py", "test_vllm_real.py"],
     "loss/config.py": ["test_settings.py", "test_loss_variants.py"],

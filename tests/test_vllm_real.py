@@ -16,6 +16,7 @@ import importlib.util
 import os
 import socket
 
+import lightning as L
 import pytest
 import requests
 import torch
@@ -24,6 +25,7 @@ from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning_grpo.data import PromptDataModule
 from lightning_grpo.engines import OpenAIAgent, VLLMColocate, VLLMServer, agent_reward
 from lightning_grpo.engines.vllm.sync import PROBE_TOKENS, WeightSyncError, probe_prompt
+from lightning_grpo.rollout import SamplingConfig
 from tests.helpers import KeepRollouts, fit, logged, make_module
 
 LORA = {"r": 4, "lora_alpha": 8, "target_modules": "all-linear"}
@@ -316,3 +318,35 @@ def test_selfcheck_vllm_rows_pass_on_cpu(tmp_path, key):
     path, result, steps_per_s, memory = row(BY_KEY[key], tmp_path)  # a child process, as `selfcheck` runs it
     pushes = STEPS + (key == "vllm_server")  # the server's weights are pushed at the start too
     assert result == f"passed, {pushes} checked", (path, result)
+
+
+class RepeatedPrompt(L.Callback):
+    """After the first step, the engine samples one prompt twice in one call: G completions each."""
+
+    def __init__(self) -> None:
+        self.groups: list[list[list[int]]] = []
+
+    def on_train_batch_end(self, trainer, module, *args) -> None:
+        if not self.groups:
+            sampling = SamplingConfig(max_completion_length=8, temperature=1.0)
+            rollout = module.engine.generate(module.policy, ["12+34=", "12+34="], 4, sampling, greedy=False)
+            ids = rollout.completion_ids.tolist()
+            self.groups = [ids[:4], ids[4:]]
+
+
+@pytest.mark.parametrize("kind", ["colocate", "server"])
+def test_a_prompt_twice_in_one_call_gets_two_groups_of_its_own(kind, model_dir, arith_jsonl, tmp_path, request):
+    """vLLM seeds a request's generator with its seed: one seed for the whole call gave the two copies the same
+    group (issue 43). Each prompt now has its own seed; the server, whose API takes one seed a call, gets one call
+    per round of distinct prompts (engines/vllm/seeds.py)."""
+    if kind == "colocate":
+        engine = VLLMColocate()
+    else:
+        url = request.getfixturevalue("server")
+        engine = VLLMServer(base_url=url, connection_timeout=60, weights_dir=str(tmp_path / "weights"))
+    repeated = RepeatedPrompt()
+    fit(module(model_dir, engine, lora=False), data(arith_jsonl), tmp_path, 1, callbacks=[repeated])
+    first, second = repeated.groups
+    assert len({tuple(c) for c in first}) > 1  # the G samples of a prompt differ
+    assert first != second
+    free(engine)

@@ -24,6 +24,7 @@ from typing_extensions import override
 from lightning_grpo.engines.base import RolloutEngine
 from lightning_grpo.engines.vllm.logprobs import PROCESSED, logprobs_mode, mode_problems
 from lightning_grpo.engines.vllm.lora import AdapterVersion, LoraSync, adapter_rank, max_lora_rank
+from lightning_grpo.engines.vllm.seeds import prompt_seeds
 from lightning_grpo.engines.vllm.sync import PROBE_TOKENS, WeightSync
 from lightning_grpo.model.policy import Policy
 from lightning_grpo.rollout import SamplingConfig, cut_turns, sampled_rollout, tokenize_prompts
@@ -190,9 +191,10 @@ class VLLMColocate(RolloutEngine):
         self._resync(policy)
         prompt_ids, prompt_mask, num_truncated = tokenize_prompts(policy.tokenizer, prompts, sampling)
         requests = [ids[mask.bool()].tolist() for ids, mask in zip(prompt_ids, prompt_mask)]
-        if not greedy:  # vLLM's own RNG, seeded from the step's seeded RNG: a resumed run samples the same
-            sampling = _with_seed(sampling)
-        completions, logps = self.sample_ids(requests, sampling_params(sampling, num_generations, greedy))
+        params = sampling_params(sampling, num_generations, greedy)
+        if not greedy:  # each prompt its own seed, from the step's seeded RNG: a resumed run samples the same
+            params = [{**params, "seed": s} for s in prompt_seeds(len(requests), num_generations, params.get("seed"))]
+        completions, logps = self.sample_ids(requests, params)
         rollout = sampled_rollout(
             policy, prompts, prompt_ids, prompt_mask, completions, logps, num_generations, num_truncated
         )
@@ -207,9 +209,9 @@ class VLLMColocate(RolloutEngine):
         budget of tokens, with vLLM's log-probs of them: the trainer corrects for the engine as in ``generate``.
         Each request its own seed, drawn from the step's seeded RNG (the G episodes of a prompt start alike)."""
         self._resync(policy)
-        seed = int(torch.randint(2**31 - 1 - len(contexts), ()))
         params = sampling_params(sampling, 1, greedy)
-        every = [{**params, "max_tokens": b, **({} if greedy else {"seed": seed + i})} for i, b in enumerate(budgets)]
+        seeds = [None] * len(contexts) if greedy else prompt_seeds(len(contexts), 1, params.get("seed"))
+        every = [{**params, "max_tokens": b, **({} if s is None else {"seed": s})} for b, s in zip(budgets, seeds)]
         turns, logps = self.sample_ids(contexts, every)
         return cut_turns(turns, logps, budgets, policy.eos_token_ids)
 
@@ -258,10 +260,3 @@ class VLLMColocate(RolloutEngine):
         params = {"n": 1, "temperature": 0.0, "max_tokens": PROBE_TOKENS, "logprobs": 0, "ignore_eos": True}
         (tokens,), (logps,) = self.sample_ids([prompt], params)
         return tokens, logps
-
-
-def _with_seed(sampling: SamplingConfig) -> SamplingConfig:
-    from dataclasses import replace
-
-    seed = {"seed": int(torch.randint(2**31 - 1, ()))}
-    return replace(sampling, generation_kwargs={**seed, **(sampling.generation_kwargs or {})})

@@ -27,6 +27,7 @@ from typing_extensions import override
 from lightning_grpo.engines.base import RolloutEngine
 from lightning_grpo.engines.vllm.logprobs import LOGPROBS_MODES, PROCESSED, mode_problems
 from lightning_grpo.engines.vllm.lora import AdapterVersion, LoraSync
+from lightning_grpo.engines.vllm.seeds import distinct_rounds, prompt_seeds
 from lightning_grpo.engines.vllm.sync import PROBE_TOKENS, WeightSync
 from lightning_grpo.model.policy import Policy
 from lightning_grpo.rollout import SamplingConfig, sampled_rollout, tokenize_prompts
@@ -198,21 +199,38 @@ class VLLMServer(RolloutEngine):
         results = None
         if self.rank == 0:
             flat = [r for rank_requests in per_rank for r in rank_requests]
-            completions, logps = self.sample_ids(
-                flat,
-                n=num_generations,
+            completions, logps = self.sample_rounds(flat, sampling, num_generations, greedy)
+            bounds = _offsets([len(r) * num_generations for r in per_rank])
+            results = [(completions[a:b], logps[a:b]) for a, b in bounds]
+        return _scatter_from_zero(results, self.rank, self.world_size)
+
+    def sample_rounds(
+        self, requests: list[list[int]], sampling: SamplingConfig, n: int, greedy: bool
+    ) -> tuple[list[list[int]], list[list[float]]]:
+        """Every request's ``n`` completions (prompt-major) and log-probs, in one call per round of distinct prompts
+        (``seeds.distinct_rounds``; distinct prompts: one call), each call its own seed: the server's API takes one
+        seed for a whole call, and vLLM gives identical prompts of one seed identical samples."""
+        user = dict(sampling.generation_kwargs or {})
+        rounds = distinct_rounds(requests)
+        seeds = prompt_seeds(len(rounds), n * len(requests), user.pop("seed", None))
+        completions: list[list[int]] = [[] for _ in range(len(requests) * n)]
+        logps: list[list[float]] = [[] for _ in range(len(requests) * n)]
+        for indices, seed in zip(rounds, seeds):
+            ids, lps = self.sample_ids(
+                [requests[i] for i in indices],
+                n=n,
                 repetition_penalty=sampling.repetition_penalty,
                 temperature=0.0 if greedy else sampling.temperature,
                 top_p=sampling.top_p,
                 top_k=sampling.top_k,
                 min_p=sampling.min_p or 0.0,
                 max_tokens=sampling.max_completion_length,
-                # the user's SamplingParams options, and a seed from the step's seeded RNG
-                generation_kwargs={**(sampling.generation_kwargs or {}), "seed": int(torch.randint(2**31 - 1, ()))},
+                generation_kwargs={**user, "seed": seed},  # the user's SamplingParams options
             )
-            bounds = _offsets([len(r) * num_generations for r in per_rank])
-            results = [(completions[a:b], logps[a:b]) for a, b in bounds]
-        return _scatter_from_zero(results, self.rank, self.world_size)
+            for j, i in enumerate(indices):  # back to the requests' order
+                completions[i * n : (i + 1) * n] = ids[j * n : (j + 1) * n]
+                logps[i * n : (i + 1) * n] = lps[j * n : (j + 1) * n]
+        return completions, logps
 
     def sample_ids(self, requests: list[list[int]], **options: Any) -> tuple[list[list[int]], list[list[float]]]:
         """Token-id prompts -> the server's completions and their sampled tokens' log-probs (rank 0)."""
