@@ -17,8 +17,9 @@ import sys
 import time
 from collections.abc import Iterator
 
-# What VLLMServer needs of a server: log-probs after temperature (as the trainer computes them) and the
-# development endpoints (`/collective_rpc reload_weights`, the "disk" weight transfer).
+# What VLLMServer needs of a server: log-probs after temperature (the trainer's when no filter is on; at
+# temperature 1 with a filter, serve `--logprobs-mode raw_logprobs` and say so: VLLMServer(logprobs_mode=...),
+# engines/vllm/logprobs.py) and the development endpoints (`/collective_rpc reload_weights`, the "disk" transfer).
 SERVE_OPTIONS = ["--logprobs-mode", "processed_logprobs"]
 SERVE_ENV = {"VLLM_SERVER_DEV_MODE": "1"}
 # On CPU: eager (compiling costs ~40 s and gains nothing), float32 as the trainer, a KV cache sized here (unset,
