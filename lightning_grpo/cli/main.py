@@ -300,7 +300,7 @@ class GRPOCLI(LightningCLI):
         if problem:
             self.parser.error(problem)
         self.resolve_changes(config)
-        if subcommand in (None, "fit"):
+        if subcommand == "fit":  # not for a CLI built with run=False: its caller fits later (preflight checks then)
             try:
                 check_data_first(config.data.as_dict())
             except (ValueError, TypeError, FileNotFoundError) as err:
