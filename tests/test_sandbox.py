@@ -47,8 +47,19 @@ def run(sandbox, code, cases=(Case("stdin", ""),)):
     result = sandbox.run(code, list(cases))
     elapsed = time.monotonic() - start
     assert elapsed < TIMEOUT + SLACK, f"took {elapsed:.1f} s: {result}"
-    assert sandbox_processes() == []
+    assert no_sandbox_process_within(2.0)
     return result
+
+
+def no_sandbox_process_within(seconds: float) -> bool:
+    """No sandbox process is left once the kernel has delivered the kills (asynchronous: on a loaded machine a
+    killed process can still be listed for a moment after the run returns)."""
+    deadline = time.monotonic() + seconds
+    while sandbox_processes():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.05)
+    return True
 
 
 def test_each_kind_of_case_reports_what_the_program_produced(sandbox):
