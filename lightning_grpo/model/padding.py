@@ -54,22 +54,32 @@ def trim_padding(input_ids: Tensor, attention_mask: Tensor, completion_length: i
 
 def forward_positions(
     input_ids: Tensor, attention_mask: Tensor, completion_length: int, share_prompt: bool, packed: bool
-) -> int:
-    """Token positions the log-prob forward runs for these rows (the decoder's work, one micro-batch): the columns
-    ``trim_padding`` keeps, then rows x columns (padded) or the real tokens (``packed``); with ``share_prompt`` each
-    run of rows with one prompt counts that prompt once (``model.prefix``).
+) -> Tensor:
+    """Token positions the log-prob forward runs for these rows (the decoder's work, one micro-batch), as a 0-d
+    tensor on their device (no host read: a step's statistics are read together): the columns ``trim_padding``
+    keeps, then rows x columns (padded) or the real tokens (``packed``); with ``share_prompt`` each run of rows with
+    one prompt counts that prompt once (``model.prefix``). The trimmed columns are padding in every row, so runs
+    and tokens are those of the untrimmed rows.
 
     >>> ids = torch.tensor([[0, 5, 6, 7, 0], [0, 5, 6, 8, 9]])  # one prompt (0 5 6), completions of 1 and 2 tokens
     >>> mask = torch.tensor([[0, 1, 1, 1, 0], [0, 1, 1, 1, 1]])
-    >>> [forward_positions(ids, mask, 2, share, packed) for share in (False, True) for packed in (False, True)]
+    >>> [int(forward_positions(ids, mask, 2, share, packed)) for share in (False, True) for packed in (False, True)]
     [8, 7, 6, 5]
     """
-    ids, mask, width = trim_padding(input_ids, attention_mask, completion_length)  # [n, P'+T'], T'
-    prompt, completion = mask[:, :-width], mask[:, -width:]  # [n, P'], [n, T']
-    if share_prompt:
-        first, _ = prompt_runs(ids[:, :-width], prompt)  # [U] the first row of each run
-        prompt = prompt[first]
-    return int(prompt.sum() + completion.sum()) if packed else prompt.numel() + completion.numel()
+    prompt_width = input_ids.shape[1] - completion_length
+    used = attention_mask.bool().any(dim=0)  # [P+T]
+    column = torch.arange(len(used), device=used.device)  # [P+T]
+    first = torch.where(used[:prompt_width].any(), used[:prompt_width].long().argmax(), prompt_width - 1)
+    width = (used[prompt_width:] * (column[prompt_width:] - prompt_width + 1)).max().clamp(min=1)  # T'
+    kept = (column >= first) & (column < prompt_width + width)  # [P+T] the columns trim_padding keeps
+    prompt = attention_mask[:, :prompt_width]  # [n, P]
+    rows = torch.ones(len(prompt), dtype=torch.bool, device=prompt.device)  # [n] rows whose prompt is counted
+    if share_prompt:  # the first row of each run of equal prompts (``prefix.prompt_runs``'s rule)
+        whole = torch.cat([input_ids[:, :prompt_width], prompt.to(input_ids.dtype)], dim=1)  # [n, 2P]
+        rows[1:] = (whole[1:] != whole[:-1]).any(dim=1)
+    if packed:
+        return (prompt * rows.unsqueeze(1)).sum() + attention_mask[:, prompt_width:].sum()
+    return rows.sum() * kept[:prompt_width].sum() + len(rows) * kept[prompt_width:].sum()
 
 
 @dataclass(frozen=True)

@@ -287,7 +287,7 @@ def build_targets(
     )
 
 
-def computed_positions(policy: Policy, rollout: Rollout, rows: list[slice] | list[Tensor]) -> int:
+def computed_positions(policy: Policy, rollout: Rollout, rows: list[slice] | list[Tensor]) -> Tensor:
     """Token positions the decoder runs in one log-prob pass over ``rows``' micro-batches, in the policy's layout."""
     share, packed, width = policy.shares_prompt_prefix, policy.config.padding_free, rollout.completion_ids.shape[1]
     ids, mask = rollout.input_ids, rollout.attention_mask
