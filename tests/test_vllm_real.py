@@ -350,3 +350,12 @@ def test_a_prompt_twice_in_one_call_gets_two_groups_of_its_own(kind, model_dir, 
     assert len({tuple(c) for c in first}) > 1  # the G samples of a prompt differ
     assert first != second
     free(engine)
+
+
+def test_an_agent_s_vllm_sampler_is_told_the_run_s_sampling_and_correction():
+    """OpenAIAgent passes ``adopt`` to its sampler: a VLLMColocate sampler picks its log-prob mode from the run's
+    sampling, and refuses a filter at T != 1 with a correction, as it does on its own."""
+    filtered, top_k = SamplingConfig(temperature=0.7, top_p=0.9), SamplingConfig(top_k=20)
+    agent = OpenAIAgent("json.dumps", sampler=VLLMColocate())
+    assert agent.adopt(filtered, "auto") == VLLMColocate().adopt(filtered, "auto") != []
+    assert agent.adopt(top_k, "auto") == [] and agent.sampler.logprobs_mode == "raw_logprobs"  # T = 1: unfiltered

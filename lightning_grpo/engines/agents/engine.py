@@ -120,6 +120,10 @@ class OpenAIAgent(RolloutEngine):
         return self.sampler.problems(sampling)
 
     @override
+    def adopt(self, sampling: SamplingConfig, correction: str | None) -> list[str]:
+        return self.sampler.adopt(sampling, correction)  # a vLLM sampler's log-prob mode, and its refusals
+
+    @override
     def reward_columns(self) -> tuple[str, ...]:
         return ("agent_reward", "episode_id")
 
