@@ -8,7 +8,7 @@ from hypothesis import strategies as st
 
 from lightning_grpo.advantages import compute_advantages
 from lightning_grpo.loss import LossNormalizer, grpo_loss
-from lightning_grpo.loss.reduce import REDUCTIONS
+from lightning_grpo.loss.reduce import LOSS_TYPES
 from lightning_grpo.rollout import mask_after_eos
 from lightning_grpo.targets.build import loss_mask
 from lightning_grpo.types import zero_std_fraction
@@ -62,7 +62,7 @@ def loss_inputs(draw):
 
 
 @settings(max_examples=100, deadline=None)
-@given(loss_inputs(), st.sampled_from(sorted(REDUCTIONS)), st.sampled_from(["token", "sequence"]))
+@given(loss_inputs(), st.sampled_from(sorted(LOSS_TYPES)), st.sampled_from(["token", "sequence"]))
 def test_loss_is_finite_and_micro_batches_add_up(inputs, loss_type, level):
     logps, old, adv, mask = inputs
     kw = dict(loss_type=loss_type, importance_sampling_level=level, epsilon_high=cispo_cap(loss_type))
@@ -77,7 +77,7 @@ def test_loss_is_finite_and_micro_batches_add_up(inputs, loss_type, level):
 
 
 @settings(max_examples=50, deadline=None)
-@given(loss_inputs(), st.sampled_from(sorted(REDUCTIONS)))
+@given(loss_inputs(), st.sampled_from(sorted(LOSS_TYPES)))
 def test_all_truncated_batch_has_zero_loss_and_gradient(inputs, loss_type):
     logps, old, adv, mask = inputs
     logps = logps.clone().requires_grad_(True)

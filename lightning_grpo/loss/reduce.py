@@ -75,4 +75,3 @@ LOSS_TYPES: dict[str, LossType] = {
     "sapo": LossType(sapo_term, sequence_mean),
     "vespo": LossType(vespo_term, global_token_mean, weights_in_term=True),
 }
-REDUCTIONS = {name: kind.reduce for name, kind in LOSS_TYPES.items()}  # loss_type -> reduction
