@@ -188,10 +188,21 @@ class FusedDecodeStep:
                 buffers[i][:, :, :width] = old[rows, :, :width]
 
     def __call__(self, input_ids: Tensor, attention_mask: Tensor, position_ids: Tensor, cache: object) -> Tensor:
-        width = attention_mask.shape[1]  # this step's column is the last one
+        mask = attention_mask[:, None, None, :].bool()  # [N, 1, 1, L]: this step's column is the last one
+        return self.step(input_ids, position_ids, mask, width=attention_mask.shape[1])
+
+    def step(
+        self,
+        input_ids: Tensor,
+        position_ids: Tensor,
+        mask: Tensor,
+        width: int | None = None,
+        column: Tensor | None = None,
+    ) -> Tensor:
+        """[N, V] fp32 logits of one decode step of [N, 1] ids: the layers read the buffers' first ``width`` columns
+        and write the last of them, or (``column``, [1] on the device) read every column and write that one."""
         x = self.embed(input_ids)  # [N, 1, H]
         cos, sin = (t.unsqueeze(1) for t in self.rotary(x, position_ids))  # [N, 1, 1, D]
-        mask = attention_mask[:, None, None, :].bool()  # [N, 1, 1, L]
         for layer, keys, values in zip(self.layers, self.keys, self.values):
-            x = layer(x, cos, sin, keys[:, :, :width], values[:, :, :width], mask)
+            x = layer(x, cos, sin, keys[:, :, :width], values[:, :, :width], mask, column)
         return self.head(self.norm(x)[:, -1]).float()  # [N, V]

@@ -82,11 +82,7 @@ class GraphedDecodeStep(FusedDecodeStep):
     def _step(self) -> Tensor:
         """One decode step on the static buffers: [N, V] fp32 logits."""
         self.mask.index_fill_(3, self.column, True)
-        x = self.embed(self.ids)  # [N, 1, H]
-        cos, sin = (t.unsqueeze(1) for t in self.rotary(x, self.positions))  # [N, 1, 1, D]
-        for layer, keys, values in zip(self.layers, self.keys, self.values):
-            x = layer(x, cos, sin, keys, values, self.mask, self.column)
-        return self.head(self.norm(x)[:, -1]).float()  # [N, V]
+        return self.step(self.ids, self.positions, self.mask, column=self.column)
 
     def _capture(self) -> Tensor:
         """Capture ``_step`` as a CUDA graph; the step is idempotent (it writes the same column from the same
