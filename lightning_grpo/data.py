@@ -20,6 +20,7 @@ from torchdata.stateful_dataloader import StatefulDataLoader
 
 from lightning_grpo import demo
 from lightning_grpo.checks import listing
+from lightning_grpo.images import IMAGE_TYPES, image_column, image_problems
 from lightning_grpo.types import PromptBatch
 
 if TYPE_CHECKING:
@@ -400,7 +401,18 @@ class PromptDataModule(L.LightningDataModule):
                 f"dataset {self.hparams.dataset!r} ({split} split) has {len(problems)} rows whose data.prompt_column "
                 f"{column!r} is not a prompt; all of them:\n{listing(problems)}\nA prompt is {PROMPT_TYPES}"
             )
+        self._check_images(data, split)
         return data
+
+    def _check_images(self, data: Dataset, split: str) -> None:
+        """Every image of an ``image``/``images`` column opens, and chat prompts have one image part per image."""
+        column = image_column(data.column_names)
+        problems = image_problems(data, column, self.hparams.prompt_column) if column else []
+        if problems:
+            raise ValueError(
+                f"dataset {self.hparams.dataset!r} ({split} split) has {len(problems)} image problems; all of them:\n"
+                f"{listing(problems)}\nAn image is {IMAGE_TYPES}"
+            )
 
     def collate(self, rows: list[dict[str, Any]]) -> PromptBatch:
         hp = self.hparams

@@ -22,7 +22,7 @@ from typing_extensions import override
 
 from lightning_grpo.advantages import AdvantageConfig
 from lightning_grpo.dynamic import GroupBuffer
-from lightning_grpo.engines import default_engine
+from lightning_grpo.engines import default_engine, engine_for
 from lightning_grpo.engines.base import RolloutEngine, Sampled
 from lightning_grpo.loss import LossConfig, LossOutput
 from lightning_grpo.loss.config import DistillConfig
@@ -140,6 +140,7 @@ class GRPOModule(L.LightningModule):
             s.loss.router_aux_loss_coef,
             teacher if s.distill.enabled else None,
         )
+        self.engine = engine_for(self.engine, self.policy, chosen=rollout_engine is not None)
         self.targets = s.targets(self.policy.shares_prompt_prefix)
         self.entropy = EntropyController.from_config(s.loss)
         self.group_buffer = GroupBuffer.of(s.advantages, self.policy.tokenizer.pad_token_id, self.engine.max_staleness)

@@ -15,6 +15,7 @@ from torch import Tensor
 from transformers import GenerationConfig, PreTrainedTokenizerBase
 
 from lightning_grpo.checks import raise_problems
+from lightning_grpo.images import open_image
 from lightning_grpo.model.policy import Policy
 from lightning_grpo.types import Prompt, Rollout, pad_rows
 
@@ -133,6 +134,54 @@ def tokenize_prompts(
         encoded = [ids[-limit:] for ids in encoded]
     ids, mask = pad_rows(encoded, tokenizer.pad_token_id, left=True)
     return ids, mask, len(too_long)
+
+
+PER_TOKEN_VISION = ("token_type_ids", "mm_token_type_ids")  # per-token fields (Gemma 3 ...): not carried yet
+
+
+def tokenize_image_prompts(
+    processor: Any, prompts: list[Prompt], images: list[list[Any]], sampling: SamplingConfig
+) -> tuple[Tensor, Tensor, dict[str, list[Tensor]]]:
+    """Left-padded [B, P] ids (the processor's image tokens in them) and mask, and the vision inputs of each prompt
+    (name -> [B] tensors, its images along dim 0), each prompt processed with its own images as TRL 1.16 does
+    (``prepare_multimodal_messages``, then the processor's chat template). A prompt is never cut: cutting would
+    drop image tokens that its images fill."""
+    from trl.data_utils import prepare_multimodal_messages
+
+    encoded, vision = [], {}
+    for prompt, row in zip(prompts, images):
+        messages = [{"role": "user", "content": prompt}] if isinstance(prompt, str) else prompt
+        messages = prepare_multimodal_messages(messages, images=[open_image(x) for x in row])
+        out = processor.apply_chat_template(
+            [messages],
+            add_generation_prompt=True,
+            tokenize=True,
+            return_dict=True,
+            return_tensors="pt",
+            **(sampling.chat_template_kwargs or {}),
+        )
+        encoded.append(out["input_ids"][0].tolist())
+        for name, value in out.items():
+            if name in PER_TOKEN_VISION:
+                raise ValueError(
+                    f"the processor returns per-token {name!r}: such vision-language models are not supported yet"
+                )
+            if name not in ("input_ids", "attention_mask") and isinstance(value, Tensor):
+                vision.setdefault(name, []).append(value)
+    _check_image_prompts(encoded, vision, sampling.max_prompt_length)
+    ids, mask = pad_rows(encoded, processor.tokenizer.pad_token_id, left=True)
+    return ids, mask, vision
+
+
+def _check_image_prompts(encoded: list[list[int]], vision: dict[str, list[Tensor]], limit: int | None) -> None:
+    longest = max(len(ids) for ids in encoded)
+    if limit and longest > limit:
+        raise ValueError(
+            f"a prompt with images is {longest} tokens (its image tokens included), longer than "
+            f"sampling.max_prompt_length={limit}, and cutting it would drop image tokens: raise it or set it to null"
+        )
+    if any(len(per_row) != len(encoded) for per_row in vision.values()):
+        raise ValueError("a batch mixes prompts with and without images: give every row of an image dataset an image")
 
 
 def mask_after_eos(completion_ids: Tensor, eos_token_ids: list[int]) -> tuple[Tensor, Tensor]:

@@ -105,6 +105,18 @@ def _rows(t: Tensor | None, rows: Tensor) -> Tensor | None:
     return None if t is None else t[rows]
 
 
+def vision_rows(vision: dict[str, list[Tensor]] | None, rows: slice | Tensor) -> dict[str, Tensor]:
+    """Per-row vision inputs (name -> [N] tensors) -> those of ``rows`` concatenated along dim 0, one forward's."""
+    if vision is None:
+        return {}
+    picked = range(len(next(iter(vision.values()))))[rows] if isinstance(rows, slice) else rows.tolist()
+    return {name: torch.cat([per_row[i] for i in picked]) for name, per_row in vision.items()}
+
+
+def _picked(vision: dict[str, list[Tensor]] | None, picked: list[int]) -> dict[str, list[Tensor]] | None:
+    return None if vision is None else {k: [v[i] for i in picked] for k, v in vision.items()}
+
+
 def _cat(a: Tensor | None, b: Tensor | None, value: float, left: bool = False) -> Tensor | None:
     """[n, Ta] and [m, Tb] -> [n+m, max] padded on the right (or the left) with ``value``."""
     if a is None or b is None:
@@ -153,6 +165,9 @@ class Rollout:
     # [N] long: the policy version (updates made) whose weights sampled each row, from an engine sampling ahead
     # (``AsyncRollouts``); ``None``: the weights current when the rollout is trained on.
     versions: Tensor | None = None
+    # name -> [N] per-row tensors of the processor's vision inputs (``pixel_values``, ``image_grid_thw`` ...), each
+    # row's images along dim 0, so the rows of a forward concatenate; ``None``: a text-only rollout.
+    vision: dict[str, list[Tensor]] | None = None
 
     @cached_property  # built once: every log-prob pass reads it per micro-batch; fields are never mutated
     def input_ids(self) -> Tensor:  # [N, P+T]
@@ -169,6 +184,11 @@ class Rollout:
 
     def __len__(self) -> int:
         return self.completion_ids.shape[0]
+
+    def vision_inputs(self, rows: slice | Tensor) -> dict[str, Tensor]:
+        """The vision inputs of ``rows`` for one forward: each name's per-row tensors concatenated (empty for a
+        text-only rollout)."""
+        return vision_rows(self.vision, rows)
 
     @classmethod
     def from_token_lists(
@@ -215,6 +235,7 @@ class Rollout:
             tool_mask=_rows(self.tool_mask, rows),
             columns={k: [v[i] for i in picked] for k, v in self.columns.items()},
             versions=_rows(self.versions, rows),
+            vision=_picked(self.vision, picked),
         )
 
     def cat(self, other: Rollout, pad_id: int) -> Rollout:
@@ -233,6 +254,7 @@ class Rollout:
             tool_mask=_cat(self.tool_mask, other.tool_mask, 0),
             columns={k: self.columns[k] + other.columns[k] for k in other.columns},
             versions=None if self.versions is None else torch.cat([self.versions, other.versions]),
+            vision=None if self.vision is None else {k: v + other.vision[k] for k, v in self.vision.items()},
         )
 
 

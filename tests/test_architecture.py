@@ -22,6 +22,7 @@ LAYERS = {
     "sandbox": 0,  # execution infrastructure: used by the code reward and the tool engine
     "deadline": 0,  # a callable with a timeout: reward calls and tool calls
     "data": 1,
+    "images": 1,  # image columns: opened lazily, checked before compute (data and the rollout stage read them)
     "rewards": 1,
     "model": 1,  # the model substrate: loading, materialize, sharding, log-probs, prefix, Policy
     "rollout": 3,

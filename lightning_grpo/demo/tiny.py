@@ -192,6 +192,10 @@ EMBEDDED: dict[str, Callable[[Path], None]] = {
     # any tool: a warm start from the tool's own schema (demo/anytool.py), here for reverse(text)
     "lightning-grpo/tiny-qwen2-reverse": _tools_demo("write_tiny_qwen2_reverse", "anytool"),
     "lightning-grpo/tiny-reverse": _tools_demo("write_tiny_reverse", "anytool"),
+    # vision-language: a tiny LLaVA warm-started to answer a colour letter at chance, its task, and the control
+    "lightning-grpo/tiny-llava": _tools_demo("write_tiny_llava", "vision"),
+    "lightning-grpo/tiny-colours": _tools_demo("write_colours", "vision"),
+    "lightning-grpo/tiny-colours-blank": _tools_demo("write_colours_blank", "vision"),
 }
 
 

@@ -59,6 +59,7 @@ __all__ = [
     "VLLMServer",
     "agent_reward",
     "default_engine",
+    "engine_for",
     "environment_reward",
 ]
 
@@ -74,3 +75,20 @@ def default_engine(sampling: Any) -> LeanDecode | HFGenerate:
         )
         return HFGenerate()
     return LeanDecode()
+
+
+def engine_for(engine: RolloutEngine, policy: Any, chosen: bool) -> RolloutEngine:
+    """The engine that serves ``policy``: a vision-language policy needs one that carries images to generation
+    (``takes_images``): the default becomes ``HFGenerate`` (said in one line); a chosen engine that cannot is
+    refused here, before any compute, naming it."""
+    if not policy.is_multimodal or engine.takes_images:
+        return engine
+    if not chosen:
+        rank_zero_info(
+            "rollout engine: HFGenerate, as the policy is a vision-language model (LeanDecode takes no images)"
+        )
+        return HFGenerate()
+    raise ValueError(
+        f"rollout_engine {type(engine).__name__} cannot carry images to generation and to the log-prob forwards, "
+        "and the policy is a vision-language model: use lightning_grpo.engines.HFGenerate (references/vision.md)"
+    )

@@ -13,7 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from torch import Tensor
+from torch import Tensor, nn
 
 from lightning_grpo.model.policy import Policy
 from lightning_grpo.rewards.scoring import RewardSet
@@ -47,6 +47,10 @@ class RolloutEngine:
     ``columns`` for the reward functions and its own ``metrics``.
     """
 
+    takes_images = False
+    """Whether the engine carries a vision-language policy's images (``Rollout.vision``) to generation; one that
+    does not is refused with such a policy when the module is built (``engines.engine_for``)."""
+
     def problems(self, sampling: SamplingConfig) -> list[str]:
         """What of ``sampling`` this engine cannot honour, one message per setting (name, value, what to do).
         ``GRPOModule`` lists them with every other bad setting, before any model is loaded."""
@@ -56,6 +60,11 @@ class RolloutEngine:
         """The run's sampling and its resolved ``update.sampling_correction``, told once when ``GRPOModule`` is
         built (before any model loads): an engine keeps what it needs of them (vLLM: the log-prob mode it starts
         with) and returns what it cannot honour together, one message each naming the settings."""
+        return []
+
+    def model_problems(self, model: str | nn.Module, init_kwargs: dict[str, Any] | None) -> list[str]:
+        """Why this engine cannot serve ``model`` (a name, path or built model; ``init_kwargs``: the policy's
+        ``model_init_kwargs``), read from its config before any weight loads (vLLM-CPU: its head size)."""
         return []
 
     def reward_columns(self) -> tuple[str, ...] | None:

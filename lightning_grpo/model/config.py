@@ -23,7 +23,8 @@ class PolicyConfig:
     """How the policy LM is loaded and run. ``policy:`` in YAML; the model itself is ``model.model``.
 
     Attributes:
-        tokenizer: name or path (or, in Python, a tokenizer); defaults to the model's.
+        tokenizer: name or path (or, in Python, a tokenizer, or a vision-language model's processor); defaults to
+            the model's. A vision-language model loads its processor (``AutoProcessor``) from here.
         dtype: weights dtype when loading by name: float32, bfloat16, float16 or auto.
         model_init_kwargs: more ``from_pretrained`` arguments (``{trust_remote_code: true, attn_implementation:
             sdpa}``).
@@ -56,6 +57,10 @@ class PolicyConfig:
             policy, ``ref = alpha * policy + (1 - alpha) * ref`` (needs loss.beta > 0, no LoRA).
         ref_model_mixup_alpha: that alpha.
         ref_model_sync_steps: optimiser steps between reference updates.
+        freeze_vision_tower: a vision-language model's vision encoder does not train (its projector and language
+            model do); ``false`` trains it too (``references/vision.md``).
+        lora_vision_tower: with a ``peft_config``, adapters go on the vision tower and projector too; by default
+            only on the language model (PEFT's ``exclude_modules`` set to the vision modules).
     """
 
     tokenizer: str | PreTrainedTokenizerBase | None = None
@@ -72,6 +77,8 @@ class PolicyConfig:
     sync_ref_model: bool = False
     ref_model_mixup_alpha: float = 0.6
     ref_model_sync_steps: int = 512
+    freeze_vision_tower: bool = True
+    lora_vision_tower: bool = False
 
     def __post_init__(self) -> None:
         qlora = _qlora_problems(self.load_in_4bit, self.peft_config)

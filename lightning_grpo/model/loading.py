@@ -70,7 +70,7 @@ def load_policy(
             f"model_init_kwargs {sorted(kwargs)} set dtype or quantization: use the dtype and load_in_4bit settings"
         )
     if not load_in_4bit:
-        return AutoModelForCausalLM.from_pretrained(resolve_pretrained(model), dtype=DTYPES[dtype], **kwargs)
+        return auto_model_class(model).from_pretrained(resolve_pretrained(model), dtype=DTYPES[dtype], **kwargs)
     from peft import prepare_model_for_kbit_training
     from transformers import BitsAndBytesConfig
 
@@ -78,8 +78,25 @@ def load_policy(
     quantization = BitsAndBytesConfig(
         load_in_4bit=True, bnb_4bit_quant_type="nf4", bnb_4bit_use_double_quant=True, bnb_4bit_compute_dtype=compute
     )
-    loaded = AutoModelForCausalLM.from_pretrained(resolve_pretrained(model), quantization_config=quantization, **kwargs)
+    loaded = auto_model_class(model).from_pretrained(
+        resolve_pretrained(model), quantization_config=quantization, **kwargs
+    )
     return prepare_model_for_kbit_training(loaded, use_gradient_checkpointing=False)
+
+
+def auto_model_class(model: str) -> type:
+    """``AutoModelForImageTextToText`` for a vision-language checkpoint (its config has a vision config),
+    ``AutoModelForCausalLM`` otherwise."""
+    from transformers import AutoConfig, AutoModelForImageTextToText
+
+    from lightning_grpo.model.vision import is_multimodal_config
+
+    path = resolve_pretrained(model)
+    try:
+        config = AutoConfig.from_pretrained(path)
+    except (OSError, ValueError):  # not readable here: from_pretrained says why, in its own words
+        return AutoModelForCausalLM
+    return AutoModelForImageTextToText if is_multimodal_config(config) else AutoModelForCausalLM
 
 
 def empty_init_files(model: str | nn.Module, load_in_4bit: bool) -> list:
@@ -113,12 +130,14 @@ def load_tokenizer(tokenizer: str | PreTrainedTokenizerBase) -> PreTrainedTokeni
     return tokenizer
 
 
-def with_lora(model: nn.Module, peft_config: dict) -> nn.Module:
-    """The model wrapped with a LoRA adapter from ``peft.LoraConfig(**peft_config)``; base weights frozen."""
+def with_lora(model: nn.Module, peft_config: dict, exclude: str | None = None) -> nn.Module:
+    """The model wrapped with a LoRA adapter from ``peft.LoraConfig(**peft_config)``; base weights frozen.
+    ``exclude``: a pattern of modules that get no adapter (PEFT's ``exclude_modules``) unless the config sets one."""
     from peft import LoraConfig, get_peft_model
 
+    extra = {"exclude_modules": exclude} if exclude and "exclude_modules" not in peft_config else {}
     try:
-        config = LoraConfig(task_type="CAUSAL_LM", **peft_config)
+        config = LoraConfig(task_type="CAUSAL_LM", **peft_config, **extra)
     except TypeError as err:
         raise ValueError(f"peft_config {peft_config!r} is not valid for peft.LoraConfig: {err}") from err
     return get_peft_model(model, config)

@@ -25,6 +25,7 @@ from torch.utils.checkpoint import checkpoint
 
 from lightning_grpo.model.padding import pack_rows, position_ids_from_mask, trim_padding
 from lightning_grpo.model.prefix import shared_prefix_hidden
+from lightning_grpo.model.vision import multimodal_hidden
 
 
 @dataclass
@@ -157,10 +158,16 @@ def _completion_hidden(
     router_aux: bool,
     shared_prefix: bool,
     padding_free: bool,
+    vision: dict[str, Tensor] | None = None,
 ) -> tuple[Tensor, Tensor | None]:
     """([m, H] the decoder's hidden states that predict the m completion tokens of ``attention_mask``, row-major;
-    the MoE router loss or None)."""
+    the MoE router loss or None). With ``vision`` inputs, the multimodal model's forward, images encoded."""
     decoder, targets = model.get_decoder(), attention_mask[:, -completion_length:].bool()  # [n, T]
+    if vision:
+        if shared_prefix or padding_free or router_aux:
+            raise ValueError("images go through the plain forward: shared_prefix, padding_free and router_aux are off")
+        hidden = multimodal_hidden(model, input_ids, attention_mask, vision)  # [n, P+T, H]
+        return hidden[:, -completion_length - 1 : -1][targets], None
     if shared_prefix and router_aux:
         raise ValueError("shared_prefix does not return MoE router logits: use shared_prefix=False")
     router = {"output_router_logits": True} if router_aux else {}
@@ -220,6 +227,7 @@ def completion_logps(
     entropy_grad: bool = False,
     shared_prefix: bool = False,
     padding_free: bool = False,
+    vision: dict[str, Tensor] | None = None,
 ) -> TokenLogps:
     """Log-probs of the last ``completion_length`` tokens of each row.
 
@@ -235,13 +243,17 @@ def completion_logps(
         shared_prefix: encode the prompt of each run of rows that share it once (``lightning_grpo.model.prefix``);
             the same values and gradients, for P + G * T token positions a group instead of G * (P + T).
         padding_free: run the decoder on the rows' real tokens packed into one sequence (``model.padding``).
+        vision: the rows' vision inputs (``pixel_values`` ...; ``Rollout.vision_inputs``) for a vision-language
+            model, whose prompt ids hold the processor's image tokens (``model.vision``).
 
     Columns that every row pads are never computed, and the LM head runs on completion tokens only; the
     log-probs and entropies of padding are 0.
     """
     config = _text_config(getattr(model, "config", None))
     ids, mask, width = trim_padding(input_ids, attention_mask, completion_length)  # [n, P'+T'], T' <= T
-    hidden, aux_loss = _completion_hidden(model, config, ids, mask, width, router_aux, shared_prefix, padding_free)
+    hidden, aux_loss = _completion_hidden(
+        model, config, ids, mask, width, router_aux, shared_prefix, padding_free, vision
+    )
     targets = mask[:, -width:].bool()  # [n, T'] the tokens scored: the LM head runs on these m only
     head = model.get_output_embeddings()
     head_logps, plain = _head_logps(head, config, temperature, entropy_grad)

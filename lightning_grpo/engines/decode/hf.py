@@ -7,13 +7,16 @@ deadlock the others.
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 import torch
+from torch import Tensor
 from typing_extensions import override
 
 from lightning_grpo.engines.base import RolloutEngine
 from lightning_grpo.engines.decode.sampling import drawn_logps
+from lightning_grpo.images import column_images
 from lightning_grpo.model.policy import Policy
 from lightning_grpo.rollout import (
     SamplingConfig,
@@ -23,9 +26,10 @@ from lightning_grpo.rollout import (
     generation_chunks,
     pad_right,
     pad_rows,
+    tokenize_image_prompts,
     tokenize_prompts,
 )
-from lightning_grpo.types import Prompt, Rollout
+from lightning_grpo.types import Prompt, Rollout, vision_rows
 
 
 class HFGenerate(RolloutEngine):
@@ -37,6 +41,7 @@ class HFGenerate(RolloutEngine):
     """
 
     generation_batch_size: int | None = None  # also for subclasses that do not call this __init__
+    takes_images = True
 
     def __init__(self, generation_batch_size: int | None = None) -> None:
         self.generation_batch_size = check_generation_batch_size(generation_batch_size)
@@ -52,11 +57,16 @@ class HFGenerate(RolloutEngine):
         columns: dict[str, list[Any]] | None = None,
     ) -> Rollout:
         tokenizer, device = policy.tokenizer, policy.device
-        prompt_ids, prompt_mask, num_truncated = tokenize_prompts(tokenizer, prompts, sampling)
+        prompt_ids, prompt_mask, num_truncated, vision = _tokenized(policy, prompts, sampling, columns)
         prompt_ids = prompt_ids.repeat_interleave(num_generations, dim=0).to(device)  # [N, P]
         prompt_mask = prompt_mask.repeat_interleave(num_generations, dim=0).to(device)  # [N, P]
+        vision = (
+            None
+            if vision is None
+            else {k: [t.to(device) for t in v for _ in range(num_generations)] for k, v in vision.items()}
+        )
         config = sampling.generation_config(tokenizer, greedy=greedy)
-        config.eos_token_id = policy.eos_token_ids
+        config.eos_token_id, config.suppress_tokens = policy.eos_token_ids, policy.unsampled_token_ids or None
         completions = []
         with policy.generating() as model:
             for chunk in generation_chunks(len(prompts), num_generations, self.generation_batch_size):
@@ -66,9 +76,10 @@ class HFGenerate(RolloutEngine):
                     attention_mask=prompt_mask[rows],
                     generation_config=config,
                     synced_gpus=policy.synced_generation,
+                    **vision_rows(vision, rows),
                 )
                 completions.append(output[:, prompt_ids.shape[1] :])  # [n, t]
-        return build_rollout(
+        rollout = build_rollout(
             tokenizer,
             prompts,
             prompt_ids,
@@ -78,6 +89,7 @@ class HFGenerate(RolloutEngine):
             num_generations,
             num_truncated,
         )
+        return dataclasses.replace(rollout, vision=vision)
 
     @override
     def complete(
@@ -90,6 +102,7 @@ class HFGenerate(RolloutEngine):
         ids, mask = pad_rows(contexts, tokenizer.pad_token_id, left=True)  # [n, C]
         config = sampling.generation_config(tokenizer, greedy=greedy)
         config.eos_token_id, config.max_new_tokens = eos, max(budgets)
+        config.suppress_tokens = policy.unsampled_token_ids or None
         config.output_logits, config.return_dict_in_generate = True, True
         with policy.generating() as model:
             out = model.generate(
@@ -101,3 +114,19 @@ class HFGenerate(RolloutEngine):
         new = out.sequences[:, ids.shape[1] :]  # [n, t]
         steps = [drawn_logps(raw.float(), new[:, i], sampling.temperature) for i, raw in enumerate(out.logits)]
         return cut_turns(new.tolist(), torch.stack(steps, 1).tolist(), budgets, eos)  # [n, t] log-probs
+
+
+def _tokenized(
+    policy: Policy, prompts: list[Prompt], sampling: SamplingConfig, columns: dict[str, list[Any]] | None
+) -> tuple[Tensor, Tensor, int, dict[str, list[Tensor]] | None]:
+    """[B, P] prompt ids and mask, prompts cut, and the vision inputs of prompts with images (``None``: none)."""
+    images = column_images(columns)
+    if images is None:
+        return *tokenize_prompts(policy.tokenizer, prompts, sampling), None
+    if policy.processor is None:
+        raise ValueError(
+            "the prompts have images (an 'image'/'images' column) but the policy is a text model: give an "
+            "AutoModelForImageTextToText model (references/vision.md), or drop the column"
+        )
+    ids, mask, vision = tokenize_image_prompts(policy.processor, prompts, images, sampling)
+    return ids, mask, 0, vision

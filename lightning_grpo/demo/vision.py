@@ -1,0 +1,160 @@
+"""The embedded vision-language demo: a tiny LLaVA-style model and a "which colour is the square" task, built in
+code (nothing downloaded).
+
+The model: a 2-layer CLIP vision tower (28x28 images, 14x14 patches: 4 image tokens), a projector and the tiny
+2-layer Qwen2 language model of ``tiny.py``, with a ``LlavaProcessor`` (the PIL CLIP image processor: no
+torchvision needed) whose chat template writes ``<image>`` where a ``{"type": "image"}`` part is. It loads through
+``AutoModelForImageTextToText`` / ``AutoProcessor``, the path a user's Qwen2.5-VL takes. The task: a square of one
+of four colours on a grey background, at a random place and size; the answer is the colour's letter. The warm
+start teaches the answer format only (a letter at random, whatever the image), so the model answers at chance
+(25%) and GRPO must teach it to look. The control data set blanks every image: nothing to look at.
+"""
+
+from __future__ import annotations
+
+import random
+from pathlib import Path
+from typing import Any
+
+from lightning_grpo.demo.tiny import SPECIAL_TOKENS, build_tiny_qwen2, build_tokenizer
+
+IMAGE_TOKEN = "<image>"
+VLM_CHAT_TEMPLATE = (
+    "{% for m in messages %}<|{{ m['role'] }}|>{% if m['content'] is string %}{{ m['content'] }}{% else %}"
+    "{% for p in m['content'] %}{% if p['type'] == 'image' %}<image>{% else %}{{ p['text'] }}{% endif %}{% endfor %}"
+    "{% endif %}<eos>{% endfor %}{% if add_generation_prompt %}<|assistant|>{% endif %}"
+)
+COLOURS = {"r": (220, 40, 40), "g": (40, 180, 40), "b": (40, 60, 220), "y": (230, 210, 40)}
+GREY = (128, 128, 128)
+QUESTION = "colour of the square? r g b y"
+IMAGE_SIZE, PATCH = 28, 14
+
+
+def build_processor() -> Any:
+    """The character tokenizer with an ``<image>`` token and a chat template for image parts, in a
+    ``LlavaProcessor`` with the PIL CLIP image processor (28x28, no crop loss)."""
+    from transformers import CLIPImageProcessorPil, LlavaProcessor
+
+    tokenizer = build_tokenizer()
+    tokenizer.add_special_tokens({"additional_special_tokens": SPECIAL_TOKENS[3:] + [IMAGE_TOKEN]})
+    tokenizer.chat_template = VLM_CHAT_TEMPLATE
+    images = CLIPImageProcessorPil(
+        size={"shortest_edge": IMAGE_SIZE}, crop_size={"height": IMAGE_SIZE, "width": IMAGE_SIZE}
+    )
+    return LlavaProcessor(
+        image_processor=images,
+        tokenizer=tokenizer,
+        patch_size=PATCH,
+        vision_feature_select_strategy="default",  # the CLS feature is dropped: 4 image tokens for 4 patches
+        chat_template=VLM_CHAT_TEMPLATE,
+        image_token=IMAGE_TOKEN,
+        num_additional_image_tokens=1,
+    )
+
+
+def build_tiny_llava(processor: Any, seed: int = 0) -> Any:
+    """LLaVA with a 2-layer CLIP vision tower (hidden 32) and the tiny Qwen2 of ``tiny.py`` (0.18M parameters)."""
+    import torch
+    from transformers import CLIPVisionConfig, LlavaConfig, LlavaForConditionalGeneration
+
+    tokenizer = processor.tokenizer
+    text = build_tiny_qwen2(tokenizer, seed=seed).config
+    vision = CLIPVisionConfig(
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        image_size=IMAGE_SIZE,
+        patch_size=PATCH,
+    )
+    config = LlavaConfig(
+        vision_config=vision,
+        text_config=text,
+        image_token_index=tokenizer.convert_tokens_to_ids(IMAGE_TOKEN),
+        vision_feature_layer=-1,
+        vision_feature_select_strategy="default",
+        tie_word_embeddings=True,
+    )
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        model = LlavaForConditionalGeneration(config)
+    model.generation_config.pad_token_id = tokenizer.pad_token_id
+    model.generation_config.eos_token_id = tokenizer.eos_token_id
+    return model
+
+
+def square_image(colour: str | None, rng: random.Random) -> Any:
+    """A 28x28 grey image with a square of ``colour`` (side 8-16, anywhere inside); ``None``: grey only."""
+    from PIL import Image, ImageDraw
+
+    image = Image.new("RGB", (IMAGE_SIZE, IMAGE_SIZE), GREY)
+    if colour is not None:
+        side = rng.randint(8, 16)
+        x, y = rng.randint(0, IMAGE_SIZE - side), rng.randint(0, IMAGE_SIZE - side)
+        ImageDraw.Draw(image).rectangle([x, y, x + side - 1, y + side - 1], fill=COLOURS[colour])
+    return image
+
+
+def colour_rows(n: int, seed: int, blank: bool = False) -> list[dict[str, Any]]:
+    """``n`` rows ``{"prompt": [user message with an image part], "image": PIL, "answer": "r"}``, colours
+    balanced; ``blank``: the same rows with every image grey (the control: nothing to look at)."""
+    rng = random.Random(seed)
+    letters = [list(COLOURS)[i % len(COLOURS)] for i in range(n)]
+    rng.shuffle(letters)
+    prompt = [{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": QUESTION}]}]
+    rows = []
+    for letter in letters:
+        image = square_image(letter, rng)
+        rows.append({"prompt": prompt, "image": square_image(None, rng) if blank else image, "answer": letter})
+    return rows
+
+
+def pretrain_format(model: Any, processor: Any, steps: int = 60, seed: int = 0) -> None:
+    """Teach the answer *format* only: after the prompt, one of the four letters at random, then EOS, whatever
+    the image. The model then replies with a letter at chance (25%): a stand-in for a pretrained VLM that knows
+    how to answer but has not learnt to read this kind of image."""
+    import torch
+
+    rows = colour_rows(64, seed=seed + 1000)
+    texts = [processor.apply_chat_template(r["prompt"], add_generation_prompt=True, tokenize=False) for r in rows]
+    batch = processor(text=texts, images=[r["image"] for r in rows], return_tensors="pt")
+    prompt_len = batch["input_ids"].shape[1]
+    letters = processor.tokenizer(list(COLOURS), add_special_tokens=False)["input_ids"]  # one token each
+    eos = torch.full((len(rows), 1), processor.tokenizer.eos_token_id)
+    gen = torch.Generator().manual_seed(seed)
+    optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=3e-3)
+    model.train()
+    for _ in range(steps):
+        picked = torch.tensor(letters)[torch.randint(0, len(COLOURS), (len(rows),), generator=gen)]  # [n, 1]
+        ids = torch.cat([batch["input_ids"], picked, eos], dim=1)
+        labels = ids.clone()
+        labels[:, :prompt_len] = -100  # loss on the letter and EOS only
+        mask = torch.ones_like(ids)
+        loss = model(input_ids=ids, attention_mask=mask, pixel_values=batch["pixel_values"], labels=labels).loss
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+    model.eval()
+
+
+def write_tiny_llava(path: Path) -> None:
+    """Random weights plus format-only pretraining, saved with ``save_pretrained`` (model and processor)."""
+    processor = build_processor()
+    model = build_tiny_llava(processor)
+    pretrain_format(model, processor)
+    model.save_pretrained(path)
+    processor.save_pretrained(path)
+
+
+def write_colours(path: Path, blank: bool = False) -> None:
+    """Train (1024) and validation (128) rows of the colour task as a ``save_to_disk`` DatasetDict whose
+    ``image`` column is a ``datasets.Image`` feature (PNG bytes inside, decoded when a row is read)."""
+    from datasets import Dataset, DatasetDict, Image
+
+    splits = {"train": colour_rows(1024, seed=0, blank=blank), "validation": colour_rows(128, seed=1, blank=blank)}
+    data = DatasetDict({k: Dataset.from_list(v).cast_column("image", Image()) for k, v in splits.items()})
+    data.save_to_disk(str(path))
+
+
+def write_colours_blank(path: Path) -> None:
+    write_colours(path, blank=True)

@@ -1,0 +1,131 @@
+"""A vision-language model's parts: whether a model is one, its processor, its vision tower (frozen by default),
+the LoRA exclusions that keep an adapter on the language model, and the forward that takes images.
+
+Knows transformers' image-text-to-text models (``AutoModelForImageTextToText``: LLaVA-style, Qwen2/2.5/3-VL,
+Gemma 3, SmolVLM ...): each holds its multimodal body at ``.model`` (vision tower, projector, language model),
+whose forward takes ``input_ids`` with the processor's image tokens and the vision inputs (``pixel_values``,
+``image_grid_thw`` ...) and returns the language model's hidden states. Nothing about rewards or rollouts.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+from torch import Tensor, nn
+
+VISION_TOWERS = ("vision_tower", "visual", "vision_model")  # LLaVA / Gemma 3, Qwen-VL, SmolVLM / Idefics3
+PROJECTORS = ("multi_modal_projector", "connector")  # LLaVA / Gemma 3, SmolVLM (Qwen-VL's merger is in .visual)
+
+
+def is_multimodal_config(config: Any) -> bool:
+    """Whether a model config is an image-text-to-text model's (a vision config beside its text config)."""
+    from transformers.models.auto.modeling_auto import MODEL_FOR_IMAGE_TEXT_TO_TEXT_MAPPING_NAMES
+
+    model_type = getattr(config, "model_type", None)
+    return model_type in MODEL_FOR_IMAGE_TEXT_TO_TEXT_MAPPING_NAMES and hasattr(config, "vision_config")
+
+
+def is_multimodal(model: nn.Module) -> bool:
+    return is_multimodal_config(getattr(model, "config", None))
+
+
+def load_processor(source: Any) -> Any:
+    """The model's processor (``AutoProcessor``: image processor, tokenizer, chat template), or the one given."""
+    if not isinstance(source, str):
+        return source
+    from transformers import AutoProcessor
+
+    return AutoProcessor.from_pretrained(source)
+
+
+def is_processor(value: Any) -> bool:
+    from transformers import ProcessorMixin
+
+    return isinstance(value, ProcessorMixin)
+
+
+def vision_towers(model: nn.Module) -> list[tuple[str, nn.Module]]:
+    """(name, module) of the model's vision encoder(s): the modules named like ``VISION_TOWERS``, outermost."""
+    found = [(n, m) for n, m in model.named_modules() if n.split(".")[-1] in VISION_TOWERS]
+    return [(n, m) for n, m in found if not any(n.startswith(other + ".") for other, _ in found)]
+
+
+def freeze_vision_tower(model: nn.Module) -> int:
+    """Turn off the gradient of the vision encoder's weights (the projector and language model still train);
+    the number of weights frozen. A model without a recognised tower is refused: freezing nothing silently
+    would train what the user meant to keep."""
+    towers = vision_towers(model)
+    if not towers:
+        raise ValueError(
+            f"policy.freeze_vision_tower=True but {type(model).__name__} has no module named one of {VISION_TOWERS}: "
+            "set policy.freeze_vision_tower=false (and freeze what you need in code)"
+        )
+    frozen = 0
+    for _, tower in towers:
+        for param in tower.parameters():
+            param.requires_grad_(False)
+            frozen += param.numel()
+    return frozen
+
+
+def lora_exclusion(model: nn.Module) -> str:
+    """A PEFT ``exclude_modules`` pattern matching every module of the vision tower and projector, so that an
+    adapter (``target_modules: all-linear`` too) sits on the language model only.
+
+    >>> from transformers import CLIPVisionConfig, LlavaConfig, LlavaForConditionalGeneration, Qwen2Config
+    >>> tiny = LlavaForConditionalGeneration(LlavaConfig(
+    ...     vision_config=CLIPVisionConfig(hidden_size=8, intermediate_size=8, num_hidden_layers=1,
+    ...                                    num_attention_heads=1, image_size=28, patch_size=14),
+    ...     text_config=Qwen2Config(vocab_size=32, hidden_size=8, intermediate_size=8, num_hidden_layers=1,
+    ...                             num_attention_heads=1, num_key_value_heads=1)))
+    >>> lora_exclusion(tiny)
+    '^(model\\\\.vision_tower|model\\\\.multi_modal_projector)(\\\\..*)?$'
+    """
+    names = [n for n, _ in vision_towers(model)]
+    names += [n for n, _ in model.named_modules() if n.split(".")[-1] in PROJECTORS]
+    return "^(" + "|".join(re.escape(n) for n in names) + r")(\..*)?$"
+
+
+def multimodal_body(model: nn.Module) -> nn.Module:
+    """The model whose forward takes ids and images and returns hidden states (``.model`` of the task model,
+    under a PEFT wrapper too: the adapter's layers are inside it)."""
+    base = model.get_base_model() if hasattr(model, "get_base_model") else model
+    return base.model
+
+
+def multimodal_hidden(model: nn.Module, input_ids: Tensor, attention_mask: Tensor, vision: dict[str, Tensor]) -> Tensor:
+    """[n, L, H] the language model's last hidden states for ids with image tokens and their ``vision`` inputs.
+
+    Positions count real tokens from 0 in each left-padded row, as ``generate`` gives them, for models with
+    one position a token; multimodal-RoPE models (Qwen-VL: ``get_rope_index``) compute their own from the ids,
+    the images and the mask."""
+    from lightning_grpo.model.padding import position_ids_from_mask
+
+    body = multimodal_body(model)
+    positions = None if hasattr(body, "get_rope_index") else position_ids_from_mask(attention_mask)
+    outputs = body(
+        input_ids=input_ids, attention_mask=attention_mask, position_ids=positions, use_cache=False, **vision
+    )
+    return outputs.last_hidden_state
+
+
+# Config fields naming the tokens a processor writes for images (and videos): never the model's to sample, since a
+# completion holding one has no image to fill it and the next forward fails ("Image features and image tokens do
+# not match").
+VISION_TOKEN_FIELDS = (
+    "image_token_id",
+    "image_token_index",
+    "video_token_id",
+    "video_token_index",
+    "vision_start_token_id",
+    "vision_end_token_id",
+    "boi_token_index",
+    "eoi_token_index",
+)
+
+
+def vision_token_ids(config: Any) -> list[int]:
+    """The ids of a vision-language config's image and video tokens (``VISION_TOKEN_FIELDS`` that it sets)."""
+    ids = {getattr(config, name, None) for name in VISION_TOKEN_FIELDS}
+    return sorted(i for i in ids if isinstance(i, int))
