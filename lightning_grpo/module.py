@@ -131,7 +131,8 @@ class GRPOModule(L.LightningModule):
             self.hparams["reward_funcs"] = import_paths(reward_funcs)
         self.automatic_optimization = False
         self.optimizer_factory = optimizer
-        teacher = TeacherModel(s.distill.teacher, s.distill.teacher_dtype, s.distill.teacher_init_kwargs)
+        d = s.distill
+        teacher = TeacherModel(d.teacher, d.teacher_dtype, d.teacher_init_kwargs, d.teacher_server)
         self.policy = Policy(
             model,
             s.policy,

@@ -98,6 +98,12 @@ class GRPOSettings:
                 "policy.sync_ref_model=True updates a reference copy: it needs loss.beta > 0 (or advantages.kl_coef "
                 f"> 0), got beta={self.loss.beta}",
             ),
+            (
+                self.distill.teacher_server is None or self.sampling.temperature == 1,
+                f"distill.teacher_server scores at temperature 1 (vLLM's prompt log-probs are the model's own), but "
+                f"sampling.temperature is {self.sampling.temperature}: sample at 1, or unset teacher_server to load "
+                "the teacher here",
+            ),
             *((False, problem) for problem in engine_problems(self.sampling)),
         ]
 

@@ -4,6 +4,8 @@ log-probs once per generation batch and the mixed advantages (targets/distill.py
 
 from __future__ import annotations
 
+import socket
+
 import lightning as L
 import pytest
 import torch
@@ -18,6 +20,7 @@ from lightning_grpo.loss.config import DistillConfig
 from lightning_grpo.loss.distill import generalized_jsd_loss
 from lightning_grpo.model.logprobs import completion_logps
 from lightning_grpo.model.policy import Policy
+from lightning_grpo.model.served_teacher import TeacherServerError
 from lightning_grpo.model.teacher import TeacherModel
 from lightning_grpo.ranks import Ranks
 from lightning_grpo.targets.distill import distill_targets
@@ -171,8 +174,26 @@ def test_gkd_mixed_with_rewards_logs_the_top_token_agreement(tiny_model_dir, tea
         ("lmbda", 0.5, "distill.lmbda must be 1.0 .* got 0.5"),
         ("beta", 2.0, r"distill.beta must be in \[0, 1\], got 2.0"),
         ("reward_weight", -1.0, "distill.reward_weight must be >= 0, got -1.0"),
+        ("objective", "gkd", "distill.objective 'gkd' needs the teacher's whole vocabulary .* reverse_kl"),
     ],
 )
 def test_bad_distill_settings_are_refused_by_name(option, value, message):
+    server = {"teacher_server": "http://127.0.0.1:1"} if value == "gkd" else {}
     with pytest.raises(ValueError, match=message):
-        DistillConfig(teacher="t", **{option: value})
+        DistillConfig(teacher="t", **{option: value}, **server)
+
+
+def test_a_teacher_server_without_its_name_or_at_another_temperature_is_refused_before_loading(tiny_model_dir):
+    with pytest.raises(ValueError, match="distill.teacher_server 'http://h:1' needs distill.teacher"):
+        DistillConfig(teacher_server="http://h:1")
+    distill = {"teacher": tiny_model_dir, "teacher_server": "http://127.0.0.1:1"}
+    with pytest.raises(ValueError, match="scores at temperature 1 .* sampling.temperature is 0.7"):
+        make_module(tiny_model_dir, distill=distill, sampling={"temperature": 0.7})
+
+
+def test_a_teacher_server_that_does_not_answer_is_named_at_construction(tiny_model_dir):
+    with socket.socket() as s:  # a port nothing listens on
+        s.bind(("127.0.0.1", 0))
+        url = f"http://127.0.0.1:{s.getsockname()[1]}"
+    with pytest.raises(TeacherServerError, match=f"distill.teacher_server '{url}' does not answer /v1/models"):
+        make_module(tiny_model_dir, distill={"teacher": tiny_model_dir, "teacher_server": url})

@@ -17,6 +17,7 @@ from transformers import PreTrainedTokenizerBase
 
 from lightning_grpo.model.loading import DTYPES, empty_init_files, load_policy, load_tokenizer, resolve_pretrained
 from lightning_grpo.model.padding import position_ids_from_mask
+from lightning_grpo.model.served_teacher import ServedTeacher
 
 
 @dataclass(frozen=True)
@@ -26,6 +27,7 @@ class TeacherModel:
     model: str | nn.Module  # Hugging Face name or local path, or a built model
     dtype: str = "float32"
     init_kwargs: dict[str, Any] | None = None
+    server: str | None = None  # a vLLM server of it that scores the tokens: its weights are not loaded here
 
 
 def vocabulary_problem(teacher: PreTrainedTokenizerBase, student: PreTrainedTokenizerBase, name: str) -> str | None:
@@ -42,14 +44,19 @@ def vocabulary_problem(teacher: PreTrainedTokenizerBase, student: PreTrainedToke
     )
 
 
-def load_teacher(spec: TeacherModel, tokenizer: PreTrainedTokenizerBase, student: nn.Module) -> tuple[nn.Module, list]:
+def load_teacher(
+    spec: TeacherModel, tokenizer: PreTrainedTokenizerBase, student: nn.Module
+) -> tuple[nn.Module | ServedTeacher, list]:
     """(the frozen teacher, its checkpoint files when it is built on the meta device to be loaded after sharding,
-    else ``[]``). Refuses a teacher whose vocabulary differs from the student's, saying so."""
+    else ``[]``); with ``spec.server``, the client of its server (connected) in place of the model. Refuses a teacher
+    whose vocabulary differs from the student's, saying so."""
     name = spec.model if isinstance(spec.model, str) else type(spec.model).__name__
     if isinstance(spec.model, str):
         problem = vocabulary_problem(load_tokenizer(spec.model), tokenizer, name)
         if problem:
             raise ValueError(problem)
+    if spec.server is not None:
+        return ServedTeacher(spec.server).connect(), []
     files = empty_init_files(spec.model, False)
     if files:
         from lightning_grpo.model.materialize import empty_causal_lm
