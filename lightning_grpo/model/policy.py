@@ -38,6 +38,14 @@ from lightning_grpo.model.materialize import empty_causal_lm, is_empty, load_wei
 from lightning_grpo.model.served_teacher import ServedTeacher
 from lightning_grpo.model.sharding import LOGPS_METHOD, full_state_dict, is_sharded, shard_causal_lm
 from lightning_grpo.model.teacher import TeacherModel, completion_logits, frozen_logits, load_teacher
+from lightning_grpo.model.vision import (
+    freeze_vision_tower,
+    is_multimodal,
+    is_processor,
+    load_processor,
+    lora_exclusion,
+    vision_token_ids,
+)
 from lightning_grpo.types import Rollout
 
 REFERENCE = "reference."  # state-dict prefix of the frozen copy inside the Policy
@@ -76,20 +84,29 @@ class Policy(nn.Module):
         super().__init__()
         c = self.config = config
         self.name_or_path = model if isinstance(model, str) else None
-        self.tokenizer = load_tokenizer(c.tokenizer if c.tokenizer is not None else model)
         self.weight_files = empty_init_files(model, c.load_in_4bit)  # none unless built on the meta device
         if self.weight_files:
             self.model = empty_causal_lm(resolve_pretrained(model), DTYPES[c.dtype], c.model_init_kwargs).train()
         else:  # from_pretrained returns eval mode
             self.model = load_policy(model, c.dtype, c.load_in_4bit, c.model_init_kwargs).train()
+        self.is_multimodal = is_multimodal(self.model)
+        source = c.tokenizer if c.tokenizer is not None else model
+        self.processor = _processor(source) if self.is_multimodal or is_processor(source) else None
+        """The vision-language model's processor (images -> vision inputs, prompts -> ids with image tokens)."""
+        self.tokenizer = load_tokenizer(self.processor.tokenizer if self.processor is not None else source)
         if c.disable_dropout:
             disable_dropout(self.model)
         if c.gradient_checkpointing:
             checkpointing(self.model, True)
         self.is_lora = c.peft_config is not None
+        if self.is_multimodal:
+            _check_multimodal(c, teacher)
+            if c.freeze_vision_tower:
+                freeze_vision_tower(self.model)
         rng = torch.get_rng_state()
         if self.is_lora:
-            self.model = with_lora(self.model, c.peft_config)
+            vision_only = self.is_multimodal and not c.lora_vision_tower
+            self.model = with_lora(self.model, c.peft_config, lora_exclusion(self.model) if vision_only else None)
         # values made before the weights are loaded (an adapter's initialisation), kept through materialize()
         self.real_tensors = materialize_lora_adapters(self.model, rng) if self.weight_files and self.is_lora else {}
         self.reference = frozen_copy(self.model) if reference and not self.is_lora else None
@@ -126,6 +143,8 @@ class Policy(nn.Module):
             "padding_free": self.config.padding_free,
         }
         chunk = self.config.logprob_chunk_size
+        if rollout.vision is not None:
+            options["vision"] = rollout.vision_inputs(rows)
         if is_sharded(model):  # FSDP2 gathers each layer around each of its calls: the prompt pass, then the rest
             return getattr(model, LOGPS_METHOD)(ids, mask, width, self.temperature, chunk, **options)
         return completion_logps(model, ids, mask, width, self.temperature, chunk, **options)
@@ -164,6 +183,8 @@ class Policy(nn.Module):
         a load-balancing loss (the prompt's router logits would count once) or sliding-window attention."""
         if self.config.share_prompt_prefix is not None:
             return self.config.share_prompt_prefix
+        if self.is_multimodal:  # the prompt's images would have to be encoded once per group too: not done yet
+            return False
         text = self.model.config.get_text_config()
         windowed = "sliding_attention" in (getattr(text, "layer_types", None) or []) or (
             getattr(text, "use_sliding_window", False) and getattr(text, "sliding_window", None)
@@ -196,6 +217,12 @@ class Policy(nn.Module):
         extra = getattr(getattr(self.model, "generation_config", None), "eos_token_id", None)
         ids.update(extra if isinstance(extra, list) else [extra] if extra is not None else [])
         return sorted(i for i in ids if i is not None)
+
+    @property
+    def unsampled_token_ids(self) -> list[int]:
+        """Tokens generation must never draw: a vision-language model's image and video tokens (a completion
+        holding one has no image to fill it); none for a text model."""
+        return vision_token_ids(self.model.config) if self.is_multimodal else []
 
     @property
     def device(self) -> torch.device:
@@ -291,6 +318,11 @@ class Policy(nn.Module):
     def shard(self, mesh: Any | None, world_size: int) -> None:
         """Shard over ``mesh`` with FSDP2 (``None``: the strategy shards the module itself, as FSDP1 does).
         Either way generation is then synced across ranks, so ranks that finish early keep stepping."""
+        if self.is_multimodal:
+            raise ValueError(
+                "a vision-language policy cannot be sharded yet (FSDP2 / FSDP: the vision tower is not wrapped): "
+                "use strategy: ddp, or one device"
+            )
         if mesh is not None:
             shard_causal_lm(self.model, mesh)  # under LoRA the frozen base is sharded too; the adapter trains
             for frozen in (self.reference, self.teacher):
@@ -339,6 +371,30 @@ class Policy(nn.Module):
             whole = merged_lora(model, state) if state is not None else copy.deepcopy(model).merge_and_unload()
             whole.save_pretrained(f"{path}/merged")
             self.tokenizer.save_pretrained(f"{path}/merged")
+
+
+def _processor(source: Any) -> Any:
+    """The processor of a vision-language model, or a clear refusal where there is none to build it from."""
+    if not isinstance(source, str) and not is_processor(source):
+        raise ValueError(
+            "a built vision-language model needs its processor: give it as policy.tokenizer (PolicyConfig("
+            f"tokenizer=processor)), got {type(source).__name__}"
+        )
+    return load_processor(resolve_pretrained(source) if isinstance(source, str) else source)
+
+
+def _check_multimodal(config: PolicyConfig, teacher: TeacherModel | None) -> None:
+    """What a vision-language policy cannot do yet, refused before anything runs, naming the setting."""
+    refused = [
+        (config.share_prompt_prefix, "policy.share_prompt_prefix=True: the shared-prompt forward takes no images"),
+        (config.padding_free, "policy.padding_free=True: the packed forward takes no images"),
+        (teacher is not None, "distill.teacher: the teacher's forward takes no images"),
+    ]
+    problems = [message for bad, message in refused if bad]
+    if problems:
+        raise ValueError(
+            f"a vision-language policy cannot run with {'; '.join(problems)}. Leave them unset (references/vision.md)"
+        )
 
 
 @contextlib.contextmanager
