@@ -23,7 +23,7 @@ from lightning_grpo.model.padding import forward_positions
 from lightning_grpo.model.policy import Policy
 from lightning_grpo.ranks import Ranks
 from lightning_grpo.targets.config import UpdateConfig
-from lightning_grpo.targets.correction import BYPASS, correction_metrics, mismatch_stats, sampling_correction
+from lightning_grpo.targets.correction import SamplerCorrection, correction_metrics, mismatch_stats
 from lightning_grpo.targets.distill import DistillTargets, distill_targets
 from lightning_grpo.types import MismatchStats, RewardScores, Rollout
 
@@ -55,19 +55,16 @@ class ProximalCorrection:
     forward that TRL (``vllm_importance_sampling_correction``) and verl (``old_log_prob``) make; the values are the
     same. The mismatch is measured once the update has seen every row (``Targets.settled``)."""
 
-    mode: str | None  # None: no weights, the log-probs are kept for the mismatch metrics only
-    low: float
-    high: float
+    correction: SamplerCorrection  # without weights (off, bypass) the log-probs serve the mismatch metrics only
     logps: Tensor  # [N, T] the proximal log-probs, filled one micro-batch at a time
-    anchored: bool  # bypass: the loss's ratio is taken against the sampler (MismatchStats.anchored)
     weights: Tensor | None = None  # [N, T] or [N, 1], likewise
 
     def weights_of(self, logps: Tensor, sampling_logps: Tensor, mask: Tensor, rows: slice | Tensor) -> Tensor | None:
         proximal = logps.detach()
         self.logps[rows] = proximal.to(self.logps.dtype)
-        if self.mode is None:
+        weights = self.correction.weights(proximal, sampling_logps, mask)
+        if weights is None:
             return None
-        weights = sampling_correction(proximal, sampling_logps, mask, self.mode, self.low, self.high)
         if self.weights is None:
             self.weights = weights.new_ones(self.logps.shape[0], weights.shape[1])
         self.weights[rows] = weights
@@ -129,7 +126,7 @@ class Targets:
         c = done.proximal
         if c is None:
             return done
-        mismatch = _mismatch(c.logps, done.sampling_logps, done.mask, ranks, c.anchored)
+        mismatch = _mismatch(c.logps, done.sampling_logps, done.mask, ranks, c.correction.anchored)
         return replace(done, sampling_weights=c.weights, mismatch=mismatch, proximal=None)
 
     def metrics(self) -> dict[str, float]:
@@ -255,16 +252,13 @@ def build_targets(
     ref_logps = policy.reference_logps(rollout, rows) if s.reference else None
     weights, proximal, mismatch, anchor = None, None, None, old_logps if u.off_policy else None
     if rollout.sampling_logps is not None:  # another engine sampled: corrected, and measured even when it is not
-        mode, (low, high) = u.sampling_correction, u.correction_bounds
-        anchored = mode == BYPASS
-        if anchored:  # the sampler anchors the loss's ratio and clip; no weight
-            mode, anchor = None, rollout.sampling_logps
+        c = u.correction
+        anchor = rollout.sampling_logps if c.anchored else anchor  # bypass: the sampler anchors the ratio and clip
         if old_logps is not None:
-            if mode is not None:
-                weights = sampling_correction(old_logps, rollout.sampling_logps, mask, mode, low, high)
-            mismatch = _mismatch(old_logps, rollout.sampling_logps, mask, ranks, anchored)
+            weights = c.weights(old_logps, rollout.sampling_logps, mask)
+            mismatch = _mismatch(old_logps, rollout.sampling_logps, mask, ranks, c.anchored)
         else:  # every row trained once, from the weights that start the batch: the training forward's log-probs
-            proximal = ProximalCorrection(mode, low, high, torch.zeros_like(rollout.sampling_logps), anchored)
+            proximal = ProximalCorrection(c, torch.zeros_like(rollout.sampling_logps))
     advantages, distill = _advantages(every_rank, scores.weights, mask, old_logps, ref_logps, s, ranks), None
     if s.distill is not None:
         student = rollout.sampling_logps if rollout.sampling_logps is not None else old_logps

@@ -3,15 +3,20 @@
 from __future__ import annotations
 
 import dataclasses
-import math
 from dataclasses import dataclass
 from typing import Literal
 
 from lightning_grpo.checks import raise_problems
-from lightning_grpo.targets.correction import BYPASS, CORRECTIONS, SAMPLING_CORRECTIONS, correction_bounds
+from lightning_grpo.targets.correction import (
+    AUTO,
+    SAMPLING_CORRECTIONS,
+    SamplerCorrection,
+    correction_problems,
+    resolve_auto,
+    resolved_bounds,
+)
 
 AUTO_MICRO_BATCH_TOKENS = 16384  # verl's ppo_max_token_len_per_gpu: one pass of the prompt-and-completion tokens
-AUTO = "auto"  # sampling_correction chosen by the engine: UpdateConfig.for_engine
 
 
 @dataclass(frozen=True)
@@ -61,7 +66,6 @@ class UpdateConfig:
     sampling_correction_max: float | None = None
 
     def __post_init__(self) -> None:
-        corrections = [*SAMPLING_CORRECTIONS, AUTO, None]
         raise_problems(
             "update",
             [
@@ -85,29 +89,16 @@ class UpdateConfig:
                     f"update.micro_batch_size={self.micro_batch_size} and update.micro_batch_tokens="
                     f"{self.micro_batch_tokens} both split the batch: set one of them",
                 ),
-                (
-                    self.sampling_correction in corrections,
-                    f"update.sampling_correction must be one of {corrections}, got {self.sampling_correction!r}",
-                ),
-                *self._bound_checks(),
+                *correction_problems(*self._correction_settings),
             ],
         )
 
     def for_engine(self, max_staleness: int) -> UpdateConfig:
         """These settings with ``sampling_correction: auto`` resolved for an engine whose samples are up to
-        ``max_staleness`` updates behind (``RolloutEngine.max_staleness``): ``bypass`` when > 0, else
-        ``sequence_mask``. Raises ``ValueError`` when the bounds are set and ``auto`` would be ``bypass``."""
-        if self.sampling_correction != AUTO:
-            return self
-        ahead = max_staleness > 0
-        if ahead and (self.sampling_correction_min, self.sampling_correction_max) != (None, None):
-            raise ValueError(
-                f"update.sampling_correction='auto' is 'bypass' for an engine sampling up to {max_staleness} "
-                f"update(s) ahead, which applies no weight for update.sampling_correction_min/max (got "
-                f"{self.sampling_correction_min!r}/{self.sampling_correction_max!r}) to bound: name the correction "
-                f"they bound (one of {list(CORRECTIONS)}), or leave them unset"
-            )
-        return dataclasses.replace(self, sampling_correction=BYPASS if ahead else "sequence_mask")
+        ``max_staleness`` updates behind (``RolloutEngine.max_staleness``), by the rule of
+        ``targets.correction.resolve_auto``."""
+        name = resolve_auto(*self._correction_settings, max_staleness)
+        return self if name == self.sampling_correction else dataclasses.replace(self, sampling_correction=name)
 
     @property
     def token_budget(self) -> int | None:
@@ -116,41 +107,21 @@ class UpdateConfig:
             return AUTO_MICRO_BATCH_TOKENS if self.micro_batch_size is None else None
         return self.micro_batch_tokens
 
-    def _bound_checks(self) -> list[tuple[bool, str]]:
-        low, high = self.sampling_correction_min, self.sampling_correction_max
-        checks = [
-            (low is None or low >= 0, f"update.sampling_correction_min must be >= 0 (None: the default), got {low!r}"),
-            (high is None or high > 0, f"update.sampling_correction_max must be > 0 (None: the default), got {high!r}"),
-        ]
-        if self.sampling_correction in (BYPASS, None):
-            unused = self.sampling_correction_min is None and self.sampling_correction_max is None
-            checks.append(
-                (
-                    unused,
-                    f"update.sampling_correction_min/max bound a weight, and update.sampling_correction="
-                    f"{self.sampling_correction!r} applies none: leave them unset",
-                )
-            )
-        elif self.sampling_correction in CORRECTIONS:
-            low, high = self.correction_bounds
-            checks.append(
-                (
-                    low < high,
-                    f"update.sampling_correction_min must be below update.sampling_correction_max for "
-                    f"{self.sampling_correction!r}, got [{low!r}, {high!r}]",
-                )
-            )
-        return checks
+    @property
+    def correction(self) -> SamplerCorrection:
+        """The sampler correction these settings name, its bounds resolved; ``auto`` must be resolved first
+        (``for_engine``)."""
+        return SamplerCorrection(self.sampling_correction, *self.correction_bounds)
 
     @property
     def correction_bounds(self) -> tuple[float, float]:
         """[low, high] of ``sampling_correction``: the settings, or the correction's defaults where ``None``;
-        unbounded when the correction is off. ``auto`` must be resolved first (``for_engine``)."""
-        if self.sampling_correction == AUTO:
-            raise ValueError("update.sampling_correction='auto' has no bounds until for_engine resolves it")
-        if self.sampling_correction in (BYPASS, None):
-            return 0.0, math.inf
-        return correction_bounds(self.sampling_correction, self.sampling_correction_min, self.sampling_correction_max)
+        unbounded when the correction is off."""
+        return resolved_bounds(*self._correction_settings)
+
+    @property
+    def _correction_settings(self) -> tuple[str | None, float | None, float | None]:
+        return self.sampling_correction, self.sampling_correction_min, self.sampling_correction_max
 
     @property
     def off_policy(self) -> bool:

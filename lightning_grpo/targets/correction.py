@@ -1,11 +1,15 @@
 """Sampler and trainer log-probs -> importance weights that correct for their mismatch, and the metrics that
-measure it. Pure tensor math: knows nothing of engines or models.
+measure it. The one owner of ``update.sampling_correction``: its choices, their default bounds, the rule that
+resolves ``auto``, the checks of its bounds, and the resolved ``SamplerCorrection`` that ``build_targets`` asks for
+the weights and the anchor. Pure tensor math: knows nothing of engines or models (an engine tells only how many
+updates its samples may lag: ``resolve_auto``).
 
 When another engine (vLLM) samples the completions, its log-probs differ from the trainer's (kernels, precision,
 weights one sync behind), so the policy term of the loss is re-weighted by the probability ratio of the trained
 policy to the sampler, ``rho = exp(old_logps - sampling_logps)``. A correction is one row of ``CORRECTIONS``: the
-level the ratio is taken at, what happens outside the bounds, and its default bounds. ``bypass`` is the one
-correction that is not a weight: the sampler's log-probs become the loss's old log-probs (``BYPASS``).
+level the ratio is taken at, what happens outside the bounds, and its default bounds; ``icepop`` and ``decoupled``
+are presets of ``token_mask`` (the same math, other default bounds). ``bypass`` is the one correction that is not a
+weight: the sampler's log-probs become the loss's old log-probs (``BYPASS``).
 
 The three policies (AReaL's decoupled PPO, arXiv:2505.24298): the *behaviour* policy is the sampler
 (``Rollout.sampling_logps``, possibly several weight versions behind in async training); the *proximal* policy is
@@ -28,7 +32,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 from torch import Tensor
@@ -79,21 +83,24 @@ class Correction:
     source: str
 
 
+TOKEN_MASK = Correction(token_level, mask_keep_ratio, 0.0, 3.0, "TRL vllm_importance_sampling_mode")
 CORRECTIONS = {
     "token_truncate": Correction(token_level, truncate, 0.0, 3.0, "TRL vllm_importance_sampling_mode (TIS)"),
-    "token_mask": Correction(token_level, mask_keep_ratio, 0.0, 3.0, "TRL vllm_importance_sampling_mode"),
+    "token_mask": TOKEN_MASK,
     "sequence_truncate": Correction(sequence_sum, truncate, 0.0, 3.0, "TRL vllm_importance_sampling_mode"),
     "sequence_mask": Correction(sequence_sum, mask_keep_ratio, 0.0, 3.0, "TRL's default (MIS)"),
-    "icepop": Correction(token_level, mask_keep_ratio, 0.5, 5.0, "IcePop (Ring-1T arXiv:2510.18855), alpha, beta"),
+    "icepop": replace(TOKEN_MASK, low=0.5, high=5.0, source="IcePop (Ring-1T arXiv:2510.18855), alpha, beta"),
     "geometric_mask": Correction(sequence_mean, mask_only, 1 / 1.001, 1.001, "verl rollout_rs='geometric' preset"),
-    "decoupled": Correction(token_level, mask_keep_ratio, 0.0, 5.0, "AReaL behav_imp_weight_cap"),
+    "decoupled": replace(TOKEN_MASK, high=5.0, source="AReaL behav_imp_weight_cap"),
 }
 # The sampler as PPO's anchor: the loss's ratio and clip are taken against the sampler's log-probs and no weight
 # applies (verl's ``rollout_correction.bypass_mode``, Tinker's PPO loss). The clip then bounds how far an update
 # moves from the weights that sampled, which a stale sampler (async training) needs; the rows above anchor at the
 # weights that start the update instead and only re-weight.
 BYPASS = "bypass"
+AUTO = "auto"  # chosen for the engine: ``resolve_auto``
 SAMPLING_CORRECTIONS = (*CORRECTIONS, BYPASS)
+CHOICES = (*SAMPLING_CORRECTIONS, AUTO, None)  # what ``update.sampling_correction`` accepts; None: off
 
 
 def correction_bounds(mode: str, low: float | None, high: float | None) -> tuple[float, float]:
@@ -144,6 +151,90 @@ def sampling_correction(
     log_ratio = ((old_logps - sampling_logps) * mask).nan_to_num(0.0).detach()  # [n, T]
     rho = row.level(log_ratio, mask).exp()  # [n, T] or [n, 1]
     return row.bound(rho, low, high)
+
+
+def resolve_auto(name: str | None, low: float | None, high: float | None, max_staleness: int) -> str | None:
+    """The rule for ``auto``: ``bypass`` for an engine whose samples are up to ``max_staleness`` > 0 updates behind
+    (``RolloutEngine.max_staleness``), TRL's ``sequence_mask`` otherwise; a named correction (or None) is kept.
+    Raises ``ValueError`` when bounds are set and ``auto`` would be ``bypass``, which has nothing to bound.
+
+    >>> resolve_auto(AUTO, None, None, 0), resolve_auto(AUTO, None, None, 2), resolve_auto("icepop", None, None, 2)
+    ('sequence_mask', 'bypass', 'icepop')
+    """
+    if name != AUTO:
+        return name
+    if max_staleness > 0 and (low, high) != (None, None):
+        raise ValueError(
+            f"update.sampling_correction='auto' is 'bypass' for an engine sampling up to {max_staleness} "
+            f"update(s) ahead, which applies no weight for update.sampling_correction_min/max (got {low!r}/{high!r}) "
+            f"to bound: name the correction they bound (one of {list(CORRECTIONS)}), or leave them unset"
+        )
+    return BYPASS if max_staleness > 0 else "sequence_mask"
+
+
+def resolved_bounds(name: str | None, low: float | None, high: float | None) -> tuple[float, float]:
+    """[low, high] of correction ``name``: the settings, or its defaults where ``None``; unbounded for ``bypass``
+    and off (None). ``auto`` has none until ``resolve_auto`` names the correction."""
+    if name == AUTO:
+        raise ValueError("update.sampling_correction='auto' has no bounds until for_engine resolves it")
+    if name in (BYPASS, None):
+        return 0.0, math.inf
+    return correction_bounds(name, low, high)
+
+
+def correction_problems(name: str | None, low: float | None, high: float | None) -> list[tuple[bool, str]]:
+    """The checks of ``update.sampling_correction`` and its bounds, as ``(ok, message)`` pairs."""
+    checks = [
+        (name in CHOICES, f"update.sampling_correction must be one of {list(CHOICES)}, got {name!r}"),
+        (low is None or low >= 0, f"update.sampling_correction_min must be >= 0 (None: the default), got {low!r}"),
+        (high is None or high > 0, f"update.sampling_correction_max must be > 0 (None: the default), got {high!r}"),
+    ]
+    if name in (BYPASS, None):
+        checks.append(
+            (
+                low is None and high is None,
+                f"update.sampling_correction_min/max bound a weight, and update.sampling_correction={name!r} applies "
+                "none: leave them unset",
+            )
+        )
+    elif name in CORRECTIONS:
+        lo, hi = correction_bounds(name, low, high)
+        checks.append(
+            (
+                lo < hi,
+                f"update.sampling_correction_min must be below update.sampling_correction_max for {name!r}, got "
+                f"[{lo!r}, {hi!r}]",
+            )
+        )
+    return checks
+
+
+@dataclass(frozen=True)
+class SamplerCorrection:
+    """``update.sampling_correction`` resolved for the engine (``UpdateConfig.correction``): what ``build_targets``
+    asks when another engine sampled the rollout.
+
+    >>> c = SamplerCorrection("icepop", 0.5, 5.0)
+    >>> c.anchored, c.weights(torch.zeros(1, 2), torch.tensor([[0.0, -2.0]]), torch.ones(1, 2))
+    (False, tensor([[1., 0.]]))
+    >>> SamplerCorrection(BYPASS).anchored, SamplerCorrection(BYPASS).weights(None, None, None) is None
+    (True, True)
+    """
+
+    name: str | None  # a row of CORRECTIONS, BYPASS, or None (off: the mismatch is still measured)
+    low: float = 0.0
+    high: float = math.inf
+
+    @property
+    def anchored(self) -> bool:
+        """Whether the loss's ratio and clip are taken against the sampler's log-probs (``bypass``), not weighted."""
+        return self.name == BYPASS
+
+    def weights(self, old_logps: Tensor, sampling_logps: Tensor, mask: Tensor) -> Tensor | None:
+        """[n, T] or [n, 1] the importance weights on the policy term (``sampling_correction``); None without any."""
+        if self.name not in CORRECTIONS:
+            return None
+        return sampling_correction(old_logps, sampling_logps, mask, self.name, self.low, self.high)
 
 
 def correction_metrics(weights: Tensor | None, mask: Tensor) -> dict[str, float]:
