@@ -40,7 +40,7 @@ from lightning_grpo.rollout import SamplingConfig
 from lightning_grpo.run import log_train_metrics, numerical_abort, optimizer_steps_of, seeded, step_seed
 from lightning_grpo.settings import GRPOSettings
 from lightning_grpo.targets import OptimiserStep, Targets, UpdateConfig, build_targets, optimiser_steps
-from lightning_grpo.targets.distill import no_reward
+from lightning_grpo.targets.distill import dataset_rollout, no_reward, off_policy_step
 from lightning_grpo.types import PromptBatch, RewardScores, Rollout, StepRecord
 
 PROGRESS_BAR = ("train/reward", "train/reward_std", "train/kl")
@@ -171,7 +171,7 @@ class GRPOModule(L.LightningModule):
 
     def _training_step(self, batch: PromptBatch) -> dict[str, Any] | None:
         start, ranks = time.perf_counter(), Ranks(self.trainer)
-        sampled = self.engine.rollout(self.policy, batch, self.settings.num_generations, self.settings.sampling)
+        sampled = self._rollout(batch)
         if sampled is None:  # an engine sampling ahead fills its pipeline: no update yet
             return None
         rollout, batch = sampled.rollout, sampled.batch  # the batch it answers (an earlier one when sampled ahead)
@@ -196,6 +196,15 @@ class GRPOModule(L.LightningModule):
         self.engine.sync_weights(self.policy)
         self.counters.good_step(ranks.sum(rollout.attention_mask.sum()))
         return self._publish(rollout, scores, every_rank, targets, ranks.loss(loss), ranks, extra, start)
+
+    def _rollout(self, batch: PromptBatch) -> Sampled | None:
+        """The engine's rollout of ``batch``; on GKD's off-policy steps (``distill.lmbda < 1``), the batch's own
+        completions from the dataset."""
+        s = self.settings
+        if off_policy_step(s.distill, s.seed, self.global_step, batch):
+            column = s.distill.completion_column
+            return Sampled(dataset_rollout(self.policy, batch, column, s.num_generations, s.sampling), batch)
+        return self.engine.rollout(self.policy, batch, s.num_generations, s.sampling)
 
     def _publish(
         self,

@@ -84,6 +84,12 @@ class GRPOSettings:
             problems.append(str(err))
         settings = cls(**values)
         problems += engine.adopt(settings.sampling, settings.update.sampling_correction)  # vLLM: its log-prob mode
+        if settings.distill.lmbda < 1 and engine.max_staleness > 0:
+            problems.append(
+                f"distill.lmbda {settings.distill.lmbda} < 1 with an engine that samples ahead "
+                f"({type(engine).__name__}, {engine.max_staleness} step(s)): its rollouts would pass over the "
+                "dataset's steps. Use a synchronous engine, or lmbda 1.0"
+            )
         raise_problems("GRPOModule", [(False, p) for p in problems] + settings.checks(engine.problems))
         return settings
 

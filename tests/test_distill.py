@@ -4,17 +4,19 @@ log-probs once per generation batch and the mixed advantages (targets/distill.py
 
 from __future__ import annotations
 
+import json
 import socket
 
 import lightning as L
 import pytest
 import torch
-from helpers import fit, logged, make_module
+from helpers import KeepRollouts, fit, logged, make_module
 from test_docs import METRICS_TABLE, metric_patterns
 
 from lightning_grpo import PromptDataModule
 from lightning_grpo.cli.report import panels, write_report
 from lightning_grpo.demo.tiny import build_tiny_qwen2, build_tokenizer
+from lightning_grpo.engines import AsyncRollouts
 from lightning_grpo.loss import LossNormalizer
 from lightning_grpo.loss.config import DistillConfig
 from lightning_grpo.loss.distill import generalized_jsd_loss
@@ -23,8 +25,8 @@ from lightning_grpo.model.policy import Policy
 from lightning_grpo.model.served_teacher import TeacherServerError
 from lightning_grpo.model.teacher import TeacherModel
 from lightning_grpo.ranks import Ranks
-from lightning_grpo.targets.distill import distill_targets
-from lightning_grpo.types import Rollout
+from lightning_grpo.targets.distill import distill_targets, off_policy_step
+from lightning_grpo.types import PromptBatch, Rollout
 
 
 @pytest.fixture(scope="module")
@@ -171,7 +173,8 @@ def test_gkd_mixed_with_rewards_logs_the_top_token_agreement(tiny_model_dir, tea
     ("option", "value", "message"),
     [
         ("objective", "fkl", r"distill.objective must be one of \['gkd', 'reverse_kl'\], got 'fkl'"),
-        ("lmbda", 0.5, "distill.lmbda must be 1.0 .* got 0.5"),
+        ("lmbda", 0.5, "distill.lmbda 0.5 < 1 .* Needs objective gkd and reward_weight 0, got objective 'reverse_kl'"),
+        ("lmbda", 1.5, r"distill.lmbda must be in \[0, 1\], got 1.5"),
         ("beta", 2.0, r"distill.beta must be in \[0, 1\], got 2.0"),
         ("reward_weight", -1.0, "distill.reward_weight must be >= 0, got -1.0"),
         ("objective", "gkd", "distill.objective 'gkd' needs the teacher's whole vocabulary .* reverse_kl"),
@@ -197,3 +200,37 @@ def test_a_teacher_server_that_does_not_answer_is_named_at_construction(tiny_mod
         url = f"http://127.0.0.1:{s.getsockname()[1]}"
     with pytest.raises(TeacherServerError, match=f"distill.teacher_server '{url}' does not answer /v1/models"):
         make_module(tiny_model_dir, distill={"teacher": tiny_model_dir, "teacher_server": url})
+
+
+def test_gkd_s_off_policy_share_is_a_coin_of_the_step_alone():
+    config = DistillConfig(teacher="t", objective="gkd", reward_weight=0.0, lmbda=0.3)
+    batch = PromptBatch(["1+2="], {"completion": ["3"]})
+    flips = [off_policy_step(config, 0, step, batch) for step in range(1000)]
+    assert 0.65 < sum(flips) / 1000 < 0.75  # 1 - lmbda of the steps, as TRL's random.random() >= lmbda
+    assert flips == [off_policy_step(config, 0, step, batch) for step in range(1000)]  # every rank, every resume
+    on_policy = DistillConfig(teacher="t", objective="gkd", reward_weight=0.0, lmbda=1.0)
+    assert not any(off_policy_step(on_policy, 0, step, PromptBatch(["1+2="])) for step in range(100))
+    with pytest.raises(ValueError, match="no column 'completion' .* its columns: \\['answer'\\]"):
+        off_policy_step(config, 0, 0, PromptBatch(["1+2="], {"answer": ["3"]}))
+
+
+def test_gkd_with_lmbda_0_trains_on_the_dataset_s_completions(tiny_model_dir, teacher_dir, tmp_path):
+    rows = [{"prompt": f"{a}+{b}=", "completion": str(a + b), "answer": str(a + b)} for a in range(4) for b in range(4)]
+    (tmp_path / "train.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    distill = {"teacher": teacher_dir, "objective": "gkd", "reward_weight": 0.0, "lmbda": 0.0}
+    module, kept = make_module(tiny_model_dir, distill=distill), KeepRollouts()
+    before = [p.detach().clone() for p in module.policy.model.parameters()]
+    fit(module, data(str(tmp_path / "train.jsonl")), tmp_path, max_steps=2, callbacks=[kept])
+    eos = module.policy.eos_token_ids[0]
+    for rollout in kept.rollouts:
+        for prompt, ids, mask in zip(rollout.prompts, rollout.completion_ids, rollout.completion_mask):
+            a, b = prompt[:-1].split("+")
+            answer = module.policy.tokenizer(str(int(a) + int(b)), add_special_tokens=False).input_ids + [eos]
+            assert ids[mask.bool()].tolist() == answer  # the dataset's answer, not a sample
+    assert any(not torch.equal(a, b) for a, b in zip(before, module.policy.model.parameters()))  # GKD's term trained
+
+
+def test_an_off_policy_share_with_an_engine_that_samples_ahead_is_refused(tiny_model_dir):
+    distill = {"teacher": tiny_model_dir, "objective": "gkd", "reward_weight": 0.0, "lmbda": 0.5}
+    with pytest.raises(ValueError, match="distill.lmbda 0.5 < 1 with an engine that samples ahead .AsyncRollouts, 1"):
+        make_module(tiny_model_dir, distill=distill, rollout_engine=AsyncRollouts(max_staleness=1))

@@ -186,7 +186,10 @@ class DistillConfig:
     beta: float = 0.5
     """gkd: the JSD's interpolation, in [0, 1]: 0 the forward KL(teacher || student), 1 the reverse KL."""
     lmbda: float = 1.0
-    """TRL's share of on-policy (student-sampled) completions; only 1.0: every completion here is the student's."""
+    """TRL's share of on-policy steps: each step, with probability ``1 - lmbda``, trains on the dataset's own
+    completions (``completion_column``) in place of the student's samples (gkd only; TRL's GKD default is 0.5)."""
+    completion_column: str = "completion"
+    """The dataset column of the off-policy completions (``lmbda < 1``): a text, or chat messages."""
     temperature: float = 1.0
     """gkd: both models' logits are divided by it inside the divergence."""
 
@@ -206,10 +209,12 @@ def distill_checks(c: DistillConfig) -> list[tuple[bool, str]]:
         (c.teacher_weight >= 0, f"distill.teacher_weight must be >= 0, got {c.teacher_weight!r}"),
         (c.reward_weight >= 0, f"distill.reward_weight must be >= 0, got {c.reward_weight!r}"),
         (0 <= c.beta <= 1, f"distill.beta must be in [0, 1], got {c.beta!r}"),
+        (0 <= c.lmbda <= 1, f"distill.lmbda must be in [0, 1], got {c.lmbda!r}"),
         (
-            c.lmbda == 1.0,
-            f"distill.lmbda must be 1.0 (every completion sampled by the student, on-policy): the trainer has no "
-            f"dataset completions or teacher generations to mix in, got {c.lmbda!r}",
+            c.lmbda == 1.0 or (c.objective == "gkd" and c.reward_weight == 0),
+            f"distill.lmbda {c.lmbda!r} < 1 trains some steps on the dataset's completions, which the student did "
+            f"not sample: only GKD's divergence is a valid objective there, not a policy gradient. Needs objective "
+            f"gkd and reward_weight 0, got objective {c.objective!r}, reward_weight {c.reward_weight!r}; or lmbda 1.0",
         ),
         (c.temperature > 0, f"distill.temperature must be > 0, got {c.temperature!r}"),
         (

@@ -1,9 +1,12 @@
 """A rollout + the teacher -> what on-policy distillation trains against: the teacher's log-probs of the sampled
 tokens (once per generation batch, like the reference's), the dense reverse-KL advantage, and GKD's per-micro-batch
-term. The math is ``loss/distill.py``; the teacher is the Policy's (``model/teacher.py``)."""
+term; and, for GKD's off-policy share (``lmbda < 1``), the steps that train on the dataset's own completions in
+place of the student's samples. The math is ``loss/distill.py``; the teacher is the Policy's
+(``model/teacher.py``)."""
 
 from __future__ import annotations
 
+import random
 from dataclasses import dataclass, field, replace
 
 import torch
@@ -21,7 +24,8 @@ from lightning_grpo.loss.distill import (
 )
 from lightning_grpo.model.policy import Policy
 from lightning_grpo.ranks import Ranks
-from lightning_grpo.types import DistillStats, Rollout
+from lightning_grpo.rollout import SamplingConfig, build_rollout, tokenize_prompts
+from lightning_grpo.types import DistillStats, PromptBatch, Rollout, pad_rows
 
 
 def no_reward(prompts: list, completions: list, **kwargs) -> list[float]:
@@ -90,3 +94,51 @@ def distill_targets(
     dense = OBJECTIVES[config.objective].dense_advantage
     advantages = reverse_kl_advantages(student, teacher, mask) if dense else None
     return DistillTargets(config, teacher, advantages, stats)
+
+
+def off_policy_step(config: DistillConfig, seed: int, step: int, batch: PromptBatch) -> bool:
+    """Whether this step trains on the dataset's completions (GKD's share ``1 - lmbda``, TRL's coin) rather than
+    the student's samples. The coin depends on (seed, step) alone, so every rank flips it alike and a resumed run
+    repeats it. Raises, before anything is generated, when ``lmbda < 1`` and the batch lacks the column."""
+    if config.teacher is None or config.lmbda >= 1:
+        return False
+    if config.completion_column not in batch.columns:
+        raise ValueError(
+            f"distill.lmbda {config.lmbda} trains {1 - config.lmbda:.0%} of the steps on the dataset's completions, "
+            f"but the data has no column {config.completion_column!r} (distill.completion_column); its columns: "
+            f"{sorted(batch.columns)}. Add it, name another, or set distill.lmbda: 1.0"
+        )
+    return random.Random(seed * 1_000_003 + step).random() >= config.lmbda
+
+
+def dataset_rollout(
+    policy: Policy, batch: PromptBatch, column: str, group_size: int, sampling: SamplingConfig
+) -> Rollout:
+    """The batch's own completions (``column``: a text, or chat messages whose contents are the answer) as a
+    Rollout of ``group_size`` copies of each: what GKD's off-policy steps train on. Each ends with the model's
+    EOS and is cut to ``sampling.max_completion_length`` (truncated, as a sample would be)."""
+    tokenizer, eos = policy.tokenizer, policy.eos_token_ids[0]
+    prompt_ids, prompt_mask, cut = tokenize_prompts(tokenizer, batch.prompts, sampling)
+    limit = sampling.max_completion_length
+    answers = [_text_of(c) for c in batch.columns[column]]
+    rows = [(tokenizer(a, add_special_tokens=False).input_ids + [eos])[:limit] for a in answers]
+    completion_ids, _ = pad_rows([r for r in rows for _ in range(group_size)], tokenizer.pad_token_id, min_width=1)
+    device = policy.device
+    return build_rollout(
+        tokenizer,
+        batch.prompts,
+        prompt_ids.repeat_interleave(group_size, 0).to(device),
+        prompt_mask.repeat_interleave(group_size, 0).to(device),
+        completion_ids.to(device),
+        policy.eos_token_ids,
+        group_size,
+        cut,
+    )
+
+
+def _text_of(completion: str | list[dict]) -> str:
+    """A completion column's value as text: a string, or the contents of its chat messages (TRL's conversational
+    ``completion``: ``[{"role": "assistant", "content": ...}]``)."""
+    if isinstance(completion, str):
+        return completion
+    return "".join(m["content"] for m in completion)
