@@ -34,7 +34,7 @@ from typing import Literal
 import torch
 from torch import Tensor
 
-from lightning_grpo.checks import raise_problems
+from lightning_grpo.checks import field_help, raise_problems
 from lightning_grpo.types import nanstd, weighted_total
 
 SCALE_REWARDS = ("group", "batch", "none")
@@ -43,37 +43,35 @@ STD_EPS = 1e-4  # TRL's constant: keeps a near-constant group from blowing up
 WHITEN_EPS = 1e-8  # verl's masked_whiten
 
 
+@field_help
 @dataclass(frozen=True)
 class AdvantageConfig:
-    """How rewards become advantages. ``advantages:`` in YAML; TRL's names, verl's for what TRL lacks.
-
-    Attributes:
-        adv_estimator: grpo (group baseline, TRL), rloo (leave-one-out baseline), reinforce_plus_plus (batch-
-            whitened returns), reinforce_plus_plus_baseline (group baseline, then batch whitening); verl's names.
-        scale_rewards: grpo's normalisation: group (each group's std), batch (the batch's std) or none (Dr. GRPO).
-        multi_objective_aggregation: several reward functions: sum_then_normalize (their weighted sum is the
-            reward) or normalize_then_sum (GDPO: each normalised in its group, then summed).
-        kl_coef: REINFORCE++'s KL in the reward: each token's return is penalised by kl_coef * KL(policy ||
-            reference) (verl's use_kl_in_reward with kl_ctrl.kl_coef); 0 leaves it out. Needs a reference (> 0
-            keeps one, as loss.beta does).
-        kl_penalty: the per-token KL estimator of that penalty, verl's ``algorithm.kl_penalty``: kl (k1, verl's
-            default), abs, mse (k2) or low_var_kl (k3, clamped to [-10, 10]).
-        gamma: REINFORCE++'s discount of the per-token returns.
-        filter_groups: DAPO's dynamic sampling (verl's filter_groups): groups whose rewards are all equal carry no
-            signal and are dropped; generation batches are added until the batch has its prompts' worth of
-            groups with signal, then one update is taken on them.
-        max_num_gen_batches: at most this many generation batches are drawn for one update with filter_groups;
-            then the update takes the groups it has (with a warning). 0: no limit.
-    """
+    """How rewards become advantages. ``advantages:`` in YAML; TRL's names, verl's for what TRL lacks."""
 
     adv_estimator: Literal[tuple(ADV_ESTIMATORS)] = "grpo"
+    """The baseline, verl's names; grpo: the group's mean (TRL); rloo: leave-one-out; reinforce_plus_plus:
+    batch-whitened returns; reinforce_plus_plus_baseline: the group's mean, then batch whitening."""
     scale_rewards: Literal[SCALE_REWARDS] = "group"
+    """grpo's std normalisation; group: each group's std; batch: the batch's std; none: Dr. GRPO."""
     multi_objective_aggregation: Literal[MULTI_OBJECTIVE_AGGREGATIONS] = "sum_then_normalize"
+    """How several reward functions combine; sum_then_normalize: their weighted sum is the reward;
+    normalize_then_sum: GDPO, each normalised in its group, then summed."""
     kl_coef: float = 0.0
+    """REINFORCE++'s KL in the reward; 0 leaves it out. Each token's return is penalised by kl_coef * KL(policy ||
+    reference) (verl's use_kl_in_reward with kl_ctrl.kl_coef). Needs a reference (> 0 keeps one, as loss.beta
+    does)."""
     kl_penalty: Literal[tuple(KL_PENALTIES)] = "kl"
+    """The KL estimator of that penalty, verl's ``algorithm.kl_penalty``; kl (k1, verl's default), abs, mse (k2) or
+    low_var_kl (k3, clamped to [-10, 10])."""
     gamma: float = 1.0
+    """REINFORCE++'s discount of the per-token returns."""
     filter_groups: bool = False
+    """DAPO's dynamic sampling (verl's filter_groups). Groups whose rewards are all equal carry no signal and are
+    dropped; generation batches are added until the batch has its prompts' worth of groups with signal, then one
+    update is taken on them."""
     max_num_gen_batches: int = 10
+    """Most generation batches drawn for one update with filter_groups; 0: no limit. Then the update takes the
+    groups it has (with a warning)."""
 
     def __post_init__(self) -> None:
         a = self

@@ -20,7 +20,7 @@ from torch.distributed.tensor import DTensor
 from transformers.pytorch_utils import ALL_LAYERNORM_LAYERS
 from transformers.trainer_pt_utils import get_parameter_names
 
-from lightning_grpo.checks import raise_problems
+from lightning_grpo.checks import field_help, raise_problems
 
 # transformers.get_scheduler's schedules, less the two that step on a monitored metric (reduce_lr_on_plateau, greedy)
 LR_SCHEDULERS = (
@@ -37,29 +37,26 @@ LR_SCHEDULERS = (
 )
 
 
+@field_help
 @dataclass(frozen=True)
 class OptimConfig:
-    """The optimiser and its schedule, Hugging Face ``TrainingArguments``' names. ``optim:`` in YAML.
-
-    Attributes:
-        learning_rate: AdamW learning rate (TRL's default 1e-6 suits pretrained models; tiny ones want 1e-3).
-        weight_decay: AdamW weight decay of weight matrices; biases, norm weights and embeddings take none.
-        warmup_ratio: fraction of optimiser steps with linear warm-up.
-        warmup_steps: optimiser steps of linear warm-up; > 0 overrides warmup_ratio.
-        lr_scheduler_type: a ``transformers.get_scheduler`` schedule (cosine here; linear in TRL).
-        lr_scheduler_kwargs: the schedule's own arguments, e.g. ``{min_lr_rate: 0.1}`` for cosine_with_min_lr or
-            ``{num_decay_steps: 100}`` for warmup_stable_decay.
-        max_grad_norm: clip the global gradient norm (logged before clipping as ``train/grad_norm``); ``None``
-            disables clipping.
-    """
+    """The optimiser and its schedule, Hugging Face ``TrainingArguments``' names. ``optim:`` in YAML."""
 
     learning_rate: float = 1e-6
+    """AdamW learning rate. TRL's default 1e-6 suits pretrained models; tiny ones want 1e-3."""
     weight_decay: float = 0.0
+    """AdamW weight decay of weight matrices; biases, norm weights and embeddings take none."""
     warmup_ratio: float = 0.0
+    """Fraction of optimiser steps with linear warm-up."""
     warmup_steps: int = 0
+    """Optimiser steps of linear warm-up; > 0 overrides warmup_ratio."""
     lr_scheduler_type: Literal[LR_SCHEDULERS] = "cosine"
+    """A ``transformers.get_scheduler`` schedule (cosine here; linear in TRL)."""
     lr_scheduler_kwargs: dict[str, Any] | None = None
+    """The schedule's own arguments. ``{min_lr_rate: 0.1}`` for cosine_with_min_lr, ``{num_decay_steps: 100}`` for
+    warmup_stable_decay."""
     max_grad_norm: float | None = 1.0
+    """Clip of the global gradient norm; ``None``: none. Logged before clipping as ``train/grad_norm``."""
 
     def __post_init__(self) -> None:
         raise_problems(

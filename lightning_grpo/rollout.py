@@ -14,40 +14,37 @@ import torch
 from torch import Tensor
 from transformers import GenerationConfig, PreTrainedTokenizerBase
 
-from lightning_grpo.checks import raise_problems
+from lightning_grpo.checks import field_help, raise_problems
 from lightning_grpo.images import open_image
 from lightning_grpo.model.policy import Policy
 from lightning_grpo.types import Prompt, Rollout, pad_rows
 
 
+@field_help
 @dataclass(frozen=True)
 class SamplingConfig:
-    """How completions are sampled, TRL's names; every engine honours all of them. ``sampling:`` in YAML.
-
-    Attributes:
-        temperature: sampling temperature (> 0); log-probs are computed at the same temperature.
-        top_p: nucleus sampling mass, in (0, 1].
-        top_k: top-k sampling; 0 disables it.
-        min_p: min-p sampling; ``None`` disables it.
-        repetition_penalty: 1.0 disables it.
-        max_completion_length: most tokens sampled per completion (for tool episodes: every token the model wrote).
-        max_prompt_length: prompts longer than this keep their last tokens (counted in
-            ``train/truncated_prompts``); ``None`` keeps all (TRL 1.16 has no such limit).
-        generation_kwargs: extra keyword arguments of the engine's sampler (``transformers.GenerationConfig`` for
-            Hugging Face ``generate``, ``vllm.SamplingParams`` for vLLM), e.g. ``{no_repeat_ngram_size: 3}``.
-        chat_template_kwargs: extra keyword arguments of the tokenizer's chat template for chat prompts, e.g.
-            Qwen3's ``{enable_thinking: false}``.
-    """
+    """How completions are sampled, TRL's names; every engine honours all of them. ``sampling:`` in YAML."""
 
     temperature: float = 1.0
+    """Sampling temperature (> 0); log-probs are computed at the same temperature."""
     top_p: float = 1.0
+    """Nucleus sampling mass, in (0, 1]."""
     top_k: int = 0
+    """Top-k sampling; 0 disables it."""
     min_p: float | None = None
+    """Min-p sampling; ``None`` disables it."""
     repetition_penalty: float = 1.0
+    """1.0 disables it."""
     max_completion_length: int = 256
+    """Most tokens sampled per completion. Tool episodes: every token the model wrote."""
     max_prompt_length: int | None = 512
+    """Longer prompts keep their last tokens; ``None``: all. Counted in ``train/truncated_prompts``; TRL 1.16 has
+    no such limit."""
     generation_kwargs: dict[str, Any] | None = None
+    """More arguments of the engine's sampler. ``transformers.GenerationConfig`` for Hugging Face ``generate``,
+    ``vllm.SamplingParams`` for vLLM: ``{no_repeat_ngram_size: 3}``."""
     chat_template_kwargs: dict[str, Any] | None = None
+    """More arguments of the tokenizer's chat template for chat prompts. Qwen3's ``{enable_thinking: false}``."""
 
     def __post_init__(self) -> None:
         checks = [

@@ -164,6 +164,9 @@ def test_fit_help_fits_on_a_few_screens(capsys, monkeypatch):
     assert "--model.num_generations [8]  completions per prompt (G), >= 2." in out and "--data.few_shot" in out
     assert "--model.loss.loss_type {grpo,bnpo,dr_grpo,dapo,luspo,cispo,sapo,vespo} [dapo]" in out  # choices, default
     assert "--trainer.enable_checkpointing {true,false,null}" in out
+    # a section's help is the docstring under each field (checks.field_help): its first clause shows
+    assert "Drop completions without EOS from the loss (DAPO)." in out
+    assert "Hugging Face name or local path of the teacher" in out  # distill's, not shown before field_help
 
 
 @pytest.mark.parametrize(

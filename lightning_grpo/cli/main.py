@@ -10,7 +10,8 @@ bf16, FSDP1, QLoRA, vLLM colocate and server) for a few steps on a tiny local mo
 format, a tensor at a time.
 ``python -m lightning_grpo`` runs the same CLI when the console script is not on PATH.
 
-Every constructor argument is a config key with its docstring as ``--help``. Always on, each with its own
+Every constructor argument is a config key with its docstring as ``--help``; a section's field (``model.loss.beta``)
+has the docstring under it (``checks.field_help``). Always on, each with its own
 config section: the run summary (``summary:``), the Hugging Face export (``export:``), the reward monitor
 (``reward_monitor:``), the mode-collapse, KL, sampler-mismatch, unscored-reward and tool-use alerts
 (``collapse_alert:``, ``kl_alert:``, ``mismatch_alert:``, ``unscored_alert:``, ``tool_alert:``, action

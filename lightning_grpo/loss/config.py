@@ -8,7 +8,7 @@ import warnings
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from lightning_grpo.checks import raise_problems
+from lightning_grpo.checks import field_help, raise_problems
 from lightning_grpo.loss.distill import OBJECTIVES
 from lightning_grpo.loss.reduce import LOSS_TYPES
 from lightning_grpo.model.loading import DTYPES
@@ -16,63 +16,59 @@ from lightning_grpo.model.loading import DTYPES
 IMPORTANCE_SAMPLING_LEVELS = ("token", "sequence")
 
 
+@field_help
 @dataclass(frozen=True)
 class LossConfig:
-    """Every option of the loss, with TRL 1.16's names and defaults. ``loss:`` in YAML.
-
-    Attributes:
-        loss_type: the policy term and its reduction (references/concepts.md, "Variants"): dapo (TRL's default,
-            token mean over the global batch), grpo (sequence mean), bnpo, dr_grpo (constant length), luspo
-            (length-scaled sequences), cispo (clipped IS weight, MiniMax-M1), sapo (soft gate), vespo.
-        beta: weight of the k3 KL to the reference; > 0 keeps a frozen reference (LoRA: the adapter switched off).
-        epsilon: lower clip of the ratio, 1 - epsilon.
-        epsilon_high: upper clip, 1 + epsilon_high (cispo: the cap itself, >= 1); ``None``: epsilon (DAPO: 0.28).
-        delta: optional cap on the unclipped ratio (two-sided clipping, INTELLECT-2); > 1 + epsilon_high.
-        importance_sampling_level: token (GRPO) or sequence (GSPO).
-        sapo_temperature_pos: SAPO gate temperature where the advantage is > 0.
-        sapo_temperature_neg: SAPO gate temperature where the advantage is <= 0.
-        vespo_k_pos: VESPO gamma-weight exponent where the advantage is >= 0.
-        vespo_lambda_pos: VESPO gamma-weight decay where the advantage is >= 0.
-        vespo_k_neg: VESPO gamma-weight exponent where the advantage is < 0.
-        vespo_lambda_neg: VESPO gamma-weight decay where the advantage is < 0.
-        off_policy_mask_threshold: DeepSeek-V3.2's mask of negative-advantage sequences whose mean log-ratio to
-            the sampler exceeds it; ``None``: off.
-        use_bias_correction_kl: multiply the KL by the importance ratio (DeepSeek-V3.2; TRL's default).
-        top_entropy_quantile: train only on this top fraction of tokens by entropy (0.2 in "Beyond the 80/20
-            rule"); 1.0 trains on all.
-        entropy_coef: weight of an entropy bonus (the initial weight when adaptive); 0 disables it.
-        use_adaptive_entropy: move entropy_coef by entropy_coef_delta each step towards entropy_target
-            (Skywork-OR1).
-        entropy_coef_min: lower bound of the adaptive weight.
-        entropy_coef_max: upper bound of the adaptive weight.
-        entropy_coef_delta: step of the adaptive weight.
-        entropy_target: nats; the adaptive bonus applies only while the trained tokens' entropy is at or below it.
-        router_aux_loss_coef: weight of a Mixture-of-Experts model's load-balancing loss; ``None`` takes the
-            model config's ``router_aux_loss_coef`` (as TRL does); 0.0 leaves it out.
-    """
+    """Every option of the loss, with TRL 1.16's names and defaults. ``loss:`` in YAML."""
 
     loss_type: Literal[tuple(LOSS_TYPES)] = "dapo"
+    """The policy term and its reduction (references/concepts.md, "Variants"); dapo, TRL's default: token mean
+    over the global batch; grpo: sequence mean; bnpo; dr_grpo: constant length; luspo: length-scaled sequences;
+    cispo: clipped IS weight, MiniMax-M1; sapo: soft gate; vespo."""
     beta: float = 0.0
+    """Weight of the k3 KL to the reference; > 0 keeps a frozen reference (LoRA: the adapter switched off)."""
     epsilon: float = 0.2
+    """Lower clip of the ratio, 1 - epsilon."""
     epsilon_high: float | None = None
+    """Upper clip, 1 + epsilon_high; ``None``: epsilon (DAPO: 0.28). cispo: the cap itself, >= 1."""
     delta: float | None = None
+    """Cap on the unclipped ratio; > 1 + epsilon_high. Two-sided clipping (INTELLECT-2); ``None``: off."""
     importance_sampling_level: Literal[IMPORTANCE_SAMPLING_LEVELS] = "token"
+    """token (GRPO) or sequence (GSPO)."""
     sapo_temperature_pos: float = 1.0
+    """SAPO's gate temperature, advantage > 0."""
     sapo_temperature_neg: float = 1.05
+    """SAPO's gate temperature, advantage <= 0."""
     vespo_k_pos: float = 2.0
+    """VESPO's exponent, advantage >= 0."""
     vespo_lambda_pos: float = 3.0
+    """VESPO's decay, advantage >= 0."""
     vespo_k_neg: float = 3.0
+    """VESPO's exponent, advantage < 0."""
     vespo_lambda_neg: float = 2.0
+    """VESPO's decay, advantage < 0."""
     off_policy_mask_threshold: float | None = None
+    """DeepSeek-V3.2's off-policy mask; ``None``: off. Negative-advantage sequences whose mean log-ratio to the
+    sampler exceeds it are left out."""
     use_bias_correction_kl: bool = True
+    """KL times the importance ratio (DeepSeek-V3.2; TRL's default)."""
     top_entropy_quantile: float = 1.0
+    """Train on this top fraction of tokens by entropy; 1.0: all. 0.2 in "Beyond the 80/20 rule"."""
     entropy_coef: float = 0.0
+    """Weight of an entropy bonus; 0 disables it. The initial weight when adaptive."""
     use_adaptive_entropy: bool = False
+    """Skywork-OR1's adaptive bonus; entropy_coef moves by entropy_coef_delta each step towards entropy_target."""
     entropy_coef_min: float = 0.0
+    """Lower bound of the adaptive weight."""
     entropy_coef_max: float = 1.0
+    """Upper bound of the adaptive weight."""
     entropy_coef_delta: float = 0.005
+    """Step of the adaptive weight."""
     entropy_target: float = 0.2
+    """Nats; the adaptive bonus applies only while the trained tokens' entropy is at or below it."""
     router_aux_loss_coef: float | None = None
+    """Mixture-of-Experts load-balancing weight. ``None`` takes the model config's ``router_aux_loss_coef`` (as
+    TRL does); 0.0 leaves it out."""
 
     def __post_init__(self) -> None:
         raise_problems("loss", loss_checks(self))
@@ -155,6 +151,7 @@ def loss_checks(c: LossConfig) -> list[tuple[bool, str]]:
     ]
 
 
+@field_help
 @dataclass(frozen=True)
 class DistillConfig:
     """On-policy distillation from a frozen teacher. ``distill:`` in YAML; off while ``teacher`` is ``None``.

@@ -24,7 +24,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from lightning_grpo.checks import raise_problems
+from lightning_grpo.checks import field_help, raise_problems
 from lightning_grpo.deadline import DeadlineExceeded, call_with_deadline
 from lightning_grpo.rewards.convention import (
     SHARED_KWARGS,
@@ -37,21 +37,18 @@ from lightning_grpo.rewards.convention import (
 ON_ERROR = ("raise", "skip", "zero")
 
 
+@field_help
 @dataclass(frozen=True)
 class RewardCallConfig:
-    """What a failing or overdue reward call does. ``reward_calls:`` in YAML.
-
-    Attributes:
-        on_error: a reward function that raises: ``raise`` (naming the function and the sample; the run stops
-            with a checkpoint), ``skip`` (failing rows count as not applicable) or ``zero`` (they score 0);
-            counted in ``train/reward_errors/<fn>``.
-        timeout: seconds one call of one reward function may take; an overdue call fails all its rows, handled
-            by ``on_error``. ``None``: no limit. A sync function off the main thread is abandoned on a daemon
-            thread, not killed.
-    """
+    """What a failing or overdue reward call does. ``reward_calls:`` in YAML."""
 
     on_error: Literal[ON_ERROR] = "raise"
+    """What a reward function that raises does. ``raise``: the run stops with a checkpoint, naming the function and
+    the sample; ``skip``: failing rows count as not applicable; ``zero``: they score 0. Counted in
+    ``train/reward_errors/<fn>``."""
     timeout: float | None = None
+    """Seconds one call of one reward function may take; ``None``: no limit. An overdue call fails all its rows,
+    handled by ``on_error``. A sync function off the main thread is abandoned on a daemon thread, not killed."""
 
     def __post_init__(self) -> None:
         raise_problems(

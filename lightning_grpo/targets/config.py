@@ -6,7 +6,7 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Literal
 
-from lightning_grpo.checks import raise_problems
+from lightning_grpo.checks import field_help, raise_problems
 from lightning_grpo.targets.correction import (
     AUTO,
     SAMPLING_CORRECTIONS,
@@ -19,51 +19,48 @@ from lightning_grpo.targets.correction import (
 AUTO_MICRO_BATCH_TOKENS = 16384  # verl's ppo_max_token_len_per_gpu: one pass of the prompt-and-completion tokens
 
 
+@field_help
 @dataclass(frozen=True)
 class UpdateConfig:
-    """How a generation batch is trained on, TRL's names. ``update:`` in YAML.
-
-    Attributes:
-        num_iterations: passes over each generation batch (mu); > 1 keeps the sampling log-probs, and the later
-            passes are off-policy (clipped).
-        steps_per_generation: optimiser steps per generation batch, each on its share of the batch's groups
-            (rollouts reused, the later steps off-policy); ``data.batch_size`` must be a multiple of it.
-        micro_batch_size: completions per forward/backward pass; gradients accumulate over the optimiser step.
-            ``None`` takes all at once (up to ``micro_batch_tokens``). Any value gives the same update.
-        micro_batch_tokens: micro-batches of rows of similar lengths, each at most this many tokens as the padded
-            forward holds them (rows x the longest row's prompt and completion; a longer row goes alone): verl's
-            ``use_dynamic_bsz``. Rows are sorted by length, longest first, so little padding is computed and the
-            first micro-batch shows the peak memory. Whole groups with ``policy.share_prompt_prefix``. The same
-            update as any other split. ``"auto"`` (the default): 16384 (verl's ``ppo_max_token_len_per_gpu``),
-            a batch within it goes in one pass, as before; none when ``micro_batch_size`` is set. ``None``: off.
-        mask_truncated_completions: drop completions without EOS from the loss (DAPO).
-        sampling_correction: when another engine sampled (vLLM), re-weight the policy term by the trainer/sampler
-            probability ratio rho (``targets/correction.py``, defaults in brackets): TRL's token_truncate,
-            token_mask, sequence_truncate, sequence_mask (TRL's default) [rho <= 3]; icepop, rho per token kept
-            inside [0.5, 5] and 0 outside; geometric_mask, a completion kept (weight 1) while the geometric mean
-            of its token ratios is inside [0.999, 1.001] (verl's preset) and dropped otherwise; decoupled, AReaL's
-            behaviour weight, rho per token, 0 above the cap [5]; bypass, no weight: the loss's ratio and clip
-            are taken against the sampler's log-probs (verl's ``bypass_mode``; for async, where the sampler is
-            updates behind); ``"auto"`` (the default): ``bypass`` when the engine samples updates ahead
-            (``AsyncRollouts`` with ``max_staleness`` > 0, where async then learns as synchronous does, and less
-            with re-weighting only: ``references/scale.md``), TRL's ``sequence_mask`` otherwise; or ``None``
-            (off). Weights logged as
-            ``train/sampling/importance_sampling_ratio/*``; the mismatch itself as ``train/sampling/*``, with the
-            correction off too.
-        sampling_correction_min: the ratio's lower bound (TRL's ``vllm_importance_sampling_clip_min``); ``None``
-            takes the correction's default (none for TRL's four).
-        sampling_correction_max: the ratio's upper bound (TRL's ``vllm_importance_sampling_clip_max``: clamped
-            for ``*_truncate``, zeroed above for the masks); ``None`` takes the correction's default, ``.inf`` none.
-    """
+    """How a generation batch is trained on, TRL's names. ``update:`` in YAML."""
 
     num_iterations: int = 1
+    """Passes over each generation batch (mu); > 1 keeps the sampling log-probs, and the later passes are
+    off-policy (clipped)."""
     steps_per_generation: int = 1
+    """Optimiser steps per generation batch, each on its share of the batch's groups (rollouts reused, the later
+    steps off-policy); ``data.batch_size`` must be a multiple of it."""
     micro_batch_size: int | None = None
+    """Completions per forward/backward pass; gradients accumulate over the optimiser step. ``None`` takes all at
+    once (up to ``micro_batch_tokens``). Any value gives the same update."""
     micro_batch_tokens: int | Literal["auto"] | None = "auto"
+    """Most padded tokens per micro-batch (verl's ``use_dynamic_bsz``). Micro-batches of rows of similar lengths,
+    each at most this many tokens as the padded forward holds them (rows x the longest row's prompt and
+    completion; a longer row goes alone). Rows are sorted by length, longest first, so little padding is computed
+    and the first micro-batch shows the peak memory. Whole groups with ``policy.share_prompt_prefix``. The same
+    update as any other split. ``"auto"`` (the default): 16384 (verl's ``ppo_max_token_len_per_gpu``), a batch
+    within it goes in one pass, as before; none when ``micro_batch_size`` is set. ``None``: off."""
     mask_truncated_completions: bool = False
+    """Drop completions without EOS from the loss (DAPO)."""
     sampling_correction: Literal[(*SAMPLING_CORRECTIONS, AUTO)] | None = AUTO
+    """Re-weighting of another engine's samples (vLLM, async). The policy term is weighted by the
+    trainer/sampler probability ratio rho (``targets/correction.py`` owns the choices; default bounds in
+    brackets): TRL's token_truncate, token_mask, sequence_truncate, sequence_mask (TRL's default) [rho <= 3];
+    icepop, token_mask [0.5, 5]; geometric_mask, a completion kept (weight 1) while the geometric mean of its
+    token ratios is inside [0.999, 1.001] (verl's preset) and dropped otherwise; decoupled, AReaL's behaviour
+    weight, token_mask [5]; bypass, no weight: the loss's ratio and clip are taken against the sampler's
+    log-probs (verl's ``bypass_mode``; for async, where the sampler is updates behind); ``"auto"`` (the
+    default): ``bypass`` when the engine samples updates ahead (``AsyncRollouts`` with ``max_staleness`` > 0,
+    where async then learns as synchronous does, and less with re-weighting only: ``references/scale.md``),
+    TRL's ``sequence_mask`` otherwise; or ``None`` (off). Weights logged as
+    ``train/sampling/importance_sampling_ratio/*``; the mismatch itself as ``train/sampling/*``, with the
+    correction off too."""
     sampling_correction_min: float | None = None
+    """The ratio's lower bound (TRL's ``vllm_importance_sampling_clip_min``); ``None`` takes the correction's
+    default (none for TRL's four)."""
     sampling_correction_max: float | None = None
+    """The ratio's upper bound (TRL's ``vllm_importance_sampling_clip_max``): clamped for ``*_truncate``, zeroed
+    above for the masks; ``None`` takes the correction's default, ``.inf`` none."""
 
     def __post_init__(self) -> None:
         raise_problems(
