@@ -32,10 +32,13 @@ def test_the_vllm_rows_run_where_vllm_is_installed():
     elif not torch.cuda.is_available():
         assert unavailable(check) == "no server given (--vllm-server URL)"
     assert parse_args(["--vllm-server", "http://gpu-7:8000/"]) == ("http://gpu-7:8000", CHECKS)
+    two = "http://gpu-7:8000/,http://gpu-8:8000"  # every server checked: reachable, one model, each push lands
+    assert parse_args(["--vllm-server", two]) == ("http://gpu-7:8000,http://gpu-8:8000", CHECKS)
     assert parse_args(["--only", "bf16,offload"]) == (None, [BY_KEY["bf16"], BY_KEY["offload"]])
     bad_args = (["--vllm-server", "gpu-7:8000"], ["--vllm-server"], ["--gpus", "2"], ["--only", "bf16,gpu"])
+    bad_args += (["--vllm-server", "http://a:1,a:2"], ["--vllm-server", "http://a:1,http://a:1"])
     for bad in bad_args:
-        with pytest.raises(SystemExit, match=r"takes --vllm-server http://host:port .* --only KEY\[,KEY...\]"):
+        with pytest.raises(SystemExit, match=r"takes --vllm-server http://host:port\[,http://host:port...\] .*--only"):
             parse_args(bad)
 
 

@@ -24,6 +24,7 @@ from lightning.pytorch.callbacks import ModelCheckpoint
 
 from lightning_grpo.data import PromptDataModule
 from lightning_grpo.engines import OpenAIAgent, VLLMColocate, VLLMServer, agent_reward
+from lightning_grpo.engines.vllm.servers import ServerControl
 from lightning_grpo.engines.vllm.sync import PROBE_TOKENS, WeightSyncError, probe_prompt
 from lightning_grpo.rollout import SamplingConfig
 from tests.helpers import KeepRollouts, fit, logged, make_module
@@ -109,9 +110,9 @@ def assert_serves_policy(engine, policy, base=False):
 def serving_base(engine):
     """The engine's requests without the adapter for the ``with`` block."""
     if isinstance(engine, VLLMServer):
-        adapter, engine.client.model = engine.client.model, engine.base_model
+        adapter, engine.model_name = engine.model_name, engine.base_model
         yield
-        engine.client.model = adapter
+        engine.model_name = adapter
     else:
         adapter, engine.lora_request = engine.lora_request, None
         yield
@@ -283,19 +284,30 @@ def test_server_trains_resumes_and_serves_the_trained_policy(server, model_dir, 
     assert_adapter_only(second, resumed.policy, lora_sync if lora else None)
     if sync == "lora_adapter":  # each engine's older versions unloaded: /v1/models does not grow with the steps
         served = [m["id"] for m in requests.get(f"{server}/v1/models", timeout=10).json()["data"]]
-        assert [n for n in served if n.startswith(second.weight_sync.adapters.root.name)] == [second.client.model]
+        assert [n for n in served if n.startswith(second.weight_sync.adapters.root.name)] == [second.model_name]
 
 
-class NoPushServer(VLLMServer):
+class NoPushControl(ServerControl):
     """Nothing reaches the server after the start: neither weights nor adapter versions."""
 
+    pushed = False
+
     def push(self, weights):
-        if self.weight_sync.pushes:
-            return
-        super().push(weights)  # the start's, so that the failure is the missing update, not a base left dirty
+        if not self.pushed:  # the start's, so that the failure is the missing update, not a base left dirty
+            self.pushed = True
+            super().push(weights)
 
     def load_adapter(self, version):
         pass
+
+
+class NoPushServer(VLLMServer):
+    """A VLLMServer whose servers' control plane is ``NoPushControl``."""
+
+    def setup(self, policy, trainer, seed):
+        super().setup(policy, trainer, seed)
+        for control in self.controls:
+            control.__class__ = NoPushControl
 
 
 @pytest.mark.parametrize("lora", [False, True], ids=["full", "lora_adapter"])

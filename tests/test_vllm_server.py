@@ -45,7 +45,7 @@ def server(tiny_model_dir):
 
 
 @pytest.mark.slow  # ~40 s: the server process and a 2-process DDP run of 3 steps
-def test_ddp_generates_on_the_server_through_rank_zero_and_pushes_weights_every_step(
+def test_ddp_ranks_generate_on_the_server_each_its_own_and_rank_zero_pushes_weights_every_step(
     server, tiny_model_dir, arith_jsonl, tmp_path
 ):
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(STAND_IN), str(HERE.parent)]), "OMP_NUM_THREADS": "1"}
@@ -55,11 +55,12 @@ def test_ddp_generates_on_the_server_through_rank_zero_and_pushes_weights_every_
     ranks = [torch.load(tmp_path / f"rank{r}.pt", weights_only=False) for r in (0, 1)]
     stats = requests.get(f"{server}/stats", timeout=10).json()
 
-    assert stats["models_requests"] == 1  # one client: rank 0's
+    assert stats["models_requests"] == 3  # each rank asks what it serves, and rank 0's TRL client (NCCL) too
     probes = [{"prompts": 1, "n": 1}]  # the sync check's greedy probe, after each of the 4 pushes
-    steps = [{"prompts": 4, "n": 4}]  # both ranks' 2 prompts, in one request
+    steps = [{"prompts": 2, "n": 4}] * 2  # each rank's 2 prompts, in a request of its own (nothing via rank 0)
     assert stats["generate_requests"] == probes + (steps + probes) * 3
-    assert stats["sampling_options"][1::2] == [False] * 3  # sampling.generation_kwargs reach SamplingParams
+    sampled = [o for o, r in zip(stats["sampling_options"], stats["generate_requests"]) if r["n"] == 4]
+    assert sampled == [False] * 6  # sampling.generation_kwargs reach SamplingParams
     for rank in ranks:
         assert rank["global_step"] == 3
         for batch, step in zip(rank["batches"], rank["steps"]):

@@ -15,6 +15,7 @@ from lightning_grpo.engines.vllm.lora import AdapterVersions, adapter_rank, chec
 from lightning_grpo.engines.vllm.sync import (
     PROBE_TOKENS,
     SyncCheck,
+    Unreachable,
     WeightSync,
     WeightSyncError,
     check_sync,
@@ -277,3 +278,40 @@ def test_modules_to_save_are_pushed_under_the_base_names(tiny_model_dir, merge):
     assert set(weights) == set(original)
     expected = trained if merge else original["model.embed_tokens.weight"]
     torch.testing.assert_close(weights["model.embed_tokens.weight"], expected.detach(), rtol=0, atol=0)
+
+
+class DownEngine(LoadingEngine):
+    """A server that no longer answers: every call fails as a refused connection does."""
+
+    def push(self, weights):
+        raise Unreachable("http://127.0.0.1:9: connection refused")
+
+    load_adapter = probe = push
+
+
+@pytest.mark.parametrize("lora", [False, True], ids=["full", "lora_adapter"])
+def test_every_engine_gets_each_push_checked_one_that_does_not_answer_is_named_one_back_catches_up(
+    tiny_model_dir, tmp_path, lora
+):
+    """VLLMServer's servers by name: each gets the push (its own bytes and seconds under servers/<name>/) and is
+    checked; an unreachable one is skipped and named; one that comes back gets the current weights (the base and
+    the current adapter version) and is checked; a server that dropped a push is named in the error."""
+    policy = trained_lora_policy(tiny_model_dir) if lora else Policy(tiny_model_dir)
+    sync = WeightSync("VLLMServer", 1, None, "adapter", base_first=True)
+    sync.serve_adapters(policy, str(tmp_path))
+    engines = {"0": LoadingEngine(tiny_model_dir), "1": DownEngine(tiny_model_dir)}
+    for step in (1, 2):
+        optimiser_step(policy)
+        sync(policy, engines, step)
+        assert sync.unreachable == ["1"] and "servers/1/push_mb" not in sync.metrics
+        assert sync.metrics["servers/0/push_mb"] == sync.metrics["vllm/push_mb"] > 0
+        assert sync.metrics["servers/0/push_s"] > 0 and sync.metrics["vllm/sync_logp_error"] < 1e-4
+    back = LoadingEngine(tiny_model_dir)  # restarted: the start-up weights, no adapter
+    sync.catch_up(policy, {"1": back}, 2)
+    assert sync.unreachable == [] and sync.metrics["vllm/sync_logp_error"] < 1e-4
+    assert back.versions == ([sync.adapters.number] if lora else [])  # the version the others serve
+    dropping = {"0": engines["0"], "1": DroppingEngine(tiny_model_dir)}  # its first push arrives, no later one
+    sync.catch_up(policy, {"1": dropping["1"]}, 2)
+    optimiser_step(policy)
+    with pytest.raises(WeightSyncError, match=r"VLLMServer does not generate .* after the push of step 3: server 1,"):
+        sync(policy, dropping, 3)

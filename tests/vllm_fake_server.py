@@ -8,7 +8,9 @@ standard library, generating with Hugging Face ``generate`` on a real model.
   processed_logprobs``) as ``token_id:<id>`` entries (``return_tokens_as_token_ids``);
 - ``POST /init_weight_transfer_engine``: connects to the trainer's group (``init_info``'s address and port);
   ``/start_weight_update``, ``/update_weights`` (receives the announced tensors from the stream, checks each
-  name, dtype and shape, and loads it), ``/finish_weight_update``; ``POST /reset_prefix_cache``.
+  name, dtype and shape, and loads it), ``/finish_weight_update``; ``POST /reset_prefix_cache``;
+- ``POST /collective_rpc`` with ``reload_weights`` (the ``"disk"`` transfer: ``model.safetensors`` of the folder
+  ``weights_path``, every name checked and loaded).
 The weight stream is the TCP stand-in of ``tests/vllm_stand_in`` (vLLM streams over NCCL).
 For the tests: ``GET /stats`` (what was asked and received) and ``POST /save`` (the weights, to a file).
 """
@@ -120,9 +122,22 @@ class Server:
                 self.stats["tensors_received"] += 1
         return {}
 
+    def reload(self, kwargs: dict) -> dict:
+        from safetensors.torch import load_file
+
+        weights = load_file(str(Path(kwargs["weights_path"]) / "model.safetensors"))
+        with self.lock, torch.no_grad():
+            missing, unexpected = self.model.load_state_dict(weights, strict=False)
+            if missing or set(unexpected) - {"lm_head.weight"}:  # the tied head comes under its own name too
+                raise ValueError(f"reload_weights: missing {missing}, unexpected {unexpected}")
+        self.stats["weight_updates"] += 1
+        return {}
+
     def post(self, path: str, body: dict) -> dict:
         if path == "/v1/completions":
             return self.completions(body)
+        if path == "/collective_rpc" and body.get("method") == "reload_weights":
+            return self.reload(body["kwargs"])
         if path == "/init_weight_transfer_engine":
             return self.connect(body["init_info"])
         if path == "/start_weight_update":

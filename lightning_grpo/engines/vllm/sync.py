@@ -37,6 +37,11 @@ class WeightSyncError(RuntimeError):
     """The engine does not generate from the policy's current weights."""
 
 
+class Unreachable(RuntimeError):
+    """An engine did not answer (refused, timed out, a server error): nothing was pushed to it. ``WeightSync`` skips
+    it and names it in ``unreachable``; its owner takes it out of service."""
+
+
 def inference_weights(policy: Policy, merge_adapter: bool = True) -> dict[str, Tensor]:
     """The policy's weights under Hugging Face names, as vLLM's loaders take them, detached. A LoRA policy's
     adapter is merged in (the base weights as the adapter changes them), or with ``merge_adapter=False`` left out
@@ -124,15 +129,16 @@ def policy_side(policy: Policy, prompt: list[int], tokens: list[int], engine_log
     return SyncCheck(tokens, engine.cpu(), chosen.cpu(), logps.max(-1).values.cpu(), atol)
 
 
-def check_sync(engine: str, step: int, check: SyncCheck) -> dict[str, float]:
+def check_sync(engine: str, step: int, check: SyncCheck, server: str = "") -> dict[str, float]:
     """Raise ``WeightSyncError`` unless the engine's greedy decode is the policy's (see the module docstring);
-    the check's metric when it is."""
+    the check's metric when it is. ``server``: which of the engine's servers (its name), for the error."""
     if check.ok:
         return {"vllm/sync_logp_error": check.logp_error}
     where = check.first_not_greedy
     token = f"its token at position {where} is not the policy's top token; " if where is not None else ""
     raise WeightSyncError(
-        f"{engine} does not generate from the policy's current weights after the push of step {step}: on the probe "
+        f"{engine} does not generate from the policy's current weights after the push of step {step}:"
+        f"{f' server {server},' if server else ''} on the probe "
         f"prompt {token}greedy tokens {check.tokens}, sampled-token log-probs differ from the policy's by up to "
         f"{check.logp_error:.3g} (tolerance {check.atol:g}). Generation would go on from stale weights. Check that "
         "the engine serves the policy's model and that its weight push reaches it (`lightning-grpo selfcheck`)"
@@ -144,10 +150,15 @@ def weight_bytes(weights: dict[str, Tensor]) -> int:
     return sum(t.numel() * t.element_size() for t in weights.values())
 
 
-def push_metrics(num_bytes: int, seconds: float) -> dict[str, float]:
+def push_metrics(num_bytes: int, seconds: float, name: str = "") -> dict[str, float]:
     """What a push moved (the whole model, or an adapter's files) and how long it took, logged with the next step
-    (``train/vllm/*``)."""
-    return {"vllm/push_mb": num_bytes / 2**20, "vllm/push_s": seconds}
+    (``train/vllm/*``); of one named engine of several (a server of ``VLLMServer``) under ``servers/<name>/``, with
+    its rate."""
+    if not name:
+        return {"vllm/push_mb": num_bytes / 2**20, "vllm/push_s": seconds}
+    rate = num_bytes / 1e9 / seconds if seconds > 0 else 0.0
+    key = f"servers/{name}"
+    return {f"{key}/push_mb": num_bytes / 2**20, f"{key}/push_s": seconds, f"{key}/gbps": rate}
 
 
 def sync_atol(policy: Policy, atol: float | None) -> float:
@@ -195,6 +206,8 @@ class WeightSync:
         self.base_first = base_first
         self.adapters: AdapterVersions | None = None  # set by serve_adapters
         self.pushes = 0
+        self.current: AdapterVersion | None = None  # the adapter version the engines serve (the leader's)
+        self.unreachable: list[str] = []  # the engines of the last push that did not answer (``Unreachable``)
         self.metrics: dict[str, float] = {}  # the last push's, logged with the next step
         self.leader = True  # this rank talks to the engine
         self.from_leader: Callable[[Any], Any] = lambda value: value  # the leader's value, on every rank
@@ -206,37 +219,94 @@ class WeightSync:
             self.adapters = AdapterVersions(parent)
         return self.adapters is not None
 
-    def __call__(self, policy: Policy, transport: Transport, step: int) -> None:
-        """Push the policy's weights (or its adapter), then (every ``check_every`` pushes) check them. The push's
-        seconds count from the policy's tensors to the engine holding them."""
-        start = time.perf_counter()
-        push = self.push_adapter if self.adapters is not None else self.push_weights
-        num_bytes = push(policy, transport)
-        self.metrics, self.pushes = push_metrics(num_bytes, time.perf_counter() - start), self.pushes + 1
+    def __call__(self, policy: Policy, transports: Transport | dict[str, Transport], step: int) -> None:
+        """Push the policy's weights (or its adapter) to every engine of ``transports`` (one, or several by name),
+        then (every ``check_every`` pushes) check each. A push's seconds count from the policy's tensors to the
+        engines holding them; each named engine's own under ``servers/<name>/``. An engine that raises
+        ``Unreachable`` is skipped, named in ``unreachable``."""
+        named = transports if isinstance(transports, dict) else {"": transports}
+        start, self.unreachable = time.perf_counter(), []
+        payload = self.adapter_payload(policy) if self.adapters is not None else inference_weights(policy)
+        metrics = {}
+        for name, transport in named.items():
+            metrics.update(self._deliver(policy, name, transport, payload))
+        self.unreachable = self.from_leader(self.unreachable if self.leader else None)  # every rank checks the same
+        self.pushes += 1
+        self.metrics = {**push_metrics(_size(payload), time.perf_counter() - start), **metrics}
         if self.check_every and self.pushes % self.check_every == 0:
-            self.metrics.update(self.check(policy, transport, step))
+            self.metrics.update(self.check_all(policy, named, step))
+        self.metrics = self.from_leader(self.metrics if self.leader else None)
+        self.unreachable = self.from_leader(self.unreachable if self.leader else None)
 
-    def push_weights(self, policy: Policy, transport: Transport, merge_adapter: bool = True) -> int:
-        """The whole model (a LoRA adapter merged in, or left out) into the engine; the bytes moved."""
-        weights = inference_weights(policy, merge_adapter)
-        if self.leader:
-            transport.push(weights)
-        return weight_bytes(weights)
+    def catch_up(self, policy: Policy, transports: dict[str, Transport], step: int) -> None:
+        """Engines that missed pushes (a server back in service) get what the others hold: the whole model, or the
+        base and the current adapter version; each checked. Every rank calls it after ``__call__``."""
+        self.unreachable = []
+        if not transports:
+            return
+        whole = inference_weights(policy, merge_adapter=self.adapters is None)
+        payload = [whole, self.current] if self.adapters is not None and self.current is not None else whole
+        for name, transport in transports.items():
+            self.metrics.update(self._deliver(policy, name, transport, payload))
+        self.unreachable = self.from_leader(self.unreachable if self.leader else None)
+        self.metrics.update(self.check_all(policy, transports, step))
+        self.metrics = self.from_leader(self.metrics if self.leader else None)
+        self.unreachable = self.from_leader(self.unreachable if self.leader else None)
 
-    def push_adapter(self, policy: Policy, transport: Transport) -> int:
-        """The adapter saved by the leader as a new version and loaded by the engine; the bytes moved (the
-        leader's on every rank: the metric is averaged over ranks)."""
+    def adapter_payload(self, policy: Policy) -> list[Any]:
+        """The adapter saved by the leader as a new version (``None`` elsewhere), after the base weights at a run's
+        first push under ``base_first``."""
         first_base = self.base_first and not self.pushes
-        base_bytes = self.push_weights(policy, transport, merge_adapter=False) if first_base else 0
-        version = self.adapters.save(policy, writer=self.leader)
-        if version is not None:
-            transport.load_adapter(version)
-        return self.from_leader(base_bytes + version.num_bytes if self.leader else None)
+        base = [inference_weights(policy, merge_adapter=False)] if first_base else []
+        self.current = self.adapters.save(policy, writer=self.leader)
+        return [*base, self.current]
 
-    def check(self, policy: Policy, transport: Transport, step: int) -> dict[str, float]:
+    def _deliver(self, policy: Policy, name: str, transport: Transport, payload: Any) -> dict[str, float]:
+        """``payload`` (weights, an adapter version, or a list of them) into one engine (leader only); its
+        ``push_metrics`` when named. ``Unreachable``: the engine is named in ``unreachable``, nothing raised."""
+        if not self.leader or name in self.unreachable:
+            return {}
+        start = time.perf_counter()
+        try:
+            for part in payload if isinstance(payload, list) else [payload]:
+                if isinstance(part, AdapterVersion):
+                    transport.load_adapter(part)
+                else:
+                    transport.push(part)
+        except Unreachable:
+            self.unreachable.append(name)
+            return {}
+        return push_metrics(_size(payload), time.perf_counter() - start, name)
+
+    def check_all(self, policy: Policy, transports: dict[str, Transport], step: int) -> dict[str, float]:
+        """``check`` of each engine reached; the largest log-prob error."""
+        errors = []
+        for name, transport in transports.items():
+            if name not in self.unreachable:
+                errors.extend(self.check(policy, transport, step, name).values())
+        return {"vllm/sync_logp_error": max(errors)} if errors else {}
+
+    def check(self, policy: Policy, transport: Transport, step: int, name: str = "") -> dict[str, float]:
         """Raise ``WeightSyncError`` on every rank unless the engine's greedy decode of the probe prompt is the
         policy's (the leader asks the engine; every rank runs the policy's forward, a collective when sharded)."""
         prompt = probe_prompt(policy)
-        tokens, logps = self.from_leader(transport.probe(prompt) if self.leader else None)
+        try:
+            answer = transport.probe(prompt) if self.leader else None
+        except Unreachable:
+            self.unreachable.append(name)
+            answer = None
+        tokens, logps = self.from_leader(answer) or ([], [])
+        if not tokens:  # the engine went away between its push and the probe: taken out, nothing to check
+            self.unreachable.append(name)
+            return {}
         verdict = policy_side(policy, prompt, tokens, logps, sync_atol(policy, self.atol))
-        return check_sync(self.engine, step, verdict)
+        return check_sync(self.engine, step, verdict, name)
+
+
+def _size(payload: Any) -> int:
+    """The bytes ``payload`` moves: weights, an adapter version (its files; ``None`` off the leader), or a list."""
+    if isinstance(payload, list):
+        return sum(_size(part) for part in payload)
+    if isinstance(payload, AdapterVersion):
+        return payload.num_bytes
+    return weight_bytes(payload) if payload is not None else 0
