@@ -7,7 +7,7 @@ logs ``StepStats.metrics()``, which names them as TRL does.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 from torch import Tensor
@@ -52,33 +52,37 @@ class StepCounters:
         return self.bad_steps_in_a_row
 
 
-def step_stats(
-    rollout: Rollout,
-    scores: RewardScores,
-    every_rank: Tensor,
-    lengths: tuple[Tensor, Tensor],
-    update: UpdateStats,
-    counters: StepCounters,
-    learning_rate: float,
-    seconds: float,
-    accuracy_reward: str | None,
-    extra: dict[str, float | Tensor],
-) -> StepStats:
-    """The step's record: ``every_rank`` [W*N, F] rewards and ``lengths`` ([W*N] lengths, truncation flags) are
-    the global batch's; ``rollout`` and ``scores`` this rank's. Every number is computed on the device and read to
-    the host once, here (``to_host``)."""
+@dataclass(frozen=True)
+class StepValues:
+    """What a trained step's statistics are read from: ``rollout`` and ``scores`` this rank's, ``every_rank`` and
+    ``lengths`` the global batch's (every rank's rows, in rank order)."""
+
+    rollout: Rollout
+    scores: RewardScores
+    every_rank: Tensor  # [W*N, F] every rank's per-function rewards
+    lengths: tuple[Tensor, Tensor]  # [W*N] completion lengths (up to and including EOS) and truncation flags
+    update: UpdateStats  # the loss's statistics, every rank's
+    learning_rate: float
+    seconds: float  # the step's wall time
+    extra: dict[str, float | Tensor] = field(default_factory=dict)  # more metrics: the filter's, the targets' ...
+
+
+def step_stats(values: StepValues, counters: StepCounters, accuracy_reward: str | None = None) -> StepStats:
+    """The step's record, with the run's ``counters`` and the share of full marks of ``accuracy_reward``. Every
+    number is computed on the device and read to the host once, here (``to_host``)."""
+    v, rollout, scores = values, values.rollout, values.scores
     return to_host(
         StepStats(
-            rewards=reward_stats(every_rank, scores.weights, scores.names, rollout.group_size, accuracy_reward),
-            lengths=length_stats(*lengths),
-            update=update,
+            rewards=reward_stats(v.every_rank, scores.weights, scores.names, rollout.group_size, accuracy_reward),
+            lengths=length_stats(*v.lengths),
+            update=v.update,
             num_tokens=counters.num_tokens_seen,
-            learning_rate=learning_rate,
+            learning_rate=v.learning_rate,
             skipped_steps=counters.skipped_steps,
             truncated_prompts=rollout.num_truncated_prompts,
-            step_time=seconds,
+            step_time=v.seconds,
             reward_errors=scores.errors,
-            extra={**rollout.metrics, **scores.metrics, **extra},
+            extra={**rollout.metrics, **scores.metrics, **v.extra},
         )
     )
 

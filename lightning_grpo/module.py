@@ -27,7 +27,7 @@ from lightning_grpo.engines.base import RolloutEngine, Sampled
 from lightning_grpo.loss import LossConfig, LossOutput
 from lightning_grpo.loss.config import DistillConfig
 from lightning_grpo.loss.entropy import EntropyController
-from lightning_grpo.metrics import StepCounters, eval_metrics, staleness_metrics, step_stats
+from lightning_grpo.metrics import StepCounters, StepValues, eval_metrics, staleness_metrics, step_stats
 from lightning_grpo.model.config import PolicyConfig
 from lightning_grpo.model.policy import Policy
 from lightning_grpo.model.teacher import TeacherModel
@@ -44,6 +44,18 @@ from lightning_grpo.targets.distill import dataset_rollout, no_reward, off_polic
 from lightning_grpo.types import PromptBatch, RewardScores, Rollout, StepRecord
 
 PROGRESS_BAR = ("train/reward", "train/reward_std", "train/kl")
+
+
+@dataclasses.dataclass(frozen=True)
+class TrainedStep:
+    """A step that updated the weights, as ``_publish`` logs it and hands it to the callbacks."""
+
+    rollout: Rollout
+    scores: RewardScores  # this rank's
+    every_rank: Tensor  # [W*N, F] every rank's per-function rewards
+    targets: Targets  # settled: the correction's weights and mismatch
+    loss: LossOutput  # every rank's
+    extra: dict[str, float | Tensor]  # the filter's and the rollout's staleness metrics
 
 
 class GRPOModule(L.LightningModule):
@@ -195,7 +207,7 @@ class GRPOModule(L.LightningModule):
         targets = targets.settled(ranks)
         self.engine.sync_weights(self.policy)
         self.counters.good_step(ranks.sum(rollout.attention_mask.sum()))
-        return self._publish(rollout, scores, every_rank, targets, ranks.loss(loss), ranks, extra, start)
+        return self._publish(TrainedStep(rollout, scores, every_rank, targets, ranks.loss(loss), extra), ranks, start)
 
     def _rollout(self, batch: PromptBatch) -> Sampled | None:
         """The engine's rollout of ``batch``; on GKD's off-policy steps (``distill.lmbda < 1``), the batch's own
@@ -206,28 +218,18 @@ class GRPOModule(L.LightningModule):
             return Sampled(dataset_rollout(self.policy, batch, column, s.num_generations, s.sampling), batch)
         return self.engine.rollout(self.policy, batch, s.num_generations, s.sampling)
 
-    def _publish(
-        self,
-        rollout: Rollout,
-        scores: RewardScores,
-        every_rank: Tensor,
-        targets: Targets,
-        loss: LossOutput,
-        ranks: Ranks,
-        extra: dict[str, float],
-        start: float,
-    ) -> dict[str, Any]:
-        """Log the step's metrics and return its record for the callbacks (``loss``: every rank's)."""
-        update = loss.stats(self.grad_norm, self.settings.loss.top_entropy_quantile < 1)
-        lr, extra = self.optimizers().param_groups[0]["lr"], extra | targets.metrics() | self.entropy.metrics()
-        seconds, lengths = time.perf_counter() - start, ranks.lengths(rollout)
-        stats = step_stats(
-            rollout, scores, every_rank, lengths, update, self.counters, lr, seconds, self.rewards.accuracy, extra
-        )
-        distill = targets.distill.stats if targets.distill is not None else None
-        stats = dataclasses.replace(stats, mismatch=targets.mismatch, distill=distill)  # typed, for the alerts
+    def _publish(self, step: TrainedStep, ranks: Ranks, start: float) -> dict[str, Any]:
+        """Log the step's metrics and return its record for the callbacks."""
+        update = step.loss.stats(self.grad_norm, self.settings.loss.top_entropy_quantile < 1)
+        lr = self.optimizers().param_groups[0]["lr"]
+        extra = step.extra | step.targets.metrics() | self.entropy.metrics()
+        seconds, lengths = time.perf_counter() - start, ranks.lengths(step.rollout)
+        values = StepValues(step.rollout, step.scores, step.every_rank, lengths, update, lr, seconds, extra)
+        stats = step_stats(values, self.counters, self.rewards.accuracy)
+        distill = step.targets.distill.stats if step.targets.distill is not None else None
+        stats = dataclasses.replace(stats, mismatch=step.targets.mismatch, distill=distill)  # typed, for the alerts
         log_train_metrics(self, {f"train/{k}": v for k, v in stats.metrics().items()}, PROGRESS_BAR)
-        record = StepRecord(rollout, scores, targets.advantages, stats)
+        record = StepRecord(step.rollout, step.scores, step.targets.advantages, stats)
         return {"loss": torch.tensor(stats.update.loss), "record": record}
 
     def _filter_groups(

@@ -6,7 +6,7 @@ from helpers import make_rollout
 
 from lightning_grpo.callbacks import ModeCollapseAlert
 from lightning_grpo.dynamic import GroupBuffer
-from lightning_grpo.metrics import StepCounters, step_stats
+from lightning_grpo.metrics import StepCounters, StepValues, step_stats
 from lightning_grpo.types import (
     SIGNAL_ATOL,
     RewardScores,
@@ -28,10 +28,9 @@ def test_a_group_with_std_1e_12_has_no_signal_for_the_metric_the_alert_and_filte
     rollout, scores = make_rollout(["a", "b", "c", "d"]), scores_of([0.0, 1e-12, 0.0, 1.0])
     assert scores.groups_without_signal(2).tolist() == [True, False] and 1e-12 < SIGNAL_ATOL
 
-    stats = step_stats(
-        rollout, scores, scores.per_function, (torch.full((4,), 2), torch.zeros(4, dtype=torch.bool)),
-        UpdateStats(loss=0.0, entropy=1.0), StepCounters(), 1e-3, 0.1, None, {},
-    )  # fmt: skip
+    lengths = (torch.full((4,), 2), torch.zeros(4, dtype=torch.bool))
+    values = StepValues(rollout, scores, scores.per_function, lengths, UpdateStats(loss=0.0, entropy=1.0), 1e-3, 0.1)
+    stats = step_stats(values, StepCounters())
     assert stats.rewards.frac_zero_std == 0.5  # the logged train/frac_reward_zero_std
 
     buffer = GroupBuffer(pad_id=0)
