@@ -84,12 +84,12 @@ def build_tiny_llava(processor: Any, seed: int = 0) -> Any:
 
 
 def square_image(colour: str | None, rng: random.Random) -> Any:
-    """A 28x28 grey image with a square of ``colour`` (side 8-16, anywhere inside); ``None``: grey only."""
+    """A 28x28 grey image with a square of ``colour`` (side 12-20, anywhere inside); ``None``: grey only."""
     from PIL import Image, ImageDraw
 
     image = Image.new("RGB", (IMAGE_SIZE, IMAGE_SIZE), GREY)
     if colour is not None:
-        side = rng.randint(8, 16)
+        side = rng.randint(12, 20)
         x, y = rng.randint(0, IMAGE_SIZE - side), rng.randint(0, IMAGE_SIZE - side)
         ImageDraw.Draw(image).rectangle([x, y, x + side - 1, y + side - 1], fill=COLOURS[colour])
     return image

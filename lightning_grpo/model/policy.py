@@ -366,11 +366,16 @@ class Policy(nn.Module):
         if not is_global_zero:
             return
         model.save_pretrained(path, state_dict=state)
-        self.tokenizer.save_pretrained(path)
+        self._text_and_images().save_pretrained(path)
         if self.is_lora and merged:
             whole = merged_lora(model, state) if state is not None else copy.deepcopy(model).merge_and_unload()
             whole.save_pretrained(f"{path}/merged")
-            self.tokenizer.save_pretrained(f"{path}/merged")
+            self._text_and_images().save_pretrained(f"{path}/merged")
+
+    def _text_and_images(self) -> Any:
+        """What reads the model's inputs, saved beside it: a VLM's processor (tokenizer, image processor), else the
+        tokenizer."""
+        return self.processor if self.processor is not None else self.tokenizer
 
 
 def _processor(source: Any) -> Any:
