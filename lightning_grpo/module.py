@@ -126,6 +126,7 @@ class GRPOModule(L.LightningModule):
         self.engine = rollout_engine or default_engine(sampling)
         s = self.settings = GRPOSettings.build(
             self.engine,
+            model,
             num_generations=num_generations,
             num_generations_eval=num_generations_eval,
             max_bad_steps=max_bad_steps,

@@ -13,6 +13,8 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
+from torch import nn
+
 from lightning_grpo.advantages import AdvantageConfig
 from lightning_grpo.checks import raise_problems
 from lightning_grpo.engines.base import RolloutEngine
@@ -72,10 +74,11 @@ class GRPOSettings:
     distill: DistillConfig
 
     @classmethod
-    def build(cls, engine: RolloutEngine, **values: Any) -> GRPOSettings:
+    def build(cls, engine: RolloutEngine, model: str | nn.Module | None = None, **values: Any) -> GRPOSettings:
         """From the constructor's values, for ``engine``: ``engine.problems(sampling)`` lists what it cannot honour,
-        and ``update``'s ``auto`` correction follows ``engine.max_staleness``. Raises one ``ValueError`` naming
-        every problem."""
+        ``engine.model_problems`` what of ``model`` (its config, no weight loaded: vLLM-CPU's head sizes), and
+        ``update``'s ``auto`` correction follows ``engine.max_staleness``. Raises one ``ValueError`` naming every
+        problem."""
         problems: list[str] = []
         values |= {name: section(kind, values[name], problems) for name, kind in SECTIONS.items()}
         try:
@@ -90,6 +93,8 @@ class GRPOSettings:
                 f"({type(engine).__name__}, {engine.max_staleness} step(s)): its rollouts would pass over the "
                 "dataset's steps. Use a synchronous engine, or lmbda 1.0"
             )
+        if model is not None:
+            problems += engine.model_problems(model, settings.policy.model_init_kwargs)
         raise_problems("GRPOModule", [(False, p) for p in problems] + settings.checks(engine.problems))
         return settings
 

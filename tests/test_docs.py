@@ -17,6 +17,7 @@ would run them (a block may read what an earlier one wrote):
 
 from __future__ import annotations
 
+import importlib.util
 import inspect
 import os
 import re
@@ -308,6 +309,14 @@ def test_reward_catalogue_scores_chat_and_text_alike():
 
 # Templates whose embedded model is warm-started on first use for minutes (demo/anytool.py: 600 steps): slow run.
 WARM_STARTED = {"reverse_tool_cpu.yaml"}
+# Rollout engines that need vLLM: their templates run where it is installed (the vLLM venv; in the default suite
+# tests/test_cli.py parses them and tests/test_vllm_real_template.py trains with them in the vLLM venv).
+VLLM_ENGINES = {"lightning_grpo.engines.VLLMColocate", "lightning_grpo.engines.VLLMServer"}
+
+
+def needs_vllm(config: dict) -> bool:
+    engine = config.get("model", {}).get("rollout_engine")
+    return isinstance(engine, dict) and engine.get("class_path") in VLLM_ENGINES
 
 
 @pytest.mark.parametrize(
@@ -322,6 +331,8 @@ WARM_STARTED = {"reverse_tool_cpu.yaml"}
 )
 def test_template_config_runs(config, tmp_path):
     """Every template, with its hub model and data swapped for the embedded ones, on CPU for 2 steps."""
+    if needs_vllm(config_of(["--config", str(config)])) and importlib.util.find_spec("vllm") is None:
+        pytest.skip(f"{config.name} samples with vLLM, not installed here (bash .ci/vllm_env.sh DIR makes a venv)")
     run = fit_tiny(["--config", str(config)], tmp_path)
     assert yaml.safe_load((run / "config.yaml").read_text())["trainer"]["max_steps"] == 2
 

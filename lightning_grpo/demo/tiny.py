@@ -69,22 +69,24 @@ def build_tokenizer() -> PreTrainedTokenizerFast:
     return tokenizer
 
 
+# The tiny Qwen2's sizes (0.14M parameters with the byte tokenizer's 262 tokens): heads of 64 / 4 = 16 dimensions
+TINY_SIZES = dict(
+    hidden_size=64,
+    intermediate_size=256,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    max_position_embeddings=256,
+)
+
+
 def build_tiny_qwen2(tokenizer: PreTrainedTokenizerFast, seed: int = 0, **overrides: int) -> Qwen2ForCausalLM:
-    """A 2-layer Qwen2 (0.14M parameters) with random weights; ``overrides`` replace its size settings
+    """A 2-layer Qwen2 (``TINY_SIZES``) with random weights; ``overrides`` replace its size settings
     (``hidden_size``, ``num_hidden_layers``, ``vocab_size`` ...), e.g. for the benchmarks' larger models."""
     import torch
 
-    sizes = dict(
-        vocab_size=len(tokenizer),
-        hidden_size=64,
-        intermediate_size=256,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=256,
-    )
     config = Qwen2Config(
-        **{**sizes, **overrides},
+        **{"vocab_size": len(tokenizer), **TINY_SIZES, **overrides},
         tie_word_embeddings=True,
         pad_token_id=tokenizer.pad_token_id,
         eos_token_id=tokenizer.eos_token_id,
@@ -151,11 +153,25 @@ def write_tiny_qwen2(path: Path) -> None:
     tokenizer.save_pretrained(path)
 
 
+# The tiny model shaped for vLLM: attention heads of 64 dimensions, a size vLLM's CPU attention accepts (16 is
+# refused: engines/vllm/heads.py), 2 heads of 64 = hidden size 128; 0.36M parameters, embeddings tied.
+HD64_SIZES = {"hidden_size": 128, "num_attention_heads": 2, "num_key_value_heads": 2}
+
+
 def write_tiny_qwen2_hd64(path: Path) -> None:
-    """The tiny model shaped for vLLM (random weights): attention heads of 64 dimensions, the smallest vLLM's CPU
-    attention accepts (16 is refused), 2 heads of 64 = hidden size 128; 0.3M parameters, embeddings tied."""
+    """The tiny model at ``HD64_SIZES`` with random weights (the real-vLLM tests' model: it learns nothing)."""
     tokenizer = build_tokenizer()
-    build_tiny_qwen2(tokenizer, hidden_size=128, num_attention_heads=2, num_key_value_heads=2).save_pretrained(path)
+    build_tiny_qwen2(tokenizer, **HD64_SIZES).save_pretrained(path)
+    tokenizer.save_pretrained(path)
+
+
+def write_tiny_qwen2_vllm(path: Path) -> None:
+    """``tiny-qwen2``'s warm start (``pretrain_format``) at ``HD64_SIZES``, the head size vLLM-CPU serves: the
+    main task's model for a vLLM engine (templates/vllm_cpu.yaml). ~1.5 min to write on one core."""
+    tokenizer = build_tokenizer()
+    model = build_tiny_qwen2(tokenizer, **HD64_SIZES)
+    pretrain_format(model, tokenizer)
+    model.save_pretrained(path)
     tokenizer.save_pretrained(path)
 
 
@@ -184,7 +200,8 @@ def _tools_demo(name: str, module: str = "calc") -> Callable[[Path], None]:
 
 EMBEDDED: dict[str, Callable[[Path], None]] = {
     "lightning-grpo/tiny-qwen2": write_tiny_qwen2,
-    "lightning-grpo/tiny-qwen2-hd64": write_tiny_qwen2_hd64,  # vLLM's smallest head size (engines/vllm/colocate.py)
+    "lightning-grpo/tiny-qwen2-hd64": write_tiny_qwen2_hd64,  # a head size vLLM-CPU serves, random weights
+    "lightning-grpo/tiny-qwen2-vllm": write_tiny_qwen2_vllm,  # tiny-qwen2's warm start at that head size
     "lightning-grpo/tiny-max": write_tiny_max,
     "lightning-grpo/tiny-qwen2-tools": _tools_demo("write_tiny_qwen2_tools"),  # the tool template (demo/calc.py)
     "lightning-grpo/tiny-qwen2-calc": _tools_demo("write_tiny_qwen2_calc"),  # warm-started to call a calculator
@@ -197,6 +214,28 @@ EMBEDDED: dict[str, Callable[[Path], None]] = {
     "lightning-grpo/tiny-colours": _tools_demo("write_colours", "vision"),
     "lightning-grpo/tiny-colours-blank": _tools_demo("write_colours_blank", "vision"),
 }
+
+
+def embedded_model_sizes(name: str) -> dict[str, int] | None:
+    """The sizes (``build_tiny_qwen2``'s) an embedded model is written with, known before it is written: a vLLM
+    engine checks the head size before anything loads (``engines/vllm/heads.py``). ``None``: not an embedded model.
+
+    >>> embedded_model_sizes("lightning-grpo/tiny-qwen2-vllm")["hidden_size"], embedded_model_sizes("gpt2")
+    (128, None)
+    """
+    if name not in EMBEDDED:
+        return None
+    from lightning_grpo.demo import anytool, calc  # they import this module
+
+    overrides = {
+        "lightning-grpo/tiny-qwen2": {},
+        "lightning-grpo/tiny-qwen2-hd64": HD64_SIZES,
+        "lightning-grpo/tiny-qwen2-vllm": HD64_SIZES,
+        "lightning-grpo/tiny-qwen2-tools": {},  # tiny-qwen2 with the tool chat template
+        "lightning-grpo/tiny-qwen2-calc": calc.MODEL_SIZE,
+        "lightning-grpo/tiny-qwen2-reverse": anytool.MODEL_SIZE,
+    }.get(name)
+    return None if overrides is None else {**TINY_SIZES, **overrides}
 
 
 def resolve(name: str) -> str:

