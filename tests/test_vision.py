@@ -295,3 +295,19 @@ def test_one_grpo_step_equals_trls_vlm_step_in_value_and_gradient(processor, tmp
         torch.testing.assert_close(param.grad, other, rtol=1e-4, atol=1e-6, msg=name)
         compared += 1
     assert compared > 30  # vision tower, projector and language model
+
+
+def test_images_for_a_text_model_are_refused_before_compute(tiny_model_dir, tmp_path):
+    import lightning as L
+
+    from lightning_grpo.cli.preflight import preflight
+    from lightning_grpo.data import PromptDataModule
+    from tests.helpers import make_module
+
+    square_image("b", random.Random(0)).save(tmp_path / "b.png")
+    prompt = [{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": "colour?"}]}]
+    row = json.dumps({"prompt": prompt, "image": str(tmp_path / "b.png"), "answer": "b"})
+    (tmp_path / "train.jsonl").write_text((row + "\n") * 4)
+    data = PromptDataModule(str(tmp_path / "train.jsonl"), batch_size=2, val_split=None)
+    with pytest.raises(ValueError, match="the dataset has an 'image' column, but model.model .* is a text model"):
+        preflight(L.Trainer(accelerator="cpu", logger=False), make_module(tiny_model_dir), data)

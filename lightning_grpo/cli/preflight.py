@@ -1,9 +1,10 @@
 """Checks that need both the model and the data, run by ``lightning-grpo fit`` before any process is launched or
-step taken: the dataset read and validated (``PromptDataModule.setup``: files, columns, one batch per rank), chat
-prompts with a chat template, whole groups per optimiser step, and reward functions that accept what they are
-given. Each names the setting to change. Prompts longer than ``sampling.max_prompt_length`` are not an error (they
-keep their last tokens, as TRL cuts them) but get one line at start, and so do rows so long that tokenizing them
-costs more memory than the model's whole training state: the cut comes after tokenizing, so it saves nothing there.
+step taken: the dataset read and validated (``PromptDataModule.setup``: files, columns, images, one batch per rank),
+chat prompts with a chat template, images with a vision-language model, whole groups per optimiser step, and reward
+functions that accept what they are given. Each names the setting to change. Prompts longer than
+``sampling.max_prompt_length`` are not an error (they keep their last tokens, as TRL cuts them) but get one line at
+start, and so do rows so long that tokenizing them costs more memory than the model's whole training state: the cut
+comes after tokenizing, so it saves nothing there.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from lightning.pytorch.utilities import rank_zero_warn
 from torch import nn
 
 from lightning_grpo.data import PromptDataModule
+from lightning_grpo.images import image_column
 from lightning_grpo.module import GRPOModule
 from lightning_grpo.rewards.convention import check_signatures
 from lightning_grpo.rollout import encode_prompts
@@ -39,6 +41,7 @@ def preflight(trainer: L.Trainer, model: GRPOModule, datamodule: Any) -> None:
     datamodule.setup("fit")
     batch = datamodule.collate([datamodule.train_data[i] for i in range(datamodule.hparams.batch_size)])
     check_chat_template(model, batch.prompts)
+    check_images(model, batch.columns)
     check_steps_per_generation(model.settings.update.steps_per_generation, datamodule.hparams.batch_size)
     added = model.engine.reward_columns()
     check_signatures(model.rewards.funcs, list(batch.columns), complete=added is not None, engine_columns=added or ())
@@ -104,6 +107,17 @@ def check_chat_template(model: GRPOModule, prompts: list) -> None:
             f"the prompts are chat messages (or data.system_prompt / data.few_shot make them so), but tokenizer "
             f"{tokenizer.name_or_path!r} has no chat_template: give plain-text prompts, or a tokenizer with one "
             "(model.policy.tokenizer)"
+        )
+
+
+def check_images(model: GRPOModule, columns: dict[str, Any]) -> None:
+    """Images in the data need a vision-language policy: a text model would train without ever seeing them."""
+    column = image_column(columns)
+    if column is not None and not model.policy.is_multimodal:
+        raise ValueError(
+            f"the dataset has an {column!r} column, but model.model {model.hparams.get('model')!r} is a text model "
+            f"({type(model.policy.model).__name__}): give an AutoModelForImageTextToText model (references/vision.md), "
+            "or drop the column"
         )
 
 
