@@ -227,7 +227,7 @@ TESTS = {
     "engines/vllm/logprobs.py": ["test_sampler_logps.py"],
     "engines/vllm/seeds.py": ["test_vllm_real.py"],
     "engines/vllm/server.py": ["test_vllm_server.py", "test_vllm_servers.py", "test_vllm_real.py"],
-    "engines/vllm/servers.py": ["test_vllm_servers.py", "test_vllm_real.py"],
+    "engines/vllm/servers.py": ["test_vllm_servers.py", "test_vllm_real_servers.py"],
     "engines/vllm/sync.py": ["test_vllm_sync.py", "test_vllm_real.py"],
     "loss/config.py": ["test_settings.py", "test_loss_variants.py"],
     "loss/distill.py": ["test_loss_distill.py"],

@@ -6,6 +6,7 @@ processes (Hugging Face ``generate`` behind vLLM's endpoints, the ``"disk"`` tra
 are killed and restarted as a real server would be: they stand in for network peers that fail. The same against
 real vLLM-CPU servers behind ``vllm-router``: ``tests/test_vllm_real.py``."""
 
+import os
 import socket
 import subprocess
 import sys
@@ -129,6 +130,31 @@ def test_a_dead_server_s_groups_go_to_the_other_and_it_rejoins_with_the_current_
     assert dying.stats()["weight_updates"] == 2  # the restarted one: the catch-up, then the push after step 4
     metrics = logged(trainer)
     assert all(e < 1e-3 for e in metrics["train/vllm/sync_logp_error"])  # each push checked on each server
+
+
+@pytest.mark.slow  # ~60 s: two server processes and a 2-process DDP run of 3 steps
+def test_ddp_ranks_each_split_their_prompts_over_both_servers_and_rank_zero_pushes_to_both(
+    two_servers, tiny_model_dir, arith_jsonl, tmp_path
+):
+    """tests/vllm_server_run.py (2 ranks, 2 prompts each, NCCL transfer over the stand-in's TCP stream) against
+    both servers: each rank's 2 prompts go one to each server, nothing through rank 0; every push reaches both
+    and both end with the trained weights."""
+    stand_in = HERE / "vllm_stand_in"
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(stand_in), str(HERE.parent)]), "OMP_NUM_THREADS": "1"}
+    urls = ",".join(server.url for server in two_servers)
+    command = [sys.executable, str(HERE / "vllm_server_run.py"), tiny_model_dir, arith_jsonl, str(tmp_path), urls]
+    proc = subprocess.run([*command, str(free_port())], capture_output=True, text=True, timeout=600, env=env)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    state = torch.load(tmp_path / "rank0.pt", weights_only=False)["state"]
+    for i, server in enumerate(two_servers):
+        stats = server.stats()
+        probes, steps = [{"prompts": 1, "n": 1}], [{"prompts": 1, "n": 4}] * 2  # one prompt of each rank
+        assert stats["generate_requests"] == probes + (steps + probes) * 3, i
+        assert stats["weight_updates"] == 4 and stats["tensors_received"] == 4 * len(state)
+        requests.post(f"{server.url}/save", json={"path": str(tmp_path / f"server{i}.pt")}, timeout=10)
+        served = torch.load(tmp_path / f"server{i}.pt", weights_only=True)
+        for name, tensor in state.items():
+            torch.testing.assert_close(served[name], tensor, rtol=0, atol=0, msg=name)
 
 
 @pytest.mark.slow  # ~30 s: the only server killed after step 1

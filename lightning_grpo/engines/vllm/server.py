@@ -38,7 +38,7 @@ from lightning_grpo.engines.vllm.servers import (
     check_url,
     server_urls,
 )
-from lightning_grpo.engines.vllm.sync import WeightSync
+from lightning_grpo.engines.vllm.sync import WeightSync, push_metrics
 from lightning_grpo.model.policy import Policy
 from lightning_grpo.rollout import SamplingConfig, sampled_rollout, tokenize_prompts
 from lightning_grpo.types import Prompt, Rollout
@@ -310,7 +310,10 @@ class VLLMServer(RolloutEngine):
         lost = set(map(int, self.weight_sync.unreachable))
         self.weight_sync.catch_up(policy, {str(i): self.controls[i] for i in back}, self.synced_step)
         returned = set(back) - set(map(int, self.weight_sync.unreachable))
-        self._serve((set(range(len(self.urls))) - out - lost) | returned)
+        live = (set(range(len(self.urls))) - out - lost) | returned
+        for i in set(range(len(self.urls))) - live:  # logged as nothing moved (a logger would repeat the last push)
+            self.weight_sync.metrics.update(push_metrics(0, 0.0, str(i)))
+        self._serve(live)
         bounded_barrier(self.sync_timeout, f"VLLMServer's weight sync of step {self.synced_step}", self.world_size)
 
     def _agreed_live(self) -> set[int]:
