@@ -120,6 +120,29 @@ def test_rollout_carries_pixel_values_and_logps_equal_the_models_own_forward(pro
         torch.testing.assert_close(ours[i, :width], plain, rtol=0, atol=1e-5)
 
 
+def test_several_images_a_row_and_plain_text_prompts(processor):
+    """An ``images`` column with two images a row and plain-text prompts: the image parts go in front of the text
+    (TRL's convention), each row's two images travel together, and the log-probs still equal the plain forward."""
+    policy = tiny_policy(processor)
+    rng = random.Random(3)
+    images = [[square_image("r", rng), square_image("b", rng)], [square_image("g", rng), square_image("y", rng)]]
+    rollout = HFGenerate().generate(
+        policy, ["two squares?", "which?"], 2, SamplingConfig(max_completion_length=3), False, {"images": images}
+    )
+    assert [tuple(t.shape) for t in rollout.vision["pixel_values"]] == [(2, 3, 28, 28)] * 4
+    image_token = processor.tokenizer.convert_tokens_to_ids("<image>")
+    assert ((rollout.prompt_ids == image_token).sum(1) == 8).all()  # 2 images x 4 patches, before the text
+    ours = policy.logps(rollout, [slice(0, 4)])
+    for i in range(len(rollout)):
+        keep = rollout.attention_mask[i].bool()
+        ids = rollout.input_ids[i][keep][None]
+        with torch.no_grad():
+            logits = policy.model.eval()(input_ids=ids, pixel_values=rollout.vision["pixel_values"][i]).logits[0]
+        width = int(rollout.completion_mask[i].sum())
+        plain = logits[-width - 1 : -1].log_softmax(-1).gather(-1, ids[0, -width:, None])[:, 0]
+        torch.testing.assert_close(ours[i, :width], plain, rtol=0, atol=1e-5)
+
+
 def test_the_images_change_the_logps(processor):
     """Not a text forward in disguise: other images, other log-probs of the same tokens."""
     policy = tiny_policy(processor, freeze_vision_tower=False)

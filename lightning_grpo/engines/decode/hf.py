@@ -60,11 +60,7 @@ class HFGenerate(RolloutEngine):
         prompt_ids, prompt_mask, num_truncated, vision = _tokenized(policy, prompts, sampling, columns)
         prompt_ids = prompt_ids.repeat_interleave(num_generations, dim=0).to(device)  # [N, P]
         prompt_mask = prompt_mask.repeat_interleave(num_generations, dim=0).to(device)  # [N, P]
-        vision = (
-            None
-            if vision is None
-            else {k: [t.to(device) for t in v for _ in range(num_generations)] for k, v in vision.items()}
-        )
+        vision = _per_completion(vision, num_generations, device)  # name -> [N] tensors
         config = sampling.generation_config(tokenizer, greedy=greedy)
         config.eos_token_id, config.suppress_tokens = policy.eos_token_ids, policy.unsampled_token_ids or None
         completions = []
@@ -130,3 +126,16 @@ def _tokenized(
         )
     ids, mask, vision = tokenize_image_prompts(policy.processor, prompts, images, sampling)
     return ids, mask, 0, vision
+
+
+def _per_completion(
+    vision: dict[str, list[Tensor]] | None, num_generations: int, device: torch.device
+) -> dict[str, list[Tensor]] | None:
+    """Each prompt's vision inputs for each of its G completions: one tensor on ``device`` per prompt, referenced
+    G times (not copied)."""
+    if vision is None:
+        return None
+    return {
+        name: [moved for t in per_prompt for moved in [t.to(device)] * num_generations]
+        for name, per_prompt in vision.items()
+    }
