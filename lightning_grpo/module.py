@@ -208,7 +208,8 @@ class GRPOModule(L.LightningModule):
         targets = targets.settled(ranks)
         self.engine.sync_weights(self.policy)
         self.counters.good_step(ranks.sum(rollout.attention_mask.sum()))
-        return self._publish(TrainedStep(rollout, scores, every_rank, targets, ranks.loss(loss), extra), ranks, start)
+        trained = TrainedStep(rollout, scores, every_rank, targets, loss.over_ranks(ranks), extra)
+        return self._publish(trained, ranks, start)
 
     def _rollout(self, batch: PromptBatch) -> Sampled | None:
         """The engine's rollout of ``batch``; on GKD's off-policy steps (``distill.lmbda < 1``), the batch's own

@@ -6,7 +6,6 @@ same point of its step. Under DDP and FSDP2 with ``tensor_parallel_size: 1``, ra
 
 from __future__ import annotations
 
-import functools
 from typing import Any
 
 import lightning as L
@@ -15,7 +14,6 @@ import torch.distributed as dist
 from lightning.pytorch.utilities import rank_zero_warn
 from torch import Tensor
 
-from lightning_grpo.loss.grpo import EXTREMES, LossOutput
 from lightning_grpo.types import Rollout
 
 
@@ -55,23 +53,6 @@ class Ranks:
         if self.world_size == 1:
             return n
         return int(self.strategy.all_gather(torch.tensor(n, device=self.strategy.root_device)).max())
-
-    def loss(self, out: LossOutput) -> LossOutput:
-        """Loss metrics of the global batch, as TRL gathers them: token sums and counts added over ranks, and
-        the loss averaged (each rank's loss is scaled so that DDP's gradient average is the global gradient)."""
-        if self.world_size == 1:
-            return out
-        names = sorted(out.token_sums)
-        counts = [out.trained_entropy, out.trained_tokens, out.num_tokens, out.loss]
-        local = torch.stack([out.token_sums[k].float() for k in names] + [torch.as_tensor(c).float() for c in counts])
-        total = self.sum(local)  # [M + 4] one all-reduce
-        extremes, combined = sorted(out.extremes), {}
-        if extremes:
-            every = self.gather_rows(torch.stack([out.extremes[k].float() for k in extremes]).unsqueeze(0))  # [W, E]
-            combined = {k: functools.reduce(EXTREMES[k][2], every[:, i]) for i, k in enumerate(extremes)}
-        return LossOutput(
-            total[-1] / self.world_size, dict(zip(names, total[:-4])), total[-2], total[-4], total[-3], combined
-        )
 
     def lengths(self, rollout: Rollout) -> tuple[Tensor, Tensor]:
         """[W*N] completion lengths and truncation flags of every rank."""

@@ -15,12 +15,47 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field, fields, replace
 from functools import cached_property
-from typing import Any
+from typing import Any, Protocol
 
 import torch
 from torch import Tensor
 
 Prompt = str | list[dict[str, Any]]  # plain text, or chat messages [{"role": ..., "content": ...}]
+
+
+def completion_text(completion: Any) -> str:
+    """Text of a plain-text completion or of a chat completion ``[{"role": "assistant", "content": ...}]``, whose
+    content is a string or a list of parts (``[{"type": "text", "text": ...}]``). Anything else reads as ``""``, so
+    a malformed completion scores (and is shown) like an empty one instead of crashing a training step.
+
+    >>> completion_text([{"role": "assistant", "content": "hi"}]), completion_text("hi"), completion_text(None)
+    ('hi', 'hi', '')
+    """
+    if isinstance(completion, dict):
+        completion = [completion]
+    if isinstance(completion, list):
+        last = completion[-1] if completion else None
+        return _content_text(last.get("content")) if isinstance(last, dict) else ""
+    return completion if isinstance(completion, str) else ""
+
+
+def _content_text(content: Any) -> str:
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):  # multimodal parts: keep the text ones
+        return "".join(p["text"] for p in content if isinstance(p, dict) and isinstance(p.get("text"), str))
+    return ""
+
+
+class Collectives(Protocol):
+    """The data-parallel collectives a stage's record needs (``ranks.Ranks``); with one process, the identity."""
+
+    world_size: int
+
+    def sum(self, t: Tensor) -> Tensor: ...
+
+    def gather_rows(self, t: Tensor) -> Tensor: ...
+
 
 # A group whose rewards' std is within this of 0 carries no policy gradient: TRL's ``torch.isclose(std, 0)``.
 # Advantages, dynamic sampling, the step metrics and the collapse alert all ask ``without_signal``.

@@ -15,7 +15,7 @@ def test_one_process_collectives_are_the_identity():
     assert ranks.world_size == 1 and ranks.gather_rows(t) is t and ranks.gather_padded(t) is t
     assert torch.equal(ranks.own_rows(t), t) and ranks.sum(torch.tensor(3.0)).item() == 3.0
     out = LossOutput(torch.tensor(1.5), {"kl": torch.tensor(2.0)}, torch.tensor(4.0))
-    assert ranks.loss(out) is out
+    assert out.over_ranks(ranks) is out
 
 
 def test_own_rows_is_this_ranks_slice_of_every_ranks_rows():

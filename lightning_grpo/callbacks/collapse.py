@@ -20,8 +20,7 @@ import torch
 from typing_extensions import override
 
 from lightning_grpo.callbacks.alerts import Alert, Signal, above, below
-from lightning_grpo.rewards.text import completion_text
-from lightning_grpo.types import StepRecord, nanstd, zero_std_fraction
+from lightning_grpo.types import StepRecord, completion_text, nanstd, zero_std_fraction
 
 # In the order of how often each is the cause: a reward that scores different completions alike, sampling too
 # cold for a group to differ, then updates too large.

@@ -18,9 +18,8 @@ from lightning.pytorch.loggers import CSVLogger, TensorBoardLogger
 from torch import Tensor
 from typing_extensions import override
 
-from lightning_grpo.rewards.text import completion_text
 from lightning_grpo.run import run_dir
-from lightning_grpo.types import StepRecord, step_record
+from lightning_grpo.types import StepRecord, completion_text, step_record
 
 
 def prompt_text(prompt: Any) -> str:

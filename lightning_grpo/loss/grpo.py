@@ -25,6 +25,7 @@ Where we deviate from TRL, on purpose:
 from __future__ import annotations
 
 import dataclasses
+import functools
 from dataclasses import dataclass, field
 
 import torch
@@ -34,7 +35,7 @@ from lightning_grpo.loss.config import LossConfig
 from lightning_grpo.loss.entropy import high_entropy_mask
 from lightning_grpo.loss.objectives import PolicyInputs
 from lightning_grpo.loss.reduce import LOSS_TYPES, LossNormalizer
-from lightning_grpo.types import UpdateStats
+from lightning_grpo.types import Collectives, UpdateStats
 
 # metric -> (the token flag it is taken over, its reduction over completions, how micro-batches and ranks
 # combine it: NaN-ignoring, as TRL's nanmin / nanmax)
@@ -66,6 +67,24 @@ class LossOutput:
             self.trained_entropy + other.trained_entropy,
             self.trained_tokens + other.trained_tokens,
             extremes,
+        )
+
+    def over_ranks(self, ranks: Collectives) -> LossOutput:
+        """Loss metrics of the global batch, as TRL gathers them: token sums and counts added over ranks, and
+        the loss averaged (each rank's loss is scaled so that DDP's gradient average is the global gradient). A
+        collective; itself with one process."""
+        if ranks.world_size == 1:
+            return self
+        names = sorted(self.token_sums)
+        counts = [self.trained_entropy, self.trained_tokens, self.num_tokens, self.loss]
+        local = torch.stack([self.token_sums[k].float() for k in names] + [torch.as_tensor(c).float() for c in counts])
+        total = ranks.sum(local)  # [M + 4] one all-reduce
+        extremes, combined = sorted(self.extremes), {}
+        if extremes:
+            every = ranks.gather_rows(torch.stack([self.extremes[k].float() for k in extremes]).unsqueeze(0))  # [W, E]
+            combined = {k: functools.reduce(EXTREMES[k][2], every[:, i]) for i, k in enumerate(extremes)}
+        return LossOutput(
+            total[-1] / ranks.world_size, dict(zip(names, total[:-4])), total[-2], total[-4], total[-3], combined
         )
 
     def metrics(self) -> dict[str, Tensor]:

@@ -1,39 +1,17 @@
-"""Completions in either format -> the plain text reward functions read. Knows message formats, not scoring.
-
-A completion is a string, or chat messages ``[{"role": "assistant", "content": ...}]`` whose content is a string
-or a list of parts (``[{"type": "text", "text": ...}]``). Anything else reads as ``""``, so a malformed
-completion scores like an empty one instead of crashing a training step.
+"""Completions in either format -> the plain text reward functions read (``completion_text``, from ``types``: the
+callbacks show the same text), the final answer and the code block in it. Knows message formats, not scoring.
 """
 
 from __future__ import annotations
 
 import re
-from typing import Any
+
+from lightning_grpo.types import completion_text
+
+__all__ = ["answer_text", "completion_text", "extract_code"]
 
 _ANSWER_TAG = re.compile(r"<answer>(.*?)</answer>", re.DOTALL)
 _CODE_BLOCK = re.compile(r"```(?:python|py|python3)[ \t]*\n(.*?)```", re.DOTALL | re.IGNORECASE)
-
-
-def _content_text(content: Any) -> str:
-    if isinstance(content, str):
-        return content
-    if isinstance(content, list):  # multimodal parts: keep the text ones
-        return "".join(p["text"] for p in content if isinstance(p, dict) and isinstance(p.get("text"), str))
-    return ""
-
-
-def completion_text(completion: Any) -> str:
-    """Text of a plain-text completion or of a chat completion ``[{"role": "assistant", "content": ...}]``.
-
-    >>> completion_text([{"role": "assistant", "content": "hi"}]), completion_text("hi"), completion_text(None)
-    ('hi', 'hi', '')
-    """
-    if isinstance(completion, dict):
-        completion = [completion]
-    if isinstance(completion, list):
-        last = completion[-1] if completion else None
-        return _content_text(last.get("content")) if isinstance(last, dict) else ""
-    return completion if isinstance(completion, str) else ""
 
 
 def answer_text(text: str) -> str:
