@@ -157,6 +157,31 @@ def test_ddp_ranks_each_split_their_prompts_over_both_servers_and_rank_zero_push
             torch.testing.assert_close(served[name], tensor, rtol=0, atol=0, msg=name)
 
 
+@pytest.mark.slow  # ~60 s: two server processes and a 2-process DDP run of 3 steps, one server ended after step 1
+def test_ddp_ranks_survive_a_dead_server_and_agree_to_take_it_out(two_servers, tiny_model_dir, arith_jsonl, tmp_path):
+    """Rank 0 ends server 1 after step 1: at step 2 rank 0's request to it fails and goes to server 0 (rank 1's
+    may have been served first); at the push the ranks agree (the union of what each saw) and rank 0 finds it
+    gone: both ranks then use server 0 alone, every group of every step generated, and server 0 holds the
+    trained weights."""
+    stand_in = HERE / "vllm_stand_in"
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(stand_in), str(HERE.parent)]), "OMP_NUM_THREADS": "1"}
+    urls, dying = ",".join(server.url for server in two_servers), two_servers[1].url
+    command = [sys.executable, str(HERE / "vllm_server_run.py"), tiny_model_dir, arith_jsonl, str(tmp_path), urls]
+    proc = subprocess.run([*command, str(free_port()), dying], capture_output=True, text=True, timeout=600, env=env)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    ranks = [torch.load(tmp_path / f"rank{r}.pt", weights_only=False) for r in (0, 1)]
+    for rank in ranks:
+        assert rank["global_step"] == 3 and rank["live"] == [0]
+        for step in rank["steps"]:  # 2 prompts x 4 completions, each a real one (length reward > 0)
+            assert len(step["rewards"]) == 8 and bool((step["rewards"] > 0).all())
+        assert [s["rollout"].metrics["servers/live"] for s in rank["steps"]][2] == 1
+    assert ranks[0]["steps"][1]["rollout"].metrics["servers/retried_groups"] == 1  # its one prompt for server 1
+    requests.post(f"{two_servers[0].url}/save", json={"path": str(tmp_path / "server0.pt")}, timeout=10)
+    served = torch.load(tmp_path / "server0.pt", weights_only=True)
+    for name, tensor in ranks[0]["state"].items():
+        torch.testing.assert_close(served[name], tensor, rtol=0, atol=0, msg=name)
+
+
 @pytest.mark.slow  # ~30 s: the only server killed after step 1
 def test_no_server_left_stops_the_run_with_a_resumable_checkpoint(tiny_model_dir, arith_jsonl, tmp_path):
     server = FakeServer(tiny_model_dir).start()

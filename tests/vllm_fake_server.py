@@ -12,10 +12,12 @@ standard library, generating with Hugging Face ``generate`` on a real model.
 - ``POST /collective_rpc`` with ``reload_weights`` (the ``"disk"`` transfer: ``model.safetensors`` of the folder
   ``weights_path``, every name checked and loaded).
 The weight stream is the TCP stand-in of ``tests/vllm_stand_in`` (vLLM streams over NCCL).
-For the tests: ``GET /stats`` (what was asked and received) and ``POST /save`` (the weights, to a file).
+For the tests: ``GET /stats`` (what was asked and received), ``POST /save`` (the weights, to a file) and
+``POST /exit`` (answers, then the process ends at once: a server that dies).
 """
 
 import json
+import os
 import socket
 import sys
 import threading
@@ -151,6 +153,8 @@ class Server:
             return {}
         if path == "/reset_prefix_cache":
             return {"success": True}
+        if path == "/exit":
+            return {}
         if path == "/save":
             torch.save(self.model.state_dict(), body["path"])
             return {}
@@ -193,6 +197,9 @@ def handler(server: Server) -> type[BaseHTTPRequestHandler]:
             self.send_header("Content-Length", str(len(data)))
             self.end_headers()
             self.wfile.write(data)
+            if self.path == "/exit":
+                self.wfile.flush()
+                os._exit(0)
 
         def log_message(self, *args) -> None:
             pass

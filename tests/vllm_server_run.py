@@ -1,8 +1,9 @@
 """A 2-process DDP GRPO run whose completions come from a vLLM server (tests/test_vllm_server.py starts the fake
 one); each rank writes what it saw to OUT/rank<k>.pt.
 
-``python vllm_server_run.py MODEL DATA OUT URL``, with ``tests/vllm_stand_in`` on ``PYTHONPATH`` (TRL's client
-imports vLLM). Lightning's launcher starts rank 1 by re-running this script.
+``python vllm_server_run.py MODEL DATA OUT URL[,URL] GROUP_PORT [KILL_URL]``, with ``tests/vllm_stand_in`` on
+``PYTHONPATH`` (TRL's client imports vLLM); with ``KILL_URL`` rank 0 ends that server (``POST /exit``) after step 1.
+Lightning's launcher starts rank 1 by re-running this script.
 """
 
 import sys
@@ -45,21 +46,29 @@ def length_reward(completions, **kwargs):
 
 
 class Recorder(L.Callback):
-    def __init__(self):
-        self.steps, self.batches = [], []
+    def __init__(self, kill_url: str | None = None):
+        self.steps, self.batches, self.kill_url = [], [], kill_url
 
     def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
         self.batches.append(list(batch.prompts))
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
         record = outputs["record"]
-        self.steps.append({"rollout": record.rollout, "metrics": record.stats.metrics()})
+        self.steps.append(
+            {"rollout": record.rollout, "metrics": record.stats.metrics(), "rewards": record.scores.total}
+        )
+        if self.kill_url and trainer.global_step == 1 and trainer.global_rank == 0:
+            import requests
+
+            requests.post(f"{self.kill_url}/exit", timeout=10)
 
 
-def main(model_dir: str, data_path: str, out_dir: str, url: str, group_port: str) -> None:
+def main(model_dir: str, data_path: str, out_dir: str, url: str, group_port: str, kill_url: str = "") -> None:
     torch.set_num_threads(1)
     L.seed_everything(0)
-    engine = CPUVLLMServer(base_url=url, connection_timeout=60, group_port=int(group_port), weight_transfer="nccl")
+    engine = CPUVLLMServer(
+        base_url=url, connection_timeout=60, group_port=int(group_port), weight_transfer="nccl", request_timeout=60
+    )
     module = GRPOModule(
         model=model_dir,
         reward_funcs=[length_reward],
@@ -69,7 +78,7 @@ def main(model_dir: str, data_path: str, out_dir: str, url: str, group_port: str
         sampling={"max_completion_length": 6, "temperature": 0.9, "generation_kwargs": {"skip_special_tokens": False}},
         optim={"learning_rate": 1e-2},
     )
-    recorder = Recorder()
+    recorder = Recorder(kill_url or None)
     trainer = L.Trainer(
         max_steps=STEPS,
         accelerator="cpu",
@@ -87,7 +96,13 @@ def main(model_dir: str, data_path: str, out_dir: str, url: str, group_port: str
     Path(out_dir).mkdir(parents=True, exist_ok=True)
     state = {k: v.detach().clone() for k, v in module.policy.model.state_dict().items()}
     torch.save(
-        {"steps": recorder.steps, "batches": recorder.batches, "state": state, "global_step": trainer.global_step},
+        {
+            "steps": recorder.steps,
+            "batches": recorder.batches,
+            "state": state,
+            "global_step": trainer.global_step,
+            "live": sorted(engine.pool.live),
+        },  # fmt: skip
         Path(out_dir) / f"rank{trainer.global_rank}.pt",
     )
 
