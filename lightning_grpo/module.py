@@ -39,7 +39,7 @@ from lightning_grpo.rewards.scoring import RewardSet, trl_trainer_state
 from lightning_grpo.rollout import SamplingConfig
 from lightning_grpo.run import log_train_metrics, numerical_abort, optimizer_steps_of, seeded, step_seed
 from lightning_grpo.settings import GRPOSettings
-from lightning_grpo.targets import OptimiserStep, Targets, UpdateConfig, build_targets, optimiser_steps
+from lightning_grpo.targets import OptimiserStep, Targets, UpdateConfig, build_targets, entropy_cut, optimiser_steps
 from lightning_grpo.targets.distill import dataset_rollout, no_reward, off_policy_step
 from lightning_grpo.types import PromptBatch, RewardScores, Rollout, StepRecord
 
@@ -261,11 +261,12 @@ class GRPOModule(L.LightningModule):
     def _optimizer_step(self, rollout: Rollout, targets: Targets, step: OptimiserStep) -> LossOutput | None:
         """One optimiser step over ``step``'s rows, gradients accumulated across micro-batches; ``None`` when the
         gradients are not finite and the step was not taken."""
-        optimizer, total = self.optimizers(), None
+        optimizer, total, quantile = self.optimizers(), None, self.settings.loss.top_entropy_quantile
+        cut = entropy_cut(self.policy, rollout, targets, step, quantile, Ranks(self.trainer))  # the step's threshold
         optimizer.zero_grad()
         for rows in step.micro_batches:
             token = self.policy.train_logps(rollout, rows, entropy_grad=self.entropy.enabled)
-            out = targets.loss(token, rows, step.normalizer, self.settings.loss, self.entropy.coef_to_apply())
+            out = targets.loss(token, rows, step.normalizer, self.settings.loss, self.entropy.coef_to_apply(), cut)
             out.loss = out.loss + targets.distill_loss(self.policy, rollout, rows, step.normalizer)  # gkd's term
             self.manual_backward(out.loss + self.policy.aux_loss(token, step.normalizer.num_sequences))
             self.entropy.observe(out.trained_entropy, out.trained_tokens)

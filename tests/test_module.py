@@ -76,6 +76,23 @@ def test_micro_batches_give_the_same_update(tiny_model_dir, arith_jsonl, tmp_pat
         assert torch.allclose(params[0], other, atol=1e-6)
 
 
+def test_the_entropy_threshold_is_the_optimiser_steps_whatever_the_micro_batches(tiny_model_dir, arith_jsonl, tmp_path):
+    # top_entropy_quantile 0.2 trains the step's top 20% of tokens by entropy, and the bonus is their mean entropy:
+    # with passes of 3 completions, a threshold per pass would keep each pass's own top 20% (another update)
+    params = []
+    for split in ({}, {"update": {"micro_batch_size": 3}}):
+        module = make_module(
+            tiny_model_dir,
+            **split,
+            optimizer=lambda p: torch.optim.SGD(p, lr=1.0),
+            loss={"top_entropy_quantile": 0.2, "entropy_coef": 0.1},
+            optim={"max_grad_norm": None},
+        )
+        fit(module, PromptDataModule(arith_jsonl, batch_size=4, val_split=None), tmp_path, max_steps=1)
+        params.append(torch.cat([p.detach().flatten() for p in module.policy.model.parameters()]))
+    assert torch.allclose(params[0], params[1], atol=1e-6)
+
+
 def test_num_iterations_reuses_a_generation_batch(tiny_model_dir, arith_jsonl, tmp_path):
     module = make_module(tiny_model_dir, update={"num_iterations": 3}, loss={"epsilon": 0.01})
     trainer = fit(module, PromptDataModule(arith_jsonl, batch_size=4, val_split=None), tmp_path, max_steps=6)

@@ -53,7 +53,8 @@ class LossConfig:
     use_bias_correction_kl: bool = True
     """KL times the importance ratio (DeepSeek-V3.2; TRL's default)."""
     top_entropy_quantile: float = 1.0
-    """Train on this top fraction of tokens by entropy; 1.0: all. 0.2 in "Beyond the 80/20 rule"."""
+    """Train on this top fraction of tokens by entropy; 1.0: all. 0.2 in "Beyond the 80/20 rule". The threshold is
+    the optimiser step's, over every rank (``targets.EntropyCut``), so micro-batches do not change it."""
     entropy_coef: float = 0.0
     """Weight of an entropy bonus; 0 disables it. The initial weight when adaptive."""
     use_adaptive_entropy: bool = False

@@ -24,7 +24,7 @@ class LossNormalizer:
     global_num_tokens: float  # loss-masked tokens on all ranks
     world_size: int = 1
     max_completion_length: int = 1
-    num_trained_tokens: float | None = None  # of those, kept by top_entropy_quantile (one threshold per batch)
+    num_trained_tokens: float | None = None  # of those, kept by top_entropy_quantile (targets.EntropyCut)
 
     @classmethod
     def from_mask(cls, mask: Tensor, max_completion_length: int | None = None) -> LossNormalizer:

@@ -18,6 +18,7 @@ from lightning_grpo.advantages import AdvantageConfig, TokenRewards, kl_penalty,
 from lightning_grpo.loss import LossConfig, LossNormalizer, LossOutput, grpo_loss
 from lightning_grpo.loss.config import DistillConfig
 from lightning_grpo.loss.distill import mix_advantages
+from lightning_grpo.loss.entropy import entropy_threshold, high_entropy_mask
 from lightning_grpo.model.logprobs import TokenLogps
 from lightning_grpo.model.padding import forward_positions
 from lightning_grpo.model.policy import Policy
@@ -90,10 +91,19 @@ class Targets:
     tokens: tuple[int, int] | None = None  # positions one log-prob pass over the micro-batches runs; N x (P + T)
 
     def loss(
-        self, token: TokenLogps, rows: slice | Tensor, norm: LossNormalizer, config: LossConfig, entropy_coef: float
+        self,
+        token: TokenLogps,
+        rows: slice | Tensor,
+        norm: LossNormalizer,
+        config: LossConfig,
+        entropy_coef: float,
+        cut: EntropyCut | None = None,
     ) -> LossOutput:
-        """The loss of ``rows`` from the policy's log-probs of them (``token``), normalised by ``norm``."""
+        """The loss of ``rows`` from the policy's log-probs of them (``token``), normalised by ``norm``; ``cut``:
+        the optimiser step's entropy threshold (``top_entropy_quantile``), else the micro-batch's own."""
         weights, old = rows_of(self.sampling_weights, rows), rows_of(self.old_logps, rows)
+        threshold = None if cut is None else cut.threshold
+        norm = norm if cut is None else replace(norm, num_trained_tokens=cut.trained_tokens)
         if self.proximal is not None:
             weights = self.proximal.weights_of(token.logps, self.sampling_logps[rows], self.mask[rows], rows)
         if old is not None:  # where a sampler gave no log-prob (NaN; the bypass anchor), the ratio is 1
@@ -109,6 +119,7 @@ class Targets:
             sampling_weights=weights,
             sampling_logps=rows_of(self.sampling_logps, rows),
             entropies=token.entropy,
+            entropy_threshold=threshold,
             entropy_coef=entropy_coef,
         )
 
@@ -153,6 +164,31 @@ class OptimiserStep:
     rows: slice | Tensor  # the batch's rows in this step: all, or [n] indices of whole groups
     micro_batches: list[slice] | list[Tensor]  # the rows of one forward/backward pass each
     normalizer: LossNormalizer  # counts of this step's rows (and of every rank's)
+
+
+@dataclass(frozen=True)
+class EntropyCut:
+    """``loss.top_entropy_quantile``'s threshold, taken once per optimiser step over its rows on every rank (as TRL
+    takes it over a micro-batch on every rank), so that no micro-batch split changes which tokens train."""
+
+    threshold: Tensor  # scalar entropy: tokens at or above it train
+    trained_tokens: float  # this rank's loss tokens of the step at or above it: the entropy bonus's normaliser
+
+
+@torch.no_grad()
+def entropy_cut(
+    policy: Policy, rollout: Rollout, targets: Targets, step: OptimiserStep, quantile: float, ranks: Ranks
+) -> EntropyCut | None:
+    """The step's ``EntropyCut`` (a collective), from a forward without gradient over its micro-batches; ``None``
+    when the step is one micro-batch on one rank, whose own threshold is then the step's (no extra forward)."""
+    if quantile >= 1 or (len(step.micro_batches) == 1 and ranks.world_size == 1):
+        return None
+    entropies = torch.zeros_like(targets.mask, dtype=torch.float32)  # [N, T]
+    for rows in step.micro_batches:
+        entropies[rows] = policy.token_logps(rollout, rows).entropy.float()
+    mask, entropies = targets.mask[step.rows], entropies[step.rows]  # [n, T] the step's rows
+    threshold = entropy_threshold(ranks.gather_padded(entropies), ranks.gather_padded(mask), quantile)
+    return EntropyCut(threshold, high_entropy_mask(entropies, mask, quantile, threshold).sum().item())
 
 
 def micro_batches(n: int, size: int | None) -> list[slice]:
