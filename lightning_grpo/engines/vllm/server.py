@@ -339,10 +339,6 @@ class VLLMServer(RolloutEngine):
                 f"(base_url {self.urls}); restart them and resume from the checkpoint"
             )
 
-    def probe(self, prompt: list[int]) -> tuple[list[int], list[float]]:
-        """Rank 0: the first live server's greedy tokens after the sync check's probe prompt and their log-probs."""
-        return self.controls[min(self.pool.live)].probe(prompt)
-
     def from_rank_zero(self, value: Any) -> Any:
         """Rank 0's ``value`` on every rank."""
         return _scatter_from_zero([value] * self.world_size if self.rank == 0 else None, self.rank, self.world_size)
