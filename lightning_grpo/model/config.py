@@ -7,7 +7,7 @@ from typing import Any, Literal
 
 from transformers import PreTrainedTokenizerBase
 
-from lightning_grpo.checks import raise_problems
+from lightning_grpo.checks import field_help, raise_problems
 from lightning_grpo.model.loading import DTYPES, cuda_package_problems
 
 
@@ -18,67 +18,63 @@ def _qlora_problems(load_in_4bit: bool, peft_config: dict | None) -> list[str]:
     )
 
 
+@field_help
 @dataclass(frozen=True)
 class PolicyConfig:
-    """How the policy LM is loaded and run. ``policy:`` in YAML; the model itself is ``model.model``.
-
-    Attributes:
-        tokenizer: name or path (or, in Python, a tokenizer, or a vision-language model's processor); defaults to
-            the model's. A vision-language model loads its processor (``AutoProcessor``) from here.
-        dtype: weights dtype when loading by name: float32, bfloat16, float16 or auto.
-        model_init_kwargs: more ``from_pretrained`` arguments (``{trust_remote_code: true, attn_implementation:
-            sdpa}``).
-        peft_config: LoRA settings (``peft.LoraConfig`` arguments, e.g. ``{r: 16, lora_alpha: 32, target_modules:
-            all-linear}``): only the adapter trains; the reference for ``loss.beta > 0`` is the policy with its
-            adapter disabled (no second model in memory); checkpoints hold only the adapter.
-        load_in_4bit: QLoRA: the base model in 4-bit NF4 (bitsandbytes, CUDA) under a ``peft_config`` adapter;
-            ``dtype`` is the compute dtype. Refused at config time where it cannot run.
-        gradient_checkpointing: recompute activations in the backward pass (off while generating).
-        activation_offload: keep the activations the training forward saves for backward in CPU memory (pinned)
-            instead of GPU memory, copied back as backward needs them (``torch.autograd.graph.save_on_cpu``): for
-            long completions on one GPU, at the cost of the copies. Composes with ``gradient_checkpointing``
-            (then only the checkpointed layers' inputs move: on an H100 that saved nothing measurable and made
-            steps 8-27x slower, ``benchmarks/bench_long_context.py``; checkpointing alone is the better setting).
-            Changes nothing on CPU.
-        disable_dropout: dropout off in the policy and reference (TRL's option; on-policy ratios are then exactly
-            1 for ``update.num_iterations > 1`` too).
-        logprob_chunk_size: token positions per LM-head chunk when computing log-probs; ``None`` sizes chunks to
-            ~32M logits (128 MB in fp32): 220 positions at Qwen2.5's 151,936-token vocabulary.
-        share_prompt_prefix: the log-prob forward encodes each group's shared prompt once (Prefix Grouper): the
-            same log-probs and gradients for P + G * T token positions a group instead of G * (P + T). ``None``
-            (the default): on where it is exact, off with gradient checkpointing (it drops the prompt's cache), a
-            Mixture-of-Experts load-balancing loss or sliding-window attention (``Policy.shares_prompt_prefix``).
-        padding_free: the log-prob forward runs on the micro-batch's real tokens packed into one sequence, each
-            row with its own positions (``model/padding.py``); with ``share_prompt_prefix``, a group's prompt once
-            and its completions after it. The same log-probs and gradients. Pays where lengths are uneven and
-            attention is variable-length (flash-attention on GPU); sdpa and eager attention (CPU) compute the
-            block-diagonal mask densely. ``share_prompt_prefix`` with it needs sdpa or eager attention.
-        sync_ref_model: TR-DPO: every ``ref_model_sync_steps`` optimiser steps the reference moves towards the
-            policy, ``ref = alpha * policy + (1 - alpha) * ref`` (needs loss.beta > 0, no LoRA).
-        ref_model_mixup_alpha: that alpha.
-        ref_model_sync_steps: optimiser steps between reference updates.
-        freeze_vision_tower: a vision-language model's vision encoder does not train (its projector and language
-            model do); ``false`` trains it too (``references/vision.md``).
-        lora_vision_tower: with a ``peft_config``, adapters go on the vision tower and projector too; by default
-            only on the language model (PEFT's ``exclude_modules`` set to the vision modules).
-    """
+    """How the policy LM is loaded and run. ``policy:`` in YAML; the model itself is ``model.model``."""
 
     tokenizer: str | PreTrainedTokenizerBase | None = None
+    """Name or path; defaults to the model's. In Python also a tokenizer, or a vision-language model's processor; a
+    vision-language model loads its processor (``AutoProcessor``) from here."""
     dtype: Literal[tuple(DTYPES)] = "float32"
+    """Weights dtype when loading by name: float32, bfloat16, float16 or auto."""
     model_init_kwargs: dict[str, Any] | None = None
+    """More ``from_pretrained`` arguments (``{trust_remote_code: true, attn_implementation: sdpa}``)."""
     peft_config: dict[str, Any] | None = None
+    """LoRA settings, ``peft.LoraConfig``'s arguments; only the adapter trains. E.g. ``{r: 16, lora_alpha: 32,
+    target_modules: all-linear}``; the reference for ``loss.beta > 0`` is the policy with its adapter disabled (no
+    second model in memory); checkpoints hold only the adapter."""
     load_in_4bit: bool = False
+    """QLoRA: the base model in 4-bit NF4 under a ``peft_config`` adapter. bitsandbytes, CUDA; ``dtype`` is the
+    compute dtype. Refused at config time where it cannot run."""
     gradient_checkpointing: bool = False
+    """Recompute activations in the backward pass (off while generating)."""
     activation_offload: bool = False
+    """Activations saved for backward kept in CPU memory (pinned), not GPU memory; for long completions on one GPU.
+    Copied back as backward needs them (``torch.autograd.graph.save_on_cpu``), at the cost of the copies. Composes
+    with ``gradient_checkpointing`` (then only the checkpointed layers' inputs move: on an H100 that saved nothing
+    measurable and made steps 8-27x slower, ``benchmarks/bench_long_context.py``; checkpointing alone is the better
+    setting). Changes nothing on CPU."""
     disable_dropout: bool = False
+    """Dropout off in the policy and reference (TRL's option; on-policy ratios are then exactly 1 for
+    ``update.num_iterations > 1`` too)."""
     logprob_chunk_size: int | None = None
+    """Token positions per LM-head chunk when computing log-probs; ``None`` sizes chunks to ~32M logits (128 MB in
+    fp32): 220 positions at Qwen2.5's 151,936-token vocabulary."""
     share_prompt_prefix: bool | None = None
+    """Encode each group's shared prompt once in the log-prob forward (Prefix Grouper); ``None``: where exact. The
+    same log-probs and gradients for P + G * T token positions a group instead of G * (P + T). ``None`` (the
+    default): on where it is exact, off with gradient checkpointing (it drops the prompt's cache), a
+    Mixture-of-Experts load-balancing loss or sliding-window attention (``Policy.shares_prompt_prefix``)."""
     padding_free: bool = False
+    """Pack the micro-batch's real tokens into one sequence for the log-prob forward. Each row keeps its own
+    positions (``model/padding.py``); with ``share_prompt_prefix``, a group's prompt once and its completions after
+    it. The same log-probs and gradients. Pays where lengths are uneven and attention is variable-length
+    (flash-attention on GPU); sdpa and eager attention (CPU) compute the block-diagonal mask densely.
+    ``share_prompt_prefix`` with it needs sdpa or eager attention."""
     sync_ref_model: bool = False
+    """TR-DPO: the reference moves towards the policy every ``ref_model_sync_steps`` optimiser steps. ``ref = alpha *
+    policy + (1 - alpha) * ref`` (needs loss.beta > 0, no LoRA)."""
     ref_model_mixup_alpha: float = 0.6
+    """TR-DPO's alpha."""
     ref_model_sync_steps: int = 512
+    """Optimiser steps between reference updates."""
     freeze_vision_tower: bool = True
+    """A vision-language model's vision encoder does not train (its projector and language model do); ``false`` trains
+    it too (``references/vision.md``)."""
     lora_vision_tower: bool = False
+    """With a ``peft_config``, adapters go on the vision tower and projector too; by default only on the language model
+    (PEFT's ``exclude_modules`` set to the vision modules)."""
 
     def __post_init__(self) -> None:
         qlora = _qlora_problems(self.load_in_4bit, self.peft_config)
