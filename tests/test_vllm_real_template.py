@@ -69,16 +69,13 @@ def test_the_head_sizes_the_check_allows_are_vllm_s():
     assert tuple(CPUAttentionBackend.get_supported_head_sizes()) == CPU_HEAD_SIZES
 
 
-def test_a_model_vllm_cpu_cannot_serve_is_refused_before_it_is_written(tmp_path):
-    """tiny_cpu.yaml with VLLMColocate (SKILL.md's command line): the embedded tiny-qwen2 (heads of 16) is refused
+def test_a_model_vllm_cpu_cannot_serve_is_refused_before_it_is_written(tmp_path, monkeypatch):
+    """tiny_cpu.yaml with VLLMColocate (the pairing issue 49 met): the embedded tiny-qwen2 (heads of 16) is refused
     when the module is built, naming its head size and the model to use; the model is never written or loaded."""
     home = tmp_path / "home"
+    monkeypatch.setenv("LIGHTNING_GRPO_HOME", str(home))
     engine = ["--model.rollout_engine", "lightning_grpo.engines.VLLMColocate"]
-    os.environ["LIGHTNING_GRPO_HOME"], saved = str(home), os.environ["LIGHTNING_GRPO_HOME"]
-    try:
-        done = lightning_grpo("fit", "--config", str(ROOT / "templates" / "tiny_cpu.yaml"), *engine, cwd=tmp_path)
-    finally:
-        os.environ["LIGHTNING_GRPO_HOME"] = saved
+    done = lightning_grpo("fit", "--config", str(ROOT / "templates" / "tiny_cpu.yaml"), *engine, cwd=tmp_path)
     assert done.returncode == 2, done.stderr[-3000:]
     assert "'lightning-grpo/tiny-qwen2' has attention heads of 16 dimensions" in done.stderr
     assert f"Use model.model {SERVED_DEMO}" in done.stderr
@@ -93,3 +90,13 @@ def test_the_server_launcher_refuses_a_model_vllm_cpu_cannot_serve(tmp_path):
     assert done.returncode == 1
     assert "has attention heads of 16 dimensions" in done.stderr and f"Use model {SERVED_DEMO}" in done.stderr
     assert "Loading" not in done.stderr  # vLLM never started
+
+
+def test_an_agent_s_vllm_sampler_refuses_the_model_too():
+    """OpenAIAgent passes model_problems to its sampler, as it passes adopt."""
+    from lightning_grpo.engines import OpenAIAgent, VLLMColocate
+
+    own = VLLMColocate().model_problems("lightning-grpo/tiny-qwen2", None)
+    agent = OpenAIAgent("json.dumps", sampler=VLLMColocate())
+    assert agent.model_problems("lightning-grpo/tiny-qwen2", None) == own != []
+    assert agent.model_problems(SERVED_DEMO, None) == []
