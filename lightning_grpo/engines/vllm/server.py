@@ -304,7 +304,7 @@ class VLLMServer(RolloutEngine):
         others wait, at most ``sync_timeout`` seconds."""
         self.synced_step = self.trainer.global_step
         out = set(range(len(self.urls))) - self._agreed_live()
-        back = self.from_rank_zero([i for i in sorted(out) if self.controls[i].healthy()] if self.rank == 0 else None)
+        back = self.from_rank_zero(self._answering(out) if self.rank == 0 else None)
         live = {str(i): self.controls[i] for i in range(len(self.urls)) if i not in out}
         self.weight_sync(policy, live, self.synced_step)
         lost = set(map(int, self.weight_sync.unreachable))
@@ -315,6 +315,11 @@ class VLLMServer(RolloutEngine):
             self.weight_sync.metrics.update(push_metrics(0, 0.0, str(i)))
         self._serve(live)
         bounded_barrier(self.sync_timeout, f"VLLMServer's weight sync of step {self.synced_step}", self.world_size)
+
+    def _answering(self, out: set[int]) -> list[int]:
+        """Rank 0: the servers of ``out`` that answer ``/health`` again. None under ``"nccl"``: a restarted server
+        left its weight-update group, and joining it again is not built."""
+        return [i for i in sorted(out) if self.controls[i].healthy()] if self.weight_transfer == "disk" else []
 
     def _agreed_live(self) -> set[int]:
         """The servers no rank has taken out since the last sync."""

@@ -210,6 +210,8 @@ class ServerPool:
     def complete(self, model: str, prompts: list[list[int]], options: dict[str, Any]):
         """Every prompt's ``options["n"]`` completions (prompt-major) and their log-probs; the prompts split into
         one chunk per live server (one request each, sent at once)."""
+        if not prompts:
+            return [], []
         width = max(1, min(len(self.live) or 1, len(prompts)))
         chunks = [list(range(j, len(prompts), width)) for j in range(width)]
         with ThreadPoolExecutor(max_workers=width) as threads:
