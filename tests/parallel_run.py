@@ -4,8 +4,9 @@
 - ``ddp``: 2 processes, Lightning's DDP; each rank also saves its rollouts, to be replayed.
 - ``fsdp2``: 2 processes, ``ModelParallelStrategy(data_parallel_size=2)``: FSDP2 ``fully_shard``.
 - ``fsdp1``: 2 GPUs, Lightning's ``FSDPStrategy`` wrapping each decoder layer (FSDP1 refuses CPU).
-- ``replay``: 1 process, batch 2x, whose generation returns the two DDP ranks' rollouts of that step,
-  concatenated in rank order: the same global batch as the DDP run, through a single process.
+- ``replay``: 1 process, batch 2x, whose generation returns the two DDP ranks' rollouts of that step and the
+  prompt batches they answer (their columns score them), concatenated in rank order: the same global batch as the
+  DDP run, through a single process.
 - ``nodes``: DDP as 2 nodes x 1 process (``trainer.num_nodes=2``), started by 2 ``torchrun --nnodes 2`` calls.
 - ``fsdp2meta``: FSDP2 with the module built under ``trainer.init_module(empty_init=True)``: on the meta device,
   each rank then reads only its own shard of the weights from MODEL's files.
@@ -13,6 +14,8 @@
   trains, the reference is the adapter-off policy; each rank also exports the merged model to OUT/hf (rank 0 writes).
 - ``+prefix`` (``fsdp2+prefix``, ``fsdp2+lora+prefix`` ...): with ``share_prompt_prefix``: the log-prob forward
   encodes each group's prompt once.
+- ``+match`` (``ddp+match``, ``replay+match``): rewarded by ``exact_match_reward`` against the data's ``answer``
+  instead of the completion's length (the colour task's one-letter answers all have one length).
 
 ``... MODE STEPS STOP [CKPT]`` (resume runs): AdamW, so that there is optimiser state to checkpoint; a run of
 STEPS steps, resumed from CKPT when given, stopped after step STOP (0: not stopped) with a checkpoint at
@@ -34,6 +37,8 @@ from transformers.models.qwen2.modeling_qwen2 import Qwen2DecoderLayer
 from lightning_grpo import GRPOModule, PromptDataModule
 from lightning_grpo.engines import HFGenerate
 from lightning_grpo.engines.base import Sampled
+from lightning_grpo.rewards import exact_match_reward
+from lightning_grpo.types import PromptBatch
 
 STEPS, PROMPTS_PER_RANK = 3, 2
 LORA = {"r": 4, "lora_alpha": 8, "target_modules": "all-linear"}
@@ -64,7 +69,7 @@ class Recorder(L.Callback):
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
         record = outputs["record"]
-        self.steps.append({"rollout": record.rollout, "metrics": record.stats.metrics()})
+        self.steps.append({"rollout": record.rollout, "batch": batch, "metrics": record.stats.metrics()})
 
 
 class StopAt(L.Callback):
@@ -90,8 +95,9 @@ class ReplayEngine(HFGenerate):
         self.step = 0
 
     def rollout(self, policy, batch, num_generations, sampling):
-        first, second = (steps[self.step]["rollout"] for steps in self.recorded)
+        (first, a), (second, b) = ((steps[self.step]["rollout"], steps[self.step]["batch"]) for steps in self.recorded)
         self.step += 1
+        batch = PromptBatch(a.prompts + b.prompts, {k: a.columns[k] + b.columns[k] for k in a.columns})  # scored on
         return Sampled(first.cat(second, policy.tokenizer.pad_token_id), batch)  # each rank trimmed its own padding
 
 
@@ -104,7 +110,7 @@ def main(
     L.seed_everything(0)
     settings = dict(
         model=model_dir,
-        reward_funcs=[length_reward],
+        reward_funcs=[exact_match_reward if "match" in options else length_reward],
         num_generations=4,
         sampling={"max_completion_length": 6},
         loss={"beta": 0.1, "loss_type": "dapo"},  # dapo: normalised by the tokens of all ranks, needs a global count

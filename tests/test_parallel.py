@@ -22,7 +22,7 @@ def run(mode: str, model_dir: str, data: str, out: Path, *args: str, name: str =
         timeout=600,
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
-    ranks = [0] if mode == "replay" else [0, 1]
+    ranks = [0] if mode.startswith("replay") else [0, 1]
     return [torch.load(out / name / f"rank{r}.pt", weights_only=False) for r in ranks]
 
 
