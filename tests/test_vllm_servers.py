@@ -220,6 +220,24 @@ def test_every_rank_splits_its_own_prompts_over_the_live_servers_without_a_route
         assert split == alone and len(alone) == 4
 
 
+def test_a_seed_the_user_set_gives_the_same_prompt_on_two_ranks_two_groups(two_servers, tiny_model_dir):
+    """Each rank calls the servers itself now: with ``generation_kwargs.seed`` the same on every rank, a prompt that
+    two ranks hold (a repeated row, the sampler's padding) would get one group twice; the seed moves by the rank."""
+    from types import SimpleNamespace
+
+    from lightning_grpo.model.policy import Policy
+    from lightning_grpo.rollout import SamplingConfig
+
+    policy, groups = Policy(tiny_model_dir), []
+    sampling = SamplingConfig(max_completion_length=6, temperature=1.0, generation_kwargs={"seed": 11})
+    for rank in (0, 1, 0):
+        engine = VLLMServer(base_url=two_servers[0].url, connection_timeout=60)
+        engine.setup(policy, SimpleNamespace(global_rank=rank, world_size=1), seed=0)
+        groups.append(engine.sample_rounds([[3, 4, 5]], sampling, n=4, greedy=False)[0])
+        engine.teardown()
+    assert groups[0] == groups[2] != groups[1]  # the seed's samples, a rank's own
+
+
 @pytest.mark.parametrize(
     "kwargs,match",
     [

@@ -266,10 +266,13 @@ class VLLMServer(RolloutEngine):
     ) -> tuple[list[list[int]], list[list[float]]]:
         """Every request's ``n`` completions (prompt-major) and log-probs, in one call per round of distinct prompts
         (``seeds.distinct_rounds``; distinct prompts: one call), each call its own seed: the server's API takes one
-        seed for a whole call, and vLLM gives identical prompts of one seed identical samples."""
+        seed for a whole call, and vLLM gives identical prompts of one seed identical samples. A seed the user set
+        is moved by the rank (each rank calls on its own: the same prompt on two ranks gets two groups)."""
         user = dict(sampling.generation_kwargs or {})
         rounds = distinct_rounds(requests)
-        seeds = prompt_seeds(len(rounds), n * len(requests), user.pop("seed", None))
+        seed = user.pop("seed", None)
+        seed = None if seed is None else seed + self.rank * len(rounds) * n * len(requests)  # past this rank's seeds
+        seeds = prompt_seeds(len(rounds), n * len(requests), seed)
         completions: list[list[int]] = [[] for _ in range(len(requests) * n)]
         logps: list[list[float]] = [[] for _ in range(len(requests) * n)]
         for indices, seed in zip(rounds, seeds):
