@@ -227,11 +227,6 @@ def test_forwards_that_take_no_images_are_refused(processor, settings, named):
         tiny_policy(processor, **settings)
 
 
-def test_sharding_a_vision_language_policy_is_refused(processor):
-    with pytest.raises(ValueError, match="cannot be sharded yet"):
-        tiny_policy(processor).shard(None, 2)
-
-
 def test_images_for_a_text_policy_are_refused(tiny_model_dir):
     prompts, columns = image_prompts(2)
     with pytest.raises(ValueError, match="the policy is a text model"):

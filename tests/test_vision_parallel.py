@@ -9,10 +9,16 @@ from lightning_grpo import demo
 from tests.test_parallel import run
 
 
-@pytest.mark.slow
-def test_ddp_with_images_equals_one_process_on_the_same_global_batch(tmp_path):
+@pytest.fixture(scope="module")
+def ddp(tmp_path_factory):
+    out = tmp_path_factory.mktemp("vision_parallel")
     model, data = demo.resolve("lightning-grpo/tiny-llava"), demo.resolve("lightning-grpo/tiny-colours")
-    ranks = run("ddp+match", model, data, tmp_path)  # rewarded by the answer: one-letter completions, one length
+    return out, model, data, run("ddp+match", model, data, out)  # rewarded by the answer: one-letter completions
+
+
+@pytest.mark.slow
+def test_ddp_with_images_equals_one_process_on_the_same_global_batch(ddp):
+    tmp_path, model, data, ranks = ddp
     assert all(len(step["rollout"].vision["pixel_values"]) == 8 for step in ranks[0]["steps"])  # 2 prompts x 4
     (single,) = run("replay+match", model, data, tmp_path)
     assert single["global_step"] == ranks[0]["global_step"] == 3
@@ -25,3 +31,19 @@ def test_ddp_with_images_equals_one_process_on_the_same_global_batch(tmp_path):
     assert any(grads.abs().sum() > 0 for grads in ranks[0]["grads"])  # there was something to compare
     torch.testing.assert_close(single["params"], ranks[0]["params"], rtol=1e-4, atol=1e-6)
     torch.testing.assert_close(ranks[0]["params"], ranks[1]["params"])  # the ranks' weights stayed in sync
+
+
+@pytest.mark.slow
+def test_fsdp2_with_images_matches_ddp(ddp):
+    """The decoder layers sharded, the root unit (vision tower, projector, embeddings, head) too: generation with
+    pixel_values and the log-prob forwards give DDP's completions, metrics and weights."""
+    out, model, data, ddp_ranks = ddp
+    fsdp_ranks = run("fsdp2+match", model, data, out)
+    torch.testing.assert_close(fsdp_ranks[0]["params"], fsdp_ranks[1]["params"])
+    for rank in (0, 1):
+        for step in range(3):
+            a, b = ddp_ranks[rank]["steps"][step], fsdp_ranks[rank]["steps"][step]
+            assert a["rollout"].completions == b["rollout"].completions
+            for key in ("loss", "reward", "kl", "entropy"):
+                assert b["metrics"][key] == pytest.approx(a["metrics"][key], abs=1e-5), (rank, step, key)
+    torch.testing.assert_close(fsdp_ranks[0]["params"], ddp_ranks[0]["params"], rtol=1e-4, atol=1e-5)

@@ -318,11 +318,6 @@ class Policy(nn.Module):
     def shard(self, mesh: Any | None, world_size: int) -> None:
         """Shard over ``mesh`` with FSDP2 (``None``: the strategy shards the module itself, as FSDP1 does).
         Either way generation is then synced across ranks, so ranks that finish early keep stepping."""
-        if self.is_multimodal:
-            raise ValueError(
-                "a vision-language policy cannot be sharded yet (FSDP2 / FSDP: the vision tower is not wrapped): "
-                "use strategy: ddp, or one device"
-            )
         if mesh is not None:
             shard_causal_lm(self.model, mesh)  # under LoRA the frozen base is sharded too; the adapter trains
             for frozen in (self.reference, self.teacher):
