@@ -16,6 +16,7 @@ import contextlib
 import importlib.util
 import os
 import shutil
+import signal
 import socket
 import subprocess
 import sys
@@ -77,7 +78,9 @@ def two_servers_and_a_router(model_dir: str, logs: Path):
             port = free_port()
             command = serve_command(model_dir, port, options=lora_options(LORA["r"]))
             with open(logs / f"server{i}.log", "w") as log:
-                procs.append(subprocess.Popen(command, env=env, stdout=log, stderr=subprocess.STDOUT))
+                # a session of its own (all of them: ``end``): the server and its EngineCore child end together
+                procs.append(subprocess.Popen(command, env=env, stdout=log, stderr=subprocess.STDOUT,
+                                              start_new_session=True))  # fmt: skip
             urls.append(f"http://127.0.0.1:{port}")
         for url, proc in zip(urls, procs):
             wait_healthy(url, proc)
@@ -85,17 +88,23 @@ def two_servers_and_a_router(model_dir: str, logs: Path):
         command = [ROUTER, "--host", "127.0.0.1", "--port", router.rsplit(":", 1)[1], "--worker-urls", *urls,
                    "--policy", "round_robin", "--disable-retries", "--request-timeout-secs", "60"]  # fmt: skip
         with open(logs / "router.log", "w") as log:
-            procs.append(subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT))
+            procs.append(subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, start_new_session=True))
         wait_healthy(router, procs[-1], timeout=120)
         yield urls, router, procs
     finally:
         for proc in procs:
-            proc.terminate()
+            end(proc, signal.SIGTERM)
         for proc in procs:
-            try:
+            with contextlib.suppress(subprocess.TimeoutExpired):
                 proc.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                proc.kill()
+            end(proc, signal.SIGKILL)  # whatever of its group is left (an orphaned EngineCore spins at 100% CPU)
+
+
+def end(proc: subprocess.Popen, sig: int) -> None:
+    """``sig`` to the session ``proc`` leads (a server's EngineCore child dies with it: killing the API server
+    alone leaves the engine running); the group outlives its leader, so this works after ``wait`` too."""
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(proc.pid, sig)
 
 
 class KillAfter(L.Callback):
@@ -107,7 +116,7 @@ class KillAfter(L.Callback):
     def on_train_batch_end(self, trainer, module, outputs, batch, batch_idx) -> None:
         self.rewards.append(outputs["record"].scores.total)
         if trainer.global_step == self.step:
-            self.proc.kill()
+            end(self.proc, signal.SIGKILL)
 
 
 def length_reward(completions, **kwargs):
