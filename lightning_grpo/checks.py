@@ -60,8 +60,13 @@ def field_help(cls: Section) -> Section:
 
 
 def attribute_docstrings(cls: type) -> dict[str, str]:
-    """Field name -> the string literal right under its annotated assignment in ``cls``'s body."""
-    body = ast.parse(textwrap.dedent(inspect.getsource(cls))).body[0].body
+    """Field name -> the string literal right under its annotated assignment in ``cls``'s body; none without the
+    source (an install of compiled files only: ``--help`` then lacks the text, nothing else changes)."""
+    try:
+        source = inspect.getsource(cls)
+    except (OSError, TypeError):
+        return {}
+    body = ast.parse(textwrap.dedent(source)).body[0].body
     return {
         field.target.id: inspect.cleandoc(doc.value.value)
         for field, doc in zip(body, body[1:])
