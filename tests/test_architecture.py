@@ -246,6 +246,7 @@ TESTS = {
     "model/prefix.py": ["test_prefix.py"],
     "model/sharding.py": ["test_parallel.py"],
     "model/teacher.py": ["test_distill.py"],
+    "model/served_teacher.py": ["test_distill.py", "test_vllm_real_distill.py"],
     "module.py": ["test_module.py"],
     "optim.py": ["test_optim.py"],
     "ranks.py": ["test_ranks.py", "test_ddp.py"],

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-import requests
 import torch
 from torch import Tensor
 
@@ -38,6 +37,8 @@ class ServedTeacher:
 
     def connect(self) -> ServedTeacher:
         """Reads the served model's name; raises naming the URL when the server does not answer."""
+        import requests  # here: importing it sets warning filters, which importing the package must not
+
         try:
             answer = requests.get(f"{self.url.rstrip('/')}/v1/models", timeout=30)
             answer.raise_for_status()
@@ -61,6 +62,8 @@ class ServedTeacher:
         return out.to(rollout.completion_ids.device)
 
     def _score(self, sequences: list[list[int]], completion_lengths: list[int]) -> list[list[float]]:
+        import requests
+
         body = {"model": self.model, "prompt": sequences, "max_tokens": 1, "prompt_logprobs": 0, "temperature": 0}
         try:
             answer = requests.post(f"{self.url.rstrip('/')}/v1/completions", json=body, timeout=self.timeout)
