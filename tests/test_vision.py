@@ -329,3 +329,10 @@ def test_images_for_a_text_model_are_refused_before_compute(tiny_model_dir, tmp_
     data = PromptDataModule(str(tmp_path / "train.jsonl"), batch_size=2, val_split=None)
     with pytest.raises(ValueError, match="the dataset has an 'image' column, but model.model .* is a text model"):
         preflight(L.Trainer(accelerator="cpu", logger=False), make_module(tiny_model_dir), data)
+
+
+def test_building_a_vision_language_policy_on_the_meta_device_is_refused(processor, tmp_path):
+    build_tiny_llava(processor).save_pretrained(tmp_path)
+    processor.save_pretrained(tmp_path)
+    with torch.device("meta"), pytest.raises(ValueError, match="is a vision-language model: building it on the meta"):
+        Policy(str(tmp_path))

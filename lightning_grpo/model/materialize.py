@@ -40,6 +40,11 @@ def empty_causal_lm(model_dir: str, dtype: Any, init_kwargs: dict[str, Any] | No
     model_kwargs = {k: kwargs.pop(k) for k in ("attn_implementation",) if k in kwargs}
     model_kwargs |= {"trust_remote_code": kwargs["trust_remote_code"]} if "trust_remote_code" in kwargs else {}
     config = AutoConfig.from_pretrained(model_dir, **kwargs)
+    if hasattr(config, "vision_config"):  # its checkpoint's names are not the causal LM's: not mapped yet
+        raise ValueError(
+            f"{model_dir!r} is a vision-language model: building it on the meta device (trainer.init_module("
+            "empty_init=True)) is not supported yet; build the module outside init_module (FSDP2 then shards it whole)"
+        )
     if dtype == "auto":
         dtype = getattr(config, "dtype", None) or torch.float32
     with torch.device("meta"):
