@@ -68,3 +68,26 @@ def test_any_tool_s_call_is_spelled_out_and_parses_back():
     (parsed,) = HermesParser().parse(text)[1]
     assert parsed == ToolCall("reverse", {"text": parsed.arguments["text"]}) and parsed.arguments["text"] in word
     assert tokenizer.decode(answer, skip_special_tokens=True) == parsed.arguments["text"][::-1]
+
+
+def test_the_argument_format_is_one_value_or_one_named_line_each():
+    from lightning_grpo.demo.anytool import user_message
+
+    assert user_message({"text": "two words"}) == "two words"  # one argument: the whole message, spaces kept
+    assert user_message({"text": "two words", "n": 3}) == "text: two words\nn: 3"
+    with pytest.raises(ValueError, match="argument 'text' must fit on one line"):
+        user_message({"text": "a\nb"})
+
+
+def test_the_cli_checks_the_calls_and_fails_a_model_that_cannot_write_them(tmp_path, capsys):
+    """5 warm-start steps cannot teach a call: the check prints the share written right and exits 1, naming
+    --steps; the model and the task are written all the same."""
+    from lightning_grpo.demo.anytool import main
+
+    tool = "lightning_grpo.demo.anytool.word_count"
+    with pytest.raises(SystemExit, match=r"writes only 0% of its calls right.*--steps 10"):
+        main([tool, "--out", str(tmp_path / "m"), "--steps", "5", "--check", "5", "--data", str(tmp_path / "d")])
+    assert "calls written exactly: 0%" in capsys.readouterr().out
+    assert (tmp_path / "m" / "config.json").exists()
+    rows = [json.loads(line) for line in (tmp_path / "d" / "validation.jsonl").read_text().splitlines()]
+    assert len(rows) == 200 and all(r["answer"] == str(len(r["prompt"][0]["content"].split())) for r in rows)

@@ -1,6 +1,7 @@
-"""ToolUseAlert: warns when an engine with tools runs many steps and the tools are never called, or every call
-fails. Reads the engine's ``tools/call_frequency`` and ``tools/failure_frequency`` from the step record; a run
-without a tool engine has neither, and the alert stays silent.
+"""ToolUseAlert: warns when an engine with tools runs many steps and the tools are never called, the calls made
+cannot be read (malformed or cut off), or every call fails. Reads the engine's ``tools/call_frequency``,
+``tools/malformed_frequency`` and ``tools/failure_frequency`` from the step record; a run without a tool engine has
+none of them, and the alert stays silent.
 """
 
 from __future__ import annotations
@@ -18,6 +19,12 @@ NEVER_CALLED = (
     "`python -m lightning_grpo.demo.anytool my_module.my_tool --out my-model`; check that the chat template shows "
     "the tools (samples.jsonl shows what the model writes); a higher sampling.temperature explores more"
 )
+MALFORMED = (
+    "read the calls in samples.jsonl: a call the parser cannot read is JSON the model did not finish or spelled "
+    "wrong (a model warm-started by `python -m lightning_grpo.demo.anytool` prints the share of calls it writes "
+    "right: warm-start longer with --steps, and write the prompts' arguments as anytool.user_message does); a call "
+    "cut off mid-turn needs a larger sampling.max_completion_length (see episodes/truncated_by_tokens)"
+)
 ALL_FAIL = (
     "read the calls in samples.jsonl (each call and each reply, named): a name the tools do not have, arguments "
     "of the wrong names or types, or JSON the parser cannot read; tools/<name>/failure_frequency says which tool"
@@ -25,19 +32,28 @@ ALL_FAIL = (
 
 
 class ToolUseAlert(Alert):
-    """Warns when the configured tools are never called, or every call fails, for ``patience`` steps in a row.
+    """Warns when the configured tools are never called, when at least ``max_malformed`` of the calls made cannot
+    be read, or when every call fails, for ``patience`` steps in a row.
 
     Args:
         patience: steps in a row a signal lasts before firing (training steps).
         action: ``warn``, ``stop`` or ``raise`` (see ``Alert``).
+        max_malformed: the share of calls that could not be read (``tools/malformed_frequency``: JSON the parser
+            cannot read, or a call the token budget cut off) at or above which the alert counts a step; in (0, 1].
 
     Example::
 
-        trainer = L.Trainer(callbacks=[ToolUseAlert(patience=10)])
+        trainer = L.Trainer(callbacks=[ToolUseAlert(patience=10, max_malformed=0.5)])
     """
 
-    def __init__(self, patience: int = 10, action: str = "warn") -> None:
+    def __init__(self, patience: int = 10, action: str = "warn", max_malformed: float = 0.5) -> None:
         super().__init__(patience, action)
+        if not 0 < max_malformed <= 1:
+            raise ValueError(f"max_malformed must be a share of calls in (0, 1], got {max_malformed!r}")
+        self.max_malformed = max_malformed
+
+    def settings(self) -> dict[str, Any]:
+        return {**super().settings(), "max_malformed": self.max_malformed}
 
     def signals(self, trainer: L.Trainer, record: StepRecord) -> list[Signal]:
         metrics: dict[str, Any] = record.rollout.metrics
@@ -47,8 +63,19 @@ class ToolUseAlert(Alert):
         if calls == 0:
             why = "the model has not written one tool call"
             return [Signal("tools/call_frequency", 0.0, 0.0, "=", NEVER_CALLED, why)]
-        if failures is not None and failures >= 1.0:
-            failing = sorted(k.split("/")[1] for k, v in metrics.items() if k.endswith("/failure_frequency") and v >= 1)
-            why = f"every tool call failed ({', '.join(n for n in failing if n != 'failure_frequency')})"
-            return [Signal("tools/failure_frequency", failures, 1.0, "=", ALL_FAIL, why)]
+        return self._malformed(metrics, calls) + _all_fail(metrics, failures)
+
+    def _malformed(self, metrics: dict[str, Any], calls: float) -> list[Signal]:
+        malformed = metrics.get("tools/malformed_frequency")
+        if malformed is None or malformed < self.max_malformed:
+            return []
+        why = f"{malformed:.0%} of the {calls:.2g} tool calls per episode could not be read (malformed or cut off)"
+        return [Signal("tools/malformed_frequency", malformed, self.max_malformed, ">=", MALFORMED, why)]
+
+
+def _all_fail(metrics: dict[str, Any], failures: float | None) -> list[Signal]:
+    if failures is None or failures < 1.0:
         return []
+    failing = sorted(k.split("/")[1] for k, v in metrics.items() if k.endswith("/failure_frequency") and v >= 1)
+    why = f"every tool call failed ({', '.join(n for n in failing if n != 'failure_frequency')})"
+    return [Signal("tools/failure_frequency", failures, 1.0, "=", ALL_FAIL, why)]

@@ -98,18 +98,21 @@ def warm_start_loop(
     batch: int,
     example: Callable[[int, float], tuple[list[int], list[int]]],
     call_rate: float = CALL_RATE,
+    decay: bool = False,
 ) -> None:
     """The warm start's next-token training: ``steps`` AdamW steps, each on ``batch`` replies of
     ``example(kind, decide) -> (input ids, labels)`` (kind 0: a guess without the tool, 1: a guess with it, 2: a
     tool episode whose first token, the decision to call, is trained with probability ``decide``, so that
     ``call_rate`` of the replies to the tool prompt start with a call); the first ``COPY_FIRST`` of the steps on
-    tool episodes alone."""
+    tool episodes alone. ``decay``: the learning rate falls linearly to 0 over the second half (demo.anytool: at a
+    constant rate the last step's model copied 53-88% of its calls right, varying from run to run)."""
     import torch
 
     threads = torch.get_num_threads()
     torch.set_num_threads(1)  # matmuls this small do not split: on a busy 2-core machine 2 threads ran 9x slower
     decide = call_rate / (1 - call_rate)  # decision tokens trained per guess: calls / guesses = call_rate / rest
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)  # at 3e-3 the copying is not learnt at all
+    schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: min(1.0, 2 * (1 - s / steps)) if decay else 1.0)
     model.train()
     for step in range(steps):
         copying = step < COPY_FIRST * steps
@@ -122,6 +125,7 @@ def warm_start_loop(
         optimizer.zero_grad()
         loss.backward()
         optimizer.step()
+        schedule.step()
     torch.set_num_threads(threads)
     model.eval()
 

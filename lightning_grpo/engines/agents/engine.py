@@ -59,7 +59,8 @@ class OpenAIAgent(RolloutEngine):
     (per episode), ``agents/restarts`` (requests that did not continue their episode), ``agents/context_full``
     (episodes ended because a request's messages left no room under the context bound: the model's positions and
     ``sampling.max_prompt_length + max_completion_length``), and the tool engine's ``tools/call_frequency``,
-    ``tools/failure_frequency`` (calls that could not be parsed or name no tool of the request), ``turns/mean``.
+    ``tools/failure_frequency`` (calls that could not be parsed or name no tool of the request),
+    ``tools/malformed_frequency`` (calls that could not be parsed, per call), ``turns/mean``.
 
     Args:
         agent: the callable, or its import path.

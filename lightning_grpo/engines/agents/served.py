@@ -44,6 +44,7 @@ class CallRecord:
     name: str
     failed: bool
     known: bool = True  # the name is a tool of the request (metrics count any other name under UNKNOWN_TOOL)
+    malformed: bool = False  # the call could not be read (``ToolCall.error``)
 
 
 def _text(content: Any) -> str:
@@ -225,15 +226,16 @@ class ServedEpisode:
             return text_reply(text, finish, usage, extra)
         return self._chat_turn(text, parser, finish, usage, extra)
 
+    def _record(self, call: Any) -> CallRecord:
+        known, unread = call.name in self.tool_names, call.error is not None
+        return CallRecord(call.name, unread or not known, known, unread)
+
     def _chat_turn(self, text: str, parser: Any, finish: str, usage: tuple[int, int], extra: dict) -> dict:
         # Without ``tools`` in the request the reply is text, as the OpenAI API (and vLLM) answer: the agent parses
         # its own actions (a SkyRL-gym environment reads the model's raw text).
         content, calls = parser.parse(text) if self.tool_names else (text.strip(), [])
         good = [c for c in calls if c.error is None]
-        self.results += [
-            CallRecord(c.name, c.error is not None or c.name not in self.tool_names, c.name in self.tool_names)
-            for c in calls
-        ]
+        self.results += [self._record(c) for c in calls]
         if len(good) < len(calls):
             content = text.strip()  # a call that cannot be read stays in the text, as the model wrote it
         api_calls = [

@@ -72,23 +72,27 @@ class EpisodeStats:
     turns: list[int]  # [N] model turns
     calls: list[tuple[str, bool]]  # every call: tool name, failed
     ended: list[str]  # [N] answer, tokens or turns
+    malformed: int = 0  # calls that could not be read (or were cut off): never run
 
     @staticmethod
     def of(episodes: list[Any]) -> EpisodeStats:
         """The episodes' counts; a call to a name that is no tool of its episode is counted as ``UNKNOWN_TOOL``,
         so misspelt names do not grow the set of metric keys."""
         calls = [(r.name if r.known else UNKNOWN_TOOL, r.failed) for e in episodes for r in e.results]
-        return EpisodeStats([e.turns for e in episodes], calls, [e.ended for e in episodes])
+        malformed = sum(r.malformed for e in episodes for r in e.results)
+        return EpisodeStats([e.turns for e in episodes], calls, [e.ended for e in episodes], malformed)
 
     def metrics(self) -> dict[str, float]:
-        """TRL's ``tools/call_frequency`` (calls per episode) and ``tools/failure_frequency`` (per call), plus
-        per-tool failure rates, turns per episode and how episodes were cut short."""
+        """TRL's ``tools/call_frequency`` (calls per episode) and ``tools/failure_frequency`` (per call), the
+        calls that could not be read (``tools/malformed_frequency``, per call), per-tool failure rates, turns per
+        episode and how episodes were cut short."""
         n, calls = len(self.turns), len(self.calls)
         out = {
             "turns/mean": sum(self.turns) / n,
             "turns/max": float(max(self.turns)),
             "tools/call_frequency": calls / n,
             "tools/failure_frequency": sum(f for _, f in self.calls) / calls if calls else 0.0,
+            "tools/malformed_frequency": self.malformed / calls if calls else 0.0,
             "episodes/truncated_by_turns": self.ended.count("turns") / n,
             "episodes/truncated_by_tokens": self.ended.count("tokens") / n,
         }

@@ -40,6 +40,7 @@ class ToolResult:
     content: str
     failed: bool
     known: bool = True  # the call names a tool of the episode (metrics count any other name under UNKNOWN_TOOL)
+    malformed: bool = False  # the call could not be read (``ToolCall.error``): it was not run
 
     def message(self) -> dict[str, Any]:
         return {"role": "tool", "name": self.name, "content": self.content}
@@ -114,7 +115,7 @@ def tool_schema(tool: Callable, setting: str = "tools") -> dict[str, Any]:
 def run_call(call: ToolCall, tools: dict[str, Callable], timeout: float | None) -> ToolResult:
     """Run one call (sync or async) on a daemon thread; an overdue call is abandoned, not killed."""
     if call.error is not None:
-        return _failure(call.name, call.error, call.name in tools)
+        return _failure(call.name, call.error, call.name in tools, malformed=True)
     if call.name not in tools:
         return _failure(call.name, f"Tool {call.name} not found. Available tools: {sorted(tools)}", known=False)
 
@@ -131,5 +132,5 @@ def run_call(call: ToolCall, tools: dict[str, Callable], timeout: float | None) 
     return ToolResult(call.name, str(value), failed=False)
 
 
-def _failure(name: str, message: str, known: bool = True) -> ToolResult:
-    return ToolResult(name, str({"error": message}), failed=True, known=known)
+def _failure(name: str, message: str, known: bool = True, malformed: bool = False) -> ToolResult:
+    return ToolResult(name, str({"error": message}), failed=True, known=known, malformed=malformed)

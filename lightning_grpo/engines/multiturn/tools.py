@@ -48,7 +48,9 @@ class ToolCalling(RolloutEngine):
     rank with none left steps a one-token dummy call, so every rank makes the same number of generate calls.
 
     Metrics (``train/...``): ``tools/call_frequency`` and ``tools/failure_frequency`` (TRL's: calls per episode,
-    failed calls per call), ``tools/<name>/failure_frequency``, ``turns/mean``, ``turns/max``,
+    failed calls per call), ``tools/malformed_frequency`` (calls that could not be read, per call; an unreadable
+    call in a turn the token budget cut short is counted, though not run), ``tools/<name>/failure_frequency``,
+    ``turns/mean``, ``turns/max``,
     ``episodes/truncated_by_turns`` and ``episodes/truncated_by_tokens`` (fractions of episodes), and
     ``rewards/<Class>/mean`` for environments with ``get_reward``.
 
@@ -200,7 +202,8 @@ class ToolCalling(RolloutEngine):
             message["tool_calls"] = [c.message() for c in calls]
         episode.messages.append(message)
         if not ids or ids[-1] not in policy.eos_token_ids:
-            episode.ended = "tokens"  # the budget ran out mid-turn: any call in it is not run
+            episode.ended = "tokens"  # the budget ran out mid-turn: no call in it is run
+            episode.results += [run_call(c, episode.tools, None) for c in calls if c.error is not None]  # malformed
         elif not calls:
             episode.ended = "answer"
         elif episode.turns > self.max_iterations:
