@@ -86,3 +86,36 @@ def test_training_on_a_local_openenv_environment(tiny_model_dir, tmp_path):
     metrics = logged(trainer)
     assert len(metrics["train/rewards/WordEnv/mean"]) == 2  # the environment's own reward, every step
     assert metrics["train/tools/call_frequency"][0] > 0 and metrics["train/tools/failure_frequency"][0] == 0
+
+
+def test_the_worked_example_answers_each_guess_with_its_hint_field():
+    """demo/guess.py through OpenEnvFactory: reset gets the row's ``answer``, the tool is ``guess(guess: int)`` and
+    its reply is the observation's one own field (``hint``); the reward is the summed step rewards."""
+    from lightning_grpo.demo.guess import MAX_GUESSES, GuessAction, GuessEnvironment
+
+    environment = OpenEnvFactory(GuessEnvironment, GuessAction, tool_name="guess")()
+    schema = tool_schema(environment.guess)["function"]
+    assert schema["parameters"]["properties"]["guess"]["type"] == "integer"
+    assert environment.reset(answer="222", prompt="ignored") == f" You have {MAX_GUESSES} guesses."
+    assert [environment.guess(guess=g) for g in (100, 300, 222)] == ["higher", "lower", "correct"]
+    assert environment.get_reward() == 1.0 and "over" in environment.guess(guess=222)
+    environment.reset(answer="5")
+    assert [environment.guess(guess=1) for _ in range(MAX_GUESSES)] == ["higher"] * MAX_GUESSES
+    assert "over" in environment.guess(guess=5) and environment.get_reward() == 0.0  # done after 3 wrong guesses
+
+
+def test_the_openenv_template_runs(tmp_path, monkeypatch):
+    """templates/openenv_cpu.yaml as a user runs it, for 2 steps: the environment's tool is offered and its
+    reward logged every step."""
+    from pathlib import Path
+
+    from lightning_grpo.cli.main import main
+
+    monkeypatch.chdir(tmp_path)
+    config = Path(__file__).resolve().parents[1] / "templates" / "openenv_cpu.yaml"
+    main(["fit", "--config", str(config), "--trainer.max_steps", "2", "--trainer.enable_progress_bar", "false"])
+    (run,) = tmp_path.glob("runs/openenv_cpu/lightning_logs/*")
+    rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    train = [r for r in rows if "train/tools/call_frequency" in r]
+    assert len(train) == 2 and all("train/rewards/GuessEnvironment/mean" in r for r in train)
+    assert json.loads((run / "summary.json").read_text())["steps"] == 2
