@@ -226,7 +226,7 @@ class ServedEpisode:
             return text_reply(text, finish, usage, extra)
         return self._chat_turn(text, parser, finish, usage, extra)
 
-    def _record(self, call: Any) -> CallRecord:
+    def _call_record(self, call: Any) -> CallRecord:
         known, unread = call.name in self.tool_names, call.error is not None
         return CallRecord(call.name, unread or not known, known, unread)
 
@@ -235,7 +235,7 @@ class ServedEpisode:
         # its own actions (a SkyRL-gym environment reads the model's raw text).
         content, calls = parser.parse(text) if self.tool_names else (text.strip(), [])
         good = [c for c in calls if c.error is None]
-        self.results += [self._record(c) for c in calls]
+        self.results += [self._call_record(c) for c in calls]
         if len(good) < len(calls):
             content = text.strip()  # a call that cannot be read stays in the text, as the model wrote it
         api_calls = [
