@@ -91,3 +91,17 @@ def test_the_cli_checks_the_calls_and_fails_a_model_that_cannot_write_them(tmp_p
     assert (tmp_path / "m" / "config.json").exists()
     rows = [json.loads(line) for line in (tmp_path / "d" / "validation.jsonl").read_text().splitlines()]
     assert len(rows) == 200 and all(r["answer"] == str(len(r["prompt"][0]["content"].split())) for r in rows)
+
+
+def test_every_anytool_option_is_documented(capsys):
+    """Each option of ``python -m lightning_grpo.demo.anytool --help`` has its row in references/agents.md."""
+    import re
+
+    from lightning_grpo.demo.anytool import main
+
+    with pytest.raises(SystemExit):
+        main(["--help"])
+    options = set(re.findall(r"--[a-z][a-z-]+", capsys.readouterr().out)) - {"--help"}
+    table = (ROOT / "references" / "agents.md").read_text()
+    assert options >= {"--out", "--steps", "--call-rate", "--data", "--check"}
+    assert not [o for o in options if f"| `{o}" not in table]
