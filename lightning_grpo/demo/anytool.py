@@ -215,6 +215,10 @@ def check_calls(model: Any, tokenizer: Any, tools: list[Callable], prompts: int 
     return CallCheck(correct / prompts, calls / prompts, tuple(bad))
 
 
+def write_tiny_qwen2_reverse(path: Path) -> None:
+    write_tool_model(path, [reverse])
+
+
 def tool_rows(tools: list[Callable], rows: int = 1200, seed: int = 1) -> list[dict[str, Any]]:
     """Chat prompts of fresh values (``user_message``) with the tool's output as ``answer``: a task to try the
     recipe on (each row picks one of ``tools``)."""
