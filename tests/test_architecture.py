@@ -193,6 +193,7 @@ TESTS = {
     "demo/calc.py": ["test_demo_tools.py"],
     "demo/agents.py": ["test_demo_agents.py"],
     "demo/anytool.py": ["test_demo_agents.py"],
+    "demo/guess.py": ["test_openenv.py"],
     "demo/vision.py": ["test_vision.py", "test_vision_demo.py"],
     "demo/tiny.py": ["test_demo.py"],
     "dynamic.py": ["test_dynamic.py"],
