@@ -333,6 +333,8 @@ def test_template_config_runs(config, tmp_path):
     """Every template, with its hub model and data swapped for the embedded ones, on CPU for 2 steps."""
     if needs_vllm(config_of(["--config", str(config)])) and importlib.util.find_spec("vllm") is None:
         pytest.skip(f"{config.name} samples with vLLM, not installed here (bash .ci/vllm_env.sh DIR makes a venv)")
+    if "engines.OpenEnvFactory" in config.read_text() and importlib.util.find_spec("openenv") is None:
+        pytest.skip(f"{config.name} plays an OpenEnv environment: pip install -e '.[openenv]' (CI installs it)")
     run = fit_tiny(["--config", str(config)], tmp_path)
     assert yaml.safe_load((run / "config.yaml").read_text())["trainer"]["max_steps"] == 2
 
