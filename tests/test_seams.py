@@ -4,7 +4,8 @@ Each cell is one real optimiser step of the tiny model, and checks what must hol
 on-policy importance ratios are 1 to float precision (the sampler is the current policy on every engine here), the
 loss is finite, the weights move, and no warning is raised that the cell did not ask for. A combination that
 cannot be right is refused when the module is built, naming both settings (VLLMServer: vLLM's processed
-log-probs with a filter; no vLLM here, so its cells stop at construction)."""
+log-probs with a filter; no vLLM here, so its cells stop at construction; the vLLM row runs for real in the vLLM
+venv: tests/test_vllm_real_seams.py)."""
 
 from __future__ import annotations
 
