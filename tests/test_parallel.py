@@ -26,6 +26,18 @@ def run(mode: str, model_dir: str, data: str, out: Path, *args: str, name: str =
     return [torch.load(out / name / f"rank{r}.pt", weights_only=False) for r in ranks]
 
 
+def assert_same_run(expected: list[dict], ranks: list[dict]) -> None:
+    """Two 2-rank, 3-step runs sampled the same completions on each rank, logged the same step metrics (within
+    1e-5) and ended with the same weights (rank 0's gathered)."""
+    for rank in (0, 1):
+        for step in range(3):
+            a, b = expected[rank]["steps"][step], ranks[rank]["steps"][step]
+            assert a["rollout"].completions == b["rollout"].completions
+            for key in ("loss", "reward", "kl", "entropy"):
+                assert b["metrics"][key] == pytest.approx(a["metrics"][key], abs=1e-5), (rank, step, key)
+    torch.testing.assert_close(ranks[0]["params"], expected[0]["params"], rtol=1e-4, atol=1e-5)
+
+
 @pytest.fixture(scope="module")
 def ddp(tiny_model_dir, arith_jsonl, tmp_path_factory):
     out = tmp_path_factory.mktemp("parallel")
@@ -53,13 +65,7 @@ def test_fsdp2_matches_ddp(ddp, tiny_model_dir, arith_jsonl):
     out, ddp_ranks = ddp
     fsdp_ranks = run("fsdp2", tiny_model_dir, arith_jsonl, out)
     torch.testing.assert_close(fsdp_ranks[0]["params"], fsdp_ranks[1]["params"])  # the gathered full weights
-    for rank in (0, 1):
-        for step in range(3):
-            a, b = ddp_ranks[rank]["steps"][step], fsdp_ranks[rank]["steps"][step]
-            assert a["rollout"].completions == b["rollout"].completions  # sharded generation samples the same
-            for key in ("loss", "reward", "kl", "entropy"):
-                assert b["metrics"][key] == pytest.approx(a["metrics"][key], abs=1e-5), (rank, step, key)
-    torch.testing.assert_close(fsdp_ranks[0]["params"], ddp_ranks[0]["params"], rtol=1e-4, atol=1e-5)
+    assert_same_run(ddp_ranks, fsdp_ranks)  # sharded generation samples the same
 
 
 @pytest.mark.slow
@@ -69,13 +75,7 @@ def test_a_shared_prompt_prefix_matches_ddp_without_it(ddp, tiny_model_dir, arit
     # (padding_free) in token-budget micro-batches and packed with the shared prompt: the plain values
     out, ddp_ranks = ddp
     ranks = run(mode, tiny_model_dir, arith_jsonl, out)
-    for rank in (0, 1):
-        for step in range(3):
-            a, b = ddp_ranks[rank]["steps"][step], ranks[rank]["steps"][step]
-            assert a["rollout"].completions == b["rollout"].completions
-            for key in ("loss", "reward", "kl", "entropy"):
-                assert b["metrics"][key] == pytest.approx(a["metrics"][key], abs=1e-5), (rank, step, key)
-    torch.testing.assert_close(ranks[0]["params"], ddp_ranks[0]["params"], rtol=1e-4, atol=1e-5)
+    assert_same_run(ddp_ranks, ranks)
 
 
 @pytest.mark.skipif(torch.cuda.device_count() < 2, reason="Lightning's fsdp strategy (FSDP1) needs 2 CUDA GPUs")
