@@ -32,7 +32,7 @@ from lightning_grpo.model.config import PolicyConfig
 from lightning_grpo.model.policy import Policy
 from lightning_grpo.model.teacher import TeacherModel
 from lightning_grpo.optim import OptimConfig, build_optimizer, scheduler
-from lightning_grpo.ranks import Ranks, every_rank, own_state
+from lightning_grpo.ranks import Ranks, destroy_process_group_at_exit, every_rank, own_state
 from lightning_grpo.rewards.calls import RewardCallConfig
 from lightning_grpo.rewards.combine import import_paths
 from lightning_grpo.rewards.scoring import RewardSet, trl_trainer_state
@@ -164,6 +164,7 @@ class GRPOModule(L.LightningModule):
     @override
     def setup(self, stage: str) -> None:
         """The rollout engine's own set-up, once Lightning has started the processes (vLLM joins their group)."""
+        destroy_process_group_at_exit()
         self.engine.setup(self.policy, self.trainer, self.settings.seed)
         if stage == "fit":
             self.engine.use_rewards(self.rewards)

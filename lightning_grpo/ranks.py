@@ -6,6 +6,7 @@ same point of its step. Under DDP and FSDP2 with ``tensor_parallel_size: 1``, ra
 
 from __future__ import annotations
 
+import atexit
 from typing import Any
 
 import lightning as L
@@ -81,3 +82,18 @@ def own_state(saved: dict[str, Any], what: str) -> dict[str, Any]:
     if any(states):
         rank_zero_warn(f"the checkpoint's {what} was saved by {len(states)} ranks, this run has {size}: not restored")
     return {}
+
+
+def destroy_process_group_at_exit() -> None:
+    """Have the default process group destroyed at interpreter exit, while Python is still whole. Lightning does
+    so for NCCL only; a gloo group left to the interpreter's finalisation can abort a process whose fit succeeded
+    (SIGABRT, "terminate called without an active exception": gloo's worker threads still hold work whose tensors
+    are freed after the interpreter is gone, pytorch/pytorch#179291). Once per process, however often called."""
+    if dist.is_available() and dist.is_initialized():
+        atexit.unregister(_destroy_process_group)
+        atexit.register(_destroy_process_group)
+
+
+def _destroy_process_group() -> None:
+    if dist.is_initialized():
+        dist.destroy_process_group()

@@ -3,11 +3,13 @@
 Run by tests/test_ddp.py as a subprocess: Lightning's DDP launcher starts rank 1 by re-running this script.
 """
 
+import atexit
 import json
 import sys
 
 import lightning as L
 import torch
+import torch.distributed as dist
 
 from lightning_grpo import GRPOModule, PromptDataModule
 from lightning_grpo.callbacks.alerts import Alert, Signal
@@ -42,6 +44,13 @@ class RankZeroAlert(Alert):
         return [Signal("rank0_only", 1.0, 0.0, ">", "nothing")] if trainer.global_rank == 0 else []
 
 
+def record_group_at_exit(trainer: L.Trainer, out_dir: str) -> None:
+    """Whether the process group is still alive once the interpreter exits (it must not be: a gloo group left to
+    finalisation can abort the process after a fit that succeeded)."""
+    with open(f"{out_dir}/exit{trainer.global_rank}.json", "w") as f:
+        json.dump({"group_alive": dist.is_initialized()}, f)
+
+
 def main(model_dir: str, data_path: str, out_dir: str, scale_rewards: str) -> None:
     torch.set_num_threads(1)
     L.seed_everything(0)
@@ -68,6 +77,8 @@ def main(model_dir: str, data_path: str, out_dir: str, scale_rewards: str) -> No
         default_root_dir=out_dir,  # run files (alerts.jsonl) go to the test folder, not the cwd
         callbacks=[probe, alert],
     )
+    # registered before the fit, so it runs after the package's own exit handler (atexit runs last-in first-out)
+    atexit.register(record_group_at_exit, trainer, out_dir)
     trainer.fit(module, PromptDataModule(data_path, batch_size=2, val_split=None))
     flat = torch.cat([p.detach().flatten() for p in module.policy.model.parameters()])
     with open(f"{out_dir}/rank{trainer.global_rank}.json", "w") as f:
