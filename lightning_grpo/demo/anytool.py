@@ -11,7 +11,10 @@ start with a call; the others guess (the tool's output for other values), so the
 decoding never does: GRPO teaches it *when* to call. Your dataset's prompts must put the arguments' values in the
 user message the same way. Run it for your tools (``--help`` lists every option):
 
-    python -m lightning_grpo.demo.anytool my_package.my_tools.reverse --out my-tiny-model   # ~8 min on CPU
+    python -m lightning_grpo.demo.anytool my_package.my_tools.reverse --out my-tiny-model   # ~5-8 min on CPU
+
+A tool with several arguments gets twice the warm start and twice the attention heads (``default_steps``,
+``model_size``): the model learns to find a value after its name later than one that is the whole message.
 """
 
 from __future__ import annotations
@@ -37,7 +40,12 @@ MODEL_SIZE = {"hidden_size": 128, "intermediate_size": 512}  # 2 layers; 64 wide
 # none (0.0%) while sampling still finds calls for GRPO (1.6% of episodes at the first step); at 0.03 GRPO found
 # too few (0.0% -> 0.0% in 30 steps).
 CALL_RATE = 0.05
-STEPS = 1000  # warm-start steps: word_count(text) 100% of calls exact at 1000 (rate decayed); 88% at 600
+STEPS = 1000  # warm-start steps, one-argument tools: word_count(text) 100% of calls exact at 1000 (decayed); 88% at 600
+# Several arguments: each value is found after its name, not as the whole message, and the model learns that later
+# and with more heads (shift(text, n), 100 fresh calls exact: 4 heads 0% at 1000 steps, 83% at 2000; 8 heads 100% at
+# 2000; 4 layers 0% at 1000). Only such tools get them: the one-argument models stay as they were built.
+STEPS_SEVERAL = 2000
+SEVERAL_SIZE = {**MODEL_SIZE, "num_attention_heads": 8, "num_key_value_heads": 4}  # head size 16 (4 heads: 32)
 BATCH = 32  # replies a step
 MIN_CORRECT = 0.9  # the share of exact calls below which the CLI fails (report)
 
@@ -169,11 +177,27 @@ def warm_start_tools(
     warm_start_loop(model, tokenizer.pad_token_id, steps, batch, draw, call_rate, decay=True)
 
 
-def write_tool_model(path: Path, tools: list[Callable], steps: int = STEPS, call_rate: float = CALL_RATE) -> Any:
-    """A 2-layer Qwen2 warm-started to call ``tools``, with its tokenizer, saved with save_pretrained; returned."""
+def arguments(tools: list[Callable]) -> int:
+    """The most arguments one of ``tools`` takes (its JSON schema's properties)."""
+    return max(len(s["function"]["parameters"].get("properties", {})) for s in _schemas(tuple(tools)))
+
+
+def default_steps(tools: list[Callable]) -> int:
+    """Warm-start steps for ``tools``: ``STEPS`` when each takes one argument, ``STEPS_SEVERAL`` otherwise."""
+    return STEPS if arguments(tools) <= 1 else STEPS_SEVERAL
+
+
+def model_size(tools: list[Callable]) -> dict[str, int]:
+    """The model's size settings for ``tools``: ``MODEL_SIZE`` when each takes one argument, ``SEVERAL_SIZE``."""
+    return MODEL_SIZE if arguments(tools) <= 1 else SEVERAL_SIZE
+
+
+def write_tool_model(path: Path, tools: list[Callable], steps: int | None = None, call_rate: float = CALL_RATE) -> Any:
+    """A 2-layer Qwen2 (``model_size(tools)``) warm-started to call ``tools`` (``steps``, by default
+    ``default_steps(tools)``), with its tokenizer, saved with save_pretrained; returned."""
     tokenizer = build_anytool_tokenizer()
-    model = build_tiny_qwen2(tokenizer, **MODEL_SIZE)
-    warm_start_tools(model, tokenizer, tools, steps=steps, call_rate=call_rate)
+    model = build_tiny_qwen2(tokenizer, **model_size(tools))
+    warm_start_tools(model, tokenizer, tools, steps=steps or default_steps(tools), call_rate=call_rate)
     model.save_pretrained(path)
     tokenizer.save_pretrained(path)
     return model
@@ -254,7 +278,8 @@ DESCRIPTION = """Warm-start a tiny model (2 layers, 128 wide) to call your tools
 The tools are Python functions with type hints and a Google-style docstring, given by import path. Your dataset's
 user messages must hold the arguments' values as the warm start wrote them: a one-argument tool's value is the whole
 message, verbatim (a text keeps its spaces); several arguments are one "name: value" line each, in the schema's
-order; lightning_grpo.demo.anytool.user_message builds them. After the warm start, the model is checked on --check
+order; lightning_grpo.demo.anytool.user_message builds them. A tool with several arguments gets a model with 8
+attention heads instead of 4 and a longer warm start (--steps). After the warm start, the model is checked on --check
 fresh prompts: the share of calls it writes exactly once a call is begun (the run exits 1 below 90%: raise --steps),
 and the share of prompts on which greedy decoding calls unprompted (near 0 is intended: GRPO teaches when to call)."""
 
@@ -268,8 +293,12 @@ def main(argv: list[str] | None = None) -> None:
     )  # fmt: skip
     parser.add_argument("tools", nargs="+", help="import paths of the tools (package.module.function)")
     parser.add_argument("--out", required=True, help="the model directory to write (model and tokenizer)")
-    parser.add_argument("--steps", type=int, default=STEPS, help=f"warm-start steps of {BATCH} replies (default "
-                        f"{STEPS}, ~8 CPU minutes on 1 thread); raise it when the check finds wrong calls")  # fmt: skip
+    parser.add_argument(
+        "--steps", type=int,
+        help=f"warm-start steps of {BATCH} replies (default {STEPS} when every tool takes one argument, ~5-8 CPU "
+        f"minutes on 1 thread; {STEPS_SEVERAL} when one takes several, ~8-10 minutes); raise it when the check "
+        "finds wrong calls",
+    )  # fmt: skip
     parser.add_argument(
         "--call-rate", type=float, default=CALL_RATE,
         help=f"share of replies that start with a call (default {CALL_RATE}): low enough that greedy decoding does "
@@ -284,15 +313,16 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
     if not 0 < args.call_rate < 1:
         parser.error(f"--call-rate must be between 0 and 1, got {args.call_rate}")
-    if args.steps < 1 or args.check < 0:
+    if (args.steps is not None and args.steps < 1) or args.check < 0:
         parser.error(f"--steps must be >= 1 and --check >= 0, got {args.steps} and {args.check}")
     tools = [_import(t, parser) for t in args.tools]
-    model = write_tool_model(Path(args.out), tools, args.steps, args.call_rate)
+    steps = args.steps or default_steps(tools)
+    model = write_tool_model(Path(args.out), tools, steps, args.call_rate)
     if args.data:
         rows = tool_rows(tools)
         write_splits(Path(args.data), {"train": rows[200:], "validation": rows[:200]})
     if args.check:
-        report(check_calls(model, build_anytool_tokenizer(), tools, args.check), args.steps)
+        report(check_calls(model, build_anytool_tokenizer(), tools, args.check), steps)
 
 
 def _import(path: str, parser: argparse.ArgumentParser) -> Callable:
