@@ -4,6 +4,10 @@ with these: references/agents.md), a one-argument tool keeps the recipe its cach
 
 from __future__ import annotations
 
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
 
 def text_of(words: str) -> str:
     """A tool with no argument named like the others', to count arguments by the schema, not by name.
@@ -47,3 +51,14 @@ def test_a_two_argument_model_has_the_heads_it_is_built_with(tmp_path):
     config = json.loads((tmp_path / "config.json").read_text())
     assert config["num_attention_heads"] == model_size([shift])["num_attention_heads"] == 8
     assert config["num_key_value_heads"] == 4 and config["num_hidden_layers"] == 2
+
+
+def test_the_docs_quote_both_warm_start_lengths():
+    """The ``--steps`` row of references/agents.md gives the code's two defaults, one argument's first."""
+    import re
+
+    from lightning_grpo.demo.anytool import STEPS, STEPS_SEVERAL
+
+    text = (ROOT / "references" / "agents.md").read_text()
+    (row,) = [line for line in text.splitlines() if line.startswith("| `--steps")]
+    assert re.findall(r"\b\d{4}\b", row.split("|")[2]) == [str(STEPS), str(STEPS_SEVERAL)], row
