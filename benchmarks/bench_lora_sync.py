@@ -28,7 +28,7 @@ MODES = ("adapter", "merged")
 
 
 def write_model(name: str, path: Path) -> str:
-    """The test model (``tiny``: tests/test_vllm_real.py's) or the gen benchmark's 12M Qwen2 (``gen``)."""
+    """The test model (``tiny``: tests/engines/vllm/test_real.py's) or the gen benchmark's 12M Qwen2 (``gen``)."""
     from lightning_grpo.demo.tiny import write_tiny_qwen2_hd64
 
     if name == "tiny":

@@ -31,7 +31,7 @@ part() {  # part NAME SECONDS COMMAND...: run it under a time limit, its whole o
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
 $py -c "import torch, transformers, lightning; print('torch', torch.__version__, 'transformers', \
 transformers.__version__, 'lightning', lightning.__version__)"
-part graphed 60 $py -m pytest -q -p no:cacheprovider -o addopts="" tests/test_engine_graphed.py
+part graphed 60 $py -m pytest -q -p no:cacheprovider -o addopts="" tests/engines/decode/test_graphed.py
 # the captured decode step failed its checks: the side-by-sides run LeanDecode without it (said in the log)
 graphs=--cuda-graphs
 grep -qE "[0-9]+ (failed|error)" "$out/graphed.log" 2>/dev/null && graphs=--no-cuda-graphs && echo "graphs off: $graphs"

@@ -38,6 +38,7 @@ def arith_jsonl(tmp_path_factory) -> str:
 
 
 # Not test modules: the fake vLLM server puts the vllm stand-in on sys.path when imported, which would make every
-# later test see a "vllm" package (tests/test_vllm_server.py runs both in their own processes).
-collect_ignore = ["vllm_fake_server.py"]
-collect_ignore_glob = ["vllm_stand_in/*"]
+# later test see a "vllm" package (tests/engines/vllm/test_server.py runs both in their own processes).
+collect_ignore = ["engines/vllm/vllm_fake_server.py"]
+# the 2-process scripts import each other from their own folder, which is on the path only when run
+collect_ignore_glob = ["engines/vllm/vllm_stand_in/*", "multiprocess/*"]

@@ -4,9 +4,12 @@ from __future__ import annotations
 
 import csv
 import importlib.util
+import json
 import os
+import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import lightning as L
 import torch
@@ -15,6 +18,27 @@ from lightning.pytorch.loggers import CSVLogger
 from lightning_grpo import GRPOModule
 from lightning_grpo.rewards import exact_match_reward
 from lightning_grpo.types import Rollout
+
+TESTS = Path(__file__).resolve().parent  # tests/: its folders mirror the package's
+ROOT = TESTS.parent  # the repository: templates, references, benchmarks
+MULTIPROCESS = TESTS / "multiprocess"  # the scripts a test runs as 2 processes (Lightning's launcher starts rank 1)
+
+
+def run_ranks(script: str, args: list[str], out_dir: Path, ranks: int = 2, env: dict | None = None) -> list[Any]:
+    """The one runner of the multi-process scripts: ``MULTIPROCESS/script ARGS`` (it starts its other ranks itself,
+    through Lightning's launcher), which must exit 0; each rank's report, ``OUT_DIR/rank<k>.json`` or ``.pt``."""
+    command = [sys.executable, str(MULTIPROCESS / script), *args]
+    proc = subprocess.run(command, capture_output=True, text=True, timeout=600, env=env)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return [rank_report(out_dir, rank) for rank in range(ranks)]
+
+
+def rank_report(out_dir: Path, rank: int) -> Any:
+    """What rank ``rank`` of a multi-process script wrote: ``rank<k>.json``, else ``rank<k>.pt``."""
+    path = Path(out_dir) / f"rank{rank}.json"
+    if path.exists():
+        return json.loads(path.read_text())
+    return torch.load(Path(out_dir) / f"rank{rank}.pt", weights_only=False)
 
 
 def require_real_vllm() -> None:

@@ -156,152 +156,98 @@ def test_callback_hooks_are_marked_override(hook_file):
                     assert "override" in decorators, f"{hook_file}: {node.name}.{fn.name} lacks @override"
 
 
-# Every module with logic -> the test files that test it (STYLE 9: tests mirror the package). A new module must be
-# added here with its tests; a test file named here must exist.
-TESTS = {
-    "advantages.py": ["test_advantages.py", "test_properties.py"],
-    "callbacks/alerts.py": ["test_callbacks.py"],
-    "callbacks/collapse.py": ["test_callbacks.py", "test_types.py"],
-    "callbacks/distill.py": ["test_distill_alert.py"],
-    "callbacks/divergence.py": ["test_callbacks.py"],
-    "callbacks/early_stopping.py": ["test_early_stopping.py"],
-    "callbacks/export.py": ["test_module.py", "test_lora.py"],
-    "callbacks/faults.py": ["test_faults.py"],
-    "callbacks/final.py": ["test_callbacks.py"],
-    "callbacks/metricsfile.py": ["test_rundir.py"],
-    "callbacks/mismatch.py": ["test_mismatch_alert.py"],
-    "callbacks/monitor.py": ["test_callbacks.py"],
-    "callbacks/preemption.py": ["test_resume.py"],
-    "callbacks/progress.py": ["test_progress.py"],
-    "callbacks/samples.py": ["test_callbacks.py"],
-    "callbacks/tools.py": ["test_tool_use_alert.py"],
-    "callbacks/summary.py": ["test_module.py", "test_demo.py"],
-    "callbacks/threads.py": ["test_threads.py"],
-    "callbacks/unscored.py": ["test_preflight.py"],
+# Tests mirror the package (STYLE 9): the tests of `dir/name.py` are in `tests/dir/`, named `test_name.py` or
+# `test_name_<aspect>.py`. A module tested only inside another module's tests is named here, with those files.
+TESTED_WITH = {
+    "callbacks/collapse.py": ["callbacks/test_alerts.py", "test_types.py"],
+    "callbacks/divergence.py": ["callbacks/test_alerts.py"],
+    "callbacks/export.py": ["test_module.py", "model/test_policy_lora.py"],
+    "callbacks/final.py": ["callbacks/test_alerts.py"],
+    "callbacks/metricsfile.py": ["test_run.py"],
+    "callbacks/monitor.py": ["callbacks/test_alerts.py"],
+    "callbacks/samples.py": ["callbacks/test_alerts.py"],
+    "callbacks/summary.py": ["test_module.py", "demo/test_tiny.py"],
+    "callbacks/unscored.py": ["cli/test_preflight.py"],
     "checks.py": ["test_settings.py"],
-    "checkpoints.py": ["test_checkpoints.py"],
-    "cli/failure.py": ["test_faults.py"],
-    "cli/preflight.py": ["test_preflight.py"],
-    "cli/resume.py": ["test_checkpoints.py", "test_faults.py"],
-    "cli/suggest.py": ["test_cli.py"],
-    "cli/main.py": ["test_cli.py", "test_restore.py"],
-    "cli/report.py": ["test_callbacks.py"],
-    "cli/selfcheck.py": ["test_selfcheck.py"],
-    "cli/step_model.py": ["test_step_model.py"],
-    "data.py": ["test_data.py"],
-    "deadline.py": ["test_deadline.py"],
-    "demo/calc.py": ["test_demo_tools.py"],
-    "demo/agents.py": ["test_demo_agents.py"],
-    "demo/anytool.py": ["test_demo_agents.py"],
-    "demo/guess.py": ["test_openenv.py"],
-    "demo/vision.py": ["test_vision.py", "test_vision_demo.py"],
-    "demo/tiny.py": ["test_demo.py"],
-    "dynamic.py": ["test_dynamic.py"],
-    "engines/_moved.py": ["test_engines_moved.py"],
-    "engines/base.py": ["test_rollout.py", "test_engine_async.py"],
-    "engines/agents/endpoint.py": ["test_agents.py"],
-    "engines/agents/engine.py": ["test_agents.py", "test_agents_ddp.py"],
-    "engines/agents/served.py": ["test_agents.py"],
-    "engines/agents/skyrl.py": ["test_skyrl.py"],
-    "engines/asynchronous/async_rollouts.py": ["test_engine_async.py"],
-    "engines/asynchronous/producer.py": ["test_engine_async.py"],
-    "engines/decode/fused.py": ["test_engine_fused.py"],
-    "engines/decode/graphed.py": ["test_engine_graphed.py"],
-    "engines/decode/hf.py": ["test_generation.py"],
-    "engines/decode/lean.py": ["test_engine_lean.py"],
-    "engines/decode/packing.py": ["test_engine_fused.py"],
-    "engines/decode/sampling.py": ["test_engine_lean.py"],
-    "engines/multiturn/custom.py": ["test_environments.py"],
-    "engines/multiturn/environments.py": ["test_environments.py"],
-    "engines/multiturn/episodes.py": ["test_tools.py"],
-    "engines/multiturn/openenv.py": ["test_openenv.py"],
-    "engines/multiturn/toolcalls.py": ["test_tools.py"],
-    "engines/multiturn/tools.py": [
-        "test_tools.py",
-        "test_tools_training.py",
-        "test_tools_loss.py",
-        "test_tools_ddp.py",
-    ],
-    "engines/vllm/colocate.py": ["test_vllm_real.py", "test_selfcheck.py"],
-    "engines/vllm/heads.py": ["test_vllm_heads.py", "test_vllm_real_template.py"],
-    "engines/vllm/launch.py": ["test_vllm_real.py", "test_vllm_real_template.py"],
-    "engines/vllm/lora.py": ["test_vllm_sync.py", "test_vllm_real.py"],
-    "engines/vllm/logprobs.py": ["test_sampler_logps.py"],
-    "engines/vllm/seeds.py": ["test_vllm_real.py"],
-    "engines/vllm/server.py": ["test_vllm_server.py", "test_vllm_servers.py", "test_vllm_real.py"],
-    "engines/vllm/servers.py": ["test_vllm_servers.py", "test_vllm_real_servers.py"],
-    "engines/vllm/sync.py": ["test_vllm_sync.py", "test_vllm_real.py"],
-    "loss/config.py": ["test_settings.py", "test_loss_variants.py"],
-    "loss/distill.py": ["test_loss_distill.py"],
-    "loss/entropy.py": ["test_loss_variants.py"],
-    "loss/grpo.py": ["test_loss.py", "test_loss_trl.py", "test_loss_variants.py"],
-    "loss/objectives.py": ["test_loss_variants.py", "test_loss_trl.py"],
-    "loss/reduce.py": ["test_loss.py", "test_properties.py"],
-    "images.py": ["test_vision.py"],
-    "metrics.py": ["test_metrics.py", "test_trl_metrics.py"],
-    "model/config.py": ["test_policy.py"],
-    "model/export.py": ["test_parallel.py"],
-    "model/loading.py": ["test_family.py", "test_settings.py"],
-    "model/logprobs.py": ["test_logprobs_scaling.py", "test_moe_aux.py"],
-    "model/materialize.py": ["test_materialize.py"],
-    "model/policy.py": ["test_policy.py", "test_lora.py"],
-    "model/padding.py": ["test_padding.py"],
-    "model/prefix.py": ["test_prefix.py"],
-    "model/sharding.py": ["test_parallel.py"],
-    "model/vision.py": ["test_vision.py", "test_vision_parallel.py"],
-    "model/teacher.py": ["test_distill.py"],
-    "model/served_teacher.py": ["test_distill.py", "test_vllm_real_distill.py"],
-    "module.py": ["test_module.py"],
-    "optim.py": ["test_optim.py"],
-    "ranks.py": ["test_ranks.py", "test_ddp.py"],
-    "rewards/_math_worker.py": ["test_rewards_math.py"],
-    "rewards/code_execution.py": ["test_rewards_code.py"],
-    "rewards/code_tests.py": ["test_rewards_code.py", "test_sandbox_adversarial.py"],
-    "rewards/combine.py": ["test_rewards_combine.py"],
-    "rewards/correctness.py": ["test_rewards_correctness.py"],
-    "rewards/format.py": ["test_rewards_format.py"],
-    "rewards/length.py": ["test_rewards_length.py"],
-    "rewards/math_equivalence.py": ["test_rewards_math.py"],
-    "rewards/model.py": ["test_rewards_model.py"],
-    "rewards/calls.py": ["test_scoring.py", "test_rewards_async.py"],
-    "rewards/convention.py": ["test_rewards_contract.py", "test_scoring.py"],
-    "rewards/scoring.py": ["test_scoring.py", "test_module.py"],
-    "rewards/style.py": ["test_rewards_style.py"],
-    "rewards/text.py": ["test_rewards_correctness.py"],
-    "rollout.py": ["test_rollout.py"],
-    "run.py": ["test_rundir.py"],
-    "sandbox/cgroups.py": ["test_sandbox.py", "test_sandbox_weaknesses.py"],
-    "sandbox/inside/boot.py": ["test_sandbox.py", "test_sandbox_weaknesses.py"],
-    "sandbox/inside/grader.py": ["test_sandbox.py", "test_sandbox_weaknesses.py"],
-    "sandbox/inside/hooks.py": ["test_sandbox_adversarial.py", "test_sandbox_weaknesses.py"],
-    "sandbox/inside/program.py": ["test_sandbox.py", "test_sandbox_adversarial.py"],
-    "sandbox/inside/values.py": ["test_sandbox.py", "test_sandbox_weaknesses.py"],
-    "sandbox/isolation.py": ["test_sandbox.py", "test_sandbox_adversarial.py"],
-    "sandbox/python_tool.py": ["test_python_tool.py"],
-    "sandbox/records.py": ["test_sandbox.py", "test_rewards_code.py", "test_sandbox_weaknesses.py"],
-    "sandbox/runner.py": ["test_sandbox.py", "test_sandbox_adversarial.py"],
-    "sandbox/supervise.py": ["test_sandbox.py", "test_sandbox_weaknesses.py"],
-    "settings.py": ["test_settings.py"],
-    "targets/build.py": ["test_targets.py"],
-    "targets/config.py": ["test_targets.py"],
-    "targets/correction.py": ["test_correction.py", "test_targets.py", "test_generation.py"],
-    "targets/distill.py": ["test_distill.py"],
-    "types.py": ["test_types.py"],
+    "cli/failure.py": ["callbacks/test_faults.py"],
+    "cli/report.py": ["callbacks/test_alerts.py"],
+    "cli/resume.py": ["test_checkpoints.py", "callbacks/test_faults.py"],
+    "cli/suggest.py": ["cli/test_main.py"],
+    "demo/agents.py": ["demo/test_anytool.py"],
+    "demo/guess.py": ["engines/multiturn/test_openenv.py"],
+    "engines/agents/endpoint.py": ["engines/agents/test_engine.py"],
+    "engines/agents/served.py": ["engines/agents/test_engine.py"],
+    "engines/asynchronous/producer.py": ["engines/asynchronous/test_async_rollouts.py"],
+    "engines/base.py": ["test_rollout.py", "engines/asynchronous/test_async_rollouts.py"],
+    "engines/decode/packing.py": ["engines/decode/test_fused.py"],
+    "engines/decode/sampling.py": ["engines/decode/test_lean.py"],
+    "engines/multiturn/custom.py": ["engines/multiturn/test_environments.py"],
+    "engines/multiturn/episodes.py": ["engines/multiturn/test_tools.py"],
+    "engines/multiturn/toolcalls.py": ["engines/multiturn/test_tools.py"],
+    "engines/vllm/colocate.py": ["engines/vllm/test_real.py", "cli/test_selfcheck.py"],
+    "engines/vllm/launch.py": ["engines/vllm/test_real.py", "engines/vllm/test_real_template.py"],
+    "engines/vllm/lora.py": ["engines/vllm/test_sync.py", "engines/vllm/test_real.py"],
+    "engines/vllm/seeds.py": ["engines/vllm/test_real.py"],
+    "images.py": ["model/test_vision.py"],
+    "loss/config.py": ["test_settings.py", "loss/test_objectives.py"],
+    "loss/entropy.py": ["loss/test_objectives.py"],
+    "loss/reduce.py": ["loss/test_grpo.py", "test_properties.py"],
+    "model/config.py": ["model/test_policy.py"],
+    "model/export.py": ["model/test_sharding.py"],
+    "model/served_teacher.py": ["targets/test_distill.py", "engines/vllm/test_real_distill.py"],
+    "model/teacher.py": ["targets/test_distill.py"],
+    "rewards/_math_worker.py": ["rewards/test_math_equivalence.py"],
+    "rewards/code_tests.py": ["rewards/test_code_execution.py", "sandbox/test_runner_adversarial.py"],
+    "rewards/text.py": ["rewards/test_correctness.py"],
+    "sandbox/cgroups.py": ["sandbox/test_runner.py", "sandbox/test_supervise.py"],
+    "sandbox/inside/boot.py": ["sandbox/test_runner.py", "sandbox/test_supervise.py"],
+    "sandbox/inside/grader.py": ["sandbox/test_runner.py", "sandbox/test_supervise.py"],
+    "sandbox/inside/hooks.py": ["sandbox/test_runner_adversarial.py", "sandbox/test_supervise.py"],
+    "sandbox/inside/program.py": ["sandbox/test_runner.py", "sandbox/test_runner_adversarial.py"],
+    "sandbox/inside/values.py": ["sandbox/test_runner.py", "sandbox/test_supervise.py"],
+    "sandbox/isolation.py": ["sandbox/test_runner.py", "sandbox/test_runner_adversarial.py"],
+    "sandbox/records.py": ["sandbox/test_runner.py", "rewards/test_code_execution.py", "sandbox/test_supervise.py"],
+    "targets/config.py": ["targets/test_build.py"],
 }
+TESTS_DIR = Path(__file__).parent
 
 
 def has_logic(path: Path) -> bool:
     return any(isinstance(n, ast.FunctionDef | ast.ClassDef) for n in ast.parse(path.read_text()).body)
 
 
-def test_every_module_with_logic_has_its_tests():
+def named_tests(module: str) -> list[Path]:
+    """``dir/name.py`` -> ``tests/dir/test_name.py`` and ``tests/dir/test_name_*.py`` (a leading ``_`` dropped)."""
+    path = Path(module)
+    folder, stem = TESTS_DIR / path.parent, path.stem.lstrip("_")
+    return [*folder.glob(f"test_{stem}.py"), *folder.glob(f"test_{stem}_*.py")]
+
+
+def test_every_module_with_logic_has_its_tests_where_the_layout_says():
     modules = {
         p.relative_to(PACKAGE).as_posix()
         for p in PACKAGE.rglob("*.py")
         if p.name not in ("__init__.py", "__main__.py") and "templates" not in p.parts and has_logic(p)
     }
-    assert not modules - TESTS.keys(), f"modules with no tests named in TESTS: {sorted(modules - TESTS.keys())}"
-    assert not TESTS.keys() - modules, f"TESTS names modules that are gone: {sorted(TESTS.keys() - modules)}"
-    tests = Path(__file__).parent
-    missing = sorted({f for files in TESTS.values() for f in files if not (tests / f).exists()})
-    assert not missing, f"test files named in TESTS that do not exist: {missing}"
+    unfound = sorted(m for m in modules - TESTED_WITH.keys() if not named_tests(m))
+    assert not unfound, (
+        f"modules with no tests/<folder>/test_<name>.py (write one, or name them in TESTED_WITH): {unfound}"
+    )
+    assert not TESTED_WITH.keys() - modules, (
+        f"TESTED_WITH names modules that are gone: {sorted(TESTED_WITH.keys() - modules)}"
+    )
+    named = sorted(m for m in TESTED_WITH if named_tests(m))
+    assert not named, f"modules in TESTED_WITH whose tests are now found by name (drop them from the map): {named}"
+    missing = sorted({f for files in TESTED_WITH.values() for f in files if not (TESTS_DIR / f).exists()})
+    assert not missing, f"test files named in TESTED_WITH that do not exist: {missing}"
+
+
+def test_tests_mirror_the_package_folders():
+    """Every test folder is a package folder (or the multi-process scripts' own), and holds no stray test files."""
+    package_dirs = {p.relative_to(PACKAGE).as_posix() for p in PACKAGE.rglob("*") if p.is_dir()}
+    test_dirs = {
+        p.relative_to(TESTS_DIR).as_posix()
+        for p in TESTS_DIR.rglob("*")
+        if p.is_dir() and "__pycache__" not in p.parts and "vllm_stand_in" not in p.parts
+    }
+    assert not test_dirs - package_dirs - {"multiprocess"}, sorted(test_dirs - package_dirs - {"multiprocess"})

@@ -5,11 +5,11 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
+from helpers import ROOT
 
-SCRIPT = Path(__file__).resolve().parents[1] / "benchmarks" / "trl_vs_lightning_grpo.py"
+SCRIPT = ROOT / "benchmarks" / "trl_vs_lightning_grpo.py"
 
 
 @pytest.mark.slow  # ~25 s, plus ~40 s to materialise the demo model into a fresh LIGHTNING_GRPO_HOME

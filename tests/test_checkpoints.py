@@ -13,12 +13,12 @@ from pathlib import Path
 import lightning as L
 import pytest
 import torch
+from helpers import ROOT, make_module
 from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.plugins.io import TorchCheckpointIO
 
 from lightning_grpo.checkpoints import AtomicCheckpointIO, last_readable, run_checkpoints, unreadable
 from lightning_grpo.data import PromptDataModule
-from tests.helpers import make_module
 
 
 @pytest.fixture
@@ -113,7 +113,7 @@ def test_a_kill_during_a_checkpoint_write_keeps_the_last_good_one(tiny_model_dir
     disk = small_fs(64 << 20)
     script = tmp_path / "killed_run.py"
     script.write_text(textwrap.dedent(KILLED_RUN))
-    root = Path(__file__).parent.parent
+    root = ROOT
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(root), os.environ.get("PYTHONPATH", "")])}
     proc = subprocess.Popen(
         [sys.executable, str(script), tiny_model_dir, arith_jsonl, str(disk)],

@@ -31,6 +31,7 @@ from pathlib import Path
 import lightning as L
 import pytest
 import yaml
+from helpers import ROOT
 
 from lightning_grpo import GRPOModule, PromptDataModule
 from lightning_grpo.callbacks import (
@@ -47,7 +48,6 @@ from lightning_grpo.callbacks.threads import TorchThreads
 from lightning_grpo.cli.main import main
 from lightning_grpo.cli.report import read_series
 
-ROOT = Path(__file__).resolve().parents[1]
 REFERENCES = sorted((ROOT / "references").glob("*.md"))  # linked from SKILL.md, read by agents as it is
 DOCS = [ROOT / "SKILL.md", *REFERENCES, ROOT / "README.md"]
 METRICS_TABLE = ROOT / "references" / "metrics.md"
@@ -107,7 +107,7 @@ def commands(script: str) -> list[str]:
 
 
 def is_readme_setup(command: str) -> bool:
-    """The README's first command (venv, install, the full 1000-step run): tests/test_demo.py runs it (slow)."""
+    """The README's first command (venv, install, the full 1000-step run): tests/demo/test_tiny.py runs it (slow)."""
     return command.startswith("python -m venv") and "lightning-grpo fit --config templates/tiny_cpu.yaml" in command
 
 
@@ -310,7 +310,7 @@ def test_reward_catalogue_scores_chat_and_text_alike():
 # Templates whose embedded model is warm-started on first use for minutes (demo/anytool.py: 600 steps): slow run.
 WARM_STARTED = {"reverse_tool_cpu.yaml"}
 # Rollout engines that need vLLM: their templates run where it is installed (the vLLM venv; in the default suite
-# tests/test_cli.py parses them and tests/test_vllm_real_template.py trains with them in the vLLM venv).
+# tests/cli/test_main.py parses them and tests/engines/vllm/test_real_template.py trains with them in the vLLM venv).
 VLLM_ENGINES = {"lightning_grpo.engines.VLLMColocate", "lightning_grpo.engines.VLLMServer"}
 
 

@@ -6,12 +6,11 @@ import json
 import shutil
 import subprocess
 import sys
-from pathlib import Path
 
 import lightning as L
 import pytest
 import torch
-from helpers import fit, logged, make_module
+from helpers import ROOT, fit, logged, make_module
 from transformers import AutoModelForCausalLM
 
 from lightning_grpo import GRPOModule, PromptDataModule
@@ -333,7 +332,7 @@ def test_an_export_into_a_mount_point_writes_into_it_file_by_file(tiny_model_dir
     )
     run = subprocess.run(
         ["unshare", "-m", "--propagation", "private", "sh", "-c", script],
-        cwd=Path(__file__).parent.parent,
+        cwd=ROOT,
         capture_output=True,
         text=True,
         timeout=300,

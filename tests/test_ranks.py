@@ -1,5 +1,5 @@
 """ranks.py: with one process every collective is the identity; own_rows picks this rank's share. (Two real
-processes: tests/test_ddp.py and tests/test_parallel.py check the gathered values.)"""
+processes: tests/test_ranks_ddp.py and tests/model/test_sharding.py check the gathered values.)"""
 
 import lightning as L
 import torch

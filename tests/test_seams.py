@@ -5,7 +5,7 @@ on-policy importance ratios are 1 to float precision (the sampler is the current
 loss is finite, the weights move, and no warning is raised that the cell did not ask for. A combination that
 cannot be right is refused when the module is built, naming both settings (VLLMServer: vLLM's processed
 log-probs with a filter; no vLLM here, so its cells stop at construction; the vLLM row runs for real in the vLLM
-venv: tests/test_vllm_real_seams.py)."""
+venv: tests/engines/vllm/test_real_seams.py)."""
 
 from __future__ import annotations
 
@@ -18,6 +18,7 @@ from typing import Any
 
 import pytest
 import torch
+from helpers import fit, logged
 
 from lightning_grpo import GRPOModule, PromptDataModule
 from lightning_grpo.advantages import ADV_ESTIMATORS
@@ -30,7 +31,6 @@ from lightning_grpo.engines import (
     VLLMServer,
 )
 from lightning_grpo.targets.correction import SAMPLING_CORRECTIONS
-from tests.helpers import fit, logged
 
 ENGINES: dict[str, Callable[[str], Any]] = {  # turns -> the engine
     "LeanDecode": lambda turns: LeanDecode(),

@@ -2,15 +2,15 @@
 the template's ``sbatch`` line, picks the cluster environment and agrees with the template's trainer settings."""
 
 import re
-from pathlib import Path
 
 import lightning as L
 import pytest
 import yaml
+from helpers import ROOT
 from lightning.fabric.plugins.environments import SLURMEnvironment
 from lightning.pytorch.utilities import rank_zero_only
 
-TEMPLATE = Path(__file__).parents[1] / "templates" / "multinode.yaml"
+TEMPLATE = ROOT / "templates" / "multinode.yaml"
 
 
 def sbatch_line() -> dict[str, int]:

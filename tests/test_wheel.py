@@ -13,10 +13,9 @@ from pathlib import Path
 
 import pytest
 import yaml
+from helpers import ROOT
 
 from lightning_grpo.cli.main import TEMPLATES, main, resolve_configs
-
-ROOT = Path(__file__).resolve().parents[1]
 
 
 def test_a_template_name_resolves_to_the_shipped_file(tmp_path, monkeypatch, capsys):

