@@ -99,6 +99,24 @@ class RolloutEngine:
             f"{type(self).__name__} cannot serve the agent endpoint: it has no complete(); use HFGenerate or LeanDecode"
         )
 
+    def complete_episodes(
+        self,
+        policy: Policy,
+        contexts: list[list[int]],
+        budgets: list[int],
+        sampling: SamplingConfig,
+        greedy: bool,
+        episodes: list[str],
+    ) -> list[tuple[list[int], list[float] | None]]:
+        """``complete`` told which agent episode each context continues (``OpenAIAgent`` calls this): an engine
+        over several servers keeps an episode's turns on one, where its prefix is cached; others ignore it."""
+        return self.complete(policy, contexts, budgets, sampling, greedy)
+
+    def served_metrics(self) -> dict[str, float]:
+        """What the engine measured of its pushes and servers since last asked, for a rollout that ``complete``
+        served (``OpenAIAgent``'s): ``vllm/*`` and ``servers/*`` entries; none by default."""
+        return {}
+
     def rollout(
         self, policy: Policy, batch: PromptBatch, num_generations: int, sampling: SamplingConfig
     ) -> Sampled | None:

@@ -73,7 +73,8 @@ class OpenAIAgent(RolloutEngine):
             ``zero`` (its reward is 0 and its tokens are trained: a crash the model caused is penalised).
         sampler: the engine that generates (``HFGenerate`` by default, which records its log-probs for the
             sampler/trainer mismatch metrics; ``LeanDecode``, faster, records none: it is the policy itself;
-            ``VLLMColocate``, the weights pushed to it after every step); it needs ``complete``.
+            ``VLLMColocate``, the weights pushed to it after every step; ``VLLMServer``, each episode's turns on
+            one server, where its prefix is cached); it needs ``complete``.
         parser: reads tool calls from the model's text; default Hermes/Qwen ``<tool_call>{json}</tool_call>``.
         batch_wait: seconds to wait for the other agents' requests before generating a partial batch.
         port: the endpoint's port on 127.0.0.1; 0 picks a free one. Under DDP/FSDP2 each rank serves its own
@@ -108,7 +109,7 @@ class OpenAIAgent(RolloutEngine):
         if getattr(type(self.sampler), "complete", RolloutEngine.complete) is RolloutEngine.complete:
             raise ValueError(
                 f"sampler must be an engine that serves the endpoint (with its own complete()): HFGenerate, "
-                f"LeanDecode or VLLMColocate, got {type(self.sampler).__name__}"
+                f"LeanDecode, VLLMColocate or VLLMServer, got {type(self.sampler).__name__}"
             )
         self.parser = parser or HermesParser()
         self.endpoint, self.port, self.local_rank = Endpoint(), port, 0
@@ -315,7 +316,8 @@ class OpenAIAgent(RolloutEngine):
     def _answer(self, policy: Policy, todo: list[Turn], sampling: SamplingConfig, greedy: bool) -> None:
         """Generate the requests' turns in one sampler call and answer each."""
         try:
-            turns = self.sampler.complete(policy, [t[2] for t in todo], [t[3] for t in todo], sampling, greedy)
+            contexts, budgets, episodes = [t[2] for t in todo], [t[3] for t in todo], [t[0].session for t in todo]
+            turns = self.sampler.complete_episodes(policy, contexts, budgets, sampling, greedy, episodes)
         except Exception as e:
             for request, *_ in todo:
                 request.answer(Refusal(500, f"generation failed: {type(e).__name__}: {e}"))
@@ -353,8 +355,7 @@ class OpenAIAgent(RolloutEngine):
         stats = EpisodeStats.of(episodes)
         rewards = [_reward(e, self.on_error) for e in episodes]
         columns = {"agent_reward": rewards, "episode_id": [e.session for e in episodes]}
-        pushed = getattr(self.sampler, "weight_sync", None)  # a vLLM sampler's last push
-        metrics = {**stats.metrics(), **_metrics(episodes), **(pushed.metrics if pushed is not None else {})}
+        metrics = {**stats.metrics(), **_metrics(episodes), **self.sampler.served_metrics()}  # a vLLM sampler's
         rollout = stats.rollout(policy.tokenizer, episodes, group_size, 0, columns, metrics, policy.device)
         if all(e.sampler_logps for e in episodes):  # else the policy sampled itself: nothing to correct
             logps, _ = pad_rows([e.logps for e in episodes], 0.0, dtype=torch.float32, min_width=1)

@@ -228,6 +228,10 @@ class VLLMColocate(RolloutEngine):
         turns, logps = self.sample_ids(contexts, every)
         return cut_turns(turns, logps, budgets, policy.eos_token_ids)
 
+    @override
+    def served_metrics(self) -> dict[str, float]:
+        return dict(self.weight_sync.metrics)
+
     def _resync(self, policy: Policy) -> None:
         """After a resume the engine holds the initial weights and the policy the checkpoint's: push them."""
         if not self.weight_sync.pushes and self.trainer.global_step > 0:

@@ -19,6 +19,7 @@ import importlib.util
 import shutil
 import tempfile
 import time
+import uuid
 from pathlib import Path
 from typing import Any, Literal
 
@@ -40,7 +41,7 @@ from lightning_grpo.engines.vllm.servers import (
 )
 from lightning_grpo.engines.vllm.sync import WeightSync, push_metrics
 from lightning_grpo.model.policy import Policy
-from lightning_grpo.rollout import SamplingConfig, sampled_rollout, tokenize_prompts
+from lightning_grpo.rollout import SamplingConfig, cut_turns, sampled_rollout, tokenize_prompts
 from lightning_grpo.types import Prompt, Rollout
 
 WEIGHT_TRANSFERS = {
@@ -70,7 +71,9 @@ class VLLMServer(RolloutEngine):
 
     Several servers: list them all in ``base_url`` (the control plane: every one gets every push and is checked)
     and, optionally, a router in front of them in ``router_url`` (the data plane: ``vllm-router --worker-urls
-    URL... --policy round_robin``); without a router each rank splits its prompts over the servers itself.
+    URL... --policy round_robin``); without a router each rank splits its prompts over the servers itself. As
+    ``OpenAIAgent``'s sampler each agent episode's turns go to one server, where its prefix is cached: pinned by
+    the rank, or by the router when it runs ``--policy consistent_hash`` (each turn carries ``X-Session-ID``).
 
     Args:
         base_url: the server, e.g. ``http://gpu-node-7:8000``, or several (a list, or one string with commas).
@@ -257,9 +260,48 @@ class VLLMServer(RolloutEngine):
         rollout = sampled_rollout(
             policy, prompts, prompt_ids, prompt_mask, completions, logps, num_generations, num_truncated
         )
-        rollout.metrics.update({**self.weight_sync.metrics, **self.pool.take_metrics()})
-        rollout.metrics["servers/live"] = float(len(self.pool.live))
+        rollout.metrics.update(self.served_metrics())
         return rollout
+
+    @override
+    def served_metrics(self) -> dict[str, float]:
+        """The last push's ``vllm/*`` and ``servers/*/push_*``, this rank's requests since last asked and the live
+        servers; the step's agent episodes end here (their pins are dropped)."""
+        return {**self.weight_sync.metrics, **self.pool.take_metrics(), "servers/live": float(len(self.pool.live))}
+
+    @override
+    def complete(
+        self, policy: Policy, contexts: list[list[int]], budgets: list[int], sampling: SamplingConfig, greedy: bool
+    ) -> list[tuple[list[int], list[float] | None]]:
+        """Each context's next turn, each a new episode of its own (``complete_episodes``)."""
+        return self.complete_episodes(policy, contexts, budgets, sampling, greedy, [uuid.uuid4().hex for _ in contexts])
+
+    @override
+    def complete_episodes(
+        self,
+        policy: Policy,
+        contexts: list[list[int]],
+        budgets: list[int],
+        sampling: SamplingConfig,
+        greedy: bool,
+        episodes: list[str],
+    ) -> list[tuple[list[int], list[float] | None]]:
+        """Each context's next turn for the agent endpoint (``OpenAIAgent(sampler=VLLMServer(...))``), at most its
+        budget of tokens, with the server's log-probs: one request each, every episode's turns on one server
+        (``ServerPool.complete_sessions``: pinned by the pool, or by the router's ``consistent_hash`` policy on the
+        ``X-Session-ID`` header), each its own seed (the G episodes of a prompt start alike)."""
+        if self.synced_step is None:  # as generate: the server may hold another run's weights
+            self.sync_weights(policy)
+        user = dict(sampling.generation_kwargs or {})
+        seed = user.pop("seed", None)
+        seed = None if seed is None else seed + self.rank * len(contexts)  # each rank its own seeds
+        seeds = [None] * len(contexts) if greedy else prompt_seeds(len(contexts), 1, seed)
+        base = {"n": 1, "temperature": 0.0 if greedy else sampling.temperature, "top_p": sampling.top_p,
+                "top_k": sampling.top_k, "min_p": sampling.min_p or 0.0,
+                "repetition_penalty": sampling.repetition_penalty, **user}  # fmt: skip
+        options = [{**base, "max_tokens": b, **({} if s is None else {"seed": s})} for b, s in zip(budgets, seeds)]
+        turns, logps = self.pool.complete_sessions(self.model_name, contexts, options, episodes)
+        return cut_turns(turns, logps, budgets, policy.eos_token_ids)
 
     def sample_rounds(
         self, requests: list[list[int]], sampling: SamplingConfig, n: int, greedy: bool

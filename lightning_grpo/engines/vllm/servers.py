@@ -11,11 +11,17 @@ A request that fails (refused, timed out, a 5xx) is sent again to the next live 
 tries; a server that failed is taken out of the data plane until ``VLLMServer``'s sync finds it answering again
 and has given it the current weights. No completion is ever made up for a request that failed: when no try is
 left the call raises ``NoServerLeft``, and the run stops there instead of scoring an empty completion.
+
+An agent episode's turns (``complete_sessions``) stick to one server, so that its prefix cache serves the next turn:
+each request carries the episode in vllm-router's session header (``X-Session-ID``, which its ``consistent_hash``
+policy hashes to a server) and, without a router, the pool pins each new episode to the live server holding the
+fewest; an episode whose server failed moves to another (``servers/moved_sessions``) and stays pinned there.
 """
 
 from __future__ import annotations
 
 import threading
+from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -25,6 +31,10 @@ from torch import Tensor
 
 from lightning_grpo.engines.vllm.lora import AdapterVersion
 from lightning_grpo.engines.vllm.sync import PROBE_TOKENS, Unreachable
+
+SESSION_HEADER = "X-Session-ID"  # vllm-router's consistent_hash policy routes by it first (then X-User-ID ...)
+OFF_ROUTER = -1  # an episode the router's server failed: pinned by the pool at its next try
+SESSION_THREADS = 64  # turn requests of one call in flight at once (the server batches them)
 
 
 class NoServerLeft(RuntimeError):
@@ -52,14 +62,14 @@ def server_urls(base_url: str | list[str]) -> list[str]:
     return urls
 
 
-def call(session: Any, method: str, url: str, timeout: float, body: Any = None) -> Any:
+def call(session: Any, method: str, url: str, timeout: float, body: Any = None, headers: Any = None) -> Any:
     """One HTTP call of a ``requests.Session`` -> its JSON. ``Unreachable`` when the server does not answer in
     ``timeout`` seconds or answers a 5xx (it may answer later); ``RuntimeError`` on a 4xx (a request it refuses: a
     setting to fix)."""
     import requests  # here: importing it sets a warnings filter, which `import lightning_grpo` must not
 
     try:
-        response = session.request(method, url, json=body, timeout=timeout)
+        response = session.request(method, url, json=body, timeout=timeout, headers=headers)
     except requests.RequestException as err:
         raise Unreachable(f"{url} did not answer within {timeout:g} s: {type(err).__name__}: {err}") from err
     if response.status_code >= 500:
@@ -206,6 +216,9 @@ class ServerPool:
         self.requests = {name: 0 for name in [*map(str, range(len(urls))), "router"]}  # this step's, by target
         self.retried_groups = 0  # prompts (G completions each) sent again this step
         self.failures: list[str] = []  # what failed this step, for the error when nothing is left
+        self.pinned: dict[str, int] = {}  # this step's agent episodes -> the server that serves them
+        self.pinned_on: Counter[int] = Counter()  # episodes pinned to each server
+        self.moved_sessions = 0  # episodes whose server failed and that went on on another, this step
 
     def complete(self, model: str, prompts: list[list[int]], options: dict[str, Any]):
         """Every prompt's ``options["n"]`` completions (prompt-major) and their log-probs; the prompts split into
@@ -244,6 +257,59 @@ class ServerPool:
             f"(max_tries); live servers: {[self.urls[i] for i in sorted(self.live)]}. Failures: {self.failures[-4:]}"
         )
 
+    def complete_sessions(self, model: str, prompts: list[list[int]], options: list[dict[str, Any]],
+                          sessions: list[str]):  # fmt: skip
+        """One completion of each prompt (an agent episode's next turn) with its log-probs, each its own request
+        (``options[i]``: its budget and seed) sent at once, every one to its episode's server."""
+        width = max(1, min(SESSION_THREADS, len(prompts)))
+        with ThreadPoolExecutor(max_workers=width) as threads:
+            answers = list(threads.map(lambda i: self._turn(model, prompts[i], options[i], sessions[i]),
+                                       range(len(prompts))))  # fmt: skip
+        return [ids[0] for ids, _ in answers], [lps[0] for _, lps in answers]
+
+    def _turn(self, model: str, prompt: list[int], options: dict[str, Any], session: str):
+        body, headers = completion_body(model, [prompt], options), {SESSION_HEADER: session}
+        for _ in range(self.max_tries):
+            target = self._session_target(session)
+            if target is None:
+                break
+            url = self.router if target == "router" else self.urls[int(target)]
+            self._count(target)
+            try:
+                return parse_choices(call(self.session, "POST", f"{url}/v1/completions", self.request_timeout,
+                                          body, headers), 1)  # fmt: skip
+            except Unreachable as err:
+                self._failed(target, 0, f"{url}: {err}")
+                if target == "router":  # the router's server for it failed: the pool pins it from now on
+                    with self.lock:
+                        self.pinned[session], self.moved_sessions = OFF_ROUTER, self.moved_sessions + 1
+        raise NoServerLeft(
+            f"VLLMServer: a turn of agent episode {session!r} (rank {self.rank}) got no completion after "
+            f"{self.max_tries} tries (max_tries); live servers: {[self.urls[i] for i in sorted(self.live)]}. "
+            f"Failures: {self.failures[-4:]}"
+        )
+
+    def _session_target(self, session: str) -> str | None:
+        """Where an episode's turn goes: the router, which hashes its session header to a server, until a try
+        through it fails; else the live server the episode is pinned to. A new episode, or one whose server is
+        out (moved, counted), is pinned to the live server holding the fewest, ties broken from this rank's
+        place; ``None`` when none is live."""
+        with self.lock:
+            server = self.pinned.get(session)
+            if server is None and self.router is not None:
+                return "router"
+            if server is None or server not in self.live:
+                live = sorted(self.live)
+                if not live:
+                    return None
+                if server is not None and server != OFF_ROUTER:
+                    self.pinned_on[server] -= 1
+                    self.moved_sessions += 1
+                server = min(live, key=lambda i: (self.pinned_on[i], (i - self.rank) % len(self.urls)))
+                self.pinned[session] = server
+                self.pinned_on[server] += 1
+            return str(server)
+
     def _target(self, j: int, attempt: int) -> str | None:
         """Where try ``attempt`` of chunk ``j`` goes: the router first when there is one, else (and for retries)
         the live servers in turn from (rank + j); ``None`` when none is live."""
@@ -271,8 +337,10 @@ class ServerPool:
             if self.router is None:
                 metrics.pop("servers/router/requests")
             metrics["servers/retried_groups"] = float(self.retried_groups)
+            metrics["servers/moved_sessions"] = float(self.moved_sessions)
             self.requests = dict.fromkeys(self.requests, 0)
-            self.retried_groups, self.failures = 0, []
+            self.retried_groups, self.failures, self.moved_sessions = 0, [], 0
+            self.pinned, self.pinned_on = {}, Counter()  # a step's episodes end with it
         return metrics
 
     def tell_router(self, action: str, url: str) -> None:
