@@ -21,9 +21,9 @@ from torch import Tensor, nn
 from typing_extensions import override
 
 from lightning_grpo.advantages import AdvantageConfig
-from lightning_grpo.dynamic import GroupBuffer
 from lightning_grpo.engines import default_engine, engine_for
 from lightning_grpo.engines.base import RolloutEngine, Sampled
+from lightning_grpo.groups import GroupBuffer
 from lightning_grpo.loss import LossConfig, LossOutput
 from lightning_grpo.loss.config import DistillConfig
 from lightning_grpo.loss.entropy import EntropyController
@@ -37,7 +37,8 @@ from lightning_grpo.rewards.calls import RewardCallConfig
 from lightning_grpo.rewards.combine import import_paths
 from lightning_grpo.rewards.scoring import RewardSet, trl_trainer_state
 from lightning_grpo.rollout import SamplingConfig
-from lightning_grpo.run import log_train_metrics, numerical_abort, optimizer_steps_of, seeded, step_seed
+from lightning_grpo.run import log_train_metrics, numerical_abort, optimizer_steps_of
+from lightning_grpo.seeding import seeded, step_seed
 from lightning_grpo.settings import GRPOSettings
 from lightning_grpo.targets import OptimiserStep, Targets, UpdateConfig, build_targets, entropy_cut, optimiser_steps
 from lightning_grpo.targets.distill import dataset_rollout, no_reward, off_policy_step

@@ -20,12 +20,10 @@ monitored, and what the loggers and ``metrics.jsonl`` write is always the step's
 
 from __future__ import annotations
 
-from collections.abc import Collection, Iterator
-from contextlib import contextmanager
+from collections.abc import Collection
 from pathlib import Path
 
 import lightning as L
-import torch
 
 
 def run_dir(trainer: L.Trainer) -> Path:
@@ -101,22 +99,3 @@ def numerical_abort(trainer: L.Trainer, message: str) -> FloatingPointError:
     )
     error.checkpoint_path = str(path)  # FaultCheckpoint writes no second one; the CLI names it
     return error
-
-
-def step_seed(seed: int, rank: int, step: int, waited: int = 0) -> int:
-    """The seed of one rank's training step (``waited``: generation batches drawn without an update yet, under
-    ``filter_groups``), so every rank samples differently and a resumed run repeats the uninterrupted one."""
-    return (seed * 1_000_003 + rank * 7_919 + step + waited * 104_729) % 2**63
-
-
-@contextmanager
-def seeded(seed: int, device: torch.device) -> Iterator[None]:
-    """Every random draw inside (sampling, dropout) comes from ``seed``; the global RNG is left as it was. Seeds
-    the CPU generator and ``device``'s GPU: what ``fork_rng`` restores (``torch.manual_seed`` also seeds every
-    other accelerator type lazily, formatting a stack trace each time: ~0.5 ms a step)."""
-    cuda = [device] if device.type == "cuda" else []
-    with torch.random.fork_rng(devices=cuda):
-        torch.default_generator.manual_seed(seed)
-        if cuda:
-            torch.cuda.manual_seed(seed)
-        yield

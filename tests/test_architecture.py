@@ -33,8 +33,9 @@ LAYERS = {
     "metrics": 4,
     "ranks": 4,
     "targets": 4,
-    "dynamic": 4,
+    "groups": 4,  # the groups an update trains on: DAPO's dynamic sampling
     "run": 4,  # the run directory, its checkpoint, logging a step
+    "seeding": 0,  # the seed of each step
     "checkpoints": 4,  # checkpoint files: atomic writes, readable, found across versions
     "settings": 5,
     "module": 5,
@@ -182,8 +183,8 @@ TESTED_WITH = {
     "engines/decode/packing.py": ["engines/decode/test_fused.py"],
     "engines/decode/sampling.py": ["engines/decode/test_lean.py"],
     "engines/multiturn/custom.py": ["engines/multiturn/test_environments.py"],
-    "engines/multiturn/episodes.py": ["engines/multiturn/test_tools.py"],
-    "engines/multiturn/toolcalls.py": ["engines/multiturn/test_tools.py"],
+    "engines/multiturn/episodes.py": ["engines/multiturn/test_tool_calling.py"],
+    "engines/multiturn/toolcalls.py": ["engines/multiturn/test_tool_calling.py"],
     "engines/vllm/colocate.py": ["engines/vllm/test_real.py", "cli/test_selfcheck.py"],
     "engines/vllm/launch.py": ["engines/vllm/test_real.py", "engines/vllm/test_real_template.py"],
     "engines/vllm/lora.py": ["engines/vllm/test_sync.py", "engines/vllm/test_real.py"],

@@ -5,7 +5,7 @@ import torch
 from helpers import make_rollout
 
 from lightning_grpo.callbacks import ModeCollapseAlert
-from lightning_grpo.dynamic import GroupBuffer
+from lightning_grpo.groups import GroupBuffer
 from lightning_grpo.metrics import StepCounters, StepValues, step_stats
 from lightning_grpo.types import (
     SIGNAL_ATOL,

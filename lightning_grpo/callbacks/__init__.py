@@ -14,7 +14,7 @@ from lightning_grpo.callbacks.monitor import RewardMonitor
 from lightning_grpo.callbacks.preemption import PreemptionCheckpoint
 from lightning_grpo.callbacks.samples import CompletionSampleLogger
 from lightning_grpo.callbacks.summary import RunSummary
-from lightning_grpo.callbacks.tools import ToolUseAlert
+from lightning_grpo.callbacks.tool_use import ToolUseAlert
 from lightning_grpo.callbacks.unscored import UnscoredRewardAlert
 
 __all__ = [

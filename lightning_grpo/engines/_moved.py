@@ -29,7 +29,7 @@ MOVED = {
     "vllm_sync": "vllm.sync",
     "vllm_lora": "vllm.lora",
     "vllm_launch": "vllm.launch",
-    "tools": "multiturn.tools",
+    "tools": "multiturn.tool_calling",
     "toolcalls": "multiturn.toolcalls",
     "episodes": "multiturn.episodes",
     "environments": "multiturn.environments",

@@ -9,7 +9,7 @@ from lightning_grpo import PolicyConfig
 from lightning_grpo.engines import HFGenerate
 from lightning_grpo.model.policy import Policy
 from lightning_grpo.rollout import SamplingConfig
-from lightning_grpo.run import seeded
+from lightning_grpo.seeding import seeded
 
 
 def test_the_reference_runs_without_dropout_and_leaves_no_module_in_eval_mode(tiny_model_dir):

@@ -5,8 +5,8 @@ collectives of their own).
 
 Generation is synced across ranks (as under sharding), so rank 1 must step dummy generate calls while rank 0
 plays on; each rank writes its turns and generate-call counts to OUT_DIR/rank<k>.json. Run by
-tests/engines/multiturn/test_tools_ddp.py as ``tools_ddp_run.py MODEL_DIR DATA OUT_DIR STRATEGY``; Lightning's launcher
-starts rank 1 by re-running this script.
+tests/engines/multiturn/test_tool_calling_ddp.py as ``tools_ddp_run.py MODEL_DIR DATA OUT_DIR STRATEGY``;
+Lightning's launcher starts rank 1 by re-running this script.
 """
 
 import json

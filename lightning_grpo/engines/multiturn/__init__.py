@@ -8,7 +8,7 @@ observations between them kept out of the loss (``tool_mask``). ``ToolCalling`` 
 from lightning_grpo.engines.multiturn.custom import RolloutFunction
 from lightning_grpo.engines.multiturn.environments import environment_reward
 from lightning_grpo.engines.multiturn.openenv import OpenEnvFactory
+from lightning_grpo.engines.multiturn.tool_calling import ToolCalling
 from lightning_grpo.engines.multiturn.toolcalls import HermesParser, ToolCall
-from lightning_grpo.engines.multiturn.tools import ToolCalling
 
 __all__ = ["HermesParser", "OpenEnvFactory", "RolloutFunction", "ToolCall", "ToolCalling", "environment_reward"]

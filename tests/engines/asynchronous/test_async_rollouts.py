@@ -17,7 +17,7 @@ from lightning_grpo.data import PromptDataModule
 from lightning_grpo.engines import AsyncRollouts
 from lightning_grpo.targets.correction import sampling_correction
 from tests.callbacks.test_preemption import SendSignal
-from tests.test_dynamic import signal_on_even_sums
+from tests.test_groups import signal_on_even_sums
 
 LORA = {"r": 4, "lora_alpha": 8, "target_modules": ["q_proj", "v_proj"], "lora_dropout": 0.0}
 

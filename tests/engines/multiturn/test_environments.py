@@ -9,7 +9,7 @@ import torch
 
 from lightning_grpo.engines import RolloutFunction, environment_reward
 from lightning_grpo.rollout import SamplingConfig
-from tests.engines.multiturn.test_tools import Scripted, add, fake_policy
+from tests.engines.multiturn.test_tool_calling import Scripted, add, fake_policy
 
 
 class Counter:

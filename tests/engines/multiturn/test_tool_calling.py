@@ -111,7 +111,7 @@ def test_bad_settings_fail_at_construction(kwargs, message):
 
 
 def test_tools_by_import_path():
-    engine = ToolCalling(tools=["tests.engines.multiturn.test_tools.add"])
+    engine = ToolCalling(tools=["tests.engines.multiturn.test_tool_calling.add"])
     assert engine.tools[0](2, 3) == 5 and [s["function"]["name"] for s in engine.schemas] == ["add"]
 
 

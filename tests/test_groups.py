@@ -6,7 +6,7 @@ import torch
 from helpers import fit, logged, make_module, make_rollout
 
 from lightning_grpo import PromptDataModule
-from lightning_grpo.dynamic import GroupBuffer, select_groups
+from lightning_grpo.groups import GroupBuffer, select_groups
 from lightning_grpo.types import RewardScores
 
 

@@ -4,7 +4,7 @@ turns."""
 import pytest
 from helpers import run_ranks
 
-from tests.engines.multiturn.test_tools_training import chat_jsonl, tool_model_dir  # noqa: F401 (fixtures)
+from tests.engines.multiturn.test_tool_calling_training import chat_jsonl, tool_model_dir  # noqa: F401 (fixtures)
 
 
 @pytest.mark.slow
