@@ -62,6 +62,19 @@ class RolloutEngine:
         with) and returns what it cannot honour together, one message each naming the settings."""
         return []
 
+    weights_outside = False
+    """Whether the engine samples from weights held outside the trainer's processes (vLLM servers), which
+    ``sync_weights`` moves there: sampling ahead (``AsyncRollouts``), a push then waits until the batches
+    submitted are sampled, and each request carries ``serving()`` to the producer's copy of the engine."""
+
+    def serving(self) -> Any:
+        """What a copy of this engine in another process (``AsyncRollouts``' producer) needs to sample as this
+        one would now (servers: the live ones and the model version served); ``None`` by default."""
+        return None
+
+    def serve_as(self, serving: Any) -> None:
+        """The copy of the engine in another process takes ``serving()`` of the one in the trainer."""
+
     def model_problems(self, model: str | nn.Module, init_kwargs: dict[str, Any] | None) -> list[str]:
         """Why this engine cannot serve ``model`` (a name, path or built model; ``init_kwargs``: the policy's
         ``model_init_kwargs``), read from its config before any weight loads (vLLM-CPU: its head size)."""

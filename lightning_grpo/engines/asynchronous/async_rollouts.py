@@ -20,6 +20,13 @@ as the batch is sampled, so slow rewards (a sandbox, a judge) overlap the update
 The reward functions are then pickled into the producer (refused at set-up, naming the function, when one cannot
 be) and receive the ``trainer_state`` of the step that submitted the batch; validation still scores in the trainer.
 
+Over vLLM servers (``engine: VLLMServer``): the producer's copy of the engine sends the requests (this rank's own,
+split over the live servers or through the router, a failed one sent to another) and the trainer's engine pushes
+each update to every server. The servers hold one version of the weights, so a push first waits until every batch
+submitted has been sampled (each is still sampled by exactly the weights of its submission); the overlap is the
+training on batch t - k while batch t is sampled. Each request tells the producer the live servers and the model
+version served (``RolloutEngine.serving``); the servers' log-probs are kept at k = 0 too.
+
 Checkpoints save the queue's content: the rollouts in flight are awaited and saved with their batches (every
 rank's), so a resumed run trains on what the uninterrupted one would have; their producer scores are not saved:
 the trainer scores restored rollouts again. One producer per rank (DDP, FSDP2): each rank's own prompts, seeds and
@@ -157,6 +164,10 @@ class AsyncRollouts(RolloutEngine):
         sharded = is_sharded(model)
         state = full_state_dict(model, every_rank=True, trained_only=True) if sharded else model.state_dict()
         start = time.perf_counter()
+        if self.engine.weights_outside:  # the servers hold one version: what was submitted is sampled first
+            while self.pending:
+                self.ready.append(self._receive())
+            self.engine.sync_weights(policy)
         while self.mailbox.taken.value < self.submitted:
             self._check_alive("take the weights of its requests")
             time.sleep(0.0005)
@@ -171,6 +182,8 @@ class AsyncRollouts(RolloutEngine):
                 "rollout_engine AsyncRollouts samples on CPU from a copy of the policy, got a policy on "
                 f"{policy.device}: on GPU use VLLMServer, or trainer.accelerator: cpu"
             )
+        if self.engine.weights_outside:  # the servers get the policy's weights before the producer asks them
+            self.engine.sync_weights(policy)
         model = policy.model
         if is_sharded(model):
             if self.skeleton is None:
@@ -194,7 +207,8 @@ class AsyncRollouts(RolloutEngine):
         if self.rewards is not None:  # what the trainer would pass if it scored now, as TRL does
             t = self.trainer
             state = trl_trainer_state(t.global_step, t.max_steps, t.current_epoch)
-        request = Request(batch, self.version, torch.get_rng_state(), salt, sampling_logps=k > 0, trainer_state=state)
+        logps = k > 0 or self.engine.weights_outside  # a server's own log-probs: its kernels are not the trainer's
+        request = Request(batch, self.version, torch.get_rng_state(), salt, logps, state, self.engine.serving())
         self.requests.put(request)
         self.pending.append(self.version)
         self.submitted += 1
@@ -229,7 +243,8 @@ class AsyncRollouts(RolloutEngine):
             torch.set_rng_state(answer.rng_state)
         rollout.versions = torch.full((len(rollout),), answer.version)  # [N]
         now = time.perf_counter()
-        rollout.metrics = {**rollout.metrics, **self._metrics(answer, now - self.last_receive)}
+        served = self.engine.served_metrics()  # the trainer's engine's pushes; the producer's requests win
+        rollout.metrics = {**served, **rollout.metrics, **self._metrics(answer, now - self.last_receive)}
         self.last_receive, self.waited_s = now, 0.0
         return Sampled(rollout, answer.batch, answer.scores, self.version)
 

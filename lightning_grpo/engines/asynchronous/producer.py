@@ -41,6 +41,7 @@ class Request:
     salt: int  # 0: sample from ``rng_state`` as the synchronous path would; else mixed in to vary the seed
     sampling_logps: bool  # also compute the sampler's log-probs of the completions (for the correction)
     trainer_state: Any = None  # what the reward functions receive, when the producer scores (at submission)
+    serving: Any = None  # the trainer's engine's ``serving()`` at submission (servers: the live ones, the model)
 
 
 @dataclass
@@ -166,6 +167,7 @@ def sample(
     if request.salt:
         torch.manual_seed(int(torch.randint(0, 2**62, (1,))) + request.salt)
     batch = request.batch
+    engine.serve_as(request.serving)
     rollout = engine.generate(policy, batch.prompts, num_generations, sampling, False, columns=batch.columns)
     if not request.sampling_logps:
         rollout.sampling_logps = None  # k = 0: the synchronous path's rollout

@@ -152,7 +152,6 @@ class VLLMServer(RolloutEngine):
             )
         self.controls: list[ServerControl] = []  # every server's control plane (used on global rank 0)
         self.pool: ServerPool | None = None  # this rank's data plane
-        self.routed: set[int] = set()  # the servers the router was last told to serve (rank 0)
         self.rank, self.world_size = 0, 1
         self.synced_step: int | None = None
         self.trainer: Any = None
@@ -166,6 +165,23 @@ class VLLMServer(RolloutEngine):
     def adopt(self, sampling: SamplingConfig, correction: str | None) -> list[str]:
         """Refuses a correction the server's log-probs (``logprobs_mode``) cannot serve under ``sampling``."""
         return mode_problems(type(self).__name__, sampling, correction, self.logprobs_mode)
+
+    weights_outside = True
+
+    @override
+    def serving(self) -> tuple[list[int], str | None]:
+        """The live servers and the model name requests give (the adapter version loaded last)."""
+        return sorted(self.pool.live), self.model_name
+
+    @override
+    def serve_as(self, serving: tuple[list[int], str | None]) -> None:
+        live, self.model_name = serving
+        self.pool.live = set(live)
+
+    def __getstate__(self) -> dict[str, Any]:
+        """What a copy in another process (``AsyncRollouts``' producer) holds: the data plane; the trainer, the
+        control plane and the pushes stay with the trainer's engine."""
+        return {**self.__dict__, "trainer": None, "controls": [], "weight_sync": None}
 
     def machine_problems(self) -> list[str]:
         """Why this process cannot push weights to a vLLM server by ``weight_transfer`` (empty when it can)."""
@@ -187,7 +203,6 @@ class VLLMServer(RolloutEngine):
             self.pool = ServerPool(self.urls, self.router_url, self.rank, self.max_tries, self.request_timeout)
             self.controls = [ServerControl(url, str(i), self.sync_timeout) for i, url in enumerate(self.urls)]
             self.base_model = self.model_name = self._served_model()
-            self.routed = set(range(len(self.urls)))  # the router starts with every server of its --worker-urls
         if self.rank != 0:
             return
         if self.weight_transfer == "disk":  # a folder of this run's own unless weights_dir names one
@@ -269,7 +284,8 @@ class VLLMServer(RolloutEngine):
     def served_metrics(self) -> dict[str, float]:
         """The last push's ``vllm/*`` and ``servers/*/push_*``, this rank's requests since last asked and the live
         servers; the step's agent episodes end here (their pins are dropped)."""
-        return {**self.weight_sync.metrics, **self.pool.take_metrics(), "servers/live": float(len(self.pool.live))}
+        pushed = self.weight_sync.metrics if self.weight_sync is not None else {}  # none in a producer's copy
+        return {**pushed, **self.pool.take_metrics(), "servers/live": float(len(self.pool.live))}
 
     @override
     def complete(
@@ -377,14 +393,12 @@ class VLLMServer(RolloutEngine):
 
     def _serve(self, live: set[int]) -> None:
         """From now on requests go to ``live`` (every rank: computed from rank 0's answers) and name what the live
-        servers serve (the adapter version loaded last); the router is told who left and who came back since it
-        was last told (not since the pool's ``live``: a failed request already took its server out of that).
+        servers serve (the adapter version loaded last); the router is told who left and who came back.
         ``NoServerLeft`` when none is live."""
         if self.rank == 0:
             for i in range(len(self.urls)):
-                if (i in live) != (i in self.routed):
+                if (i in live) != (i in self.pool.live):
                     self.pool.tell_router("add_worker" if i in live else "remove_worker", self.urls[i])
-            self.routed = set(live)
         served = self.controls[min(live)].model if self.rank == 0 and live else None  # the adapter loaded last
         self.pool.live, self.model_name = set(live), self.from_rank_zero(served) or self.base_model
         if not live:

@@ -162,15 +162,13 @@ class ServerControl:
 
     def load_adapter(self, version: AdapterVersion) -> None:
         """``version`` loaded under its own name (a name already loaded is refused), requests served with it from
-        now on, the previous version unloaded when the server holds it (``/v1/models`` lists every loaded one; a
-        server restarted since holds none)."""
-        served = self.served_models()
-        if version.name in served:  # a server that missed no version (caught up twice)
+        now on, the previous version unloaded (``/v1/models`` lists every loaded one)."""
+        if version.name in self.served_models():  # a server that missed no version (caught up twice)
             self.model = version.name
             return
         self._lora("load_lora_adapter", {"lora_name": version.name, "lora_path": version.path})
         previous, self.model = self.model, version.name
-        if previous in served and previous not in (self.base_model, version.name):
+        if previous not in ("", self.base_model, version.name):
             self._lora("unload_lora_adapter", {"lora_name": previous})
 
     def _lora(self, endpoint: str, body: dict[str, str]) -> None:
@@ -221,6 +219,14 @@ class ServerPool:
         self.pinned: dict[str, int] = {}  # this step's agent episodes -> the server that serves them
         self.pinned_on: Counter[int] = Counter()  # episodes pinned to each server
         self.moved_sessions = 0  # episodes whose server failed and that went on on another, this step
+
+    def __getstate__(self) -> dict[str, Any]:  # a copy for another process: a lock and a session of its own
+        return {k: v for k, v in self.__dict__.items() if k not in ("lock", "session")}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        import requests
+
+        self.__dict__.update(state, lock=threading.Lock(), session=requests.Session())
 
     def complete(self, model: str, prompts: list[list[int]], options: dict[str, Any]):
         """Every prompt's ``options["n"]`` completions (prompt-major) and their log-probs; the prompts split into
