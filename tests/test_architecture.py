@@ -160,18 +160,13 @@ def test_callback_hooks_are_marked_override(hook_file):
 # Tests mirror the package (STYLE 9): the tests of `dir/name.py` are in `tests/dir/`, named `test_name.py` or
 # `test_name_<aspect>.py`. A module tested only inside another module's tests is named here, with those files.
 TESTED_WITH = {
-    "callbacks/collapse.py": ["callbacks/test_alerts.py", "test_types.py"],
-    "callbacks/divergence.py": ["callbacks/test_alerts.py"],
     "callbacks/export.py": ["test_module.py", "model/test_policy_lora.py"],
-    "callbacks/final.py": ["callbacks/test_alerts.py"],
     "callbacks/metricsfile.py": ["test_run.py"],
-    "callbacks/monitor.py": ["callbacks/test_alerts.py"],
-    "callbacks/samples.py": ["callbacks/test_alerts.py"],
+    "callbacks/samples.py": ["callbacks/test_monitor.py"],
     "callbacks/summary.py": ["test_module.py", "demo/test_tiny.py"],
     "callbacks/unscored.py": ["cli/test_preflight.py"],
     "checks.py": ["test_settings.py"],
     "cli/failure.py": ["callbacks/test_faults.py"],
-    "cli/report.py": ["callbacks/test_alerts.py"],
     "cli/resume.py": ["test_checkpoints.py", "callbacks/test_faults.py"],
     "cli/suggest.py": ["cli/test_main.py"],
     "demo/agents.py": ["demo/test_anytool.py"],

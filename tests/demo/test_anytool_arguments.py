@@ -4,9 +4,7 @@ with these: references/agents.md), a one-argument tool keeps the recipe its cach
 
 from __future__ import annotations
 
-from pathlib import Path
-
-ROOT = Path(__file__).resolve().parents[1]
+from helpers import ROOT
 
 
 def text_of(words: str) -> str:
