@@ -7,6 +7,7 @@ logs ``StepStats.metrics()``, which names them as TRL does.
 from __future__ import annotations
 
 import math
+import time
 from dataclasses import dataclass, field
 
 import torch
@@ -50,6 +51,27 @@ class StepCounters:
         self.skipped_steps += 1
         self.bad_steps_in_a_row += 1
         return self.bad_steps_in_a_row
+
+
+STAGES = ("generation", "scoring", "logprobs", "update", "sync")  # a step's stages, in order: ``time/<stage>_s``
+
+
+class StageClock:
+    """Wall seconds of a step's stages on this rank (``STAGES``), each lap the time since the previous one: the
+    run's own split, which ``lightning-grpo report`` sets beside the step model's (``cli/step_model.py``). Host
+    time: on GPUs a stage's kernels may still run after its lap, and are counted in the next stage that waits.
+    Under ``AsyncRollouts`` ``generation`` is the trainer's wait for the producer."""
+
+    def __init__(self) -> None:
+        self.last, self.seconds = time.perf_counter(), dict.fromkeys(STAGES, 0.0)
+
+    def lap(self, stage: str) -> None:
+        now = time.perf_counter()
+        self.seconds[stage] += now - self.last
+        self.last = now
+
+    def metrics(self) -> dict[str, float]:
+        return {f"time/{stage}_s": seconds for stage, seconds in self.seconds.items()}
 
 
 @dataclass(frozen=True)

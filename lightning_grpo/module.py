@@ -27,7 +27,14 @@ from lightning_grpo.groups import GroupBuffer
 from lightning_grpo.loss import LossConfig, LossOutput
 from lightning_grpo.loss.config import DistillConfig
 from lightning_grpo.loss.entropy import EntropyController
-from lightning_grpo.metrics import StepCounters, StepValues, eval_metrics, staleness_metrics, step_stats
+from lightning_grpo.metrics import (
+    StageClock,
+    StepCounters,
+    StepValues,
+    eval_metrics,
+    staleness_metrics,
+    step_stats,
+)
 from lightning_grpo.model.config import PolicyConfig
 from lightning_grpo.model.policy import Policy
 from lightning_grpo.model.teacher import TeacherModel
@@ -185,10 +192,11 @@ class GRPOModule(L.LightningModule):
             return self._training_step(batch)
 
     def _training_step(self, batch: PromptBatch) -> dict[str, Any] | None:
-        start, ranks = time.perf_counter(), Ranks(self.trainer)
+        start, ranks, clock = time.perf_counter(), Ranks(self.trainer), StageClock()
         sampled = self._rollout(batch)
         if sampled is None:  # an engine sampling ahead fills its pipeline: no update yet
             return None
+        clock.lap("generation")
         rollout, batch = sampled.rollout, sampled.batch  # the batch it answers (an earlier one when sampled ahead)
         scores = sampled.scores or self._score(rollout, batch)  # the engine's own when it scores as it samples
         kept = self._filter_groups(rollout, scores, len(batch), ranks, sampled)
@@ -199,18 +207,22 @@ class GRPOModule(L.LightningModule):
         every_rank = ranks.gather_rows(scores.per_function)  # [W*N, F] identical on every rank: a batch std is global
         if every_rank.isinf().any():  # NaN rewards are "not applicable"
             return self._skip_step("rewards are infinite")
+        clock.lap("scoring")
         targets = build_targets(self.policy, rollout, scores, every_rank, self.targets, ranks)
         if not targets.advantages.isfinite().all():
             return self._skip_step("advantages are infinite or NaN")
+        clock.lap("logprobs")
         loss, taken = self._update(rollout, targets, ranks)
         if loss is None:
             if taken:  # the optimiser steps before the bad one moved the weights: the engine samples from them
                 self.engine.sync_weights(self.policy)
             return self._skip_step(f"gradients are infinite or NaN (after {taken} optimiser step(s) of the update)")
         targets = targets.settled(ranks)
+        clock.lap("update")
         self.engine.sync_weights(self.policy)
+        clock.lap("sync")
         self.counters.good_step(ranks.sum(rollout.attention_mask.sum()))
-        trained = TrainedStep(rollout, scores, every_rank, targets, loss.over_ranks(ranks), extra)
+        trained = TrainedStep(rollout, scores, every_rank, targets, loss.over_ranks(ranks), extra | clock.metrics())
         return self._publish(trained, ranks, start)
 
     def _rollout(self, batch: PromptBatch) -> Sampled | None:

@@ -395,6 +395,8 @@ def report_main(args: list[str]) -> None:
     if len(args) != 1 or args[0].startswith("-"):
         raise SystemExit("usage: lightning-grpo report RUN_DIR   (a lightning_logs/version_N directory)")
     report = write_report(args[0])
+    if report.split:
+        print(report.split_table())
     print(f"wrote {report.png} and {report.html}")
 
 

@@ -1,4 +1,5 @@
-"""A run directory's logs -> ``report.png`` and a self-contained ``report.html``.
+"""A run directory's logs -> ``report.png`` and a self-contained ``report.html``, with the run's step split (the
+seconds of each stage) beside the step model's prediction for its shape (``cli/step_model.py``).
 
 Reads the run's own logs (``metrics.jsonl``, written by the ``MetricsFile`` callback whatever the logger: CSV,
 TensorBoard, MLflow, W&B; else ``metrics.csv`` from a CSVLogger or TensorBoard event files) and ``alerts.jsonl``
@@ -11,6 +12,7 @@ import base64
 import csv
 import html
 import json
+import statistics
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -27,12 +29,38 @@ OPTIONAL_PANELS = [  # drawn only when the run logged one of their series
 ]
 
 
+@dataclass(frozen=True)
+class SplitRow:
+    """One stage of the run's step: its measured seconds (the median over the logged steps after the first) and
+    the step model's prediction for the run's shape (``None``: a stage the model has no part for)."""
+
+    stage: str
+    measured: float
+    predicted: float | None
+
+    def error(self) -> str:
+        return "" if self.predicted is None or not self.measured else f"{self.predicted / self.measured - 1:+.0%}"
+
+
 @dataclass
 class Report:
     png: Path
     html: Path
     series: dict[str, list[tuple[int, float]]]  # metric -> [(step, value)]
     alerts: list[dict]
+    split: list[SplitRow]  # empty when the run logged no stage times (train/time/<stage>_s)
+    ranks: int  # the run's trainer ranks (config.yaml's trainer.devices x num_nodes; 1 when not given as numbers)
+
+    def split_table(self) -> str:
+        """The split as a Markdown table, measured beside predicted, with the error of each."""
+        rows = "".join(
+            f"| {r.stage} | {r.measured:.4f} | {'' if r.predicted is None else f'{r.predicted:.4f}'} | {r.error()} |\n"
+            for r in self.split
+        )
+        return (
+            f"step split, {self.ranks} rank(s): measured (median s) against the step model (cli/step_model.py)\n"
+            f"| stage | measured s | predicted s | error |\n|---|---|---|---|\n{rows}"
+        )
 
 
 def read_series(run_dir: Path) -> dict[str, list[tuple[int, float]]]:
@@ -98,6 +126,44 @@ def _matching(series: dict, patterns: list[str]) -> list[str]:
     return list(dict.fromkeys(names))
 
 
+def step_split(series: dict[str, list[tuple[int, float]]], ranks: int) -> list[SplitRow]:
+    """The run's stages (``train/time/<stage>_s``; scoring and the rest of the step have no part in the model)
+    beside ``step_model.predict`` for its ranks and tokens a step; empty when no stage time was logged."""
+    from lightning_grpo.cli.step_model import predict
+    from lightning_grpo.metrics import STAGES
+
+    measured = {stage: _steady(series.get(f"train/time/{stage}_s")) for stage in STAGES}
+    step = _steady(series.get("train/step_time"))
+    if step is None or None in measured.values():
+        return []
+    tokens = series.get("train/num_tokens", [])
+    per_step = [(b - a) / (j - i) for (i, a), (j, b) in zip(tokens, tokens[1:]) if j > i]
+    predicted = predict(ranks, statistics.median(per_step)) if per_step else None
+    rows = [SplitRow(stage, seconds, getattr(predicted, stage, None)) for stage, seconds in measured.items()]
+    rows.append(SplitRow("rest of the step", step - sum(measured.values()), None))
+    return [*rows, SplitRow("step", step, None if predicted is None else predicted.step)]
+
+
+def _steady(points: list[tuple[int, float]] | None) -> float | None:
+    """The median of a series over its steps after the first (which builds and allocates what the others reuse)."""
+    if not points:
+        return None
+    return statistics.median(v for _, v in (points[1:] or points))
+
+
+def run_ranks(run_dir: Path) -> int:
+    """The run's trainer ranks from the ``config.yaml`` the CLI saved beside its logs: devices x nodes, when both
+    are numbers; else 1."""
+    path = run_dir / "config.yaml"
+    if not path.exists():
+        return 1
+    import yaml
+
+    trainer = (yaml.safe_load(path.read_text()) or {}).get("trainer") or {}
+    devices, nodes = trainer.get("devices", 1), trainer.get("num_nodes", 1)
+    return devices * nodes if isinstance(devices, int) and isinstance(nodes, int) else 1
+
+
 def plot(series: dict[str, list[tuple[int, float]]], alerts: list[dict], path: Path) -> None:
     import matplotlib
 
@@ -124,14 +190,15 @@ def plot(series: dict[str, list[tuple[int, float]]], alerts: list[dict], path: P
     plt.close(fig)
 
 
-def write_html(report_png: Path, series: dict, alerts: list[dict], path: Path) -> None:
+def write_html(report_png: Path, series: dict, alerts: list[dict], path: Path, split: str = "") -> None:
     image = base64.b64encode(report_png.read_bytes()).decode()
+    split = f"<h2>Step split</h2><pre>{html.escape(split)}</pre>" if split else ""
     last = "".join(f"<tr><td>{html.escape(k)}</td><td>{v[-1][1]:.4g}</td></tr>" for k, v in sorted(series.items()))
     fired = "".join(f"<li>{html.escape(a['message'])}</li>" for a in alerts) or "<li>none</li>"
     path.write_text(
         "<!doctype html><html><head><meta charset='utf-8'><title>GRPO run report</title></head><body>"
         f"<h1>GRPO run report</h1><img src='data:image/png;base64,{image}' alt='training curves'>"
-        f"<h2>Alerts</h2><ul>{fired}</ul><h2>Last values</h2><table>{last}</table></body></html>\n"
+        f"<h2>Alerts</h2><ul>{fired}</ul>{split}<h2>Last values</h2><table>{last}</table></body></html>\n"
     )
 
 
@@ -144,6 +211,8 @@ def write_report(run_dir: str | Path) -> Report:
     alerts_path = run_dir / "alerts.jsonl"
     alerts = [json.loads(line) for line in alerts_path.read_text().splitlines()] if alerts_path.exists() else []
     png, page = run_dir / "report.png", run_dir / "report.html"
+    ranks = run_ranks(run_dir)
+    report = Report(png, page, series, alerts, step_split(series, ranks), ranks)
     plot(series, alerts, png)
-    write_html(png, series, alerts, page)
-    return Report(png, page, series, alerts)
+    write_html(png, series, alerts, page, report.split_table() if report.split else "")
+    return report

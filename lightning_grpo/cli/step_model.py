@@ -11,6 +11,9 @@ unfinished completions carry over, so the tail is hidden) the step is the longer
 the sync.
 
     python -m lightning_grpo.cli.step_model            # verl's published 7B table beside the model's predictions
+
+A run's own split (``train/time/<stage>_s``) is set beside the model's prediction for the run's shape by
+``lightning-grpo report RUN_DIR``, with the model calibrated on this machine (``tiny_cpu``, ``predict``).
 """
 
 from __future__ import annotations
@@ -54,8 +57,8 @@ class Split:
 
     def row(self) -> str:
         return (
-            f"{self.step:7.1f} s: generation {self.generation:6.1f}, log-probs {self.logprobs:6.1f}, "
-            f"update {self.update:6.1f}, sync {self.sync:5.1f}, trainer idle {self.trainer_idle:4.0%}"
+            f"{self.step:.4g} s: generation {self.generation:.4g}, log-probs {self.logprobs:.4g}, "
+            f"update {self.update:.4g}, sync {self.sync:.4g}, trainer idle {self.trainer_idle:.0%}"
         )
 
 
@@ -95,6 +98,50 @@ VERL_7B_SYNC = {
 VERL_7B_ASYNC = {(16, 16): 294.77, (32, 32): 189.26, (64, 64): 150.63}
 
 
+@dataclass(frozen=True)
+class Calibration:
+    """A run's measured seconds of each stage a step (the medians of ``train/time/<stage>_s``)."""
+
+    generation: float
+    logprobs: float
+    update: float
+    sync: float
+
+
+# This machine (2 CPU cores shared with other jobs, torch CPU, 1 thread a rank), 100 steps each, the median of steps
+# 2-100 of each stage (train/time/<stage>_s), seconds; the commands in references/scale.md. (ranks, tokens a step:
+# train/num_tokens a step, every rank's) -> the run's stages.
+TINY_CPU = {
+    (1, 1666): Calibration(0.00673, 0.00608, 0.01586, 0.00001),  # templates/tiny_cpu.yaml: 16 prompts x 8
+    (2, 1666): Calibration(0.00528, 0.00675, 0.01322, 0.0),  # templates/ddp_cpu.yaml: 8 prompts x 8 a rank
+    (1, 3330): Calibration(0.00979, 0.01004, 0.02783, 0.00001),  # tiny_cpu.yaml with data.batch_size 32
+}
+
+
+def tiny_cpu(tokens: float) -> StepModel:
+    """The model of a step of ``tokens`` on this machine (``TINY_CPU``): each stage Amdahl's through the 1- and
+    2-rank runs, scaled by the line through the 1-rank runs at two sizes (a fixed part and a part per token);
+    generation in the trainer processes (one engine a rank), no tail (completions of a few tokens)."""
+    (t1, t2), small, two, large = (1666, 3330), TINY_CPU[1, 1666], TINY_CPU[2, 1666], TINY_CPU[1, 3330]
+
+    def stage(name: str) -> Stage:
+        one, more = getattr(small, name), getattr(large, name)
+        factor = (one + (more - one) * (tokens - t1) / (t2 - t1)) / one
+        fitted = Stage.fit((1, one), (2, getattr(two, name)))
+        return Stage(fitted.parallel * factor, fitted.serial * factor)
+
+    sync = (small.sync + two.sync) / 2
+    return StepModel(
+        generation=stage("generation"), tail=0.0, logprobs=stage("logprobs"), update=stage("update"), sync=sync
+    )
+
+
+def predict(ranks: int, tokens: float) -> Split:
+    """The synchronous split of a step of ``tokens`` (every rank's) on ``ranks`` trainer ranks generating in
+    process, on this machine (``tiny_cpu``)."""
+    return tiny_cpu(tokens).synchronous(ranks, ranks)
+
+
 def verl_7b() -> StepModel:
     """The model fitted to verl's colocated runs at 64 and 128 GPUs (the scale it is for): the log-prob and update
     stages through both, generation's bulk from the 32-GPU run (the only one not at its floor), its floor the mean
@@ -132,6 +179,9 @@ def main(argv: list[str] | None = None) -> None:
         print(f"predicted synchronous at {gpus} GPUs: {model.synchronous(gpus, gpus).row()}")
         half = gpus // 2
         print(f"predicted overlapped at {half}:{half}: {model.overlapped(half, half).row()}")
+    print(f"calibrated on this machine (templates/tiny_cpu.yaml, ddp_cpu.yaml), 1666 tokens a step: {tiny_cpu(1666)}")
+    for ranks in (1, 2, 4):
+        print(f"predicted tiny_cpu step (1666 tokens) on {ranks} rank(s): {predict(ranks, 1666).row()}")
 
 
 if __name__ == "__main__":

@@ -5,7 +5,17 @@ from __future__ import annotations
 
 import pytest
 
-from lightning_grpo.cli.step_model import VERL_7B_ASYNC, VERL_7B_SYNC, Stage, StepModel, main, verl_7b, verl_rows
+from lightning_grpo.cli.step_model import (
+    TINY_CPU,
+    VERL_7B_ASYNC,
+    VERL_7B_SYNC,
+    Stage,
+    StepModel,
+    main,
+    predict,
+    verl_7b,
+    verl_rows,
+)
 
 
 def test_a_stage_fitted_through_two_sizes_passes_through_both():
@@ -44,3 +54,14 @@ def test_the_command_prints_the_table(capsys):
     main([])
     out = capsys.readouterr().out
     assert "| fully async, 64:64 | 144.2 | 150.6 | -4% |" in out
+
+
+def test_this_machine_s_model_passes_through_its_calibration_runs():
+    """``tiny_cpu`` reproduces each stage of the three runs it is fitted on (1 and 2 ranks at 1666 tokens a step,
+    1 rank at 3330), and puts a step of other tokens on the line between them."""
+    for (ranks, tokens), measured in TINY_CPU.items():
+        split = predict(ranks, tokens)
+        for stage in ("generation", "logprobs", "update"):
+            assert getattr(split, stage) == pytest.approx(getattr(measured, stage), rel=1e-9), (ranks, tokens, stage)
+    halfway = predict(1, (1666 + 3330) / 2).update
+    assert halfway == pytest.approx((TINY_CPU[1, 1666].update + TINY_CPU[1, 3330].update) / 2)
