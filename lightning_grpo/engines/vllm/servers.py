@@ -219,6 +219,7 @@ class ServerPool:
         self.pinned: dict[str, int] = {}  # this step's agent episodes -> the server that serves them
         self.pinned_on: Counter[int] = Counter()  # episodes pinned to each server
         self.moved_sessions = 0  # episodes whose server failed and that went on on another, this step
+        self.turns = 0  # agent episodes' turns served this step (complete_sessions)
 
     def __getstate__(self) -> dict[str, Any]:  # a copy for another process: a lock and a session of its own
         return {k: v for k, v in self.__dict__.items() if k not in ("lock", "session")}
@@ -270,6 +271,8 @@ class ServerPool:
         """One completion of each prompt (an agent episode's next turn) with its log-probs, each its own request
         (``options[i]``: its budget and seed) sent at once, every one to its episode's server."""
         width = max(1, min(SESSION_THREADS, len(prompts)))
+        with self.lock:
+            self.turns += len(prompts)
         with ThreadPoolExecutor(max_workers=width) as threads:
             answers = list(threads.map(lambda i: self._turn(model, prompts[i], options[i], sessions[i]),
                                        range(len(prompts))))  # fmt: skip
@@ -345,9 +348,10 @@ class ServerPool:
             if self.router is None:
                 metrics.pop("servers/router/requests")
             metrics["servers/retried_groups"] = float(self.retried_groups)
-            metrics["servers/moved_sessions"] = float(self.moved_sessions)
+            if self.turns:  # a step that served agent episodes
+                metrics["servers/moved_sessions"] = float(self.moved_sessions)
             self.requests = dict.fromkeys(self.requests, 0)
-            self.retried_groups, self.failures, self.moved_sessions = 0, [], 0
+            self.retried_groups, self.failures, self.moved_sessions, self.turns = 0, [], 0, 0
             self.pinned, self.pinned_on = {}, Counter()  # a step's episodes end with it
         return metrics
 
