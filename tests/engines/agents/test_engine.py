@@ -226,7 +226,8 @@ def test_the_trained_tokens_are_the_served_tokens(tool_model_dir, tmp_path, samp
 
 
 def test_a_sampler_that_cannot_serve_is_refused_when_built():
-    """A sampler without ``complete`` (``VLLMServer`` serves the endpoint: tests/test_vllm_sticky_sessions.py)."""
+    """A sampler without ``complete`` is refused (``VLLMServer`` serves the endpoint:
+    tests/engines/vllm/test_servers_sticky.py)."""
     from lightning_grpo.engines import RolloutFunction
 
     with pytest.raises(ValueError, match="sampler must be an engine that serves the endpoint.*got RolloutFunction"):

@@ -11,18 +11,18 @@ import sys
 import threading
 import time
 from collections import Counter
-from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
 import requests
+from helpers import TESTS
 
 from lightning_grpo.demo.tiny import TOOL_CHAT_TEMPLATE
 from lightning_grpo.engines import OpenAIAgent, VLLMServer
 from lightning_grpo.model.policy import Policy
 from lightning_grpo.rollout import SamplingConfig
 
-FAKE_SERVER = next(Path(__file__).parent.rglob("vllm_fake_server.py"))
+FAKE_SERVER = TESTS / "engines" / "vllm" / "vllm_fake_server.py"
 TURNS = 3
 OUTAGE: dict = {}  # "server": the stand-in the first agent to get its first reply kills; "served": what it had served
 OUTAGE_LOCK = threading.Lock()

@@ -8,18 +8,17 @@ import socket
 import subprocess
 import sys
 import time
-from pathlib import Path
 
 import lightning as L
 import pytest
 import requests
 import torch
-from helpers import fit, length_reward, make_module
+from helpers import TESTS, fit, length_reward, make_module
 
 from lightning_grpo.data import PromptDataModule
 from lightning_grpo.engines import AsyncRollouts, VLLMServer
 
-FAKE_SERVER = next(Path(__file__).parent.rglob("vllm_fake_server.py"))
+FAKE_SERVER = TESTS / "engines" / "vllm" / "vllm_fake_server.py"
 
 
 class StandIn:
