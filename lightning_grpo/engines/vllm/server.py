@@ -152,6 +152,7 @@ class VLLMServer(RolloutEngine):
             )
         self.controls: list[ServerControl] = []  # every server's control plane (used on global rank 0)
         self.pool: ServerPool | None = None  # this rank's data plane
+        self.routed: set[int] = set()  # the servers the router was last told to serve (rank 0)
         self.rank, self.world_size = 0, 1
         self.synced_step: int | None = None
         self.trainer: Any = None
@@ -203,6 +204,7 @@ class VLLMServer(RolloutEngine):
             self.pool = ServerPool(self.urls, self.router_url, self.rank, self.max_tries, self.request_timeout)
             self.controls = [ServerControl(url, str(i), self.sync_timeout) for i, url in enumerate(self.urls)]
             self.base_model = self.model_name = self._served_model()
+            self.routed = set(range(len(self.urls)))  # the router starts with every server of its --worker-urls
         if self.rank != 0:
             return
         if self.weight_transfer == "disk":  # a folder of this run's own unless weights_dir names one
@@ -393,12 +395,14 @@ class VLLMServer(RolloutEngine):
 
     def _serve(self, live: set[int]) -> None:
         """From now on requests go to ``live`` (every rank: computed from rank 0's answers) and name what the live
-        servers serve (the adapter version loaded last); the router is told who left and who came back.
+        servers serve (the adapter version loaded last); the router is told who left and who came back since it
+        was last told (not since the pool's ``live``: a failed request already took its server out of that).
         ``NoServerLeft`` when none is live."""
         if self.rank == 0:
             for i in range(len(self.urls)):
-                if (i in live) != (i in self.pool.live):
+                if (i in live) != (i in self.routed):
                     self.pool.tell_router("add_worker" if i in live else "remove_worker", self.urls[i])
+            self.routed = set(live)
         served = self.controls[min(live)].model if self.rank == 0 and live else None  # the adapter loaded last
         self.pool.live, self.model_name = set(live), self.from_rank_zero(served) or self.base_model
         if not live:

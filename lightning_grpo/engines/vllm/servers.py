@@ -162,13 +162,15 @@ class ServerControl:
 
     def load_adapter(self, version: AdapterVersion) -> None:
         """``version`` loaded under its own name (a name already loaded is refused), requests served with it from
-        now on, the previous version unloaded (``/v1/models`` lists every loaded one)."""
-        if version.name in self.served_models():  # a server that missed no version (caught up twice)
+        now on, the previous version unloaded when the server holds it (``/v1/models`` lists every loaded one; a
+        server restarted since holds none)."""
+        served = self.served_models()
+        if version.name in served:  # a server that missed no version (caught up twice)
             self.model = version.name
             return
         self._lora("load_lora_adapter", {"lora_name": version.name, "lora_path": version.path})
         previous, self.model = self.model, version.name
-        if previous not in ("", self.base_model, version.name):
+        if previous in served and previous not in (self.base_model, version.name):
             self._lora("unload_lora_adapter", {"lora_name": previous})
 
     def _lora(self, endpoint: str, body: dict[str, str]) -> None:
