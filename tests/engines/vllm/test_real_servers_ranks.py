@@ -117,7 +117,10 @@ def servers(tmp_path_factory):
     folder = tmp_path_factory.mktemp("servers")
     model_dir = str(folder / "tiny-qwen2-hd64")
     write_tiny_qwen2_hd64(model_dir)
-    env = serve_env({**os.environ, **LORA_ENV, "OMP_NUM_THREADS": "1", "VLLM_CPU_OMP_THREADS_BIND": "0"})
+    # VLLMColocate on CPU sets VLLM_ENABLE_V1_MULTIPROCESSING=0 in this process (an earlier test's engine): a server
+    # started with it logs no requests, which these tests read
+    inherited = {k: v for k, v in os.environ.items() if k != "VLLM_ENABLE_V1_MULTIPROCESSING"}
+    env = serve_env({**inherited, **LORA_ENV, "OMP_NUM_THREADS": "1", "VLLM_CPU_OMP_THREADS_BIND": "0"})
     options = [*lora_options(LORA["r"]), "--enable-log-requests"]
     started = []
     try:
