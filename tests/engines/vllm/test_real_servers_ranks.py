@@ -41,6 +41,9 @@ if not Path(ROUTER).exists():
 
 
 pytestmark = pytest.mark.slow
+# The environment before any test ran: an in-process vLLM engine of an earlier test (VLLMColocate) leaves variables
+# behind, and servers started with them log no requests, which these tests read
+ENV_AT_START = dict(os.environ)
 LORA = {"r": 4, "lora_alpha": 8, "target_modules": "all-linear"}
 RUN_STEPS, SEED = 3, 1000  # tests/multiprocess/vllm_real_servers_run.py's
 # one server's request log: "Received request <id>-<k>: params: SamplingParams(n=4, ... seed=1008, ..."
@@ -117,10 +120,7 @@ def servers(tmp_path_factory):
     folder = tmp_path_factory.mktemp("servers")
     model_dir = str(folder / "tiny-qwen2-hd64")
     write_tiny_qwen2_hd64(model_dir)
-    # VLLMColocate on CPU sets VLLM_ENABLE_V1_MULTIPROCESSING=0 in this process (an earlier test's engine): a server
-    # started with it logs no requests, which these tests read
-    inherited = {k: v for k, v in os.environ.items() if k != "VLLM_ENABLE_V1_MULTIPROCESSING"}
-    env = serve_env({**inherited, **LORA_ENV, "OMP_NUM_THREADS": "1", "VLLM_CPU_OMP_THREADS_BIND": "0"})
+    env = serve_env({**ENV_AT_START, **LORA_ENV, "OMP_NUM_THREADS": "1", "VLLM_CPU_OMP_THREADS_BIND": "0"})
     options = [*lora_options(LORA["r"]), "--enable-log-requests"]
     started = []
     try:
