@@ -172,7 +172,7 @@ class GRPOModule(L.LightningModule):
     @override
     def setup(self, stage: str) -> None:
         """The rollout engine's own set-up, once Lightning has started the processes (vLLM joins their group)."""
-        destroy_process_group_at_exit()
+        destroy_process_group_at_exit(self.trainer)
         self.engine.setup(self.policy, self.trainer, self.settings.seed)
         if stage == "fit":
             self.engine.use_rewards(self.rewards)

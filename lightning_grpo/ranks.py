@@ -84,12 +84,14 @@ def own_state(saved: dict[str, Any], what: str) -> dict[str, Any]:
     return {}
 
 
-def destroy_process_group_at_exit() -> None:
-    """Have the default process group destroyed at interpreter exit, while Python is still whole. Lightning does
-    so for NCCL only; a gloo group left to the interpreter's finalisation can abort a process whose fit succeeded
-    (SIGABRT, "terminate called without an active exception": gloo's worker threads still hold work whose tensors
-    are freed after the interpreter is gone, pytorch/pytorch#179291). Once per process, however often called."""
-    if dist.is_available() and dist.is_initialized():
+def destroy_process_group_at_exit(trainer: L.Trainer) -> None:
+    """Have the default process group of a multi-process run destroyed at interpreter exit, while Python is still
+    whole. Lightning does so for NCCL only; a gloo group left to the interpreter's finalisation can abort a process
+    whose fit succeeded (SIGABRT, "terminate called without an active exception": gloo's worker threads still hold
+    work whose tensors are freed after the interpreter is gone, pytorch/pytorch#179291). A one-process run's group
+    is not Lightning's (an in-process vLLM engine makes its own and cleans it up at exit) and is left alone. Once
+    per process, however often called."""
+    if trainer.world_size > 1 and dist.is_available() and dist.is_initialized():
         atexit.unregister(_destroy_process_group)
         atexit.register(_destroy_process_group)
 
