@@ -170,14 +170,15 @@ class VLLMServer(RolloutEngine):
     weights_outside = True
 
     @override
-    def serving(self) -> tuple[list[int], str | None]:
-        """The live servers and the model name requests give (the adapter version loaded last)."""
-        return sorted(self.pool.live), self.model_name
+    def serving(self) -> tuple[list[int], str | None, dict[int, float | None]]:
+        """The live servers, the model name requests give (the adapter version loaded last) and the processes that
+        got the last push (``ServerPool.check_restarts``)."""
+        return sorted(self.pool.live), self.model_name, dict(self.pool.started)
 
     @override
-    def serve_as(self, serving: tuple[list[int], str | None]) -> None:
-        live, self.model_name = serving
-        self.pool.live = set(live)
+    def serve_as(self, serving: tuple[list[int], str | None, dict[int, float | None]]) -> None:
+        live, self.model_name, started = serving
+        self.pool.expect(set(live), started)
 
     def __getstate__(self) -> dict[str, Any]:
         """What a copy in another process (``AsyncRollouts``' producer) holds: the data plane; the trainer, the
@@ -366,25 +367,33 @@ class VLLMServer(RolloutEngine):
         """Send the policy's weights (or its adapter) to every live server and check each (``WeightSync``); a
         server back in service gets them too before it serves again. Every rank calls it: the ranks agree on the
         live servers, a sharded policy is gathered first (a collective); rank 0 talks to the servers while the
-        others wait, at most ``sync_timeout`` seconds."""
+        others wait, at most ``sync_timeout`` seconds. Rank 0 reads each server's process (``process_start``)
+        before pushing to it: the ranks check it before each step's requests (``ServerPool.check_restarts``), so
+        a server restarted after its push serves nothing before it has the weights again."""
         self.synced_step = self.trainer.global_step
         out = set(range(len(self.urls))) - self._agreed_live()
         back = self.from_rank_zero(self._answering(out) if self.rank == 0 else None)
+        started = self._process_starts(set(range(len(self.urls))) - out)  # before the push: a restart after it shows
         live = {str(i): self.controls[i] for i in range(len(self.urls)) if i not in out}
         self.weight_sync(policy, live, self.synced_step)
         lost = set(map(int, self.weight_sync.unreachable))
+        started |= self._process_starts(set(back))
         self.weight_sync.catch_up(policy, {str(i): self.controls[i] for i in back}, self.synced_step)
         returned = set(back) - set(map(int, self.weight_sync.unreachable))
         live = (set(range(len(self.urls))) - out - lost) | returned
         for i in set(range(len(self.urls))) - live:  # logged as nothing moved (a logger would repeat the last push)
             self.weight_sync.metrics.update(push_metrics(0, 0.0, str(i)))
-        self._serve(live)
+        self._serve(live, started)
         bounded_barrier(self.sync_timeout, f"VLLMServer's weight sync of step {self.synced_step}", self.world_size)
 
     def _answering(self, out: set[int]) -> list[int]:
         """Rank 0: the servers of ``out`` that answer ``/health`` again. None under ``"nccl"``: a restarted server
         left its weight-update group, and joining it again is not built."""
         return [i for i in sorted(out) if self.controls[i].healthy()] if self.weight_transfer == "disk" else []
+
+    def _process_starts(self, servers: set[int]) -> dict[int, float | None]:
+        """Rank 0: each server's ``process_start`` (one ``GET /metrics`` each); empty elsewhere."""
+        return {i: self.controls[i].process_start() for i in sorted(servers)} if self.rank == 0 else {}
 
     def _agreed_live(self) -> set[int]:
         """The servers no rank has taken out since the last sync."""
@@ -393,18 +402,20 @@ class VLLMServer(RolloutEngine):
             live = live & set(other)
         return live
 
-    def _serve(self, live: set[int]) -> None:
-        """From now on requests go to ``live`` (every rank: computed from rank 0's answers) and name what the live
-        servers serve (the adapter version loaded last); the router is told who left and who came back since it
-        was last told (not since the pool's ``live``: a failed request already took its server out of that).
-        ``NoServerLeft`` when none is live."""
+    def _serve(self, live: set[int], started: dict[int, float | None]) -> None:
+        """From now on requests go to ``live`` (every rank: computed from rank 0's answers), whose processes are
+        ``started`` (rank 0's), and name what the live servers serve (the adapter version loaded last); the router
+        is told who left and who came back since it was last told (not since the pool's ``live``: a failed request
+        already took its server out of that). ``NoServerLeft`` when none is live."""
         if self.rank == 0:
             for i in range(len(self.urls)):
                 if (i in live) != (i in self.routed):
                     self.pool.tell_router("add_worker" if i in live else "remove_worker", self.urls[i])
             self.routed = set(live)
         served = self.controls[min(live)].model if self.rank == 0 and live else None  # the adapter loaded last
-        self.pool.live, self.model_name = set(live), self.from_rank_zero(served) or self.base_model
+        served, started = self.from_rank_zero((served, {i: started.get(i) for i in live}))
+        self.pool.expect(live, started)
+        self.model_name = served or self.base_model
         if not live:
             raise NoServerLeft(
                 f"VLLMServer: no server answers after the weight sync of step {self.synced_step} "

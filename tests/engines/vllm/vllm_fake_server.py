@@ -2,10 +2,12 @@
 standard library, generating with Hugging Face ``generate`` on a real model.
 
 ``python vllm_fake_server.py MODEL_DIR PORT``. Endpoints, as vLLM's server answers them:
-- ``GET /health``, ``GET /v1/models``, ``GET /get_world_size``, ``GET /server_info`` (a weight-transfer config);
+- ``GET /health``, ``GET /v1/models``, ``GET /get_world_size``, ``GET /server_info`` (a weight-transfer config),
+  ``GET /metrics`` (Prometheus text: the process's ``process_start_time_seconds`` alone);
 - ``POST /v1/completions``: token-id prompts, ``n`` completions each (prompt-major), sampled with the request's
   seed, with each sampled token's processed log-prob (after temperature, top-k/p: ``--logprobs-mode
-  processed_logprobs``) as ``token_id:<id>`` entries (``return_tokens_as_token_ids``);
+  processed_logprobs``) as ``token_id:<id>`` entries (``return_tokens_as_token_ids``); a request naming another
+  model than the server's answered 404 "The model `X` does not exist." as vLLM answers it;
 - ``POST /init_weight_transfer_engine``: connects to the trainer's group (``init_info``'s address and port);
   ``/start_weight_update``, ``/update_weights`` (receives the announced tensors from the stream, checks each
   name, dtype and shape, and loads it), ``/finish_weight_update``; ``POST /reset_prefix_cache``;
@@ -50,8 +52,11 @@ class Server:
             "sessions": [],  # each /v1/completions request's X-Session-ID header (None: not sent)
         }
         self.updating = False
+        self.started = time.time()  # vLLM's /metrics: Prometheus' process_start_time_seconds
 
     def completions(self, body: dict) -> dict:
+        if body.get("model", self.name) != self.name:  # vLLM's answer to a model (an adapter) it does not serve
+            raise LookupError(f"The model `{body['model']}` does not exist.")
         prompts, n = body["prompt"], body.get("n", 1)
         self.stats["generate_requests"].append({"prompts": len(prompts), "n": n})
         self.stats["sampling_options"].append(body.get("skip_special_tokens"))  # from sampling.generation_kwargs
@@ -162,7 +167,7 @@ class Server:
             return {}
         raise LookupError(path)
 
-    def get(self, path: str) -> dict:
+    def get(self, path: str) -> dict | str:
         if path == "/health":
             return {}
         if path == "/v1/models":
@@ -174,6 +179,8 @@ class Server:
             return {"vllm_config": {"weight_transfer_config": {"backend": "nccl"}}}
         if path == "/stats":
             return self.stats
+        if path == "/metrics":
+            return f"process_start_time_seconds {self.started:.2f}\n"
         raise LookupError(path)
 
 
@@ -195,9 +202,10 @@ def handler(server: Server) -> type[BaseHTTPRequestHandler]:
                 status, payload = 404, {"error": f"not found: {err}"}
             except Exception as err:  # the client raises on any non-200 with this text
                 status, payload = 400, {"error": f"{type(err).__name__}: {err}"}
-            data = json.dumps(payload).encode()
+            text = isinstance(payload, str)  # /metrics: Prometheus' text format
+            data = (payload if text else json.dumps(payload)).encode()
             self.send_response(status)
-            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Type", "text/plain" if text else "application/json")
             self.send_header("Content-Length", str(len(data)))
             self.end_headers()
             self.wfile.write(data)
