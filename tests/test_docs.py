@@ -35,6 +35,7 @@ from helpers import ROOT
 
 from lightning_grpo import GRPOModule, PromptDataModule
 from lightning_grpo.callbacks import (
+    Alerts,
     CompletionSampleLogger,
     HFExport,
     KLAlert,
@@ -43,6 +44,8 @@ from lightning_grpo.callbacks import (
     PreemptionCheckpoint,
     RewardMonitor,
     RunSummary,
+    ToolUseAlert,
+    UnscoredRewardAlert,
 )
 from lightning_grpo.callbacks.threads import TorchThreads
 from lightning_grpo.cli.main import main
@@ -75,9 +78,12 @@ CONFIG_SECTIONS = {  # prefix in the docs -> the class whose constructor takes t
     "model": GRPOModule,
     "data": PromptDataModule,
     "trainer": L.Trainer,
-    "collapse_alert": ModeCollapseAlert,
-    "kl_alert": KLAlert,
-    "mismatch_alert": MismatchAlert,
+    "alerts": Alerts,
+    "alerts.collapse": ModeCollapseAlert,
+    "alerts.kl": KLAlert,
+    "alerts.mismatch": MismatchAlert,
+    "alerts.unscored": UnscoredRewardAlert,
+    "alerts.tools": ToolUseAlert,
     "reward_monitor": RewardMonitor,
     "samples": CompletionSampleLogger,
     "summary": RunSummary,
@@ -356,8 +362,12 @@ def test_skill_stays_short_with_its_details_in_the_references():
 def test_skill_names_real_settings_and_files(doc):
     """Every `section.setting` a page names is a constructor argument; every file it names exists."""
     text = doc.read_text()
-    sections = "|".join(CONFIG_SECTIONS)
-    named = set(re.findall(rf"`({sections})\.(\w+)", text)) - {("samples", "jsonl"), ("summary", "json")}  # files
+    sections = "|".join(re.escape(s) for s in sorted(CONFIG_SECTIONS, key=len, reverse=True))  # alerts.kl first
+    named = set(re.findall(rf"`({sections})\.(\w+)", text)) - {
+        ("samples", "jsonl"),
+        ("summary", "json"),
+        ("alerts", "jsonl"),
+    }  # files
     for section, name in named:
         assert name in inspect.signature(CONFIG_SECTIONS[section].__init__).parameters, f"{section}.{name}"
     for path in set(re.findall(r"(?:templates|examples|tests)/\w+\.(?:py|yaml)|references/\w+\.md", text)):

@@ -1,5 +1,6 @@
 """Callbacks that observe a GRPO run: they log, warn, or stop the trainer; they never change the math."""
 
+from lightning_grpo.callbacks.alert_set import Alerts
 from lightning_grpo.callbacks.alerts import Alert, GRPOAlertError
 from lightning_grpo.callbacks.collapse import ModeCollapseAlert
 from lightning_grpo.callbacks.distill import DistillAlert
@@ -19,6 +20,7 @@ from lightning_grpo.callbacks.unscored import UnscoredRewardAlert
 
 __all__ = [
     "Alert",
+    "Alerts",
     "CompletionSampleLogger",
     "DistillAlert",
     "FaultCheckpoint",

@@ -26,7 +26,7 @@ from lightning_grpo.types import StepRecord, completion_text, nanstd, zero_std_f
 # cold for a group to differ, then updates too large.
 ADVICE = (
     "check the reward functions can tell completions apart (samples.jsonl: different completions of a prompt "
-    "with equal rewards), and set collapse_alert.reward_ceiling if groups are all correct; then a higher "
+    "with equal rewards), and set alerts.collapse.reward_ceiling if groups are all correct; then a higher "
     "model.sampling.temperature (0.7-1.0) or double model.num_generations; then halve model.optim.learning_rate, "
     "model.loss.beta 0.04 if it is 0, or model.loss.epsilon_high 0.28"
 )

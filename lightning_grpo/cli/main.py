@@ -14,8 +14,8 @@ Every constructor argument is a config key with its docstring as ``--help``; a s
 has the docstring under it (``checks.field_help``). Always on, each with its own
 config section: the run summary (``summary:``), the Hugging Face export (``export:``), the reward monitor
 (``reward_monitor:``), the mode-collapse, KL, sampler-mismatch, unscored-reward and tool-use alerts
-(``collapse_alert:``, ``kl_alert:``, ``mismatch_alert:``, ``unscored_alert:``, ``tool_alert:``, action
-``warn``), the sample logger (``samples:``), ``metrics.jsonl`` for ``report`` (``MetricsFile``, no settings),
+(``alerts:``, each ``warn`` by default or ``null`` for off: ``callbacks/alert_set.py``), the sample logger
+(``samples:``), ``metrics.jsonl`` for ``report`` (``MetricsFile``, no settings),
 the preemption checkpoint (``preemption:``: SIGTERM or Ctrl+C save ``checkpoints/last.ckpt`` and exit) and
 torch's threads per process (``threads:``). All of them write into the run's own directory, whatever the logger.
 Other callbacks go under ``trainer.callbacks``.
@@ -41,18 +41,15 @@ from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
 from lightning.pytorch.utilities import rank_zero_warn
 
 from lightning_grpo.callbacks import (
+    Alerts,
     CompletionSampleLogger,
     HFExport,
-    KLAlert,
     MetricsFile,
-    MismatchAlert,
-    ModeCollapseAlert,
     PreemptionCheckpoint,
     RewardMonitor,
     RunSummary,
-    ToolUseAlert,
-    UnscoredRewardAlert,
 )
+from lightning_grpo.callbacks.alert_set import MOVED
 from lightning_grpo.callbacks.faults import FaultCheckpoint
 from lightning_grpo.callbacks.final import ValidateAtEnd
 from lightning_grpo.callbacks.progress import StepProgressBar
@@ -112,10 +109,13 @@ def first_clause(doc: str) -> str:
 
 
 def default_text(action: Any) -> str:
-    """`` [0.2]`` for a default of 0.2 (``true``/``false`` as in YAML); nothing for ``None``."""
+    """`` [0.2]`` for a default of 0.2 (``true``/``false`` as in YAML), `` [KLAlert]`` for a class; nothing for
+    ``None``."""
     default = action.default
     if default is None or default == SUPPRESS or isinstance(default, (dict, list)) and not default:
         return ""
+    if isinstance(default, dict) and "class_path" in default:
+        return f" [{default['class_path'].rpartition('.')[2]}]"
     return f" [{str(default).lower() if isinstance(default, bool) else default}]"
 
 
@@ -230,7 +230,8 @@ def resolve_configs(argv: list[str]) -> list[str]:
 
 def check_yaml(argv: list[str]) -> None:
     """Every ``--config`` file parsed as YAML first, so a syntax error names the file and its line (jsonargparse
-    names ``<unicode string>``); a tab in the indentation, YAML's most common one, says to use spaces."""
+    names ``<unicode string>``); a tab in the indentation, YAML's most common one, says to use spaces. The sections
+    that moved (``kl_alert:``) are named together, with where each went."""
     import yaml
 
     for path in [Path(b) for a, b in zip(argv, argv[1:]) if a in ("--config", "-c")] + [
@@ -240,9 +241,16 @@ def check_yaml(argv: list[str]) -> None:
             continue
         text = path.read_text(encoding="utf-8", errors="replace")
         try:
-            yaml.safe_load(text)
+            config = yaml.safe_load(text)
         except yaml.YAMLError as err:
             raise SystemExit(f"lightning-grpo: error: --config {str(path)!r}: {yaml_problem(err, text)}") from None
+        moved = (
+            [f"`{key}:` moved to `{MOVED[key]}:`" for key in config if key in MOVED] if isinstance(config, dict) else []
+        )
+        if moved:  # every moved section at once, not one per try
+            raise SystemExit(
+                f"lightning-grpo: error: --config {str(path)!r}: {', '.join(moved)}, the same settings under it"
+            )
 
 
 def yaml_problem(err: Any, text: str) -> str:
@@ -259,8 +267,9 @@ def yaml_problem(err: Any, text: str) -> str:
 def check_not_bare(argv: list[str]) -> None:
     """``lightning-grpo fit`` with neither a config nor a dataset: say what to run instead of failing on the first
     missing setting."""
-    if argv[:1] != ["fit"] or any(a.startswith(("-h", "--help", "--print_config", "--config", "-c")) for a in argv):
-        return
+    asks = ("-h", "--help", "--print_config", "--config", "-c")
+    if argv[:1] != ["fit"] or any(a.startswith(asks) or a.split("=")[0].endswith(".help") for a in argv):
+        return  # `--alerts.kl.help KLAlert` asks for a class's options
     if not any(a.startswith("--data.dataset") or a.startswith("--data=") for a in argv):
         raise SystemExit(
             "lightning-grpo fit needs a config: `lightning-grpo fit --config tiny_cpu` trains the embedded tiny "
@@ -339,8 +348,9 @@ class GRPOCLI(LightningCLI):
         """The trainer, with ``MetricsFile`` and ``FaultCheckpoint`` (no settings), ``StepProgressBar`` unless the
         progress bar is off or another one is configured, and atomic checkpoint writes unless another
         ``CheckpointIO`` plugin is configured."""
-        config = self.config_init[self.subcommand]["trainer"] if self.subcommand else self.config_init["trainer"]
-        callbacks = [*(config.get("callbacks") or []), MetricsFile(), FaultCheckpoint()]
+        init = self.config_init[self.subcommand] if self.subcommand else self.config_init
+        config = init["trainer"]
+        callbacks = [*(config.get("callbacks") or []), *init["alerts"].callbacks(), MetricsFile(), FaultCheckpoint()]
         if config.get("enable_progress_bar") is not False and not any(isinstance(c, ProgressBar) for c in callbacks):
             callbacks.append(StepProgressBar())
         plugins = config.get("plugins") or []
@@ -368,11 +378,7 @@ class GRPOCLI(LightningCLI):
         parser.add_lightning_class_args(RunSummary, "summary")
         parser.add_lightning_class_args(HFExport, "export")
         parser.add_lightning_class_args(RewardMonitor, "reward_monitor")
-        parser.add_lightning_class_args(ModeCollapseAlert, "collapse_alert")
-        parser.add_lightning_class_args(KLAlert, "kl_alert")
-        parser.add_lightning_class_args(MismatchAlert, "mismatch_alert")
-        parser.add_lightning_class_args(UnscoredRewardAlert, "unscored_alert")
-        parser.add_lightning_class_args(ToolUseAlert, "tool_alert")
+        parser.add_class_arguments(Alerts, "alerts", sub_configs=True)
         parser.add_lightning_class_args(CompletionSampleLogger, "samples")
         parser.add_lightning_class_args(PreemptionCheckpoint, "preemption")
         parser.add_lightning_class_args(TorchThreads, "threads")

@@ -10,6 +10,7 @@ import importlib
 import inspect
 import re
 
+from lightning_grpo.callbacks.alert_set import MOVED as MOVED_SECTIONS
 from lightning_grpo.settings import MOVED
 
 NO_ATTRIBUTE = re.compile(r"module '([\w.]+)' has no attribute '(\w+)'")
@@ -35,15 +36,29 @@ def did_you_mean(message: str, options: list[str]) -> str:
     '; did you mean --model.num_generations?'
     >>> did_you_mean("unrecognized arguments: --model.peft_config {}", [])
     '; --model.peft_config moved to --model.policy.peft_config (settings sections: `lightning-grpo fit --help`)'
+    >>> did_you_mean("Subcommand 'fit' does not accept option 'kl_alert.max_kl'", [])
+    '; --kl_alert.max_kl moved to --alerts.kl.max_kl (settings sections: `lightning-grpo fit --help`)'
     """
     unknown = unknown_options(message)
     keys = {u: u[8:].split(".")[0] for u in unknown if u.startswith("--model.")}  # --model.peft_config.r: peft_config
     moved = [f"--model.{k} moved to --model.{MOVED[k]}" for k in dict.fromkeys(keys.values()) if k in MOVED]
+    moved += moved_sections(unknown)
     if moved:
         return "; " + ", ".join(moved) + " (settings sections: `lightning-grpo fit --help`)"
     close = [m for u in unknown if u not in options for m in difflib.get_close_matches(u, options, n=1, cutoff=0.8)]
     close += import_suggestions(message) + init_args_suggestions(message)
     return f"; did you mean {', '.join(dict.fromkeys(close))}?" if close else ""
+
+
+def moved_sections(options: list[str]) -> list[str]:
+    """``--kl_alert.max_kl moved to --alerts.kl.max_kl`` for each option of a section that became part of another
+    (``callbacks/alert_set.py``'s ``MOVED``)."""
+    out = []
+    for option in options:
+        section, dot, rest = option.removeprefix("--").partition(".")
+        if section in MOVED_SECTIONS:
+            out.append(f"{option} moved to --{MOVED_SECTIONS[section]}{dot}{rest}")
+    return out
 
 
 def import_suggestions(message: str) -> list[str]:

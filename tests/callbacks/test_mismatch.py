@@ -143,7 +143,7 @@ def test_the_cli_has_it_on_and_a_run_shows_it(tiny_model_dir, arith_jsonl, tmp_p
     flags = ["--trainer.max_steps", "3", "--trainer.log_every_n_steps", "1", "--trainer.num_sanity_val_steps", "0"]
     flags += ["--trainer.limit_val_batches", "0", "--trainer.default_root_dir", str(root), "--data.batch_size", "4"]
     flags += ["--model.model", tiny_model_dir, "--data.dataset", arith_jsonl, "--model.num_generations", "4"]
-    flags += ["--model.rollout_engine", engine, "--mismatch_alert.patience", "2"]
+    flags += ["--model.rollout_engine", engine, "--alerts.mismatch.patience", "2"]
     main(["fit", "--config", "templates/tiny_cpu.yaml", *flags])
     run = next(root.glob("lightning_logs/version_*"))
     rows = [r for r in lines(run / "metrics.jsonl") if "train/loss" in r]

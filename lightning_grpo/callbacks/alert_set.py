@@ -1,0 +1,63 @@
+"""Alerts: the CLI's ``alerts:`` section, the five run alerts that are on by default, each settable or turned off.
+
+::
+
+    alerts:
+      collapse: {patience: 30}        # ModeCollapseAlert's settings; the others keep theirs
+      kl: {max_kl: 1.0, action: stop}
+      tools: null                     # off
+
+``--alerts.kl.max_kl 1.0`` sets one on the command line; ``--alerts.kl.help KLAlert`` lists an alert's settings,
+``--print_config`` shows them all with their values. In Python, put the alert callbacks in ``Trainer(callbacks=...)``
+directly. Each alert used to be a section of its own (``kl_alert:``); ``MOVED`` names where each went, and the
+CLI's error for an old section says it.
+"""
+
+from __future__ import annotations
+
+from jsonargparse import lazy_instance
+
+from lightning_grpo.callbacks.alerts import Alert
+from lightning_grpo.callbacks.collapse import ModeCollapseAlert
+from lightning_grpo.callbacks.divergence import KLAlert
+from lightning_grpo.callbacks.mismatch import MismatchAlert
+from lightning_grpo.callbacks.tool_use import ToolUseAlert
+from lightning_grpo.callbacks.unscored import UnscoredRewardAlert
+
+# the sections each alert had of its own -> its place now
+MOVED = {
+    "collapse_alert": "alerts.collapse",
+    "kl_alert": "alerts.kl",
+    "mismatch_alert": "alerts.mismatch",
+    "unscored_alert": "alerts.unscored",
+    "tool_alert": "alerts.tools",
+}
+
+
+class Alerts:
+    """The run's alerts, each on unless set to null (`--alerts.kl.help KLAlert` lists one's settings)
+
+    each warns, stops (after saving ``checkpoints/last.ckpt``) or raises when its signal lasts ``patience`` steps.
+
+    Args:
+        collapse: mode collapse or no learning signal (``ModeCollapseAlert``: reward std, identical groups,
+            entropy and length drops).
+        kl: divergence from the reference (``KLAlert``: KL level and growth, the clipped fraction).
+        mismatch: the sampler's and the trainer's log-probs of the sampled tokens drift apart (``MismatchAlert``).
+        unscored: a reward function leaves a step's completions unscored, NaN or None (``UnscoredRewardAlert``).
+        tools: the configured tools are never called, or their calls cannot be read (``ToolUseAlert``).
+    """
+
+    def __init__(
+        self,
+        collapse: ModeCollapseAlert | None = lazy_instance(ModeCollapseAlert),
+        kl: KLAlert | None = lazy_instance(KLAlert),
+        mismatch: MismatchAlert | None = lazy_instance(MismatchAlert),
+        unscored: UnscoredRewardAlert | None = lazy_instance(UnscoredRewardAlert),
+        tools: ToolUseAlert | None = lazy_instance(ToolUseAlert),
+    ) -> None:
+        self.alerts = [a for a in (collapse, kl, mismatch, unscored, tools) if a is not None]
+
+    def callbacks(self) -> list[Alert]:
+        """The alerts that are on, for ``Trainer(callbacks=...)``."""
+        return list(self.alerts)
