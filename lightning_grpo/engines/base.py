@@ -102,6 +102,11 @@ class RolloutEngine:
         (environments reset from them); single-turn engines ignore them."""
         raise NotImplementedError
 
+    def before_requests(self, policy: Policy) -> None:
+        """Called on every rank before a rollout's ``complete`` calls, which the agent endpoint makes only as its
+        agents ask (a rank whose agents ask nothing makes none): an engine whose first weight push is a collective
+        of the ranks (``VLLMServer``) makes it here, where every rank is."""
+
     def complete(
         self, policy: Policy, contexts: list[list[int]], budgets: list[int], sampling: SamplingConfig, greedy: bool
     ) -> list[tuple[list[int], list[float] | None]]:

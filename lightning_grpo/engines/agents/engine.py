@@ -179,6 +179,7 @@ class OpenAIAgent(RolloutEngine):
         columns: dict[str, list[Any]] | None = None,
     ) -> Rollout:
         self._start_endpoint()  # setup() is skipped when the engine is driven by hand
+        self.sampler.before_requests(policy)  # here every rank is; its agents may ask nothing
         rows = [{"prompt": p, **{k: v[i] for k, v in (columns or {}).items()}} for i, p in enumerate(prompts)]
         episodes = [
             ServedEpisode(uuid.uuid4().hex, dict(r), sampling.max_completion_length)

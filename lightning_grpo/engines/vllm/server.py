@@ -271,8 +271,7 @@ class VLLMServer(RolloutEngine):
         greedy: bool,
         columns: dict[str, list[Any]] | None = None,
     ) -> Rollout:
-        if self.synced_step is None:  # the server holds its start-up weights, or another run's: a resumed policy's
-            self.sync_weights(policy)  # differ, and a server outlives runs
+        self.before_requests(policy)
         tokenizer = policy.tokenizer
         prompt_ids, prompt_mask, num_truncated = tokenize_prompts(tokenizer, prompts, sampling)
         requests = [ids[mask.bool()].tolist() for ids, mask in zip(prompt_ids, prompt_mask)]
@@ -282,6 +281,13 @@ class VLLMServer(RolloutEngine):
         )
         rollout.metrics.update(self.served_metrics())
         return rollout
+
+    @override
+    def before_requests(self, policy: Policy) -> None:
+        """A run's first push, before its first request: the servers hold their start-up weights, or another run's
+        (a server outlives runs), and a resumed policy's differ. A collective of every rank (``sync_weights``)."""
+        if self.synced_step is None:
+            self.sync_weights(policy)
 
     @override
     def served_metrics(self) -> dict[str, float]:
@@ -311,8 +317,7 @@ class VLLMServer(RolloutEngine):
         budget of tokens, with the server's log-probs: one request each, every episode's turns on one server
         (``ServerPool.complete_sessions``: pinned by the pool, or by the router's ``consistent_hash`` policy on the
         ``X-Session-ID`` header), each its own seed (the G episodes of a prompt start alike)."""
-        if self.synced_step is None:  # as generate: the server may hold another run's weights
-            self.sync_weights(policy)
+        self.before_requests(policy)  # a no-op by now: OpenAIAgent called it on every rank before its agents asked
         user = dict(sampling.generation_kwargs or {})
         seed = user.pop("seed", None)
         seed = None if seed is None else seed + self.rank * len(contexts)  # each rank its own seeds
