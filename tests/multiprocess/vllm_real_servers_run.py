@@ -2,13 +2,15 @@
 (``tests/engines/vllm/test_real_servers_ranks.py`` starts them and the router); each rank writes what it saw to
 ``OUT/rank<k>.pt``.
 
-``python vllm_real_servers_run.py MODEL DATA OUT URL[,URL] ROUTER|- STEPS LORA(0|1) [OUTAGE_URL]`` in the vLLM
-venv. Every rank sends its own prompts (``seed`` 1000 in ``generation_kwargs``, moved by the rank: rank 0's
+``python vllm_real_servers_run.py MODEL DATA OUT URL[,URL] ROUTER|- STEPS LORA(0|1) [OUTAGE_URL [RESTART_AFTER]]``
+in the vLLM venv. Every rank sends its own prompts (``seed`` 1000 in ``generation_kwargs``, moved by the rank: rank 0's
 requests carry seed 1000, rank 1's 1008, which the servers' request logs show). After every step rank 0 asks each
 live server directly for its greedy tokens on the sync probe and checks them against the trained policy
 (``policy_side``), outside the engine's own check. With ``OUTAGE_URL`` rank 0 has that server killed after step 1
-(it writes ``OUT/kill``; the test, which owns the process, kills it) and restarted after step 2 (``OUT/restart``),
-and waits each time until it is down, then up. Lightning's launcher starts rank 1 by re-running this script.
+(it writes ``OUT/kill``; the test, which owns the process, kills it) and restarted after step ``RESTART_AFTER``
+(default 2; ``OUT/restart``), and waits each time until it is down, then up: with ``RESTART_AFTER`` 1 the server
+is another process by the next step, and no request failed. Lightning's launcher starts rank 1 by re-running this
+script.
 """
 
 import sys
@@ -59,24 +61,26 @@ class Recorder(L.Callback):
 
 
 class Outage(L.Callback):
-    """Rank 0 has the server of ``url`` killed after step 1 and restarted after step 2 (files in ``out``, which the
-    test watches), and waits until it is down, then until it answers ``/health`` again."""
+    """Rank 0 has the server of ``url`` killed after step 1 and restarted after step ``restart_after`` (files in
+    ``out``, which the test watches), and waits until it is down, then until it answers ``/health`` again."""
 
-    def __init__(self, url: str, out: Path) -> None:
-        self.url, self.out = url, out
+    def __init__(self, url: str, out: Path, restart_after: int) -> None:
+        self.url, self.out, self.restart_after = url, out, restart_after
 
     def on_train_batch_end(self, trainer, module, outputs, batch, batch_idx) -> None:
-        if trainer.global_rank == 0 and trainer.global_step in (1, 2):
-            up = trainer.global_step == 2
-            (self.out / ("restart" if up else "kill")).touch()
-            deadline = time.monotonic() + 300
-            while ServerControl(self.url, "", 5).healthy(timeout=2) != up:
-                assert time.monotonic() < deadline, f"{self.url} is not {'up' if up else 'down'} after 300 s"
-                time.sleep(0.5)
+        if trainer.global_rank != 0:
+            return
+        for ask, step, up in (("kill", 1, False), ("restart", self.restart_after, True)):
+            if trainer.global_step == step:
+                (self.out / ask).touch()
+                deadline = time.monotonic() + 300
+                while ServerControl(self.url, "", 5).healthy(timeout=2) != up:
+                    assert time.monotonic() < deadline, f"{self.url} is not {'up' if up else 'down'} after 300 s"
+                    time.sleep(0.5)
 
 
 def main(model_dir: str, data_path: str, out_dir: str, urls: str, router: str, steps: str, lora: str,
-         outage: str = "") -> None:  # fmt: skip
+         outage: str = "", restart_after: str = "2") -> None:  # fmt: skip
     torch.set_num_threads(1)
     L.seed_everything(0)
     engine = VLLMServer(
@@ -110,7 +114,7 @@ def main(model_dir: str, data_path: str, out_dir: str, urls: str, router: str, s
         enable_model_summary=False,
         limit_val_batches=0,
         default_root_dir=out_dir,
-        callbacks=[recorder, *([Outage(outage, Path(out_dir))] if outage else [])],
+        callbacks=[recorder, *([Outage(outage, Path(out_dir), int(restart_after))] if outage else [])],
     )
     trainer.fit(module, PromptDataModule(data_path, batch_size=2, val_split=None))
     state = {k: v.detach().clone() for k, v in module.policy.model.state_dict().items()}

@@ -8,6 +8,10 @@ of the tiny hd64 model behind ``vllm-router``, started once for the module:
 - A server killed mid-run and restarted on its port: its groups generated again on the other (counted, none scored
   as a failure), the health check brings it back, it gets the current weights (a LoRA policy: the base and the
   current adapter version) before it serves, and serves again.
+- A server restarted between two steps, no request failing (it answers, from its start-up weights): found another
+  process before the next step's first request, taken out, given the current weights, and back.
+- Sticky sessions through the real router (``--policy consistent_hash``): every turn of an agent episode, sent
+  through ``ServerPool`` with its ``X-Session-ID``, lands on one server.
 
 Skipped where vLLM or the router is not installed; failed instead with ``LIGHTNING_GRPO_REQUIRE_VLLM=1``. Every
 server process is ended by the fixture, whatever the test's outcome.
@@ -141,14 +145,17 @@ def servers(tmp_path_factory):
 
 
 def run_ranks(model_dir: str, data: str, out: Path, urls: list[str], router: str | None, steps: int = RUN_STEPS,
-              lora: bool = False, outage: Process | None = None) -> list[dict]:  # fmt: skip
+              lora: bool = False, outage: Process | None = None, restart_after: int = 2) -> list[dict]:  # fmt: skip
     """``tests/multiprocess/vllm_real_servers_run.py``: 2 gloo ranks of ``steps`` steps against ``urls`` (and
-    ``router``); each rank's record. With ``outage`` that server is killed when rank 0 asks (``out/kill``) and
-    started again on its port when it asks again (``out/restart``): this process owns it, so the fixture ends it
-    whatever happens."""
+    ``router``); each rank's record. With ``outage`` that server is killed when rank 0 asks (``out/kill``, after
+    step 1) and started again on its port when it asks again (``out/restart``, after step ``restart_after``): this
+    process owns it, so the fixture ends it whatever happens."""
     env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
     args = [model_dir, data, str(out), ",".join(urls), router or "-", str(steps), str(int(lora))]
-    command = [sys.executable, str(MULTIPROCESS / "vllm_real_servers_run.py"), *args, *([outage.url] if outage else [])]
+    args += [outage.url, str(restart_after)] if outage else []
+    command = [sys.executable, str(MULTIPROCESS / "vllm_real_servers_run.py"), *args]
+    if outage:
+        outage.marks = {}  # this run's kill and restart
     out.mkdir(parents=True, exist_ok=True)
     with open(out / "ranks.log", "w") as log:
         proc = subprocess.Popen(command, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
@@ -165,16 +172,26 @@ def run_ranks(model_dir: str, data: str, out: Path, urls: list[str], router: str
     return [torch.load(out / f"rank{r}.pt", weights_only=False) for r in (0, 1)]
 
 
-def test_two_ranks_each_send_their_own_requests_to_two_servers_and_run_as_with_one(servers, arith_jsonl, tmp_path):
-    """Full weights, 3 steps, 2 prompts x 4 completions a rank: first the same run against server 0 alone (no
-    router), then against both behind the router."""
-    (first, second), router, model_dir = servers
+@pytest.fixture(scope="module")
+def alone(servers, arith_jsonl, tmp_path_factory):
+    """Full weights, 3 steps, 2 prompts x 4 completions a rank, against server 0 alone (no router): the run the
+    others are compared with."""
+    (first, _), _, model_dir = servers
     start = time.monotonic()
-    alone = run_ranks(model_dir, arith_jsonl, tmp_path / "one", [first.url], None)
-    one_server_s, lines = time.monotonic() - start, [first.lines(), second.lines()]
+    ranks = run_ranks(model_dir, arith_jsonl, tmp_path_factory.mktemp("one"), [first.url], None)
+    print(f"2 ranks x 1 server: {time.monotonic() - start:.1f} s")
+    return ranks
+
+
+def test_two_ranks_each_send_their_own_requests_to_two_servers_and_run_as_with_one(
+    servers, alone, arith_jsonl, tmp_path
+):
+    """Full weights, 3 steps, 2 prompts x 4 completions a rank: the run against server 0 alone (``alone``), then
+    against both behind the router."""
+    (first, second), router, model_dir = servers
+    start, lines = time.monotonic(), [first.lines(), second.lines()]
     ranks = run_ranks(model_dir, arith_jsonl, tmp_path / "two", [first.url, second.url], router.url)
-    two_servers_s = time.monotonic() - start - one_server_s
-    print(f"2 ranks x 1 server: {one_server_s:.1f} s; 2 ranks x 2 servers + router: {two_servers_s:.1f} s")
+    print(f"2 ranks x 2 servers + router: {time.monotonic() - start:.1f} s")
 
     seeds = {0: str(SEED), 1: str(SEED + 1 * 4 * 2)}  # a rank's seed: moved past rank 0's (1 round x 4 x 2 prompts)
     logged_at = [server.requests_since(line) for server, line in zip((first, second), lines)]
@@ -271,3 +288,79 @@ def test_a_server_killed_mid_run_and_restarted_rejoins_with_the_current_adapter(
     told = [line for line in router.log.read_text().splitlines() if second.url in line and "worker" in line.lower()]
     assert any("Removed worker" in line for line in told) and any("Added worker" in line for line in told), told
     assert_same_run(alone, ranks)
+
+
+def test_a_server_restarted_between_two_steps_gets_the_weights_before_it_serves(servers, alone, arith_jsonl, tmp_path):
+    """Full weights, 3 steps: server 1 killed and restarted on its port right after step 1's push, so no request
+    fails: it answers, from its start-up (base) weights. Before step 2's first request each rank finds it another
+    process (``/metrics``' ``process_start_time_seconds``), takes it out (``servers/restarted``) and sends its
+    prompts to server 0 directly, not through the router (which still routes to it); the push after step 2 gives it
+    the current weights (checked), and step 3 runs on both. So the run is the one-server run: the same samples,
+    metrics and weights. Without the check, the router gives it step 2's requests before any reload."""
+    (first, second), router, model_dir = servers
+    start = time.monotonic()
+    ranks = run_ranks(model_dir, arith_jsonl, tmp_path / "two", [first.url, second.url], router.url,
+                      outage=second, restart_after=1)  # fmt: skip
+    print(f"2 ranks x 2 servers, one restarted between steps 1 and 2: {time.monotonic() - start:.1f} s")
+
+    # the restarted server's log: the catch-up's reload before its first sample (without the check: two of step 2's
+    # requests, through the router, first), and every sample the trained policy's: the one-server run
+    restarted = second.log.read_text().splitlines()[second.marks["restart"] :]
+    samples = [i for i, line in enumerate(restarted) if (m := RECEIVED.search(line)) and m[2] == "4"]
+    loads = [i for i, line in enumerate(restarted) if "POST /collective_rpc" in line]
+    assert samples and loads and loads[0] < samples[0], (loads, samples)
+    assert_same_run(alone, ranks)
+
+    by_step = [[record["steps"][i]["metrics"] for record in ranks] for i in range(RUN_STEPS)]
+    print("per step, each rank's (restarted, router requests, live servers):",
+          [[(m["servers/restarted"], m["servers/router/requests"], m["servers/live"]) for m in step]
+           for step in by_step])  # fmt: skip
+    assert [[m["servers/restarted"] for m in step] for step in by_step] == [[0, 0], [1, 1], [0, 0]]
+    assert [[m["servers/live"] for m in step] for step in by_step] == [[2, 2], [1, 1], [2, 2]]
+    assert all(m["servers/router/requests"] == 0 for m in by_step[1])  # step 2: server 0 directly
+    assert all(m["servers/retried_groups"] == 0 for step in by_step for m in step)  # nothing failed
+    assert all(m["servers/1/push_mb"] > 1 for m in by_step[2])  # the catch-up after step 2: the whole model
+    for record in ranks:
+        assert record["global_step"] == RUN_STEPS
+        assert all(min(step["rewards"]) > 0 and step["metrics"]["vllm/sync_logp_error"] < 1e-3
+                   for step in record["steps"])  # fmt: skip
+    assert all(probe["ok"] for step in ranks[0]["steps"] for probe in step["probes"].values())
+
+
+def test_the_router_s_consistent_hash_keeps_each_session_on_one_server(servers):
+    """16 agent episodes of 3 turns each through ``ServerPool.complete_sessions`` and a router running ``--policy
+    consistent_hash`` in front of both servers: every turn of an episode is logged at one server (each turn its own
+    seed, which the server's request log shows), and the episodes spread over both. Each turn's body differs (its
+    context grew, its seed moved): the router hashes the ``X-Session-ID`` header, not the body (its fallback without
+    one), else the 32 later turns would each land on either server by chance."""
+    from lightning_grpo.engines.vllm.servers import ServerPool
+
+    (first, second), _, model_dir = servers
+    port = free_port()
+    command = [ROUTER, "--host", "127.0.0.1", "--port", str(port), "--worker-urls", first.url, second.url,
+               "--policy", "consistent_hash", "--disable-retries", "--request-timeout-secs", "60",
+               "--prometheus-port", str(free_port())]  # the fixture's router holds the default one  # fmt: skip
+    router = Process(command, port, first.log.with_name("router_hash.log")).start()
+    try:
+        router.wait(timeout=120)
+        lines = [first.lines(), second.lines()]
+        pool = ServerPool([first.url, second.url], router.url, rank=0, max_tries=1, request_timeout=60)
+        sessions, turns = [f"episode-{k}" for k in range(16)], 3
+        contexts = [[3 + k, 4, 5] for k in range(len(sessions))]
+        for turn in range(turns):
+            options = [{"n": 1, "temperature": 1.0, "max_tokens": 2, "seed": 7000 + 10 * k + turn}
+                       for k in range(len(sessions))]  # fmt: skip
+            replies, _ = pool.complete_sessions(model_dir, contexts, options, sessions)
+            contexts = [context + reply + [6 + turn] for context, reply in zip(contexts, replies)]
+        metrics = pool.take_metrics()
+    finally:
+        router.stop()
+    assert metrics["servers/router/requests"] == len(sessions) * turns and metrics["servers/moved_sessions"] == 0
+    logged = [server.requests_since(line) for server, line in zip((first, second), lines)]
+    where = {k: {s for s, at in enumerate(logged) for turn in range(turns) if at[(1, str(7000 + 10 * k + turn))]}
+             for k in range(len(sessions))}  # fmt: skip
+    turns_logged = {k: sum(at[(1, str(7000 + 10 * k + t))] for at in logged for t in range(turns)) for k in where}
+    print("each episode's server:", where)
+    assert all(count == turns for count in turns_logged.values()), turns_logged
+    assert all(len(servers) == 1 for servers in where.values()), where  # sticky: one server per episode
+    assert set.union(*where.values()) == {0, 1}, where  # and spread (2 / 2^16 that a fair hash puts all on one)
