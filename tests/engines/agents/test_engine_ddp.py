@@ -1,12 +1,15 @@
 """The agent endpoint on two real processes (gloo, DDP and FSDP2) with synced generation: ranks whose agents ask a
-different number of times."""
+different number of times; and with a vLLM server as the sampler, a rank whose agents never ask."""
 
+import os
 import socket
 
 import pytest
+import requests
 from helpers import run_ranks
 
 from tests.engines.multiturn.test_tool_calling_training import chat_jsonl, tool_model_dir  # noqa: F401 (fixtures)
+from tests.engines.vllm.test_servers_sticky import StandIn
 
 pytest.importorskip("openai")
 
@@ -42,3 +45,21 @@ def two_free_ports() -> int:
                 continue
             return port
     raise RuntimeError("no two consecutive free ports on 127.0.0.1")
+
+
+@pytest.mark.slow  # ~60 s: a stand-in vLLM server and a 2-process run of two steps
+def test_a_rank_whose_agents_never_ask_keeps_step_with_the_server_s_weight_sync(tool_model_dir, chat_jsonl, tmp_path):  # noqa: F811
+    """Under DDP each rank's sampler is its own client of the server, and the weight sync is a collective of all
+    ranks: the first one must happen where every rank is, not at a rank's first request (rank 1's agents send
+    none), or the ranks' collectives cross (rank 0's sync meets rank 1's gather of rewards)."""
+    server = StandIn(tool_model_dir).wait()
+    try:
+        args = [tool_model_dir, chat_jsonl, str(tmp_path), server.url]
+        ranks = run_ranks("agents_server_ddp_run.py", args, tmp_path, env={**os.environ, "OMP_NUM_THREADS": "1"})
+        served = requests.get(f"{server.url}/stats", timeout=10).json()
+    finally:
+        server.kill()
+    assert ranks[0]["global_step"] == ranks[1]["global_step"] == 2
+    assert ranks[0]["requests"] == [1.0, 1.0] and ranks[1]["requests"] == [0.0, 0.0]  # requests per episode
+    assert ranks[0]["param_head"] == ranks[1]["param_head"]  # the gradients were all-reduced
+    assert served["weight_updates"] == 3  # at the start (before any request) and after each step
