@@ -14,6 +14,7 @@ import sys
 import lightning as L
 import torch
 import torch.distributed as dist
+from quiet_trainer import quiet_trainer  # this script's folder is on the path
 from tools_ddp_run import param_head  # this script's folder is on the path
 
 from lightning_grpo import GRPOModule, PromptDataModule
@@ -51,19 +52,7 @@ def main(model_dir: str, data_path: str, out_dir: str, url: str) -> None:
         optim={"learning_rate": 1e-3},
     )
     probe = Probe()
-    trainer = L.Trainer(
-        max_steps=2,
-        accelerator="cpu",
-        devices=2,
-        strategy="ddp",
-        logger=False,
-        enable_checkpointing=False,
-        enable_progress_bar=False,
-        enable_model_summary=False,
-        limit_val_batches=0,
-        default_root_dir=out_dir,
-        callbacks=[probe],
-    )
+    trainer = quiet_trainer(out_dir, 2, [probe])
     trainer.fit(module, PromptDataModule(data_path, batch_size=2, val_split=None))
     with open(f"{out_dir}/rank{trainer.global_rank}.json", "w") as f:
         json.dump({"global_step": trainer.global_step, "requests": probe.requests, "param_head": param_head(module)}, f)

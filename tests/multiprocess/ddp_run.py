@@ -10,6 +10,7 @@ import sys
 import lightning as L
 import torch
 import torch.distributed as dist
+from quiet_trainer import quiet_trainer  # this script's folder is on the path
 
 from lightning_grpo import GRPOModule, PromptDataModule
 from lightning_grpo.callbacks.alerts import Alert, Signal
@@ -64,19 +65,7 @@ def main(model_dir: str, data_path: str, out_dir: str, scale_rewards: str) -> No
         advantages={"scale_rewards": scale_rewards},
     )
     probe, alert = Probe(), RankZeroAlert(patience=2, action="stop")
-    trainer = L.Trainer(
-        max_steps=6,
-        accelerator="cpu",
-        devices=2,
-        strategy="ddp",
-        logger=False,
-        enable_checkpointing=False,
-        enable_progress_bar=False,
-        enable_model_summary=False,
-        limit_val_batches=0,
-        default_root_dir=out_dir,  # run files (alerts.jsonl) go to the test folder, not the cwd
-        callbacks=[probe, alert],
-    )
+    trainer = quiet_trainer(out_dir, 6, [probe, alert])
     # registered before the fit, so it runs after the package's own exit handler (atexit runs last-in first-out)
     atexit.register(record_group_at_exit, trainer, out_dir)
     trainer.fit(module, PromptDataModule(data_path, batch_size=2, val_split=None))

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import lightning as L
 import torch
-from lightning.pytorch.strategies import ModelParallelStrategy
+from quiet_trainer import quiet_trainer  # this script's folder is on the path
 from torch.distributed.tensor import DTensor
 
 from lightning_grpo import GRPOModule, PromptDataModule
@@ -43,20 +43,8 @@ def main(model_dir: str, teacher_dir: str, data_path: str, out_dir: str, mode: s
         optim={"max_grad_norm": None},
         optimizer=lambda p: torch.optim.SGD(p, lr=0.5),
     )
-    strategy = ModelParallelStrategy(data_parallel_size=2, tensor_parallel_size=1) if mode == "fsdp2" else "ddp"
     recorder = Recorder()
-    trainer = L.Trainer(
-        max_steps=3,
-        accelerator="cpu",
-        devices=2,
-        strategy=strategy,
-        logger=False,
-        enable_checkpointing=False,
-        enable_progress_bar=False,
-        enable_model_summary=False,
-        limit_val_batches=0,
-        callbacks=[recorder],
-    )
+    trainer = quiet_trainer(out_dir, 3, [recorder], "fsdp2" if mode == "fsdp2" else "ddp")
     trainer.fit(module, PromptDataModule(data_path, batch_size=2, val_split=None))
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)

@@ -31,6 +31,7 @@ from pathlib import Path
 import lightning as L
 import torch
 from lightning.pytorch.strategies import FSDPStrategy, ModelParallelStrategy
+from quiet_trainer import quiet_trainer  # this script's folder is on the path
 from torch.distributed.tensor import DTensor
 from transformers.models.qwen2.modeling_qwen2 import Qwen2DecoderLayer
 
@@ -133,20 +134,12 @@ def main(
         "fsdp1": FSDPStrategy(auto_wrap_policy={Qwen2DecoderLayer}),
     }
     recorder = Recorder()
-    trainer = L.Trainer(
-        max_steps=int(steps or STEPS),
-        accelerator="gpu" if mode == "fsdp1" else "cpu",
-        devices=1 if mode in ("replay", "nodes") else 2,
+    stops = [StopAt(int(stop), Path(out_dir) / "last.ckpt")] if int(stop) else []
+    trainer = quiet_trainer(
+        out_dir, int(steps or STEPS), [recorder, *stops], strategy.get(mode, "auto"),
+        accelerator="gpu" if mode == "fsdp1" else "cpu", devices=1 if mode in ("replay", "nodes") else 2,
         num_nodes=2 if mode == "nodes" else 1,
-        strategy=strategy.get(mode, "auto"),
-        logger=False,
-        enable_checkpointing=False,
-        enable_progress_bar=False,
-        enable_model_summary=False,
-        limit_val_batches=0,
-        default_root_dir=out_dir,
-        callbacks=[recorder, *([StopAt(int(stop), Path(out_dir) / "last.ckpt")] if int(stop) else [])],
-    )
+    )  # fmt: skip
     meta = trainer.init_module(empty_init=True) if mode == "fsdp2meta" else contextlib.nullcontext()
     with meta:  # the meta device: each rank loads only its own shard, in configure_model
         engine = ReplayEngine(out_dir.replace("replay", "ddp")) if mode == "replay" else None

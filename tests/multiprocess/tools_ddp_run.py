@@ -15,7 +15,7 @@ import sys
 import lightning as L
 import torch
 import torch.distributed as dist
-from lightning.pytorch.strategies import ModelParallelStrategy
+from quiet_trainer import quiet_trainer  # this script's folder is on the path
 from torch.distributed.tensor import DTensor
 
 from lightning_grpo import GRPOModule, PromptDataModule
@@ -96,19 +96,7 @@ def main(model_dir: str, data_path: str, out_dir: str, strategy: str = "ddp") ->
 
 def synced_fit(module: GRPOModule, data_path: str, out_dir: str, strategy: str, probe: L.Callback) -> L.Trainer:
     """2 steps on 2 CPU processes (``ddp`` or ``fsdp2``), 2 prompts a rank, generation synced across the ranks."""
-    trainer = L.Trainer(
-        max_steps=2,
-        accelerator="cpu",
-        devices=2,
-        strategy=ModelParallelStrategy(data_parallel_size=2, tensor_parallel_size=1) if strategy == "fsdp2" else "ddp",
-        logger=False,
-        enable_checkpointing=False,
-        enable_progress_bar=False,
-        enable_model_summary=False,
-        limit_val_batches=0,
-        default_root_dir=out_dir,
-        callbacks=[SyncedGeneration(), probe],
-    )
+    trainer = quiet_trainer(out_dir, 2, [SyncedGeneration(), probe], strategy)
     trainer.fit(module, PromptDataModule(data_path, batch_size=2, val_split=None))
     return trainer
 

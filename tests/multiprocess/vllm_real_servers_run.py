@@ -19,6 +19,7 @@ from pathlib import Path
 
 import lightning as L
 import torch
+from quiet_trainer import quiet_trainer  # this script's folder is on the path
 
 from lightning_grpo import GRPOModule, PromptDataModule
 from lightning_grpo.engines import VLLMServer
@@ -103,19 +104,8 @@ def main(model_dir: str, data_path: str, out_dir: str, urls: str, router: str, s
     )
     recorder = Recorder(engine)
     Path(out_dir).mkdir(parents=True, exist_ok=True)
-    trainer = L.Trainer(
-        max_steps=int(steps),
-        accelerator="cpu",
-        devices=2,
-        strategy="ddp",
-        logger=False,
-        enable_checkpointing=False,
-        enable_progress_bar=False,
-        enable_model_summary=False,
-        limit_val_batches=0,
-        default_root_dir=out_dir,
-        callbacks=[recorder, *([Outage(outage, Path(out_dir), int(restart_after))] if outage else [])],
-    )
+    outages = [Outage(outage, Path(out_dir), int(restart_after))] if outage else []
+    trainer = quiet_trainer(out_dir, int(steps), [recorder, *outages])
     trainer.fit(module, PromptDataModule(data_path, batch_size=2, val_split=None))
     state = {k: v.detach().clone() for k, v in module.policy.model.state_dict().items()}
     torch.save({"steps": recorder.steps, "state": state, "global_step": trainer.global_step,
