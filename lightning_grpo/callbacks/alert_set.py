@@ -35,9 +35,9 @@ MOVED = {
 
 
 class Alerts:
-    """The run's alerts, each on unless set to null (`--alerts.kl.help KLAlert` lists one's settings)
+    """The run's alerts, each on unless set to null (`--alerts.kl.help KLAlert` lists one's settings).
 
-    each warns, stops (after saving ``checkpoints/last.ckpt``) or raises when its signal lasts ``patience`` steps.
+    Each warns, stops (after saving ``checkpoints/last.ckpt``) or raises when its signal lasts ``patience`` steps.
 
     Args:
         collapse: mode collapse or no learning signal (``ModeCollapseAlert``: reward std, identical groups,
