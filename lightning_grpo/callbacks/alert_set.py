@@ -33,6 +33,15 @@ MOVED = {
     "tool_alert": "alerts.tools",
 }
 
+ALERTS = {
+    "collapse": ModeCollapseAlert,
+    "kl": KLAlert,
+    "mismatch": MismatchAlert,
+    "unscored": UnscoredRewardAlert,
+    "tools": ToolUseAlert,
+}
+ON = {name: lazy_instance(alert) for name, alert in ALERTS.items()}  # the defaults, as --print_config shows them
+
 
 class Alerts:
     """The run's alerts, each on unless set to null (`--alerts.kl.help KLAlert` lists one's settings).
@@ -50,13 +59,17 @@ class Alerts:
 
     def __init__(
         self,
-        collapse: ModeCollapseAlert | None = lazy_instance(ModeCollapseAlert),
-        kl: KLAlert | None = lazy_instance(KLAlert),
-        mismatch: MismatchAlert | None = lazy_instance(MismatchAlert),
-        unscored: UnscoredRewardAlert | None = lazy_instance(UnscoredRewardAlert),
-        tools: ToolUseAlert | None = lazy_instance(ToolUseAlert),
+        collapse: ModeCollapseAlert | None = ON["collapse"],
+        kl: KLAlert | None = ON["kl"],
+        mismatch: MismatchAlert | None = ON["mismatch"],
+        unscored: UnscoredRewardAlert | None = ON["unscored"],
+        tools: ToolUseAlert | None = ON["tools"],
     ) -> None:
-        self.alerts = [a for a in (collapse, kl, mismatch, unscored, tools) if a is not None]
+        given = {"collapse": collapse, "kl": kl, "mismatch": mismatch, "unscored": unscored, "tools": tools}
+        # a default is one object for every call (the CLI builds its own from the config): each Alerts() its own alerts
+        self.alerts = [
+            ALERTS[name]() if alert is ON[name] else alert for name, alert in given.items() if alert is not None
+        ]
 
     def callbacks(self) -> list[Alert]:
         """The alerts that are on, for ``Trainer(callbacks=...)``."""

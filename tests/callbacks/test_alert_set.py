@@ -6,7 +6,14 @@ import yaml
 from helpers import ROOT
 
 from lightning_grpo import GRPOModule, PromptDataModule
-from lightning_grpo.callbacks import KLAlert, MismatchAlert, ModeCollapseAlert, ToolUseAlert, UnscoredRewardAlert
+from lightning_grpo.callbacks import (
+    Alerts,
+    KLAlert,
+    MismatchAlert,
+    ModeCollapseAlert,
+    ToolUseAlert,
+    UnscoredRewardAlert,
+)
 from lightning_grpo.callbacks.alerts import Alert
 from lightning_grpo.callbacks.metricsfile import MetricsFile
 from lightning_grpo.cli import main
@@ -75,3 +82,16 @@ def test_an_unknown_alert_setting_is_named(tmp_path, capsys):
     with pytest.raises(SystemExit) as done:
         main(["fit", "--config", str(TINY), "--alerts.kl.max_kll", "3", "--print_config"])
     assert done.value.code == 2 and "max_kll" in capsys.readouterr().err
+
+
+def test_in_python_each_alerts_has_alerts_of_its_own_and_keeps_those_given():
+    """The signature's defaults are one object each (what ``--print_config`` shows): two runs in one process must not
+    share an alert's counters."""
+    first, second = Alerts(), Alerts(tools=None)
+    assert [type(a) for a in first.callbacks()] == [ModeCollapseAlert, KLAlert, MismatchAlert, UnscoredRewardAlert,
+                                                    ToolUseAlert]  # fmt: skip
+    assert not any(a is b for a in first.callbacks() for b in second.callbacks()) and len(second.callbacks()) == 4
+    first.callbacks()[1].counts["kl"] = 2
+    assert second.callbacks()[1].counts == {}
+    mine = KLAlert(max_kl=2.0)
+    assert Alerts(kl=mine).callbacks()[1] is mine
