@@ -271,7 +271,8 @@ class AsyncRollouts(RolloutEngine):
     def teardown(self) -> None:
         """End the producer process once it has answered every request (a checkpoint after the fit keeps them),
         and let go of what it shared: the exit hook (which held this engine, and through it the trainer and the
-        policy, until the interpreter ended), the mailbox's shared-memory copy of the model and the queues."""
+        policy, until the interpreter ended), the mailbox's shared-memory copy of the model and the queues; then
+        the inner engine ends what it holds (``VLLMServer``: its temporary weights folder, a whole model)."""
         atexit.unregister(self.teardown)
         if self.process is not None and self.process.is_alive():
             while self.pending:
@@ -281,6 +282,7 @@ class AsyncRollouts(RolloutEngine):
             if self.process.is_alive():
                 self.process.kill()  # it ignores SIGTERM (left to the trainer)
         self.process = self.mailbox = self.requests = self.results = None
+        self.engine.teardown()
 
 
 def unpicklable(funcs: list[Any]) -> None:
