@@ -110,7 +110,7 @@ def test_async_rollouts_spread_over_servers_push_to_each_and_survive_a_dead_one(
         torch.testing.assert_close(kept[name], state[name], rtol=0, atol=0, msg=name)
 
 
-@pytest.mark.slow  # ~60 s: two server processes, two trainer ranks, two producer processes, 3 real steps
+@pytest.mark.slow  # ~21 s each: two server processes, two trainer ranks, two producer processes, 3 real steps
 @pytest.mark.parametrize("kill", [False, True], ids=["both-live", "one-killed"])
 def test_async_rollouts_on_two_ddp_ranks_each_rank_s_producer_sends_its_own_requests(
     tiny_model_dir, arith_jsonl, tmp_path, kill
