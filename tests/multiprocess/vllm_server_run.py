@@ -1,21 +1,33 @@
 """A 2-process DDP GRPO run whose completions come from a vLLM server (tests/engines/vllm/test_server.py starts the fake
 one); each rank writes what it saw to OUT/rank<k>.pt.
 
-``python vllm_server_run.py MODEL DATA OUT URL[,URL] GROUP_PORT [KILL_URL]``, with ``tests/engines/vllm/vllm_stand_in``
-on ``PYTHONPATH`` (TRL's client imports vLLM); with ``KILL_URL`` rank 0 ends that server (``POST /exit``) after step 1.
+``python vllm_server_run.py MODEL DATA OUT URL[,URL] GROUP_PORT [KILL_URL [RESTARTS]]``, with
+``tests/engines/vllm/vllm_stand_in`` on ``PYTHONPATH`` (TRL's client imports vLLM); with ``KILL_URL`` rank 0 ends that
+server (``POST /exit``) after step 1. ``RESTARTS``, comma-separated ``serve`` or ``plain`` (started without a
+weight-transfer config): rank 0 starts a fake server on its port again at once, then after each next step ends it and
+starts the next one listed; ``unnoticed``: it ends the server and starts another in step 2 instead, after every
+rank's requests (at its optimiser step), so that only the sync can notice. At the end it saves the last one's
+``/stats`` and weights (OUT/restarted.json, .pt) and ends it. The run lasts 3 steps, or one more than the restarts.
 Lightning's launcher starts rank 1 by re-running this script.
 """
 
+import atexit
+import json
+import subprocess
 import sys
+import time
 from pathlib import Path
+from urllib.parse import urlparse
 
 import lightning as L
+import requests
 import torch
+from quiet_trainer import quiet_trainer  # this script's folder is on the path
 
 from lightning_grpo import GRPOModule, PromptDataModule
 from lightning_grpo.engines import VLLMServer
 
-STEPS = 3
+FAKE_SERVER = Path(__file__).parents[1] / "engines" / "vllm" / "vllm_fake_server.py"
 
 
 class CPUVLLMServer(VLLMServer):
@@ -31,7 +43,8 @@ class CPUVLLMServer(VLLMServer):
 
         from vllm.distributed.weight_transfer.nccl_common import trainer_init
 
-        assert client.get_server_info()["weight_transfer_config"] is not None
+        if client.get_server_info()["weight_transfer_config"] is None:  # TRL's check, its words
+            raise RuntimeError(f"The vLLM server at {client.base_url} has no weight-transfer engine")
         info = {"master_address": "127.0.0.1", "master_port": client.group_port, "rank_offset": 1, "packed": True}
         info["world_size"] = client.get_world_size() + 1
         with ThreadPoolExecutor(max_workers=1) as pool:
@@ -46,8 +59,8 @@ def length_reward(completions, **kwargs):
 
 
 class Recorder(L.Callback):
-    def __init__(self, kill_url: str | None = None):
-        self.steps, self.batches, self.kill_url = [], [], kill_url
+    def __init__(self):
+        self.steps, self.batches = [], []
 
     def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
         self.batches.append(list(batch.prompts))
@@ -57,13 +70,68 @@ class Recorder(L.Callback):
         self.steps.append(
             {"rollout": record.rollout, "metrics": record.stats.metrics(), "rewards": record.scores.total}
         )
-        if self.kill_url and trainer.global_step == 1 and trainer.global_rank == 0:
-            import requests
-
-            requests.post(f"{self.kill_url}/exit", timeout=10)
 
 
-def main(model_dir: str, data_path: str, out_dir: str, url: str, group_port: str, kill_url: str = "") -> None:
+class Outage(L.Callback):
+    """Rank 0 ends the server at ``url`` after step 1 and starts ``restarts[0]`` on its port at once; after step k
+    ends it and starts ``restarts[k - 1]`` (``["unnoticed"]``: one swap, in step 2 before its update). ``save``
+    keeps the last one's stats and weights, then ends it."""
+
+    def __init__(self, url: str, restarts: list[str], model_dir: str):
+        self.url, self.restarts, self.model_dir, self.proc = url, restarts, model_dir, None
+        self.unnoticed = restarts == ["unnoticed"]
+        atexit.register(self.end)  # a failed run leaves no server behind
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
+        step = trainer.global_step
+        if not self.unnoticed and trainer.global_rank == 0 and 1 <= step <= max(1, len(self.restarts)):
+            self.swap(self.restarts[step - 1] if step <= len(self.restarts) else None)
+
+    def on_before_optimizer_step(self, trainer, pl_module, optimizer):
+        if self.unnoticed and trainer.global_rank == 0 and trainer.global_step == 1 and self.proc is None:
+            self.swap("serve")  # step 2's requests all served: the ranks' gather of rewards came before the update
+
+    def swap(self, kind: str | None) -> None:
+        """The server ended (the test's by ``POST /exit``), another of ``kind`` started on its port."""
+        if self.proc is None:
+            requests.post(f"{self.url}/exit", timeout=10)
+            while self.answers():  # it ends right after its answer: the next /health must be the new one's
+                time.sleep(0.05)
+        self.end()
+        if kind is not None:
+            self.start(kind)
+
+    def start(self, kind: str) -> None:
+        flags = {"serve": [], "plain": ["--no-weight-transfer"]}[kind]
+        command = [sys.executable, str(FAKE_SERVER), self.model_dir, str(urlparse(self.url).port), *flags]
+        self.proc = subprocess.Popen(command, stdout=subprocess.DEVNULL)
+        for _ in range(1200):
+            if self.answers():
+                return
+            time.sleep(0.1)
+        raise RuntimeError(f"the fake server on {self.url} did not start again")
+
+    def answers(self) -> bool:
+        try:
+            return requests.get(f"{self.url}/health", timeout=1).status_code == 200
+        except requests.RequestException:
+            return False
+
+    def end(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait(timeout=30)
+
+    def save(self, out_dir: Path) -> None:
+        if self.proc is not None:
+            (out_dir / "restarted.json").write_text(json.dumps(requests.get(f"{self.url}/stats", timeout=10).json()))
+            requests.post(f"{self.url}/save", json={"path": str(out_dir / "restarted.pt")}, timeout=30)
+            self.end()
+
+
+def main(
+    model_dir: str, data_path: str, out_dir: str, url: str, group_port: str, kill_url: str = "", restarts: str = ""
+) -> None:
     torch.set_num_threads(1)
     L.seed_everything(0)
     engine = CPUVLLMServer(
@@ -78,22 +146,13 @@ def main(model_dir: str, data_path: str, out_dir: str, url: str, group_port: str
         sampling={"max_completion_length": 6, "temperature": 0.9, "generation_kwargs": {"skip_special_tokens": False}},
         optim={"learning_rate": 1e-2},
     )
-    recorder = Recorder(kill_url or None)
-    trainer = L.Trainer(
-        max_steps=STEPS,
-        accelerator="cpu",
-        devices=2,
-        strategy="ddp",
-        logger=False,
-        enable_checkpointing=False,
-        enable_progress_bar=False,
-        enable_model_summary=False,
-        limit_val_batches=0,
-        default_root_dir=out_dir,
-        callbacks=[recorder],
-    )
+    recorder, kinds = Recorder(), [kind for kind in restarts.split(",") if kind]
+    outages = [Outage(kill_url, kinds, model_dir)] if kill_url else []
+    trainer = quiet_trainer(out_dir, max(3, len(kinds) + 2), [recorder, *outages])
     trainer.fit(module, PromptDataModule(data_path, batch_size=2, val_split=None))
     Path(out_dir).mkdir(parents=True, exist_ok=True)
+    if outages and trainer.global_rank == 0:
+        outages[0].save(Path(out_dir))
     state = {k: v.detach().clone() for k, v in module.policy.model.state_dict().items()}
     torch.save(
         {

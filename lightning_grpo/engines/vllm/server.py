@@ -25,9 +25,11 @@ from typing import Any, Literal
 
 import torch
 import torch.distributed as dist
+from lightning.pytorch.utilities import rank_zero_warn
 from typing_extensions import override
 
 from lightning_grpo.engines.base import RolloutEngine
+from lightning_grpo.engines.vllm import channel
 from lightning_grpo.engines.vllm.logprobs import LOGPROBS_MODES, PROCESSED, mode_problems
 from lightning_grpo.engines.vllm.lora import LoraSync
 from lightning_grpo.engines.vllm.seeds import distinct_rounds, prompt_seeds
@@ -242,13 +244,39 @@ class VLLMServer(RolloutEngine):
     def open_clients(self, device: torch.device) -> None:
         """Rank 0: a TRL client per server, each joined to its server's NCCL weight-update group (ports
         ``group_port``, ``group_port + 1`` ...)."""
+        for i, control in enumerate(self.controls):
+            control.client = self.joined_client(i, device)
+
+    def joined_client(self, i: int, device: torch.device) -> Any:
+        """A TRL client of server ``i`` joined to a new weight-update group on port ``group_port + i``."""
         from trl.generation.vllm_client import VLLMClient
 
-        for i, control in enumerate(self.controls):
-            control.client = VLLMClient(
-                base_url=control.url, group_port=self.group_port + i, connection_timeout=self.connection_timeout
+        client = VLLMClient(
+            base_url=self.urls[i], group_port=self.group_port + i, connection_timeout=self.connection_timeout
+        )
+        self.open_weight_channel(client, device)
+        return client
+
+    def reopen_channel(self, i: int, device: torch.device) -> bool:
+        """Rank 0, ``"nccl"``: server ``i``, answering again after an outage, joined to a new weight-update group on
+        its port (a restarted server left the old one; ``channel.close`` lets it go), within ``sync_timeout``
+        seconds. Whether it opened; when not, why is logged and the server stays out until a later sync."""
+        control = self.controls[i]
+        channel.close(control.client)
+        control.client = None
+        port = self.group_port + i
+        try:
+            what = f"joining the weight-update group of {control.url} (port {port})"
+            control.client = channel.within(self.sync_timeout, what, lambda: self.joined_client(i, device))
+        except Exception as err:  # any failure of TRL's or vLLM's: the server stays out, the run goes on
+            rank_zero_warn(
+                f"VLLMServer: the server {control.url} answers /health again, but its weight channel "
+                f"(weight_transfer='nccl', group_port {port}) did not open at the sync of step {self.synced_step}: "
+                f"{type(err).__name__}: {err}. It stays out of service (sync_timeout {self.sync_timeout:g} s); "
+                "the next sync tries again"
             )
-            self.open_weight_channel(control.client, device)
+            return False
+        return True
 
     @override
     def teardown(self) -> None:
@@ -374,11 +402,12 @@ class VLLMServer(RolloutEngine):
         live servers, a sharded policy is gathered first (a collective); rank 0 talks to the servers while the
         others wait, at most ``sync_timeout`` seconds. Rank 0 reads each server's process (``process_start``)
         before pushing to it: the ranks check it before each step's requests (``ServerPool.check_restarts``), so
-        a server restarted after its push serves nothing before it has the weights again."""
+        a server restarted after its push serves nothing before it has the weights again; under ``"nccl"`` one
+        restarted since the last sync (its weight-update group gone) joins a new group first (``reopen_channel``)."""
         self.synced_step = self.trainer.global_step
-        out = set(range(len(self.urls))) - self._agreed_live()
-        back = self.from_rank_zero(self._answering(out) if self.rank == 0 else None)
-        started = self._process_starts(set(range(len(self.urls))) - out)  # before the push: a restart after it shows
+        agreed = self._agreed_live()
+        started = self._process_starts(agreed)  # before the push: a restart after it shows
+        out, back = self.from_rank_zero(self._outage(agreed, started, policy.device) if self.rank == 0 else None)
         live = {str(i): self.controls[i] for i in range(len(self.urls)) if i not in out}
         self.weight_sync(policy, live, self.synced_step)
         lost = set(map(int, self.weight_sync.unreachable))
@@ -391,10 +420,21 @@ class VLLMServer(RolloutEngine):
         self._serve(live, started)
         bounded_barrier(self.sync_timeout, f"VLLMServer's weight sync of step {self.synced_step}", self.world_size)
 
+    def _outage(self, agreed: set[int], started: dict[int, float | None], device: torch.device):
+        """Rank 0: the servers out of this sync's push (taken out by a rank since the last sync) and those of them
+        back in service: answering ``/health`` again. Under ``"nccl"`` a weight-update group is one process's: a
+        server that is another process than the one the last sync reached (restarted, and no request noticed) is
+        out too, and one comes back only once it has joined a new group (``reopen_channel``)."""
+        out = set(range(len(self.urls))) - agreed
+        if self.weight_transfer == "disk":
+            return out, self._answering(out)
+        was = self.pool.started
+        out |= {i for i, now in started.items() if now is not None and was.get(i) not in (None, now)}
+        return out, [i for i in self._answering(out) if self.reopen_channel(i, device)]
+
     def _answering(self, out: set[int]) -> list[int]:
-        """Rank 0: the servers of ``out`` that answer ``/health`` again. None under ``"nccl"``: a restarted server
-        left its weight-update group, and joining it again is not built."""
-        return [i for i in sorted(out) if self.controls[i].healthy()] if self.weight_transfer == "disk" else []
+        """Rank 0: the servers of ``out`` that answer ``/health`` again."""
+        return [i for i in sorted(out) if self.controls[i].healthy()]
 
     def _process_starts(self, servers: set[int]) -> dict[int, float | None]:
         """Rank 0: each server's ``process_start`` (one ``GET /metrics`` each); empty elsewhere."""

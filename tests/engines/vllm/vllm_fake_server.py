@@ -1,8 +1,9 @@
 """A stand-in for ``trl vllm-serve`` on CPU: the HTTP endpoints TRL 1.16's ``VLLMClient`` calls, served by the
 standard library, generating with Hugging Face ``generate`` on a real model.
 
-``python vllm_fake_server.py MODEL_DIR PORT``. Endpoints, as vLLM's server answers them:
-- ``GET /health``, ``GET /v1/models``, ``GET /get_world_size``, ``GET /server_info`` (a weight-transfer config),
+``python vllm_fake_server.py MODEL_DIR PORT [--no-weight-transfer]``. Endpoints, as vLLM's server answers them:
+- ``GET /health``, ``GET /v1/models``, ``GET /get_world_size``, ``GET /server_info`` (a weight-transfer config;
+  with ``--no-weight-transfer`` none, as a server started without ``--weight-transfer-config`` answers),
   ``GET /metrics`` (Prometheus text: the process's ``process_start_time_seconds`` alone);
 - ``POST /v1/completions``: token-id prompts, ``n`` completions each (prompt-major), sampled with the request's
   seed, with each sampled token's processed log-prob (after temperature, top-k/p: ``--logprobs-mode
@@ -14,7 +15,8 @@ standard library, generating with Hugging Face ``generate`` on a real model.
 - ``POST /collective_rpc`` with ``reload_weights`` (the ``"disk"`` transfer: ``model.safetensors`` of the folder
   ``weights_path``, every name checked and loaded).
 The weight stream is the TCP stand-in of ``tests/engines/vllm/vllm_stand_in`` (vLLM streams over NCCL).
-For the tests: ``GET /stats`` (what was asked and received, each completion request's ``X-Session-ID``),
+For the tests: ``GET /stats`` (what was asked and received, each completion request's ``X-Session-ID``, and
+``log``: ``"generate"`` and ``"weights"`` in the order they happened),
 ``POST /save`` (the weights, to a file) and ``POST /exit`` (answers, then the process ends at once: a server that
 dies).
 """
@@ -36,8 +38,8 @@ from vllm.distributed.weight_transfer.packed_tensor import read_tensor  # noqa: 
 
 
 class Server:
-    def __init__(self, model_dir: str) -> None:
-        self.name = model_dir
+    def __init__(self, model_dir: str, weight_transfer: bool = True) -> None:
+        self.name, self.weight_transfer = model_dir, weight_transfer
         self.model = AutoModelForCausalLM.from_pretrained(model_dir).eval()
         self.eos = AutoTokenizer.from_pretrained(model_dir).eos_token_id
         self.pad = self.model.generation_config.pad_token_id or self.eos
@@ -50,6 +52,7 @@ class Server:
             "weight_updates": 0,
             "tensors_received": 0,
             "sessions": [],  # each /v1/completions request's X-Session-ID header (None: not sent)
+            "log": [],  # "generate" (a completion request) and "weights" (an update finished), in order
         }
         self.updating = False
         self.started = time.time()  # vLLM's /metrics: Prometheus' process_start_time_seconds
@@ -59,6 +62,7 @@ class Server:
             raise LookupError(f"The model `{body['model']}` does not exist.")
         prompts, n = body["prompt"], body.get("n", 1)
         self.stats["generate_requests"].append({"prompts": len(prompts), "n": n})
+        self.stats["log"].append("generate")
         self.stats["sampling_options"].append(body.get("skip_special_tokens"))  # from sampling.generation_kwargs
         width = max(len(p) for p in prompts)
         ids = torch.tensor([[self.pad] * (width - len(p)) + p for p in prompts])
@@ -140,6 +144,7 @@ class Server:
             if missing or set(unexpected) - {"lm_head.weight"}:  # the tied head comes under its own name too
                 raise ValueError(f"reload_weights: missing {missing}, unexpected {unexpected}")
         self.stats["weight_updates"] += 1
+        self.stats["log"].append("weights")
         return {}
 
     def post(self, path: str, body: dict) -> dict:
@@ -157,6 +162,7 @@ class Server:
         if path == "/finish_weight_update":
             self.updating = False
             self.stats["weight_updates"] += 1
+            self.stats["log"].append("weights")
             return {}
         if path == "/reset_prefix_cache":
             return {"success": True}
@@ -176,7 +182,7 @@ class Server:
         if path == "/get_world_size":
             return {"world_size": 1}
         if path.startswith("/server_info"):
-            return {"vllm_config": {"weight_transfer_config": {"backend": "nccl"}}}
+            return {"vllm_config": {"weight_transfer_config": {"backend": "nccl"} if self.weight_transfer else None}}
         if path == "/stats":
             return self.stats
         if path == "/metrics":
@@ -219,9 +225,10 @@ def handler(server: Server) -> type[BaseHTTPRequestHandler]:
     return Handler
 
 
-def main(model_dir: str, port: str) -> None:
+def main(model_dir: str, port: str, *flags: str) -> None:
     torch.set_num_threads(1)
-    http = ThreadingHTTPServer(("127.0.0.1", int(port)), handler(Server(model_dir)))
+    server = Server(model_dir, weight_transfer="--no-weight-transfer" not in flags)
+    http = ThreadingHTTPServer(("127.0.0.1", int(port)), handler(server))
     print(f"serving {model_dir} on port {port}", flush=True)
     http.serve_forever()
 

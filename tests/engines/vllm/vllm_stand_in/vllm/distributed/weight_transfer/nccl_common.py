@@ -14,6 +14,11 @@ class Group:
 class Communicator:
     group: Group
 
+    def destroy(self) -> None:
+        """As vLLM's ``PyNcclCommunicator.destroy`` (``ncclCommAbort``): this end released, no peer waited for."""
+        if self.group.socket is not None:
+            self.group.socket.close()
+
 
 def trainer_init(init_info: dict) -> Communicator:
     listener = socket.create_server(("127.0.0.1", init_info["master_port"]), reuse_port=False)

@@ -1,0 +1,60 @@
+"""Rank 0's ``"nccl"`` weight channel to one server: TRL's ``VLLMClient`` joined to the server's weight-update group,
+let go again when the server comes back from an outage, and a new one joined in its place, each step bounded in time.
+Knows TRL's client and vLLM's trainer-side group; nothing about the policy or the other servers.
+
+What a group holds on the trainer (vLLM's ``nccl_common.trainer_init``): a ``PyNcclCommunicator`` (an NCCL
+communicator on the trainer's GPU) over a ``StatelessProcessGroup``, whose ``TCPStore`` server listens on the
+group's port. A restarted server is another process: its side of the group is gone, and it joins only a new group,
+whose rendezvous starts afresh (the old store still holds the old group's keys). So the old one is let go: the
+communicator aborted (``ncclCommAbort``, which waits for no peer) and TRL's ``close_communicator``, which drops the
+store, so that its port can be listened on again (vLLM sets ``SO_REUSEADDR``); the new group is opened on the same
+port. Opening waits for the server's side (``/init_weight_transfer_engine``, the TCP rendezvous, NCCL's
+``ncclCommInitRank``), none of them bounded by TRL, so it runs in a thread of its own given ``timeout`` seconds; one
+that does not finish in time is left behind (a thread cannot be stopped) and keeps the port until vLLM's store gives
+up (300 s), so the next try on that port fails at once until then.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+T = TypeVar("T")
+
+
+def close(client: Any) -> None:
+    """Let go of ``client``'s weight-update group (a TRL ``VLLMClient``; ``None``: nothing to close): its NCCL
+    communicator aborted where it has one to abort (vLLM's ``PyNcclCommunicator.destroy``), then TRL's
+    ``close_communicator`` (drops the group's store and its port)."""
+    communicator = getattr(client, "communicator", None)
+    if communicator is None:
+        return
+    destroy = getattr(communicator, "destroy", None)  # vLLM's PyNcclCommunicator; TRL's close leaves it allocated
+    if destroy is not None:
+        destroy()
+    client.close_communicator()
+
+
+def within(timeout: float, what: str, action: Callable[[], T]) -> T:
+    """``action()``'s value when it returns within ``timeout`` seconds, its exception when it raises one; else a
+    ``TimeoutError`` naming ``what``, ``action`` left running in a daemon thread (it cannot be stopped).
+
+    >>> within(5, "an answer", lambda: 42)
+    42
+    """
+    done, result = threading.Event(), {}
+
+    def run() -> None:
+        try:
+            result["value"] = action()
+        except BaseException as err:  # handed to the caller
+            result["error"] = err
+        done.set()
+
+    threading.Thread(target=run, name=f"within: {what}", daemon=True).start()
+    if not done.wait(timeout):
+        raise TimeoutError(f"{what} did not finish within {timeout:g} s")
+    if "error" in result:
+        raise result["error"]
+    return result["value"]

@@ -1,0 +1,22 @@
+"""``engines/vllm/channel.py``: opening a server's weight channel again is bounded in time. Letting a group go and
+joining a new one on the same port, against a restarted fake server over the stand-in's stream:
+``tests/engines/vllm/test_servers.py``'s ``test_ddp_nccl_a_restarted_server_...``."""
+
+import threading
+import time
+
+import pytest
+
+from lightning_grpo.engines.vllm.channel import within
+
+
+def test_within_gives_the_value_or_the_error_and_gives_up_on_an_action_that_hangs():
+    assert within(5, "an answer", lambda: 42) == 42
+    with pytest.raises(ConnectionRefusedError, match="refused"):
+        within(5, "a refusal", lambda: (_ for _ in ()).throw(ConnectionRefusedError("refused")))
+    release = threading.Event()
+    start = time.monotonic()
+    with pytest.raises(TimeoutError, match=r"joining the group of http://s:1 \(port 7\) did not finish within 0.3 s"):
+        within(0.3, "joining the group of http://s:1 (port 7)", lambda: release.wait(60))
+    assert time.monotonic() - start < 5  # not the 60 s the action waits: it is left behind in its daemon thread
+    release.set()
