@@ -10,8 +10,9 @@ communicator aborted (``ncclCommAbort``, which waits for no peer) and TRL's ``cl
 store, so that its port can be listened on again (vLLM sets ``SO_REUSEADDR``); the new group is opened on the same
 port. Opening waits for the server's side (``/init_weight_transfer_engine``, the TCP rendezvous, NCCL's
 ``ncclCommInitRank``), none of them bounded by TRL, so it runs in a thread of its own given ``timeout`` seconds; one
-that does not finish in time is left behind (a thread cannot be stopped) and keeps the port until vLLM's store gives
-up (300 s), so the next try on that port fails at once until then.
+that does not finish in time is left behind (a thread cannot be stopped): it keeps the port until vLLM's store gives
+up (300 s), or, should it join after all, until it is let go at once, so the next try on that port fails at once
+until then.
 """
 
 from __future__ import annotations
@@ -36,25 +37,36 @@ def close(client: Any) -> None:
     client.close_communicator()
 
 
-def within(timeout: float, what: str, action: Callable[[], T]) -> T:
+def within(timeout: float, what: str, action: Callable[[], T], abandon: Callable[[T], None] | None = None) -> T:
     """``action()``'s value when it returns within ``timeout`` seconds, its exception when it raises one; else a
-    ``TimeoutError`` naming ``what``, ``action`` left running in a daemon thread (it cannot be stopped).
+    ``TimeoutError`` naming ``what``, ``action`` left running in a daemon thread (it cannot be stopped) and its value,
+    should it come later, handed to ``abandon`` (a group joined too late is let go: it would hold its port).
 
     >>> within(5, "an answer", lambda: 42)
     42
     """
-    done, result = threading.Event(), {}
+    done, lock, result = threading.Event(), threading.Lock(), {}
 
     def run() -> None:
         try:
-            result["value"] = action()
+            value = action()
         except BaseException as err:  # handed to the caller
-            result["error"] = err
+            with lock:
+                result["error"] = err
+            done.set()
+            return
+        with lock:
+            result["value"], late = value, result.get("late", False)
         done.set()
+        if late and abandon is not None:
+            abandon(value)
 
     threading.Thread(target=run, name=f"within: {what}", daemon=True).start()
     if not done.wait(timeout):
-        raise TimeoutError(f"{what} did not finish within {timeout:g} s")
+        with lock:
+            if "value" not in result and "error" not in result:
+                result["late"] = True
+                raise TimeoutError(f"{what} did not finish within {timeout:g} s")
     if "error" in result:
         raise result["error"]
     return result["value"]

@@ -267,7 +267,8 @@ class VLLMServer(RolloutEngine):
         port = self.group_port + i
         try:
             what = f"joining the weight-update group of {control.url} (port {port})"
-            control.client = channel.within(self.sync_timeout, what, lambda: self.joined_client(i, device))
+            joined = channel.within(self.sync_timeout, what, lambda: self.joined_client(i, device), channel.close)
+            control.client = joined
         except Exception as err:  # any failure of TRL's or vLLM's: the server stays out, the run goes on
             rank_zero_warn(
                 f"VLLMServer: the server {control.url} answers /health again, but its weight channel "

@@ -20,3 +20,17 @@ def test_within_gives_the_value_or_the_error_and_gives_up_on_an_action_that_hang
         within(0.3, "joining the group of http://s:1 (port 7)", lambda: release.wait(60))
     assert time.monotonic() - start < 5  # not the 60 s the action waits: it is left behind in its daemon thread
     release.set()
+
+
+def test_what_an_action_that_timed_out_returns_later_is_handed_to_abandon():
+    """A group joined after its caller gave up would hold its port: ``abandon`` lets it go."""
+    release, abandoned = threading.Event(), []
+    with pytest.raises(TimeoutError):
+        within(0.2, "a late join", lambda: release.wait(60) and "late group", abandoned.append)
+    release.set()
+    for _ in range(100):
+        if abandoned:
+            break
+        time.sleep(0.05)
+    assert abandoned == ["late group"]
+    assert within(5, "an early join", lambda: "group", abandoned.append) == "group" and abandoned == ["late group"]
