@@ -1,5 +1,5 @@
 """Rank 0's ``"nccl"`` weight channel to one server: TRL's ``VLLMClient`` joined to the server's weight-update group,
-let go again when the server comes back from an outage, and a new one joined in its place, each step bounded in time.
+let go again when the server comes back from an outage, and a new one joined in its place within a bound of time.
 Knows TRL's client and vLLM's trainer-side group; nothing about the policy or the other servers.
 
 What a group holds on the trainer (vLLM's ``nccl_common.trainer_init``): a ``PyNcclCommunicator`` (an NCCL
@@ -10,9 +10,9 @@ communicator aborted (``ncclCommAbort``, which waits for no peer) and TRL's ``cl
 store, so that its port can be listened on again (vLLM sets ``SO_REUSEADDR``); the new group is opened on the same
 port. Opening waits for the server's side (``/init_weight_transfer_engine``, the TCP rendezvous, NCCL's
 ``ncclCommInitRank``), none of them bounded by TRL, so it runs in a thread of its own given ``timeout`` seconds; one
-that does not finish in time is left behind (a thread cannot be stopped): it keeps the port until vLLM's store gives
-up (300 s), or, should it join after all, until it is let go at once, so the next try on that port fails at once
-until then.
+that does not finish in time is left behind (a thread cannot be stopped) and holds the port until vLLM's store
+gives up (300 s) or, should it join after all, until it is let go (``within``'s ``abandon``); tries on that port fail
+at once meanwhile.
 """
 
 from __future__ import annotations
