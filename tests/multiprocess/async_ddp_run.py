@@ -13,8 +13,8 @@ import sys
 
 import lightning as L
 import torch
-from lightning.pytorch.strategies import ModelParallelStrategy
 from parallel_run import StopAt  # this script's folder is on the path
+from quiet_trainer import quiet_trainer  # this script's folder is on the path
 from torch.distributed.tensor import DTensor
 
 from lightning_grpo import GRPOModule, PromptDataModule
@@ -65,21 +65,8 @@ def main(
         rollout_engine=AsyncRollouts(max_staleness=1, score_in_producer=scoring == "producer"),
     )
     probe = Probe()
-    trainer = L.Trainer(
-        max_steps=3,
-        accelerator="cpu",
-        devices=2,
-        strategy=ModelParallelStrategy(data_parallel_size=2, tensor_parallel_size=1)
-        if strategy.startswith("fsdp2")
-        else "ddp",
-        logger=False,
-        enable_checkpointing=False,
-        enable_progress_bar=False,
-        enable_model_summary=False,
-        limit_val_batches=0,
-        default_root_dir=out_dir,
-        callbacks=[probe, *([StopAt(int(stop), f"{out_dir}/stop.ckpt")] if int(stop) else [])],
-    )
+    stops = [StopAt(int(stop), f"{out_dir}/stop.ckpt")] if int(stop) else []
+    trainer = quiet_trainer(out_dir, 3, [probe, *stops], "fsdp2" if strategy.startswith("fsdp2") else "ddp")
     trainer.fit(module, PromptDataModule(data_path, batch_size=2, val_split=None), ckpt_path=ckpt or None)
     if not int(stop):
         trainer.save_checkpoint(f"{out_dir}/last.ckpt")  # every rank's queue, gathered to rank 0

@@ -17,6 +17,7 @@ from pathlib import Path
 import lightning as L
 import requests
 import torch
+from quiet_trainer import quiet_trainer  # this script's folder is on the path
 
 from lightning_grpo import GRPOModule, PromptDataModule
 from lightning_grpo.engines import AsyncRollouts, VLLMServer
@@ -64,19 +65,7 @@ def main(model_dir: str, data_path: str, out_dir: str, urls: str, kill: str = ""
         optim={"learning_rate": 1e-2},
     )
     probe = Probe(urls.split(",")[1] if kill == "kill" else None)
-    trainer = L.Trainer(
-        max_steps=3,
-        accelerator="cpu",
-        devices=2,
-        strategy="ddp",
-        logger=False,
-        enable_checkpointing=False,
-        enable_progress_bar=False,
-        enable_model_summary=False,
-        limit_val_batches=0,
-        default_root_dir=out_dir,
-        callbacks=[probe],
-    )
+    trainer = quiet_trainer(out_dir, 3, [probe])
     trainer.fit(module, PromptDataModule(data_path, batch_size=2, val_split=None))
     state = {k: v.detach().clone() for k, v in module.policy.model.state_dict().items()}
     report = {"global_step": trainer.global_step, "steps": probe.steps, "state": state}
