@@ -134,6 +134,18 @@ def test_a_dead_server_s_groups_go_to_the_other_and_it_rejoins_with_the_current_
     assert all(e < 1e-3 for e in metrics["train/vllm/sync_logp_error"])  # each push checked on each server
 
 
+def server_run(tmp_path: Path, model_dir: str, data: str, servers: list, *args: str) -> tuple[list[dict], str]:
+    """tests/multiprocess/vllm_server_run.py on 2 ranks against ``servers`` (NCCL's stream: the stand-in's TCP one),
+    with its further ``args``: each rank's report and the run's stderr."""
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(HERE / "vllm_stand_in"), str(TESTS)])}
+    urls = ",".join(server.url for server in servers)
+    command = [sys.executable, str(MULTIPROCESS / "vllm_server_run.py"), model_dir, data, str(tmp_path), urls]
+    proc = subprocess.run([*command, str(free_port()), *args], capture_output=True, text=True, timeout=600,
+                          env={**env, "OMP_NUM_THREADS": "1"})  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return [torch.load(tmp_path / f"rank{r}.pt", weights_only=False) for r in (0, 1)], proc.stderr
+
+
 @pytest.mark.slow  # ~60 s: two server processes and a 2-process DDP run of 3 steps
 def test_ddp_ranks_each_split_their_prompts_over_both_servers_and_rank_zero_pushes_to_both(
     two_servers, tiny_model_dir, arith_jsonl, tmp_path
@@ -141,20 +153,8 @@ def test_ddp_ranks_each_split_their_prompts_over_both_servers_and_rank_zero_push
     """tests/multiprocess/vllm_server_run.py (2 ranks, 2 prompts each, NCCL transfer over the stand-in's TCP stream)
     against both servers: each rank's 2 prompts go one to each server, nothing through rank 0; every push reaches both
     and both end with the trained weights."""
-    stand_in = HERE / "vllm_stand_in"
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(stand_in), str(TESTS)]), "OMP_NUM_THREADS": "1"}
-    urls = ",".join(server.url for server in two_servers)
-    command = [
-        sys.executable,
-        str(MULTIPROCESS / "vllm_server_run.py"),
-        tiny_model_dir,
-        arith_jsonl,
-        str(tmp_path),
-        urls,
-    ]
-    proc = subprocess.run([*command, str(free_port())], capture_output=True, text=True, timeout=600, env=env)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    state = torch.load(tmp_path / "rank0.pt", weights_only=False)["state"]
+    (rank, _), _ = server_run(tmp_path, tiny_model_dir, arith_jsonl, two_servers)
+    state = rank["state"]
     for i, server in enumerate(two_servers):
         stats = server.stats()
         probes, steps = [{"prompts": 1, "n": 1}], [{"prompts": 1, "n": 4}] * 2  # one prompt of each rank
@@ -172,20 +172,7 @@ def test_ddp_ranks_survive_a_dead_server_and_agree_to_take_it_out(two_servers, t
     may have been served first); at the push the ranks agree (the union of what each saw) and rank 0 finds it
     gone: both ranks then use server 0 alone, every group of every step generated, and server 0 holds the
     trained weights."""
-    stand_in = HERE / "vllm_stand_in"
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(stand_in), str(TESTS)]), "OMP_NUM_THREADS": "1"}
-    urls, dying = ",".join(server.url for server in two_servers), two_servers[1].url
-    command = [
-        sys.executable,
-        str(MULTIPROCESS / "vllm_server_run.py"),
-        tiny_model_dir,
-        arith_jsonl,
-        str(tmp_path),
-        urls,
-    ]
-    proc = subprocess.run([*command, str(free_port()), dying], capture_output=True, text=True, timeout=600, env=env)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    ranks = [torch.load(tmp_path / f"rank{r}.pt", weights_only=False) for r in (0, 1)]
+    ranks, _ = server_run(tmp_path, tiny_model_dir, arith_jsonl, two_servers, two_servers[1].url)
     for rank in ranks:
         assert rank["global_step"] == 3 and rank["live"] == [0]
         for step in rank["steps"]:  # 2 prompts x 4 completions, each a real one (length reward > 0)
@@ -207,16 +194,10 @@ def test_ddp_nccl_a_restarted_server_joins_a_new_weight_group_and_has_the_weight
     /health, but its channel cannot open: it stays out, the reason logged, and both ranks go on with server 0.
     After step 2 it is started again as it should be: the push after step 3 lets its old group go, joins a new one
     on the same port and catches it up (the weights, then the probe) before step 4's requests reach it."""
-    stand_in = HERE / "vllm_stand_in"
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(stand_in), str(TESTS)]), "OMP_NUM_THREADS": "1"}
-    urls, dying = ",".join(server.url for server in two_servers), two_servers[1].url
-    command = [sys.executable, str(MULTIPROCESS / "vllm_server_run.py"), tiny_model_dir, arith_jsonl, str(tmp_path)]
-    command += [urls, str(free_port()), dying, "plain,serve"]
-    proc = subprocess.run(command, capture_output=True, text=True, timeout=600, env=env)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    assert f"the server {dying} answers /health again, but its weight channel" in proc.stderr
-    assert "has no weight-transfer engine" in proc.stderr  # the reason, from the server that lacks one
-    ranks = [torch.load(tmp_path / f"rank{r}.pt", weights_only=False) for r in (0, 1)]
+    dying = two_servers[1].url
+    ranks, stderr = server_run(tmp_path, tiny_model_dir, arith_jsonl, two_servers, dying, "plain,serve")
+    assert f"the server {dying} answers /health again, but its weight channel" in stderr
+    assert "has no weight-transfer engine" in stderr  # the reason, from the server that lacks one
     for rank in ranks:
         assert rank["global_step"] == 4 and rank["live"] == [0, 1]
         metrics = [step["rollout"].metrics for step in rank["steps"]]
@@ -241,14 +222,7 @@ def test_ddp_nccl_a_server_restarted_after_the_step_s_requests_joins_a_new_weigh
     failed and no rank's check saw it, so both still count it live; the sync finds it another process (rank 0 reads
     each server's ``/metrics`` before the push), lets its old group go and joins a new one instead of pushing into
     the old one (whose peer is gone: on GPUs an NCCL broadcast that never ends), and it serves step 3."""
-    stand_in = HERE / "vllm_stand_in"
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(stand_in), str(TESTS)]), "OMP_NUM_THREADS": "1"}
-    urls, dying = ",".join(server.url for server in two_servers), two_servers[1].url
-    command = [sys.executable, str(MULTIPROCESS / "vllm_server_run.py"), tiny_model_dir, arith_jsonl, str(tmp_path)]
-    command += [urls, str(free_port()), dying, "unnoticed"]
-    proc = subprocess.run(command, capture_output=True, text=True, timeout=600, env=env)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    ranks = [torch.load(tmp_path / f"rank{r}.pt", weights_only=False) for r in (0, 1)]
+    ranks, _ = server_run(tmp_path, tiny_model_dir, arith_jsonl, two_servers, two_servers[1].url, "unnoticed")
     for rank in ranks:
         assert rank["global_step"] == 3 and rank["live"] == [0, 1]
         metrics = [step["rollout"].metrics for step in rank["steps"]]
