@@ -185,6 +185,17 @@ def test_ddp_ranks_survive_a_dead_server_and_agree_to_take_it_out(two_servers, t
         torch.testing.assert_close(served[name], tensor, rtol=0, atol=0, msg=name)
 
 
+def caught_up_before_serving(tmp_path: Path, state: dict) -> None:
+    """The restarted server (its log and weights, saved by the run as ``restarted.json`` / ``.pt``) got the weights
+    and their probe before it served a step, then the push after that step and its probe, and holds ``state``."""
+    stats = json.loads((tmp_path / "restarted.json").read_text())
+    assert stats["log"] == ["weights", "generate", "generate", "generate", "weights", "generate"]
+    assert stats["weight_updates"] == 2 and stats["tensors_received"] == 2 * len(state)
+    served = torch.load(tmp_path / "restarted.pt", weights_only=True)
+    for name, tensor in state.items():
+        torch.testing.assert_close(served[name], tensor, rtol=0, atol=0, msg=name)
+
+
 @pytest.mark.slow  # ~20 s: two server processes, a 2-process DDP run of 4 steps, the killed server started twice
 def test_ddp_nccl_a_restarted_server_joins_a_new_weight_group_and_has_the_weights_before_it_serves(
     two_servers, tiny_model_dir, arith_jsonl, tmp_path
@@ -205,13 +216,7 @@ def test_ddp_nccl_a_restarted_server_joins_a_new_weight_group_and_has_the_weight
         assert metrics[3]["servers/live"] == 2 and metrics[3]["servers/1/requests"] == 1  # back at step 4
         for step in rank["steps"]:  # 2 prompts x 4 completions, each a real one (length reward > 0)
             assert len(step["rewards"]) == 8 and bool((step["rewards"] > 0).all())
-    stats, state = json.loads((tmp_path / "restarted.json").read_text()), ranks[0]["state"]
-    # the catch-up's push and probe, step 4's request of each rank, the push after step 4 and its probe
-    assert stats["log"] == ["weights", "generate", "generate", "generate", "weights", "generate"]
-    assert stats["weight_updates"] == 2 and stats["tensors_received"] == 2 * len(state)
-    served = torch.load(tmp_path / "restarted.pt", weights_only=True)
-    for name, tensor in state.items():
-        torch.testing.assert_close(served[name], tensor, rtol=0, atol=0, msg=name)
+    caught_up_before_serving(tmp_path, ranks[0]["state"])
 
 
 @pytest.mark.slow  # ~15 s: two server processes and a 2-process DDP run of 3 steps, one server restarted in step 2
@@ -228,12 +233,7 @@ def test_ddp_nccl_a_server_restarted_after_the_step_s_requests_joins_a_new_weigh
         metrics = [step["rollout"].metrics for step in rank["steps"]]
         assert [m["servers/live"] for m in metrics] == [2, 2, 2] and metrics[1]["servers/restarted"] == 0
         assert metrics[2]["servers/1/requests"] == 1  # step 3: one of each rank's two prompts
-    stats, state = json.loads((tmp_path / "restarted.json").read_text()), ranks[0]["state"]
-    assert stats["log"] == ["weights", "generate", "generate", "generate", "weights", "generate"]
-    assert stats["weight_updates"] == 2 and stats["tensors_received"] == 2 * len(state)
-    served = torch.load(tmp_path / "restarted.pt", weights_only=True)
-    for name, tensor in state.items():
-        torch.testing.assert_close(served[name], tensor, rtol=0, atol=0, msg=name)
+    caught_up_before_serving(tmp_path, ranks[0]["state"])
 
 
 @pytest.mark.slow  # ~30 s: the only server killed after step 1
