@@ -96,8 +96,9 @@ def call(session: Any, method: str, url: str, timeout: float, body: Any = None, 
 def process_start(session: Any, url: str, timeout: float = METRICS_TIMEOUT) -> float | None:
     """The start time of the process serving ``url`` (``process_start_time_seconds`` of its ``/metrics``): a
     server restarted since it was last read answers another. ``None`` when its metrics lack it (nothing to compare:
-    a restart then shows only when a request fails); ``Unreachable`` when it does not answer."""
-    found = PROCESS_START.search(str(call(session, "GET", f"{url}/metrics", timeout)))
+    a restart then shows only when a request fails); ``Unreachable`` when it does not answer within ``timeout``
+    seconds or ``METRICS_TIMEOUT``, whichever is shorter."""
+    found = PROCESS_START.search(str(call(session, "GET", f"{url}/metrics", min(timeout, METRICS_TIMEOUT))))
     return float(found[1]) if found else None
 
 
@@ -163,7 +164,7 @@ class ServerControl:
     def process_start(self) -> float | None:
         """``process_start`` of this server; ``None`` too when it does not answer (its push will say so)."""
         try:
-            return process_start(self.session, self.url, min(self.timeout, METRICS_TIMEOUT))
+            return process_start(self.session, self.url, self.timeout)
         except Unreachable:
             return None
 
@@ -389,8 +390,7 @@ class ServerPool:
 
     def _restarted(self, i: int) -> bool:
         try:
-            timeout = min(self.request_timeout, METRICS_TIMEOUT)
-            return process_start(self.session, self.urls[i], timeout) != self.started[i]
+            return process_start(self.session, self.urls[i], self.request_timeout) != self.started[i]
         except Unreachable:
             return False
 

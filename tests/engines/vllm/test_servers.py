@@ -137,11 +137,11 @@ def test_a_dead_server_s_groups_go_to_the_other_and_it_rejoins_with_the_current_
 def server_run(tmp_path: Path, model_dir: str, data: str, servers: list, *args: str) -> tuple[list[dict], str]:
     """tests/multiprocess/vllm_server_run.py on 2 ranks against ``servers`` (NCCL's stream: the stand-in's TCP one),
     with its further ``args``: each rank's report and the run's stderr."""
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(HERE / "vllm_stand_in"), str(TESTS)])}
+    path = os.pathsep.join([str(HERE / "vllm_stand_in"), str(TESTS)])
+    env = {**os.environ, "PYTHONPATH": path, "OMP_NUM_THREADS": "1"}
     urls = ",".join(server.url for server in servers)
     command = [sys.executable, str(MULTIPROCESS / "vllm_server_run.py"), model_dir, data, str(tmp_path), urls]
-    proc = subprocess.run([*command, str(free_port()), *args], capture_output=True, text=True, timeout=600,
-                          env={**env, "OMP_NUM_THREADS": "1"})  # fmt: skip
+    proc = subprocess.run([*command, str(free_port()), *args], capture_output=True, text=True, timeout=600, env=env)
     assert proc.returncode == 0, proc.stderr[-3000:]
     return [torch.load(tmp_path / f"rank{r}.pt", weights_only=False) for r in (0, 1)], proc.stderr
 
