@@ -6,8 +6,10 @@ one); each rank writes what it saw to OUT/rank<k>.pt.
 server (``POST /exit``) after step 1. ``RESTARTS``, comma-separated ``serve`` or ``plain`` (started without a
 weight-transfer config): rank 0 starts a fake server on its port again at once, then after each next step ends it and
 starts the next one listed; ``unnoticed``: it ends the server and starts another in step 2 instead, after every
-rank's requests (at its optimiser step), so that only the sync can notice. At the end it saves the last one's
-``/stats`` and weights (OUT/restarted.json, .pt) and ends it. The run lasts 3 steps, or one more than the restarts.
+rank's requests (at its optimiser step), so that only the sync can notice; ``stall``: it ends nothing but has the
+server hang the run's first weight update, before step 1's requests (``POST /stall``), with ``sync_timeout`` 5 s.
+At the end it saves the last one's ``/stats`` and weights (OUT/restarted.json, .pt) and ends it. The run lasts 3
+steps, or one more than the restarts.
 Lightning's launcher starts rank 1 by re-running this script.
 """
 
@@ -79,11 +81,17 @@ class Outage(L.Callback):
 
     def __init__(self, url: str, restarts: list[str], model_dir: str):
         self.url, self.restarts, self.model_dir, self.proc = url, restarts, model_dir, None
-        self.unnoticed = restarts == ["unnoticed"]
+        self.unnoticed, self.stall = restarts == ["unnoticed"], restarts == ["stall"]
         atexit.register(self.end)  # a failed run leaves no server behind
+
+    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
+        if self.stall and trainer.global_rank == 0 and trainer.global_step == 0:
+            requests.post(f"{self.url}/stall", timeout=10)  # the run's first push, before step 1's requests, hangs
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
         step = trainer.global_step
+        if self.stall:
+            return
         if not self.unnoticed and trainer.global_rank == 0 and 1 <= step <= max(1, len(self.restarts)):
             self.swap(self.restarts[step - 1] if step <= len(self.restarts) else None)
 
@@ -135,7 +143,12 @@ def main(
     torch.set_num_threads(1)
     L.seed_everything(0)
     engine = CPUVLLMServer(
-        base_url=url, connection_timeout=60, group_port=int(group_port), weight_transfer="nccl", request_timeout=60
+        base_url=url,
+        connection_timeout=60,
+        group_port=int(group_port),
+        weight_transfer="nccl",
+        request_timeout=60,
+        sync_timeout=5 if restarts == "stall" else 600,
     )
     module = GRPOModule(
         model=model_dir,

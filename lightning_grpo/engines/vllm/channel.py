@@ -1,5 +1,6 @@
 """Rank 0's ``"nccl"`` weight channel to one server: TRL's ``VLLMClient`` joined to the server's weight-update group,
-let go again when the server comes back from an outage, and a new one joined in its place within a bound of time.
+let go again when the server comes back from an outage or hangs in a push, and a new one joined in its place, each
+within a bound of time.
 Knows TRL's client and vLLM's trainer-side group; nothing about the policy or the other servers.
 
 What a group holds on the trainer (vLLM's ``nccl_common.trainer_init``): a ``PyNcclCommunicator`` (an NCCL
@@ -12,7 +13,8 @@ port. Opening waits for the server's side (``/init_weight_transfer_engine``, the
 ``ncclCommInitRank``), none of them bounded by TRL, so it runs in a thread of its own given ``timeout`` seconds; one
 that does not finish in time is left behind (a thread cannot be stopped) and holds the port until vLLM's store
 gives up (300 s) or, should it join after all, until it is let go (``within``'s ``abandon``); tries on that port fail
-at once meanwhile.
+at once meanwhile. A push through the group is bounded the same way (``ServerControl.stream``), and the client's
+requests each by ``bound_requests``.
 """
 
 from __future__ import annotations
@@ -22,6 +24,24 @@ from collections.abc import Callable
 from typing import Any, TypeVar
 
 T = TypeVar("T")
+
+
+def bound_requests(client: Any, timeout: float) -> Any:
+    """``client`` (a TRL ``VLLMClient``, used for weights alone) with every HTTP request of its session bounded
+    (``timeout`` seconds without an answer's bytes; TRL sets none) and tried once. TRL's retries (five, on read
+    timeouts too, POSTs included) would send ``/update_weights`` again to a server that timed out, without the
+    broadcast it waits for. A request left waiting on a server that hung (``within`` gave up on it) so ends too,
+    and with it TRL's thread pool, which the interpreter waits for at exit."""
+    from requests.adapters import HTTPAdapter
+
+    class Bounded(HTTPAdapter):
+        def send(self, request: Any, **kwargs: Any) -> Any:
+            kwargs["timeout"] = kwargs.get("timeout") or timeout
+            return super().send(request, **kwargs)
+
+    for prefix in ("http://", "https://"):
+        client.session.mount(prefix, Bounded(max_retries=0))
+    return client
 
 
 def close(client: Any) -> None:

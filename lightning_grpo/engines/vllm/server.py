@@ -254,6 +254,7 @@ class VLLMServer(RolloutEngine):
         client = VLLMClient(
             base_url=self.urls[i], group_port=self.group_port + i, connection_timeout=self.connection_timeout
         )
+        channel.bound_requests(client, self.sync_timeout)
         self.open_weight_channel(client, device)
         return client
 
@@ -418,6 +419,12 @@ class VLLMServer(RolloutEngine):
         live = (set(range(len(self.urls))) - out - lost) | returned
         for i in set(range(len(self.urls))) - live:  # logged as nothing moved (a logger would repeat the last push)
             self.weight_sync.metrics.update(push_metrics(0, 0.0, str(i)))
+        for name, why in self.weight_sync.why.items():  # rank 0's: a server the push or its probe lost
+            rank_zero_warn(
+                f"VLLMServer: the server {self.urls[int(name)]} is out of service from the weight sync of step "
+                f"{self.synced_step}: {why}. Requests go to the {len(live)} live of {len(self.urls)} servers; it "
+                "gets the current weights at a later sync, once it answers /health again"
+            )
         self._serve(live, started)
         bounded_barrier(self.sync_timeout, f"VLLMServer's weight sync of step {self.synced_step}", self.world_size)
 

@@ -33,8 +33,10 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import quote, urlparse
 
+import torch
 from torch import Tensor
 
+from lightning_grpo.engines.vllm import channel
 from lightning_grpo.engines.vllm.lora import AdapterVersion
 from lightning_grpo.engines.vllm.sync import PROBE_TOKENS, Unreachable
 
@@ -172,20 +174,44 @@ class ServerControl:
         return [m["id"] for m in call(self.session, "GET", f"{self.url}/v1/models", self.timeout)["data"]]
 
     def push(self, weights: dict[str, Tensor]) -> None:
-        """The weights into the server by the file (``/collective_rpc reload_weights``) or NCCL, then its prefix
-        cache reset (cached prompt states were computed with the old weights)."""
-        if self.client is not None:
-            metadata = [(name, str(t.dtype).removeprefix("torch."), list(t.shape)) for name, t in weights.items()]
-            try:
-                with self.client.weight_update():
-                    self.client.update_named_params(metadata, iter(weights.items()))
-            except OSError as err:  # requests' errors are OSErrors
-                raise Unreachable(f"{self.url}: the NCCL weight update failed: {err}") from err
+        """The weights into the server by the file (``/collective_rpc reload_weights``) or NCCL (``stream``), then
+        its prefix cache reset (cached prompt states were computed with the old weights)."""
+        if self.weights_file is None:
+            self.stream(weights)
         else:
             self.weights_file.write(weights)
             body = {"method": "reload_weights", "kwargs": {"weights_path": str(self.weights_file.path.parent)}}
             call(self.session, "POST", f"{self.url}/collective_rpc", self.timeout, body)
         call(self.session, "POST", f"{self.url}/reset_prefix_cache", self.timeout)
+
+    def stream(self, weights: dict[str, Tensor]) -> None:
+        """The weights over the server's NCCL weight-update group (TRL's client: ``/start_weight_update``,
+        ``/update_weights`` beside the broadcast, then ``/finish_weight_update`` unless they failed), all of it within
+        ``timeout`` seconds. The broadcast has no bound of its own: to a server that hung mid-transfer it waits for
+        good. So the push runs in a thread of its own (``channel.within``); past the bound the group is let go
+        (``channel.close``: the communicator aborted, which ends a broadcast waiting on its peer) and the server is
+        ``Unreachable``: taken out, it joins a new group once it answers again (``VLLMServer.reopen_channel``). The
+        client's requests end within ``timeout`` too (``channel.bound_requests``)."""
+        if self.client is None:  # its channel did not open again (the sync keeps it out): nothing to push through
+            raise Unreachable(f"{self.url}: no weight channel")
+        client = self.client
+        metadata = [(name, str(t.dtype).removeprefix("torch."), list(t.shape)) for name, t in weights.items()]
+        device = next((t.device for t in weights.values() if t.is_cuda), None)
+
+        def send() -> None:
+            if device is not None:  # a thread's own current device: vLLM's broadcast makes its streams there
+                torch.cuda.set_device(device)
+            client.update_named_params(metadata, iter(weights.items()))  # its own start and finish: none if it fails
+
+        what = f"rank 0's NCCL weight update of {self.url}"
+        try:
+            channel.within(self.timeout, what, send)
+        except TimeoutError as err:
+            channel.close(client)
+            self.client = None
+            raise Unreachable(f"{err} (sync_timeout); its weight group is let go") from err
+        except OSError as err:  # requests' errors are OSErrors
+            raise Unreachable(f"{self.url}: the NCCL weight update failed: {err}") from err
 
     def load_adapter(self, version: AdapterVersion) -> None:
         """``version`` loaded under its own name (a name already loaded is refused), requests served with it from

@@ -208,6 +208,7 @@ class WeightSync:
         self.pushes = 0
         self.current: AdapterVersion | None = None  # the adapter version the engines serve (the leader's)
         self.unreachable: list[str] = []  # the engines of the last push that did not answer (``Unreachable``)
+        self.why: dict[str, str] = {}  # the leader's: each of them -> what failed
         self.metrics: dict[str, float] = {}  # the last push's, logged with the next step
         self.leader = True  # this rank talks to the engine
         self.from_leader: Callable[[Any], Any] = lambda value: value  # the leader's value, on every rank
@@ -225,7 +226,7 @@ class WeightSync:
         engines holding them; each named engine's own under ``servers/<name>/``. An engine that raises
         ``Unreachable`` is skipped, named in ``unreachable``."""
         named = transports if isinstance(transports, dict) else {"": transports}
-        start, self.unreachable = time.perf_counter(), []
+        start, self.unreachable, self.why = time.perf_counter(), [], {}
         payload = self.adapter_payload(policy) if self.adapters is not None else inference_weights(policy)
         metrics = {}
         for name, transport in named.items():
@@ -273,8 +274,9 @@ class WeightSync:
                     transport.load_adapter(part)
                 else:
                     transport.push(part)
-        except Unreachable:
+        except Unreachable as err:
             self.unreachable.append(name)
+            self.why[name] = str(err)
             return {}
         return push_metrics(_size(payload), time.perf_counter() - start, name)
 
@@ -292,8 +294,9 @@ class WeightSync:
         prompt = probe_prompt(policy)
         try:
             answer = transport.probe(prompt) if self.leader else None
-        except Unreachable:
+        except Unreachable as err:
             self.unreachable.append(name)
+            self.why[name] = f"the probe after its push: {err}"
             answer = None
         tokens, logps = self.from_leader(answer) or ([], [])
         if not tokens:  # the engine went away between its push and the probe: taken out, nothing to check

@@ -236,6 +236,35 @@ def test_ddp_nccl_a_server_restarted_after_the_step_s_requests_joins_a_new_weigh
     caught_up_before_serving(tmp_path, ranks[0]["state"])
 
 
+@pytest.mark.slow  # ~20 s: two server processes and a 2-process DDP run of 3 steps, one push waiting 5 s
+def test_ddp_nccl_a_push_to_a_server_hung_mid_transfer_ends_at_sync_timeout_and_the_server_rejoins(
+    two_servers, tiny_model_dir, arith_jsonl, tmp_path
+):
+    """Server 1 hangs in the run's first weight update (it reads none of the stream and never answers). The
+    broadcast has no bound of its own, and TRL's requests none either, so before, the run waited for good (the
+    test's 600 s). The push gives up at ``sync_timeout`` (5 s) naming the rank and the server, lets the group go,
+    and step 1 runs on server 0; the next sync finds server 1 answering, joins a new group and catches it up before
+    it serves step 2. TRL's client would have sent the timed-out ``/update_weights`` again: it is tried once."""
+    hung = two_servers[1]
+    ranks, stderr = server_run(tmp_path, tiny_model_dir, arith_jsonl, two_servers, hung.url, "stall")
+    assert f"rank 0's NCCL weight update of {hung.url} did not finish within 5 s (sync_timeout)" in stderr
+    assert f"the server {hung.url} is out of service from the weight sync of step 0" in stderr
+    for rank in ranks:
+        assert rank["global_step"] == 3 and rank["live"] == [0, 1]
+        metrics = [step["rollout"].metrics for step in rank["steps"]]
+        assert [m["servers/live"] for m in metrics] == [1, 2, 2]
+        assert [m["servers/1/requests"] for m in metrics] == [0, 1, 1]
+        for step in rank["steps"]:
+            assert len(step["rewards"]) == 8 and bool((step["rewards"] > 0).all())
+    served = hung.stats()
+    assert served["log"][:4] == ["weights", "generate", "generate", "generate"]  # caught up and probed, then step 2
+    assert served["weight_updates"] == 3  # the catch-up and the pushes after steps 2 and 3: the hung one never ended
+    requests.post(f"{hung.url}/save", json={"path": str(tmp_path / "hung.pt")}, timeout=10)
+    served_weights = torch.load(tmp_path / "hung.pt", weights_only=True)
+    for name, tensor in ranks[0]["state"].items():
+        torch.testing.assert_close(served_weights[name], tensor, rtol=0, atol=0, msg=name)
+
+
 @pytest.mark.slow  # ~30 s: the only server killed after step 1
 def test_no_server_left_stops_the_run_with_a_resumable_checkpoint(tiny_model_dir, arith_jsonl, tmp_path):
     server = FakeServer(tiny_model_dir).start()

@@ -12,6 +12,7 @@ standard library, generating with Hugging Face ``generate`` on a real model.
 - ``POST /init_weight_transfer_engine``: connects to the trainer's group (``init_info``'s address and port);
   ``/start_weight_update``, ``/update_weights`` (receives the announced tensors from the stream, checks each
   name, dtype and shape, and loads it), ``/finish_weight_update``; ``POST /reset_prefix_cache``;
+- ``POST /stall``: the next ``/update_weights`` neither reads the stream nor answers (a server hung mid-transfer);
 - ``POST /collective_rpc`` with ``reload_weights`` (the ``"disk"`` transfer: ``model.safetensors`` of the folder
   ``weights_path``, every name checked and loaded).
 The weight stream is the TCP stand-in of ``tests/engines/vllm/vllm_stand_in`` (vLLM streams over NCCL).
@@ -55,6 +56,7 @@ class Server:
             "log": [],  # "generate" (a completion request) and "weights" (an update finished), in order
         }
         self.updating = False
+        self.stalls = 0  # /update_weights calls still to hang (POST /stall)
         self.started = time.time()  # vLLM's /metrics: Prometheus' process_start_time_seconds
 
     def completions(self, body: dict) -> dict:
@@ -123,6 +125,9 @@ class Server:
     def update(self, info: dict) -> dict:
         if not self.updating:
             raise ValueError("/update_weights outside /start_weight_update ... /finish_weight_update")
+        if self.stalls:
+            self.stalls -= 1
+            threading.Event().wait()  # for good: the trainer must give up on its own
         state = self.model.state_dict()
         with self.lock, torch.no_grad():
             for name, dtype, shape in zip(info["names"], info["dtype_names"], info["shapes"]):
@@ -163,6 +168,9 @@ class Server:
             self.updating = False
             self.stats["weight_updates"] += 1
             self.stats["log"].append("weights")
+            return {}
+        if path == "/stall":
+            self.stalls += 1
             return {}
         if path == "/reset_prefix_cache":
             return {"success": True}
