@@ -8,6 +8,8 @@ path (``exception.checkpoint_path``) for the message that names the resume comma
 
 Under several processes a checkpoint is a collective that the ranks which did not fail are not in (they wait in
 their own collective): no checkpoint is written there, and the message says so; the periodic checkpoints remain.
+An exception every rank raises at the same point (``exception.every_rank``: ``VLLMServer``'s ``NoServerLeft``,
+agreed by the ranks) is the exception: every rank is here, and the checkpoint is written.
 The batch that failed counts as drawn: a resumed run goes on with the next one.
 """
 
@@ -47,7 +49,7 @@ class FaultCheckpoint(L.Callback):
             exception.error_log = str(_write_log(run_dir(trainer), exception))
         if getattr(exception, "checkpoint_path", None) or trainer.global_step == 0:
             return  # saved already (numerical_abort), or nothing trained yet
-        if trainer.world_size > 1:
+        if trainer.world_size > 1 and not getattr(exception, "every_rank", False):
             exception.add_note(f"no checkpoint written: {trainer.world_size} processes, not all of them failed")
             return
         try:

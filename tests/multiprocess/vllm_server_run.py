@@ -7,7 +7,9 @@ server (``POST /exit``) after step 1. ``RESTARTS``, comma-separated ``serve`` or
 weight-transfer config): rank 0 starts a fake server on its port again at once, then after each next step ends it and
 starts the next one listed; ``unnoticed``: it ends the server and starts another in step 2 instead, after every
 rank's requests (at its optimiser step), so that only the sync can notice; ``stall``: it ends nothing but has the
-server hang the run's first weight update, before step 1's requests (``POST /stall``), with ``sync_timeout`` 5 s.
+server hang the run's first weight update, before step 1's requests (``POST /stall``), with ``sync_timeout`` 5 s;
+``gone``: it ends the server as step 2 starts, after the sync (a ``FaultCheckpoint`` in OUT/ckpt; each rank's report
+is then the ``NoServerLeft`` it raised).
 At the end it saves the last one's ``/stats`` and weights (OUT/restarted.json, .pt) and ends it. The run lasts 3
 steps, or one more than the restarts.
 Lightning's launcher starts rank 1 by re-running this script.
@@ -27,7 +29,9 @@ import torch
 from quiet_trainer import quiet_trainer  # this script's folder is on the path
 
 from lightning_grpo import GRPOModule, PromptDataModule
+from lightning_grpo.callbacks import FaultCheckpoint
 from lightning_grpo.engines import VLLMServer
+from lightning_grpo.engines.vllm.servers import NoServerLeft
 
 FAKE_SERVER = Path(__file__).parents[1] / "engines" / "vllm" / "vllm_fake_server.py"
 
@@ -81,16 +85,18 @@ class Outage(L.Callback):
 
     def __init__(self, url: str, restarts: list[str], model_dir: str):
         self.url, self.restarts, self.model_dir, self.proc = url, restarts, model_dir, None
-        self.unnoticed, self.stall = restarts == ["unnoticed"], restarts == ["stall"]
+        self.unnoticed, self.stall, self.gone = restarts == ["unnoticed"], restarts == ["stall"], restarts == ["gone"]
         atexit.register(self.end)  # a failed run leaves no server behind
 
     def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
         if self.stall and trainer.global_rank == 0 and trainer.global_step == 0:
             requests.post(f"{self.url}/stall", timeout=10)  # the run's first push, before step 1's requests, hangs
+        if self.gone and trainer.global_rank == 0 and trainer.global_step == 1:
+            self.swap(None)
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
         step = trainer.global_step
-        if self.stall:
+        if self.stall or self.gone:
             return
         if not self.unnoticed and trainer.global_rank == 0 and 1 <= step <= max(1, len(self.restarts)):
             self.swap(self.restarts[step - 1] if step <= len(self.restarts) else None)
@@ -161,8 +167,14 @@ def main(
     )
     recorder, kinds = Recorder(), [kind for kind in restarts.split(",") if kind]
     outages = [Outage(kill_url, kinds, model_dir)] if kill_url else []
-    trainer = quiet_trainer(out_dir, max(3, len(kinds) + 2), [recorder, *outages])
-    trainer.fit(module, PromptDataModule(data_path, batch_size=2, val_split=None))
+    faults = [FaultCheckpoint(str(Path(out_dir) / "ckpt"))] if kinds == ["gone"] else []
+    trainer = quiet_trainer(out_dir, max(3, len(kinds) + 2), [recorder, *outages, *faults])
+    try:
+        trainer.fit(module, PromptDataModule(data_path, batch_size=2, val_split=None))
+    except NoServerLeft as err:
+        report = {"error": str(err), "every_rank": err.every_rank, "checkpoint": getattr(err, "checkpoint_path", None)}
+        torch.save({**report, "steps": len(recorder.steps)}, Path(out_dir) / f"rank{trainer.global_rank}.pt")
+        return
     Path(out_dir).mkdir(parents=True, exist_ok=True)
     if outages and trainer.global_rank == 0:
         outages[0].save(Path(out_dir))

