@@ -19,6 +19,7 @@ A run's own split (``train/time/<stage>_s``) is set beside the model's predictio
 from __future__ import annotations
 
 import argparse
+from collections.abc import Callable
 from dataclasses import dataclass
 
 
@@ -167,6 +168,34 @@ def verl_rows(model: StepModel) -> list[tuple[str, float, float]]:
     return rows
 
 
+# NeMo-RL's performance summary publishes scaling efficiencies (time x GPUs kept, per doubling), not stage times, of
+# its own models and lengths: on-policy ~60% per GPU doubling at 128-512 H100s; ~93% from 32 to 192 GPUs 8 steps off.
+NEMO_RL = {"on-policy, 128 -> 256 GPUs": 0.60, "on-policy, 256 -> 512 GPUs": 0.60, "8 steps off, 32 -> 192 GPUs": 0.93}
+
+
+def efficiency(step: Callable[[int], float], gpus: int, more: int) -> float:
+    """Scaling efficiency from ``gpus`` to ``more`` GPUs: the work per GPU-second kept, ``T(n) n / (T(m) m)``.
+
+    >>> efficiency(lambda n: 100 / n, 32, 64), efficiency(lambda n: 100.0, 32, 64)
+    (1.0, 0.5)
+    """
+    return step(gpus) * gpus / (step(more) * more)
+
+
+def nemo_rl_rows(model: StepModel) -> list[tuple[str, float, float]]:
+    """(claim, predicted efficiency, NeMo-RL's) for ``NEMO_RL``: on-policy as ``synchronous`` on n GPUs colocated,
+    k steps off as ``overlapped`` with the GPUs split in half between training and generation."""
+
+    def sync(gpus: int) -> float:
+        return model.synchronous(gpus, gpus).step
+
+    def off(gpus: int) -> float:
+        return model.overlapped(gpus // 2, gpus // 2).step
+
+    predicted = [efficiency(sync, 128, 256), efficiency(sync, 256, 512), efficiency(off, 32, 192)]
+    return [(claim, value, published) for (claim, published), value in zip(NEMO_RL.items(), predicted)]
+
+
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.parse_args(argv)
@@ -175,6 +204,9 @@ def main(argv: list[str] | None = None) -> None:
     print("| run | predicted step s | measured step s | error |\n|---|---|---|---|")
     for run, predicted, measured in verl_rows(model):
         print(f"| {run} | {predicted:.1f} | {measured:.1f} | {predicted / measured - 1:+.0%} |")
+    print("| NeMo-RL's claim | predicted efficiency | published | error |\n|---|---|---|---|")
+    for claim, predicted, published in nemo_rl_rows(model):
+        print(f"| {claim} | {predicted:.0%} | {published:.0%} | {predicted / published - 1:+.0%} |")
     for gpus in (256, 512):
         print(f"predicted synchronous at {gpus} GPUs: {model.synchronous(gpus, gpus).row()}")
         half = gpus // 2
