@@ -50,6 +50,7 @@ class Report:
     alerts: list[dict]
     split: list[SplitRow]  # empty when the run logged no stage times (train/time/<stage>_s)
     ranks: int  # the run's trainer ranks (config.yaml's trainer.devices x num_nodes; 1 when not given as numbers)
+    servers: int = 0  # the vLLM servers it generated from (config.yaml's VLLMServer base_url); 0: in process
 
     def split_table(self) -> str:
         """The split as a Markdown table, measured beside predicted, with the error of each."""
@@ -58,7 +59,8 @@ class Report:
             for r in self.split
         )
         return (
-            f"step split, {self.ranks} rank(s): measured (median s) against the step model (cli/step_model.py)\n"
+            f"step split, {self.ranks} rank(s){f', {self.servers} vLLM server(s)' if self.servers else ''}: "
+            "measured (median s) against the step model (cli/step_model.py)\n"
             f"| stage | measured s | predicted s | error |\n|---|---|---|---|\n{rows}"
         )
 
@@ -126,9 +128,9 @@ def _matching(series: dict, patterns: list[str]) -> list[str]:
     return list(dict.fromkeys(names))
 
 
-def step_split(series: dict[str, list[tuple[int, float]]], ranks: int) -> list[SplitRow]:
+def step_split(series: dict[str, list[tuple[int, float]]], ranks: int, servers: int = 0) -> list[SplitRow]:
     """The run's stages (``train/time/<stage>_s``; scoring and the rest of the step have no part in the model)
-    beside ``step_model.predict`` for its ranks and tokens a step; empty when no stage time was logged."""
+    beside ``step_model.predict`` for its ranks, servers and tokens a step; empty when no stage time was logged."""
     from lightning_grpo.cli.step_model import predict
     from lightning_grpo.metrics import STAGES
 
@@ -138,7 +140,7 @@ def step_split(series: dict[str, list[tuple[int, float]]], ranks: int) -> list[S
         return []
     tokens = series.get("train/num_tokens", [])
     per_step = [(b - a) / (j - i) for (i, a), (j, b) in zip(tokens, tokens[1:]) if j > i]
-    predicted = predict(ranks, statistics.median(per_step)) if per_step else None
+    predicted = predict(ranks, statistics.median(per_step), servers) if per_step else None
     rows = [SplitRow(stage, seconds, getattr(predicted, stage, None)) for stage, seconds in measured.items()]
     rows.append(SplitRow("rest of the step", step - sum(measured.values()), None))
     return [*rows, SplitRow("step", step, None if predicted is None else predicted.step)]
@@ -151,17 +153,35 @@ def _steady(points: list[tuple[int, float]] | None) -> float | None:
     return statistics.median(v for _, v in (points[1:] or points))
 
 
-def run_ranks(run_dir: Path) -> int:
-    """The run's trainer ranks from the ``config.yaml`` the CLI saved beside its logs: devices x nodes, when both
-    are numbers; else 1."""
+def run_config(run_dir: Path) -> dict:
+    """The ``config.yaml`` the CLI saved beside the run's logs; empty when there is none (a run from Python)."""
     path = run_dir / "config.yaml"
     if not path.exists():
-        return 1
+        return {}
     import yaml
 
-    trainer = (yaml.safe_load(path.read_text()) or {}).get("trainer") or {}
+    return yaml.safe_load(path.read_text()) or {}
+
+
+def run_ranks(run_dir: Path) -> int:
+    """The run's trainer ranks (``run_config``): devices x nodes, when both are numbers; else 1."""
+    trainer = run_config(run_dir).get("trainer") or {}
     devices, nodes = trainer.get("devices", 1), trainer.get("num_nodes", 1)
     return devices * nodes if isinstance(devices, int) and isinstance(nodes, int) else 1
+
+
+def run_servers(run_dir: Path) -> int:
+    """The vLLM servers the run generated from (``run_config``): those of its ``VLLMServer`` rollout engine's
+    ``base_url``, also inside ``AsyncRollouts``; 0 for any other engine (generation in process)."""
+    from lightning_grpo.engines.vllm.servers import server_urls
+
+    engine = (run_config(run_dir).get("model") or {}).get("rollout_engine")
+    while isinstance(engine, dict):
+        args = engine.get("init_args") or {}
+        if str(engine.get("class_path", "")).endswith("VLLMServer"):
+            return len(server_urls(args.get("base_url", "http://localhost:8000")))
+        engine = args.get("engine")
+    return 0
 
 
 def plot(series: dict[str, list[tuple[int, float]]], alerts: list[dict], path: Path) -> None:
@@ -211,8 +231,8 @@ def write_report(run_dir: str | Path) -> Report:
     alerts_path = run_dir / "alerts.jsonl"
     alerts = [json.loads(line) for line in alerts_path.read_text().splitlines()] if alerts_path.exists() else []
     png, page = run_dir / "report.png", run_dir / "report.html"
-    ranks = run_ranks(run_dir)
-    report = Report(png, page, series, alerts, step_split(series, ranks), ranks)
+    ranks, servers = run_ranks(run_dir), run_servers(run_dir)
+    report = Report(png, page, series, alerts, step_split(series, ranks, servers), ranks, servers)
     plot(series, alerts, png)
     write_html(png, series, alerts, page, report.split_table() if report.split else "")
     return report

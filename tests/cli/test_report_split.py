@@ -6,12 +6,13 @@ from __future__ import annotations
 
 import statistics
 
+import yaml
 from helpers import fit, make_module
 
 from lightning_grpo import PromptDataModule
 from lightning_grpo.callbacks import MetricsFile
 from lightning_grpo.cli.main import main
-from lightning_grpo.cli.report import write_report
+from lightning_grpo.cli.report import run_servers, step_split, write_report
 from lightning_grpo.cli.step_model import predict
 from lightning_grpo.metrics import STAGES
 from lightning_grpo.run import run_dir
@@ -33,3 +34,22 @@ def test_a_real_run_s_report_holds_its_split_beside_the_prediction(tiny_model_di
     assert "Step split" in report.html.read_text() and "| generation |" in report.split_table()
     main(["report", str(run_dir(trainer))])
     assert "measured (median s) against the step model" in capsys.readouterr().out
+
+
+def test_a_run_over_vllm_servers_is_set_beside_the_servers_model(tmp_path):
+    """The servers a run generated from are read from its config.yaml (a ``VLLMServer``'s ``base_url``, also inside
+    ``AsyncRollouts``), and its split is predicted by ``servers_cpu`` for them; any other engine: in process."""
+    engines = {
+        "two": {"class_path": "lightning_grpo.engines.VLLMServer", "init_args": {"base_url": "http://a:1,http://b:1"}},
+        "async": {"class_path": "lightning_grpo.engines.AsyncRollouts",
+                  "init_args": {"engine": {"class_path": "lightning_grpo.engines.VLLMServer"}}},
+        "lean": {"class_path": "lightning_grpo.engines.LeanDecode"},
+    }  # fmt: skip
+    for name, engine in engines.items():
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "config.yaml").write_text(yaml.safe_dump({"model": {"rollout_engine": engine}}))
+    assert [run_servers(tmp_path / name) for name in engines] == [2, 1, 0] and run_servers(tmp_path) == 0
+    series = {f"train/time/{stage}_s": [(0, 1.0), (1, 0.05)] for stage in STAGES}
+    series |= {"train/step_time": [(0, 1.0), (1, 0.2)], "train/num_tokens": [(0, 1664), (1, 3328)]}
+    rows = {row.stage: row for row in step_split(series, ranks=1, servers=2)}
+    assert rows["step"].predicted == predict(1, 1664, servers=2).step != predict(1, 1664).step
