@@ -25,7 +25,7 @@ from pathlib import Path
 
 import yaml
 
-from lightning_grpo.cli.report import _steady, read_series
+from lightning_grpo.cli.report import read_series, step_split, tokens_per_step
 from lightning_grpo.demo.tiny import resolve
 from lightning_grpo.engines.vllm.launch import running_server
 from lightning_grpo.metrics import STAGES
@@ -63,11 +63,11 @@ def config(urls: list[str], ranks: int, steps: int, root: Path) -> dict:
 
 
 def run(ranks: int, servers: int, steps: int, out: Path) -> dict[str, float]:
-    """One calibration run: its stages' medians (seconds), its tokens a step and its wall seconds."""
+    """One calibration run: its stages' and its step's medians (seconds, ``report.step_split``), its tokens a step
+    and its wall seconds."""
     model = resolve(MODEL)
     root = out / f"{ranks}x{servers}"
     with contextlib.ExitStack() as stack:
-        os.environ.update(OMP_NUM_THREADS="1", VLLM_CPU_OMP_THREADS_BIND="nobind")  # each server: 1 thread
         urls = [stack.enter_context(running_server(model, free_port(), log=str(out / f"server{i}.log")))
                 for i in range(servers)]  # fmt: skip
         path = out / f"{ranks}x{servers}.yaml"
@@ -77,11 +77,8 @@ def run(ranks: int, servers: int, steps: int, out: Path) -> dict[str, float]:
         subprocess.run(command, check=True, stdout=subprocess.DEVNULL)
         wall = time.monotonic() - start
     series = read_series(max(root.glob("lightning_logs/version_*")))
-    tokens = series["train/num_tokens"]
-    per_step = [(b - a) / (j - i) for (i, a), (j, b) in zip(tokens, tokens[1:]) if j > i]
-    stages = {stage: _steady(series[f"train/time/{stage}_s"]) for stage in STAGES}
-    return {**stages, "step": _steady(series["train/step_time"]), "tokens": sorted(per_step)[len(per_step) // 2],
-            "wall": wall}  # fmt: skip
+    measured = {row.stage: row.measured for row in step_split(series, ranks, servers)}
+    return {**measured, "tokens": tokens_per_step(series), "wall": wall}
 
 
 def main() -> None:
@@ -90,6 +87,7 @@ def main() -> None:
     p.add_argument("--runs", nargs="+", default=["1x1", "1x2", "2x1", "2x2"], help="RANKSxSERVERS")
     p.add_argument("--out", default=None, help="where the runs write (a temporary folder)")
     args = p.parse_args()
+    os.environ.update(OMP_NUM_THREADS="1", VLLM_CPU_OMP_THREADS_BIND="nobind")  # each server, each rank: 1 thread
     out = Path(args.out or tempfile.mkdtemp(prefix="calibrate_servers_"))
     out.mkdir(parents=True, exist_ok=True)
     print(f"runs under {out}; load before: {os.getloadavg()[0]:.1f}")

@@ -138,12 +138,18 @@ def step_split(series: dict[str, list[tuple[int, float]]], ranks: int, servers: 
     step = _steady(series.get("train/step_time"))
     if step is None or None in measured.values():
         return []
-    tokens = series.get("train/num_tokens", [])
-    per_step = [(b - a) / (j - i) for (i, a), (j, b) in zip(tokens, tokens[1:]) if j > i]
-    predicted = predict(ranks, statistics.median(per_step), servers) if per_step else None
+    tokens = tokens_per_step(series)
+    predicted = None if tokens is None else predict(ranks, tokens, servers)
     rows = [SplitRow(stage, seconds, getattr(predicted, stage, None)) for stage, seconds in measured.items()]
     rows.append(SplitRow("rest of the step", step - sum(measured.values()), None))
     return [*rows, SplitRow("step", step, None if predicted is None else predicted.step)]
+
+
+def tokens_per_step(series: dict[str, list[tuple[int, float]]]) -> float | None:
+    """The median tokens a step, every rank's (``train/num_tokens`` is cumulative); ``None`` when not logged twice."""
+    tokens = series.get("train/num_tokens", [])
+    per_step = [(b - a) / (j - i) for (i, a), (j, b) in zip(tokens, tokens[1:]) if j > i]
+    return statistics.median(per_step) if per_step else None
 
 
 def _steady(points: list[tuple[int, float]] | None) -> float | None:
@@ -173,13 +179,17 @@ def run_ranks(run_dir: Path) -> int:
 def run_servers(run_dir: Path) -> int:
     """The vLLM servers the run generated from (``run_config``): those of its ``VLLMServer`` rollout engine's
     ``base_url``, also inside ``AsyncRollouts``; 0 for any other engine (generation in process)."""
+    import inspect
+
+    from lightning_grpo.engines import VLLMServer
     from lightning_grpo.engines.vllm.servers import server_urls
 
     engine = (run_config(run_dir).get("model") or {}).get("rollout_engine")
     while isinstance(engine, dict):
         args = engine.get("init_args") or {}
         if str(engine.get("class_path", "")).endswith("VLLMServer"):
-            return len(server_urls(args.get("base_url", "http://localhost:8000")))
+            default = inspect.signature(VLLMServer).parameters["base_url"].default
+            return len(server_urls(args.get("base_url", default)))
         engine = args.get("engine")
     return 0
 

@@ -328,9 +328,7 @@ class VLLMServer(RolloutEngine):
             return
         reasons = [why for why in _all_ranks(None if failed is None else str(failed), self.world_size) if why]
         if reasons:
-            err = NoServerLeft(reasons[0] if len(reasons) == 1 else " | ".join(reasons))
-            err.every_rank = True
-            raise err from failed
+            raise NoServerLeft(" | ".join(reasons), every_rank=True) from failed
 
     @override
     def before_requests(self, policy: Policy) -> None:
@@ -432,14 +430,14 @@ class VLLMServer(RolloutEngine):
         out, back = self.from_rank_zero(self._outage(agreed, started, policy.device) if self.rank == 0 else None)
         live = {str(i): self.controls[i] for i in range(len(self.urls)) if i not in out}
         self.weight_sync(policy, live, self.synced_step)
-        lost = set(map(int, self.weight_sync.unreachable))
+        lost = dict(self.weight_sync.unreachable)  # server -> what failed (rank 0's, on every rank)
         started |= self._process_starts(set(back))
         self.weight_sync.catch_up(policy, {str(i): self.controls[i] for i in back}, self.synced_step)
         returned = set(back) - set(map(int, self.weight_sync.unreachable))
-        live = (set(range(len(self.urls))) - out - lost) | returned
+        live = (set(range(len(self.urls))) - out - set(map(int, lost))) | returned
         for i in set(range(len(self.urls))) - live:  # logged as nothing moved (a logger would repeat the last push)
             self.weight_sync.metrics.update(push_metrics(0, 0.0, str(i)))
-        for name, why in self.weight_sync.why.items():  # rank 0's: a server the push or its probe lost
+        for name, why in {**lost, **self.weight_sync.unreachable}.items():  # a push, a catch-up or a probe lost it
             rank_zero_warn(
                 f"VLLMServer: the server {self.urls[int(name)]} is out of service from the weight sync of step "
                 f"{self.synced_step}: {why}. Requests go to the {len(live)} live of {len(self.urls)} servers; it "
@@ -490,12 +488,11 @@ class VLLMServer(RolloutEngine):
         self.pool.expect(live, started)
         self.model_name = served or self.base_model
         if not live:  # every rank: from rank 0's answers
-            err = NoServerLeft(
+            raise NoServerLeft(
                 f"VLLMServer: no server answers after the weight sync of step {self.synced_step} "
-                f"(base_url {self.urls}); restart them and resume from the checkpoint"
+                f"(base_url {self.urls}); restart them and resume from the checkpoint",
+                every_rank=True,
             )
-            err.every_rank = True
-            raise err
 
     def from_rank_zero(self, value: Any) -> Any:
         """Rank 0's ``value`` on every rank."""

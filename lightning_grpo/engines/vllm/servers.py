@@ -56,7 +56,9 @@ class NoServerLeft(RuntimeError):
     """Every try of a generation request failed, or every server is out of service: the run cannot sample.
     ``every_rank``: raised by every trainer rank at the same point of the step (so ``FaultCheckpoint`` may save)."""
 
-    every_rank = False
+    def __init__(self, message: str, every_rank: bool = False) -> None:
+        super().__init__(message)
+        self.every_rank = every_rank
 
 
 def check_url(setting: str, url: str) -> str:

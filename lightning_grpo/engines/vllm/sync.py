@@ -207,8 +207,7 @@ class WeightSync:
         self.adapters: AdapterVersions | None = None  # set by serve_adapters
         self.pushes = 0
         self.current: AdapterVersion | None = None  # the adapter version the engines serve (the leader's)
-        self.unreachable: list[str] = []  # the engines of the last push that did not answer (``Unreachable``)
-        self.why: dict[str, str] = {}  # the leader's: each of them -> what failed
+        self.unreachable: dict[str, str] = {}  # the engines of the last push that did not answer -> what failed
         self.metrics: dict[str, float] = {}  # the last push's, logged with the next step
         self.leader = True  # this rank talks to the engine
         self.from_leader: Callable[[Any], Any] = lambda value: value  # the leader's value, on every rank
@@ -226,7 +225,7 @@ class WeightSync:
         engines holding them; each named engine's own under ``servers/<name>/``. An engine that raises
         ``Unreachable`` is skipped, named in ``unreachable``."""
         named = transports if isinstance(transports, dict) else {"": transports}
-        start, self.unreachable, self.why = time.perf_counter(), [], {}
+        start, self.unreachable = time.perf_counter(), {}
         payload = self.adapter_payload(policy) if self.adapters is not None else inference_weights(policy)
         metrics = {}
         for name, transport in named.items():
@@ -242,7 +241,7 @@ class WeightSync:
     def catch_up(self, policy: Policy, transports: dict[str, Transport], step: int) -> None:
         """Engines that missed pushes (a server back in service) get what the others hold: the whole model, or the
         base and the current adapter version; each checked. Every rank calls it after ``__call__``."""
-        self.unreachable = []
+        self.unreachable = {}
         if not transports:
             return
         whole = inference_weights(policy, merge_adapter=self.adapters is None)
@@ -275,8 +274,7 @@ class WeightSync:
                 else:
                     transport.push(part)
         except Unreachable as err:
-            self.unreachable.append(name)
-            self.why[name] = str(err)
+            self.unreachable[name] = str(err)
             return {}
         return push_metrics(_size(payload), time.perf_counter() - start, name)
 
@@ -295,12 +293,11 @@ class WeightSync:
         try:
             answer = transport.probe(prompt) if self.leader else None
         except Unreachable as err:
-            self.unreachable.append(name)
-            self.why[name] = f"the probe after its push: {err}"
+            self.unreachable[name] = f"the probe after its push: {err}"
             answer = None
         tokens, logps = self.from_leader(answer) or ([], [])
         if not tokens:  # the engine went away between its push and the probe: taken out, nothing to check
-            self.unreachable.append(name)
+            self.unreachable.setdefault(name, "the probe after its push: no answer")
             return {}
         verdict = policy_side(policy, prompt, tokens, logps, sync_atol(policy, self.atol))
         return check_sync(self.engine, step, verdict, name)
