@@ -159,7 +159,7 @@ def main() -> None:
     print(f"{where}; {args.model} {args.dtype} {args.attn}; {len(lengths)} completions of {sorted(lengths.tolist())}")
     if not args.lengths:
         print(f"generate (LeanDecode): {seconds[True]:.2f} s with ended rows dropped, {seconds[False]:.2f} s kept")
-    tokens = rollout.attention_mask.sum(dim=1).cpu()
+    tokens = rollout.host.tokens
     model_settings = {"dtype": args.dtype, "model_init_kwargs": {"attn_implementation": args.attn}}
     reference = None
     print(f"{'layout':36s} {'fwd+bwd s':>9s} {'passes':>6s} {'peak MB':>8s} {'max |dlogp|':>11s}")

@@ -47,7 +47,15 @@ from lightning_grpo.rollout import SamplingConfig
 from lightning_grpo.run import log_train_metrics, numerical_abort, optimizer_steps_of
 from lightning_grpo.seeding import seeded, step_seed
 from lightning_grpo.settings import GRPOSettings
-from lightning_grpo.targets import OptimiserStep, Targets, UpdateConfig, build_targets, entropy_cut, optimiser_steps
+from lightning_grpo.targets import (
+    OptimiserStep,
+    Targets,
+    UpdateConfig,
+    build_targets,
+    entropy_cut,
+    optimiser_steps,
+    step_fault,
+)
 from lightning_grpo.targets.distill import dataset_rollout, no_reward, off_policy_step
 from lightning_grpo.types import PromptBatch, RewardScores, Rollout, StepRecord
 
@@ -205,18 +213,14 @@ class GRPOModule(L.LightningModule):
         rollout, scores, extra = kept
         extra |= staleness_metrics(sampled.staleness(rollout))
         every_rank = ranks.gather_rows(scores.per_function)  # [W*N, F] identical on every rank: a batch std is global
-        if every_rank.isinf().any():  # NaN rewards are "not applicable"
-            return self._skip_step("rewards are infinite")
         clock.lap("scoring")
         targets = build_targets(self.policy, rollout, scores, every_rank, self.targets, ranks)
-        if not targets.advantages.isfinite().all():
-            return self._skip_step("advantages are infinite or NaN")
         clock.lap("logprobs")
-        loss, taken = self._update(rollout, targets, ranks)
-        if loss is None:
+        loss, taken, fault = self._update(rollout, targets, ranks)
+        if fault is not None:
             if taken:  # the optimiser steps before the bad one moved the weights: the engine samples from them
                 self.engine.sync_weights(self.policy)
-            return self._skip_step(f"gradients are infinite or NaN (after {taken} optimiser step(s) of the update)")
+            return self._skip_step(fault if not taken else f"{fault} (after {taken} optimiser step(s) of the update)")
         targets = targets.settled(ranks)
         clock.lap("update")
         self.engine.sync_weights(self.policy)
@@ -260,21 +264,23 @@ class GRPOModule(L.LightningModule):
             self.log("train/filter_groups/num_gen_batches", float(buffer.num_gen_batches), batch_size=1)
         return filtered
 
-    def _update(self, rollout: Rollout, targets: Targets, ranks: Ranks) -> tuple[LossOutput | None, int]:
-        """``num_iterations`` passes over the generation batch's optimiser steps: the last step's loss (``None``
-        when one had gradients that are not finite, was not taken and ended the update) and the steps taken."""
+    def _update(self, rollout: Rollout, targets: Targets, ranks: Ranks) -> tuple[LossOutput | None, int, str | None]:
+        """``num_iterations`` passes over the generation batch's optimiser steps: the last step's loss, the steps
+        taken, and why the update ended early (a step that was not taken), if it did."""
         steps, loss, taken = optimiser_steps(targets, self.targets, ranks), None, 0
         for _ in range(self.settings.update.num_iterations):
             for step in steps:
-                loss = self._optimizer_step(rollout, targets, step)
-                if loss is None:
-                    return None, taken
+                loss, fault = self._optimizer_step(rollout, targets, step)
+                if fault is not None:
+                    return None, taken, fault
                 taken += 1
-        return loss, taken
+        return loss, taken, None
 
-    def _optimizer_step(self, rollout: Rollout, targets: Targets, step: OptimiserStep) -> LossOutput | None:
-        """One optimiser step over ``step``'s rows, gradients accumulated across micro-batches; ``None`` when the
-        gradients are not finite and the step was not taken."""
+    def _optimizer_step(
+        self, rollout: Rollout, targets: Targets, step: OptimiserStep
+    ) -> tuple[LossOutput | None, str | None]:
+        """One optimiser step over ``step``'s rows, gradients accumulated across micro-batches: its loss, or why it
+        was not taken (rewards, advantages or gradients that are not finite)."""
         optimizer, total, quantile = self.optimizers(), None, self.settings.loss.top_entropy_quantile
         cut = entropy_cut(self.policy, rollout, targets, step, quantile, Ranks(self.trainer))  # the step's threshold
         optimizer.zero_grad()
@@ -288,14 +294,15 @@ class GRPOModule(L.LightningModule):
             total = out if total is None else total + out
         # fp16 AMP: gradients are unscaled inside optimizer.step (clipped there, in on_before_optimizer_step), and
         # the GradScaler skips steps with overflowing gradients and lowers its scale by itself
-        if self._grad_scaler() is None and not self._clip_gradients().isfinite():
+        fault = step_fault(targets.faults, None if self._grad_scaler() else self._clip_gradients())
+        if fault is not None:
             optimizer.zero_grad()
-            return None
+            return None, fault
         optimizer.step()
         self.lr_schedulers().step()
         self.entropy.update(Ranks(self.trainer).sum)  # the adaptive bonus moves once per optimiser step
         self.policy.after_optimizer_step(self.global_step)
-        return total
+        return total, None
 
     @override
     def on_before_optimizer_step(self, optimizer: torch.optim.Optimizer) -> None:

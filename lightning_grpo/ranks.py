@@ -45,9 +45,10 @@ class Ranks:
         return t[self.rank * n : (self.rank + 1) * n]
 
     def sum(self, t: Tensor) -> Tensor:
+        """The sum of ``t`` over the ranks, a new float tensor (the reduction is in place: ``t`` is left as it was)."""
         if self.world_size == 1:
             return t
-        return self.strategy.reduce(t.float(), reduce_op="sum")
+        return self.strategy.reduce(t.to(torch.float32, copy=True), reduce_op="sum")
 
     def most(self, n: int) -> int:
         """The largest of the ranks' ``n``."""

@@ -17,7 +17,7 @@ from transformers import GenerationConfig, PreTrainedTokenizerBase
 from lightning_grpo.checks import field_help, raise_problems
 from lightning_grpo.images import open_image
 from lightning_grpo.model.policy import Policy
-from lightning_grpo.types import Prompt, Rollout, pad_rows
+from lightning_grpo.types import HostRows, Prompt, Rollout, pad_rows
 
 
 @field_help
@@ -205,17 +205,17 @@ def build_rollout(
     """A Rollout from sampled ids ([N, P] prompts repeated G times, [N, T] completions): masks after the first
     EOS, padding columns trimmed, texts decoded (as chat messages for chat prompts)."""
     completion_mask, is_truncated = mask_after_eos(completion_ids, eos_ids)
-    width = max(int(completion_mask.sum(dim=1).max()), 1)  # trim columns that are padding in every row
-    completion_ids, completion_mask = completion_ids[:, :width], completion_mask[:, :width]
     completion_ids = completion_ids.masked_fill(completion_mask == 0, tokenizer.pad_token_id)
-    texts = tokenizer.batch_decode(completion_ids, skip_special_tokens=True)
+    host = HostRows.read(prompt_ids, prompt_mask, completion_ids, completion_mask)  # the one read of the rollout
+    width = host.width  # trim columns that are padding in every row
+    texts = tokenizer.batch_decode(host.completion_ids, skip_special_tokens=True)
     repeated = [p for p in prompts for _ in range(group_size)]
     completions = [[{"role": "assistant", "content": t}] for t in texts] if is_conversational(prompts[0]) else texts
-    return Rollout(
+    rollout = Rollout(
         prompt_ids=prompt_ids,
         prompt_mask=prompt_mask,
-        completion_ids=completion_ids,
-        completion_mask=completion_mask,
+        completion_ids=completion_ids[:, :width],
+        completion_mask=completion_mask[:, :width],
         is_truncated=is_truncated,
         prompts=repeated,
         completions=completions,
@@ -223,6 +223,7 @@ def build_rollout(
         num_truncated_prompts=num_truncated_prompts,
         sampling_logps=None if sampling_logps is None else sampling_logps[:, :width],
     )
+    return rollout.known_on_host(host)
 
 
 def sampled_rollout(

@@ -166,6 +166,107 @@ def _cat(a: Tensor | None, b: Tensor | None, value: float, left: bool = False) -
     return torch.cat(pad)
 
 
+@dataclass(frozen=True)
+class HostRows:
+    """A rollout's rows as the host knows them, read from the device once (``Rollout.host``): the ids the rewards
+    read and the lengths that the step's shapes and plans are decided from (the micro-batches, the columns a
+    log-prob forward keeps, the prompts it encodes once). Deciding them then reads the device no more, which on a
+    GPU would make the host wait for every queued kernel each time.
+
+    >>> rows = HostRows.of([[0, 5, 6], [0, 5, 6], [7, 8, 9]], [[0, 1, 1], [0, 1, 1], [1, 1, 1]],
+    ...                    [[3, 4], [3, 0], [0, 0]], [[1, 1], [1, 0], [0, 0]])
+    >>> rows.prompt_ids[0], rows.completion_ids, rows.tokens, rows.prompt_of
+    ([5, 6], [[3, 4], [3], []], [4, 3, 3], [0, 0, 2])
+    >>> rows.columns(slice(0, 2)), rows.columns(slice(2, 3)), rows.runs([1, 0, 2])
+    ((1, 2), (0, 1), [2, 1])
+    """
+
+    prompt_width: int  # P
+    prompt_ids: list[list[int]]  # [N] each prompt's real tokens (prompt_mask 1)
+    completion_ids: list[list[int]]  # [N] each completion's real tokens (completion_mask 1)
+    prompt_start: list[int]  # [N] the first column of each prompt's real tokens; P when it has none
+    completion_end: list[int]  # [N] one past the last real column of each completion; 0 when it has none
+    tokens: list[int]  # [N] real prompt and completion tokens of each row
+    prompt_of: list[int]  # [N] the first row with the same prompt (ids and mask): rows that share a prompt
+
+    @classmethod
+    def read(cls, prompt_ids: Tensor, prompt_mask: Tensor, completion_ids: Tensor, completion_mask: Tensor) -> HostRows:
+        """From the device: one copy of the four tensors ([N, P] prompts, [N, T] completions)."""
+        p, t = prompt_ids.shape[1], completion_ids.shape[1]
+        both = torch.cat([prompt_ids, prompt_mask, completion_ids, completion_mask], dim=1).long().tolist()
+        parts = [[row[a:b] for row in both] for a, b in ((0, p), (p, 2 * p), (2 * p, 2 * p + t), (2 * p + t, None))]
+        return cls.of(*parts, prompt_width=p)
+
+    @classmethod
+    def of(
+        cls,
+        prompt_ids: list[list[int]],
+        prompt_mask: list[list[int]],
+        completion_ids: list[list[int]],
+        completion_mask: list[list[int]],
+        prompt_width: int | None = None,
+    ) -> HostRows:
+        """From host lists of the padded [N, P] prompts and [N, T] completions."""
+        width = prompt_width if prompt_width is not None else len(prompt_mask[0]) if prompt_mask else 0
+        first: dict[tuple, int] = {}  # (ids, mask) -> the first row with that prompt
+        pairs = enumerate(zip(prompt_ids, prompt_mask))
+        prompt_of = [first.setdefault((tuple(i), tuple(m)), row) for row, (i, m) in pairs]
+        return cls(
+            prompt_width=width,
+            prompt_ids=[[t for t, kept in zip(i, m) if kept] for i, m in zip(prompt_ids, prompt_mask)],
+            completion_ids=[[t for t, kept in zip(i, m) if kept] for i, m in zip(completion_ids, completion_mask)],
+            prompt_start=[mask.index(1) if 1 in mask else width for mask in prompt_mask],
+            completion_end=[len(mask) - mask[::-1].index(1) if 1 in mask else 0 for mask in completion_mask],
+            tokens=[sum(p) + sum(c) for p, c in zip(prompt_mask, completion_mask)],
+            prompt_of=prompt_of,
+        )
+
+    @classmethod
+    def unpadded(cls, prompt_ids: list[list[int]], completion_ids: list[list[int]]) -> HostRows:
+        """From each row's prompt and completion tokens, as ``Rollout.from_token_lists`` pads them."""
+        width = max(max((len(ids) for ids in prompt_ids), default=0), 1)
+        first: dict[tuple, int] = {}
+        return cls(
+            prompt_width=width,
+            prompt_ids=[list(ids) for ids in prompt_ids],
+            completion_ids=[list(ids) for ids in completion_ids],
+            prompt_start=[width - len(ids) for ids in prompt_ids],
+            completion_end=[len(ids) for ids in completion_ids],
+            tokens=[len(p) + len(c) for p, c in zip(prompt_ids, completion_ids)],
+            prompt_of=[first.setdefault(tuple(ids), row) for row, ids in enumerate(prompt_ids)],
+        )
+
+    def rows(self, rows: slice | list[int] | Tensor) -> list[int]:
+        """Row indices of ``rows``: a slice, or indices (a micro-batch plan's, made on the host)."""
+        if isinstance(rows, slice):
+            return list(range(len(self.tokens)))[rows]
+        return rows.tolist() if isinstance(rows, Tensor) else list(rows)
+
+    def columns(self, rows: slice | list[int] | Tensor) -> tuple[int, int]:
+        """(first column, completion width T'): the columns of ``rows`` that some row needs, as
+        ``model.padding.trim_padding`` keeps them; at least the last prompt column and one completion column."""
+        picked = self.rows(rows)
+        first = min((self.prompt_start[i] for i in picked), default=self.prompt_width)
+        return min(first, self.prompt_width - 1), max(max((self.completion_end[i] for i in picked), default=0), 1)
+
+    def runs(self, rows: slice | list[int] | Tensor) -> list[int]:
+        """[U] the length of each run of consecutive ``rows`` that share a prompt (``model.prefix.prompt_runs``)."""
+        counts: list[int] = []
+        last = None
+        for i in self.rows(rows):
+            if counts and self.prompt_of[i] == last:
+                counts[-1] += 1
+            else:
+                counts.append(1)
+            last = self.prompt_of[i]
+        return counts
+
+    @property
+    def width(self) -> int:
+        """The longest completion, at least 1: columns past it are padding in every row."""
+        return max(max(self.completion_end, default=0), 1)
+
+
 @dataclass  # not frozen: Lightning's batch transfer rejects frozen dataclasses
 class PromptBatch:
     """B prompts and every other dataset column, as the data module yields them."""
@@ -212,6 +313,16 @@ class Rollout:
     def attention_mask(self) -> Tensor:  # [N, P+T]
         return torch.cat([self.prompt_mask, self.completion_mask], dim=1)
 
+    @cached_property  # read once, by whoever reads it first: no field of a Rollout is mutated
+    def host(self) -> HostRows:
+        """The rows' ids and lengths on the host (one read of the device), for the step's shapes and plans."""
+        return HostRows.read(self.prompt_ids, self.prompt_mask, self.completion_ids, self.completion_mask)
+
+    def known_on_host(self, host: HostRows) -> Rollout:
+        """This rollout, its ``host`` rows given by the engine that built it from the same tokens (no read)."""
+        self.__dict__["host"] = host
+        return self
+
     @property
     def model_mask(self) -> Tensor:  # [N, T]
         """1 on the completion tokens the model wrote itself, up to and including the first EOS."""
@@ -243,7 +354,7 @@ class Rollout:
         prompts, prompt_mask = pad_rows(prompt_ids, pad_id, left=True, min_width=1)  # [N, P]
         completions, completion_mask = pad_rows(completion_ids, pad_id, min_width=1)  # [N, T]
         logps, model = _padded(sampling_logps, 0.0, torch.float32), _padded(tool_mask, 0)  # [N, T] each
-        return cls(
+        rollout = cls(
             prompt_ids=prompts.to(device),
             prompt_mask=prompt_mask.to(device),
             completion_ids=completions.to(device),
@@ -253,6 +364,7 @@ class Rollout:
             tool_mask=None if model is None else model.to(device),
             **fields,
         )
+        return rollout.known_on_host(HostRows.unpadded(prompt_ids, completion_ids))
 
     def select(self, rows: Tensor) -> Rollout:
         """The rollout of ``rows`` ([n] indices) only; whole groups keep it grouped."""

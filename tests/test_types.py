@@ -9,6 +9,7 @@ from lightning_grpo.groups import GroupBuffer
 from lightning_grpo.metrics import StepCounters, StepValues, step_stats
 from lightning_grpo.types import (
     SIGNAL_ATOL,
+    HostRows,
     RewardScores,
     Rollout,
     StepRecord,
@@ -66,6 +67,18 @@ def test_rollout_from_token_lists_pads_prompts_left_and_completions_right():
     assert rollout.completion_mask.tolist() == [[1, 1, 1], [1, 0, 0]]
     assert rollout.tool_mask.tolist() == [[1, 0, 1], [1, 0, 0]] and rollout.is_truncated.tolist() == [False, True]
     assert rollout.sampling_logps[1].tolist() == pytest.approx([-0.4, 0.0, 0.0])
+
+
+def test_a_rollouts_host_rows_are_the_same_read_from_the_device_or_built_from_token_lists():
+    """An engine that builds its rollout from token lists gives its host rows without a read; they equal those read
+    back from the padded tensors (what ``Rollout.host`` reads for any other rollout)."""
+    prompts, completions = [[5], [6, 7], [5], [6, 7, 8]], [[1, 2, 3], [4], [], [9, 9]]
+    fields = {"prompts": ["p"] * 4, "completions": ["x"] * 4, "group_size": 2}
+    built = Rollout.from_token_lists(prompts, completions, pad_id=0, is_truncated=[False] * 4, **fields)
+    read = HostRows.read(built.prompt_ids, built.prompt_mask, built.completion_ids, built.completion_mask)
+    assert built.host == read
+    assert read.prompt_of == [0, 1, 0, 3] and read.tokens == [4, 3, 1, 5] and read.completion_end == [3, 1, 0, 2]
+    assert read.prompt_start == [2, 1, 2, 0] and read.columns([0, 2]) == (2, 3) and read.runs([0, 2, 1]) == [2, 1]
 
 
 def test_rollout_select_and_cat_keep_every_per_row_field():

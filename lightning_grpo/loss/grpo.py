@@ -34,7 +34,7 @@ from torch import Tensor
 from lightning_grpo.loss.config import LossConfig
 from lightning_grpo.loss.entropy import high_entropy_mask
 from lightning_grpo.loss.objectives import PolicyInputs
-from lightning_grpo.loss.reduce import LOSS_TYPES, LossNormalizer
+from lightning_grpo.loss.reduce import LOSS_TYPES, LossNormalizer, at_least_one
 from lightning_grpo.types import Collectives, UpdateStats
 
 # metric -> (the token flag it is taken over, its reduction over completions, how micro-batches and ranks
@@ -238,11 +238,13 @@ def sequence_extremes(flags: dict[str, Tensor], mask: Tensor) -> dict[str, Tenso
     """
     out = {}
     counts = mask.sum(-1)  # [n]
+    empty = counts == 0  # [n] completions without a loss token: left out (masked, not selected: no host read)
     for name, (source, reduce, _) in EXTREMES.items():
         if source in flags:
             shares = (flags[source].to(mask.dtype).expand_as(mask) * mask).sum(-1) / counts.clamp(min=1.0)  # [n]
-            shares = shares[counts > 0].detach()
-            out[name] = reduce(shares) if shares.numel() else torch.tensor(float("nan"))
+            neutral = shares.new_tensor(float("inf") if reduce is torch.amin else float("-inf"))
+            value = reduce(shares.detach().masked_fill(empty, neutral)) if len(shares) else neutral
+            out[name] = torch.where(empty.all(), torch.nan, value)
     return out
 
 
@@ -274,7 +276,9 @@ def _token_masks(
     return token_mask, trained
 
 
-def entropy_bonus(entropies: Tensor, trained: Tensor, norm: LossNormalizer, batch_tokens: float | None) -> Tensor:
+def entropy_bonus(
+    entropies: Tensor, trained: Tensor, norm: LossNormalizer, batch_tokens: float | Tensor | None
+) -> Tensor:
     """Mean entropy over the trained tokens, the same for every loss type (TRL: ``L - entropy_coef * H``).
 
     With the batch's trained-token count, a micro-batch contributes its sum over that count, so micro-batches add
@@ -283,7 +287,7 @@ def entropy_bonus(entropies: Tensor, trained: Tensor, norm: LossNormalizer, batc
     """
     total = (entropies * trained).sum()
     if batch_tokens is not None:
-        return total / max(batch_tokens, 1.0)
+        return total / at_least_one(batch_tokens)
     return total / trained.sum().clamp(min=1.0) * trained.shape[0] / norm.num_sequences
 
 

@@ -20,17 +20,27 @@ class LossNormalizer:
     """Counts of the whole generation batch that each reduction divides by, so micro-batches add up."""
 
     num_sequences: int  # completions in the local generation batch (N)
-    num_tokens: float  # loss-masked tokens in the local generation batch
-    global_num_tokens: float  # loss-masked tokens on all ranks
+    num_tokens: float | Tensor  # loss-masked tokens in the local generation batch (0-d on the device in a step)
+    global_num_tokens: float | Tensor  # loss-masked tokens on all ranks
     world_size: int = 1
     max_completion_length: int = 1
-    num_trained_tokens: float | None = None  # of those, kept by top_entropy_quantile (targets.EntropyCut)
+    num_trained_tokens: float | Tensor | None = None  # of those, kept by top_entropy_quantile (targets.EntropyCut)
 
     @classmethod
     def from_mask(cls, mask: Tensor, max_completion_length: int | None = None) -> LossNormalizer:
         """Counts for a batch that is its own generation batch on one process (TRL's single micro-batch)."""
         tokens = mask.sum().item()
         return cls(mask.shape[0], tokens, tokens, 1, max_completion_length or mask.shape[1])
+
+
+def at_least_one(count: float | Tensor) -> float | Tensor:
+    """A count to divide by, at least 1; a tensor stays on its device (no host read).
+
+    >>> import torch
+    >>> at_least_one(0.0), at_least_one(torch.tensor(3.0))
+    (1.0, tensor(3.))
+    """
+    return count.clamp(min=1.0) if isinstance(count, Tensor) else max(count, 1.0)
 
 
 def sequence_mean(masked_loss: Tensor, mask: Tensor, norm: LossNormalizer) -> Tensor:
@@ -45,7 +55,7 @@ def sequence_sum_mean(masked_loss: Tensor, mask: Tensor, norm: LossNormalizer) -
 
 def token_mean(masked_loss: Tensor, mask: Tensor, norm: LossNormalizer) -> Tensor:
     """bnpo: sum over tokens / active tokens of the local batch."""
-    return masked_loss.sum() / max(norm.num_tokens, 1.0)
+    return masked_loss.sum() / at_least_one(norm.num_tokens)
 
 
 def constant_length_mean(masked_loss: Tensor, mask: Tensor, norm: LossNormalizer) -> Tensor:
@@ -55,7 +65,7 @@ def constant_length_mean(masked_loss: Tensor, mask: Tensor, norm: LossNormalizer
 
 def global_token_mean(masked_loss: Tensor, mask: Tensor, norm: LossNormalizer) -> Tensor:
     """dapo, cispo, vespo: sum / (active tokens on all ranks / world size); DDP's mean makes it global."""
-    return masked_loss.sum() / (max(norm.global_num_tokens, 1.0) / norm.world_size)
+    return masked_loss.sum() / (at_least_one(norm.global_num_tokens) / norm.world_size)
 
 
 @dataclass(frozen=True)

@@ -23,7 +23,7 @@ import torch
 from torch import Tensor, nn
 from torch.utils.checkpoint import checkpoint
 
-from lightning_grpo.model.padding import pack_rows, position_ids_from_mask, trim_padding
+from lightning_grpo.model.padding import RowPlan, pack_rows, position_ids_from_mask, trim_padding
 from lightning_grpo.model.prefix import shared_prefix_hidden
 from lightning_grpo.model.vision import multimodal_hidden
 
@@ -149,6 +149,21 @@ def router_aux_loss(router_logits: tuple[Tensor, ...], config, attention_mask: T
     return load_balancing_loss_func(router_logits, config.num_experts, config.num_experts_per_tok, attention_mask)
 
 
+def selected(t: Tensor, mask: Tensor, plan: RowPlan | None) -> Tensor:
+    """``t[mask]``, [m, ...] row-major, for an [n, T'] ``mask`` over ``t``'s first two dims. With the ``plan``'s
+    count of the m completion tokens (known on the host), without the read of the device that a boolean index
+    makes for its size.
+
+    >>> t, mask = torch.arange(6).view(2, 3), torch.tensor([[True, False, True], [False, True, False]])
+    >>> selected(t, mask, None).tolist(), selected(t, mask, RowPlan((0, 3), [2], tokens=3)).tolist()
+    ([0, 2, 4], [0, 2, 4])
+    """
+    if plan is None:
+        return t[mask]
+    index = mask.flatten().nonzero_static(size=plan.tokens).squeeze(1)  # [m]
+    return t.flatten(0, 1).index_select(0, index)
+
+
 def _completion_hidden(
     model: nn.Module,
     config: Any,
@@ -159,6 +174,7 @@ def _completion_hidden(
     shared_prefix: bool,
     padding_free: bool,
     vision: dict[str, Tensor] | None = None,
+    plan: RowPlan | None = None,
 ) -> tuple[Tensor, Tensor | None]:
     """([m, H] the decoder's hidden states that predict the m completion tokens of ``attention_mask``, row-major;
     the MoE router loss or None). With ``vision`` inputs, the multimodal model's forward, images encoded."""
@@ -167,13 +183,14 @@ def _completion_hidden(
         if shared_prefix or padding_free or router_aux:
             raise ValueError("images go through the plain forward: shared_prefix, padding_free and router_aux are off")
         hidden = multimodal_hidden(model, input_ids, attention_mask, vision)  # [n, P+T, H]
-        return hidden[:, -completion_length - 1 : -1][targets], None
+        return selected(hidden[:, -completion_length - 1 : -1], targets, plan), None
     if shared_prefix and router_aux:
         raise ValueError("shared_prefix does not return MoE router logits: use shared_prefix=False")
     router = {"output_router_logits": True} if router_aux else {}
     if padding_free:
         dtype = next(decoder.parameters()).dtype
-        packed = pack_rows(input_ids, attention_mask, completion_length, shared_prefix, dtype)
+        runs = None if plan is None else plan.runs
+        packed = pack_rows(input_ids, attention_mask, completion_length, shared_prefix, dtype, runs)
         outputs = decoder(
             input_ids=packed.input_ids,
             attention_mask=packed.attention_mask,
@@ -185,13 +202,14 @@ def _completion_hidden(
         return outputs.last_hidden_state[0, packed.index], aux_loss
     positions = position_ids_from_mask(attention_mask)  # [n, P+T]
     if shared_prefix:
-        hidden = shared_prefix_hidden(decoder, config, input_ids, attention_mask, positions, completion_length)
-        return hidden[targets], None
+        runs = None if plan is None else plan.runs
+        hidden = shared_prefix_hidden(decoder, config, input_ids, attention_mask, positions, completion_length, runs)
+        return selected(hidden, targets, plan), None
     outputs = decoder(
         input_ids=input_ids, attention_mask=attention_mask, position_ids=positions, use_cache=False, **router
     )
     aux_loss = router_aux_loss(outputs.router_logits, config, attention_mask) if router_aux else None
-    return outputs.last_hidden_state[:, -completion_length - 1 : -1][targets], aux_loss
+    return selected(outputs.last_hidden_state[:, -completion_length - 1 : -1], targets, plan), aux_loss
 
 
 def _head_logps(
@@ -228,6 +246,7 @@ def completion_logps(
     shared_prefix: bool = False,
     padding_free: bool = False,
     vision: dict[str, Tensor] | None = None,
+    plan: RowPlan | None = None,
 ) -> TokenLogps:
     """Log-probs of the last ``completion_length`` tokens of each row.
 
@@ -245,19 +264,22 @@ def completion_logps(
         padding_free: run the decoder on the rows' real tokens packed into one sequence (``model.padding``).
         vision: the rows' vision inputs (``pixel_values`` ...; ``Rollout.vision_inputs``) for a vision-language
             model, whose prompt ids hold the processor's image tokens (``model.vision``).
+        plan: the columns to keep and the rows sharing a prompt, from the host (``Rollout.host``); found on the
+            device when ``None`` (host reads, which on a GPU wait for its queue).
 
     Columns that every row pads are never computed, and the LM head runs on completion tokens only; the
     log-probs and entropies of padding are 0.
     """
     config = _text_config(getattr(model, "config", None))
-    ids, mask, width = trim_padding(input_ids, attention_mask, completion_length)  # [n, P'+T'], T' <= T
+    columns = None if plan is None else plan.columns
+    ids, mask, width = trim_padding(input_ids, attention_mask, completion_length, columns)  # [n, P'+T'], T' <= T
     hidden, aux_loss = _completion_hidden(
-        model, config, ids, mask, width, router_aux, shared_prefix, padding_free, vision
+        model, config, ids, mask, width, router_aux, shared_prefix, padding_free, vision, plan
     )
     targets = mask[:, -width:].bool()  # [n, T'] the tokens scored: the LM head runs on these m only
     head = model.get_output_embeddings()
     head_logps, plain = _head_logps(head, config, temperature, entropy_grad)
-    labels = ids[:, -width:][targets]  # [m]
+    labels = selected(ids[:, -width:], targets, plan)  # [m]
     chunk_size = chunk_size or auto_chunk_size(head.weight.shape[0])
     none = hidden[:0, 0].float()  # [0], in the graph: every row empty (an agent that failed before asking)
     logps, entropies = [none], [none if entropy_grad else none.detach()]

@@ -26,6 +26,7 @@ import torch
 from torch import Tensor
 
 from lightning_grpo.model.prefix import prompt_runs
+from lightning_grpo.types import HostRows
 
 
 def position_ids_from_mask(attention_mask: Tensor) -> Tensor:
@@ -33,23 +34,48 @@ def position_ids_from_mask(attention_mask: Tensor) -> Tensor:
     return (attention_mask.long().cumsum(-1) - 1).clamp(min=0)
 
 
-def trim_padding(input_ids: Tensor, attention_mask: Tensor, completion_length: int) -> tuple[Tensor, Tensor, int]:
+@dataclass(frozen=True)
+class RowPlan:
+    """What a log-prob forward over some rows decides from their lengths, given by the host (``Rollout.host``),
+    so that deciding it does not wait for the device: the columns it keeps and the rows that share a prompt."""
+
+    columns: tuple[int, int]  # (first column, completion width T'), as ``trim_padding`` finds them
+    runs: list[int]  # [U] the rows of each run of consecutive rows with one prompt (``prefix.prompt_runs``)
+    tokens: int  # m: the rows' completion tokens (their completion masks' sum)
+
+
+def row_plan(host: HostRows, rows: slice | list[int] | Tensor) -> RowPlan:
+    """The ``RowPlan`` of ``rows`` of a rollout whose rows the host knows (``Rollout.host``)."""
+    picked = host.rows(rows)
+    return RowPlan(host.columns(picked), host.runs(picked), sum(len(host.completion_ids[i]) for i in picked))
+
+
+def trim_padding(
+    input_ids: Tensor, attention_mask: Tensor, completion_length: int, columns: tuple[int, int] | None = None
+) -> tuple[Tensor, Tensor, int]:
     """(ids [n, P'+T'], mask [n, P'+T'], T'): the columns some row needs; at least the last prompt column (it
-    predicts the first completion token) and one completion column.
+    predicts the first completion token) and one completion column. ``columns``: (first column, T') when the host
+    knows them (``RowPlan``); found on the device otherwise (one read).
 
     >>> ids = torch.tensor([[0, 5, 6, 7, 0], [0, 0, 5, 8, 0]])
     >>> mask = torch.tensor([[0, 1, 1, 1, 0], [0, 0, 1, 1, 0]])
-    >>> trim_padding(ids, mask, 2)[0].tolist(), trim_padding(ids, mask, 2)[2]
-    ([[5, 6, 7], [0, 5, 8]], 1)
+    >>> trim_padding(ids, mask, 2)[0].tolist(), trim_padding(ids, mask, 2)[2], trim_padding(ids, mask, 2, (1, 1))[2]
+    ([[5, 6, 7], [0, 5, 8]], 1, 1)
     """
     prompt_width = input_ids.shape[1] - completion_length
+    first, width = _used_columns(attention_mask, prompt_width) if columns is None else columns  # width is T'
+    columns = slice(first, prompt_width + width)
+    return input_ids[:, columns], attention_mask[:, columns], width
+
+
+def _used_columns(attention_mask: Tensor, prompt_width: int) -> tuple[int, int]:
+    """(first column, T') of ``trim_padding``, found on the device: one read."""
     used = attention_mask.bool().any(dim=0)  # [P+T]
     prompt_used, completion_used = used[:prompt_width], used[prompt_width:]
     first = torch.where(prompt_used.any(), prompt_used.long().argmax(), prompt_width - 1)
     last = (completion_used * torch.arange(1, len(completion_used) + 1, device=used.device)).max()  # 0: none
-    first, width = torch.stack([first, last.clamp(min=1)]).tolist()  # one read of the device; width is T'
-    columns = slice(first, prompt_width + width)
-    return input_ids[:, columns], attention_mask[:, columns], width
+    first, width = torch.stack([first, last.clamp(min=1)]).tolist()
+    return first, width
 
 
 def forward_positions(
@@ -93,7 +119,12 @@ class PackedRows:
 
 
 def pack_rows(
-    input_ids: Tensor, attention_mask: Tensor, completion_length: int, share_prompt: bool, dtype: torch.dtype
+    input_ids: Tensor,
+    attention_mask: Tensor,
+    completion_length: int,
+    share_prompt: bool,
+    dtype: torch.dtype,
+    runs: list[int] | None = None,
 ) -> PackedRows:
     """The real tokens of ``input_ids`` [n, P+T] packed, a group's prompt once when ``share_prompt``.
 
@@ -101,6 +132,7 @@ def pack_rows(
         attention_mask: [n, P+T] 1 on real tokens (left-padded prompt, right-padded completion).
         completion_length: T.
         dtype: of the additive mask (the model's).
+        runs: [U] the rows of each run with one prompt, when the host knows them (``prefix.prompt_runs``).
     """
     n, width = input_ids.shape
     prompt_width = width - completion_length
@@ -108,8 +140,8 @@ def pack_rows(
     keep = attention_mask.bool().clone()  # [n, P+T] tokens packed
     owner = rows.unsqueeze(1).repeat(1, width)  # [n, P+T] the row whose copy of a token each row reads
     if share_prompt:
-        first, counts = prompt_runs(input_ids[:, :prompt_width], attention_mask[:, :prompt_width])
-        leader = first.repeat_interleave(counts)  # [n] first row of each row's group
+        first, counts = prompt_runs(input_ids[:, :prompt_width], attention_mask[:, :prompt_width], runs)
+        leader = first.repeat_interleave(counts, output_size=n)  # [n] first row of each row's group
         keep[:, :prompt_width] &= (leader == rows).unsqueeze(1)
         owner[:, :prompt_width] = leader.unsqueeze(1)
     slot = keep.flatten().cumsum(0).view(n, width) - 1  # [n, P+T] packed index of each kept token

@@ -35,6 +35,7 @@ from lightning_grpo.model.loading import (
 )
 from lightning_grpo.model.logprobs import TokenLogps, completion_logps, router_aux_coef
 from lightning_grpo.model.materialize import empty_causal_lm, is_empty, load_weights, materialize_lora_adapters
+from lightning_grpo.model.padding import row_plan
 from lightning_grpo.model.served_teacher import ServedTeacher
 from lightning_grpo.model.sharding import LOGPS_METHOD, full_state_dict, is_sharded, shard_causal_lm
 from lightning_grpo.model.teacher import TeacherModel, completion_logits, frozen_logits, load_teacher
@@ -141,6 +142,7 @@ class Policy(nn.Module):
             "entropy_grad": entropy_grad,
             "shared_prefix": self.shares_prompt_prefix,
             "padding_free": self.config.padding_free,
+            "plan": row_plan(rollout.host, rows),  # a micro-batch's indices are a plan made on the host
         }
         chunk = self.config.logprob_chunk_size
         if rollout.vision is not None:

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import functools
 import inspect
+import itertools
 
 import torch
 from torch import Tensor, nn
@@ -26,13 +27,23 @@ from transformers import DynamicCache
 from transformers.cache_utils import DynamicLayer
 
 
-def prompt_runs(prompt_ids: Tensor, prompt_mask: Tensor) -> tuple[Tensor, Tensor]:
-    """[U] first row and [U] length of each run of consecutive rows with the same prompt ids and mask.
+def prompt_runs(prompt_ids: Tensor, prompt_mask: Tensor, runs: list[int] | None = None) -> tuple[Tensor, Tensor]:
+    """[U] first row and [U] length of each run of consecutive rows with the same prompt ids and mask, on the rows'
+    device: from ``runs`` (the lengths, known on the host: ``Rollout.host``) without waiting for the device, or
+    found on the device (a host read: the number of runs is a shape).
 
     Args:
         prompt_ids: [n, P] left-padded prompts.
         prompt_mask: [n, P].
+        runs: [U] the run lengths, when the host knows them.
     """
+    if runs is not None:
+        first = [0, *itertools.accumulate(runs)][:-1]
+        both = torch.tensor([first, runs], dtype=torch.long)  # [2, U]
+        if prompt_ids.is_cuda:  # a copy from pinned memory does not wait for the device's queue
+            both = both.pin_memory()
+        both = both.to(prompt_ids.device, non_blocking=True)
+        return both[0], both[1]
     rows = torch.cat([prompt_ids, prompt_mask.to(prompt_ids.dtype)], dim=1)  # [n, 2P]
     starts = torch.ones(len(rows), dtype=torch.bool, device=rows.device)  # [n]
     starts[1:] = (rows[1:] != rows[:-1]).any(dim=1)
@@ -53,20 +64,27 @@ def cache_keyword(decoder: nn.Module) -> str:
     return _cache_keyword_of(type(decoder))
 
 
-def repeat_cache(cache: DynamicCache, counts: Tensor) -> None:
-    """Each of the U cached prompts repeated ``counts[u]`` times along the batch (differentiably)."""
+def repeat_cache(cache: DynamicCache, counts: Tensor, rows: int) -> None:
+    """Each of the U cached prompts repeated ``counts[u]`` times along the batch (differentiably), ``rows`` in all
+    (given, so that the repeat does not read ``counts`` back for its size)."""
     for layer in cache.layers:
         if type(layer) is not DynamicLayer:
             raise ValueError(
                 f"shared_prefix needs a full KV cache per layer; this model's has a {type(layer).__name__} (a "
                 "sliding window, which drops prompt keys): use shared_prefix=False"
             )
-        layer.keys = layer.keys.repeat_interleave(counts, dim=0)  # [n, heads, P, head_dim]
-        layer.values = layer.values.repeat_interleave(counts, dim=0)
+        layer.keys = layer.keys.repeat_interleave(counts, dim=0, output_size=rows)  # [n, heads, P, head_dim]
+        layer.values = layer.values.repeat_interleave(counts, dim=0, output_size=rows)
 
 
 def shared_prefix_hidden(
-    decoder: nn.Module, config, input_ids: Tensor, attention_mask: Tensor, position_ids: Tensor, completion_length: int
+    decoder: nn.Module,
+    config,
+    input_ids: Tensor,
+    attention_mask: Tensor,
+    position_ids: Tensor,
+    completion_length: int,
+    runs: list[int] | None = None,
 ) -> Tensor:
     """[n, T, H] hidden states that predict each completion token, the prompt of each run of rows encoded once.
 
@@ -77,9 +95,10 @@ def shared_prefix_hidden(
         attention_mask: [n, P+T].
         position_ids: [n, P+T] the plain forward's positions.
         completion_length: T.
+        runs: [U] the rows of each run with one prompt, when the host knows them (``prompt_runs``).
     """
-    width = input_ids.shape[1] - completion_length  # P
-    first, counts = prompt_runs(input_ids[:, :width], attention_mask[:, :width])
+    width, n = input_ids.shape[1] - completion_length, len(input_ids)  # P, n
+    first, counts = prompt_runs(input_ids[:, :width], attention_mask[:, :width], runs)
     cache = DynamicCache(config=config)
     prompt = decoder(
         input_ids=input_ids[first, :width],
@@ -88,7 +107,7 @@ def shared_prefix_hidden(
         use_cache=True,
         **{cache_keyword(decoder): cache},
     ).last_hidden_state  # [U, P, H]
-    repeat_cache(cache, counts)
+    repeat_cache(cache, counts, n)
     completion = decoder(
         input_ids=input_ids[:, width:],
         attention_mask=attention_mask,  # [n, P+T]: the prompt's padding stays masked
@@ -96,5 +115,5 @@ def shared_prefix_hidden(
         use_cache=True,
         **{cache_keyword(decoder): cache},
     ).last_hidden_state  # [n, T, H]
-    last_prompt = prompt[:, -1:].repeat_interleave(counts, dim=0)  # [n, 1, H] predicts the first completion token
+    last_prompt = prompt[:, -1:].repeat_interleave(counts, dim=0, output_size=n)  # [n, 1, H] predicts token 1
     return torch.cat([last_prompt, completion[:, :-1]], dim=1)  # [n, T, H]

@@ -53,7 +53,7 @@ class ServedTeacher:
 
     def logps(self, rollout: Rollout) -> Tensor:
         """[N, T] the teacher's log-probs of each row's completion tokens (0 past a row's last token)."""
-        rows = [_row_tokens(rollout, i) for i in range(rollout.completion_ids.shape[0])]
+        rows = list(zip(rollout.host.prompt_ids, rollout.host.completion_ids))  # (prompt, completion) tokens
         out = torch.zeros(rollout.completion_ids.shape, dtype=torch.float32)
         for start in range(0, len(rows), self.rows_per_request):
             chunk = rows[start : start + self.rows_per_request]
@@ -79,13 +79,6 @@ class ServedTeacher:
             _completion_logps(choice["prompt_logprobs"], tokens, n)
             for choice, tokens, n in zip(choices, sequences, completion_lengths, strict=True)
         ]
-
-
-def _row_tokens(rollout: Rollout, i: int) -> tuple[list[int], list[int]]:
-    """(row ``i``'s prompt tokens without padding, its completion tokens up to its last real one)."""
-    prompt = rollout.prompt_ids[i][rollout.prompt_mask[i].bool()].tolist()
-    length = int(rollout.completion_mask[i].sum())
-    return prompt, rollout.completion_ids[i, :length].tolist()
 
 
 def _completion_logps(prompt_logprobs: list[dict | None], tokens: list[int], n: int) -> list[float]:

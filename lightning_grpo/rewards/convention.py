@@ -134,8 +134,7 @@ def reward_kwargs(rollout: Rollout, columns: dict[str, list[Any]]) -> dict[str, 
     clash = sorted({"prompts", "completions", "completion_ids", *SHARED_KWARGS} & columns.keys())
     if clash:
         raise ValueError(f"dataset columns {clash} clash with the arguments reward functions receive: rename them")
-    ids, masks = rollout.completion_ids.tolist(), rollout.completion_mask.tolist()  # read once, not per row
-    completion_ids = [[t for t, kept in zip(row, mask) if kept] for row, mask in zip(ids, masks)]
+    completion_ids = [list(ids) for ids in rollout.host.completion_ids]  # the rows as read once; a copy to keep
     return {"prompts": rollout.prompts, "completions": rollout.completions, "completion_ids": completion_ids, **columns}
 
 

@@ -10,6 +10,7 @@ from lightning_grpo.targets.build import (
     build_targets,
     entropy_cut,
     optimiser_steps,
+    step_fault,
 )
 from lightning_grpo.targets.config import UpdateConfig
 from lightning_grpo.targets.correction import SAMPLING_CORRECTIONS, sampling_correction
@@ -25,4 +26,5 @@ __all__ = [
     "entropy_cut",
     "optimiser_steps",
     "sampling_correction",
+    "step_fault",
 ]

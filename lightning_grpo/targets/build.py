@@ -85,10 +85,13 @@ class Targets:
     sampling_weights: Tensor | None  # [N, T] or [N, 1] when another engine sampled (vLLM)
     sampling_logps: Tensor | None = None  # [N, T] that engine's own log-probs (the off-policy mask compares them)
     mismatch: MismatchStats | None = None  # sampler vs trainer log-probs over every rank's loss tokens
-    row_tokens: Tensor | None = None  # [N] real prompt and completion tokens of each row (token-budget micro-batches)
+    row_tokens: list[int] | None = None  # [N] real prompt and completion tokens of each row (token-budget plans)
     proximal: ProximalCorrection | None = None  # the correction, when it is taken from the training forward
     distill: DistillTargets | None = None  # the teacher's judgement of the batch (``distill:``)
     tokens: tuple[int, int] | None = None  # positions one log-prob pass over the micro-batches runs; N x (P + T)
+    # [2] bool on the device, the same on every rank: some rank's rewards are infinite, some rank's advantages are
+    # not finite. Read with the first optimiser step's gradient check (``module``), not on their own.
+    faults: Tensor | None = None
 
     def loss(
         self,
@@ -157,6 +160,28 @@ class Targets:
         return {"tokens/computed": computed, "tokens/padded": padded, "tokens/padding_saved": 1 - computed / padded}
 
 
+FAULTS = ("rewards are infinite", "advantages are infinite or NaN", "gradients are infinite or NaN")
+
+
+def step_fault(faults: Tensor | None, grad_norm: Tensor | None) -> str | None:
+    """Why an optimiser step may not be taken, if it may not: the targets' ``faults``, then the gradient norm's (not
+    finite). One read of the device for the three, after the step's backward passes: the host then waits once,
+    where the step needs the answer, and not before each stage. ``grad_norm=None``: not checked here (fp16's
+    GradScaler skips such steps itself).
+
+    >>> step_fault(torch.tensor([False, True]), torch.tensor(float("inf")))
+    'advantages are infinite or NaN'
+    >>> step_fault(None, torch.tensor(1.0)) is None
+    True
+    """
+    checks = [] if faults is None else [faults]
+    if grad_norm is not None:
+        checks.append(~grad_norm.isfinite().view(1))
+    flags = torch.cat(checks).tolist() if checks else []  # the one read
+    names = FAULTS[:2] * (faults is not None) + FAULTS[2:] * (grad_norm is not None)
+    return next((name for name, bad in zip(names, flags) if bad), None)
+
+
 @dataclass(frozen=True)
 class OptimiserStep:
     """One optimiser step's share of the generation batch."""
@@ -172,7 +197,7 @@ class EntropyCut:
     takes it over a micro-batch on every rank), so that no micro-batch split changes which tokens train."""
 
     threshold: Tensor  # scalar entropy: tokens at or above it train
-    trained_tokens: float  # this rank's loss tokens of the step at or above it: the entropy bonus's normaliser
+    trained_tokens: Tensor  # this rank's loss tokens of the step at or above it: the entropy bonus's normaliser
 
 
 @torch.no_grad()
@@ -188,7 +213,7 @@ def entropy_cut(
         entropies[rows] = policy.token_logps(rollout, rows).entropy.float()
     mask, entropies = targets.mask[step.rows], entropies[step.rows]  # [n, T] the step's rows
     threshold = entropy_threshold(ranks.gather_padded(entropies), ranks.gather_padded(mask), quantile)
-    return EntropyCut(threshold, high_entropy_mask(entropies, mask, quantile, threshold).sum().item())
+    return EntropyCut(threshold, high_entropy_mask(entropies, mask, quantile, threshold).sum().float())
 
 
 def micro_batches(n: int, size: int | None) -> list[slice]:
@@ -201,28 +226,28 @@ def micro_batches(n: int, size: int | None) -> list[slice]:
     return [slice(i, min(i + size, n)) for i in range(0, n, size)]
 
 
-def token_micro_batches(row_tokens: Tensor, budget: int, unit: int = 1) -> list[Tensor]:
-    """[k] row indices of each micro-batch: units of ``unit`` consecutive rows, longest first, filled while the
-    micro-batch's padded size (its units' rows x its longest row) stays within ``budget``; a longer unit goes
-    alone.
+def token_micro_batches(row_tokens: list[int], budget: int, unit: int = 1) -> list[Tensor]:
+    """[k] row indices (host tensors) of each micro-batch: units of ``unit`` consecutive rows, longest first,
+    filled while the micro-batch's padded size (its units' rows x its longest row) stays within ``budget``; a
+    longer unit goes alone. Planned on the host, from lengths read once (``Rollout.host``).
 
-    >>> [m.tolist() for m in token_micro_batches(torch.tensor([3, 9, 4, 8, 2, 2]), budget=16)]
+    >>> [m.tolist() for m in token_micro_batches([3, 9, 4, 8, 2, 2], budget=16)]
     [[1], [3, 2], [0, 4, 5]]
     """
-    lengths = row_tokens.view(-1, unit).amax(dim=1)  # [U] the longest row of each unit
+    lengths = [max(row_tokens[i : i + unit]) for i in range(0, len(row_tokens), unit)]  # [U] each unit's longest
     batches: list[list[int]] = []
     longest = 0  # of the last micro-batch: its first unit's, as units come longest first
-    for u in lengths.argsort(descending=True, stable=True).tolist():
+    for u in sorted(range(len(lengths)), key=lambda u: -lengths[u]):  # stable: ties keep their order
         rows = list(range(u * unit, (u + 1) * unit))
         if batches and (len(batches[-1]) + unit) * longest <= budget:
             batches[-1] += rows
         else:
             batches.append(rows)
-            longest = int(lengths[u])
+            longest = lengths[u]
     return [torch.tensor(b, dtype=torch.long) for b in batches]
 
 
-def split_rows(row_tokens: Tensor, u: UpdateConfig, unit: int, ranks: Ranks) -> list[slice] | list[Tensor]:
+def split_rows(row_tokens: list[int], u: UpdateConfig, unit: int, ranks: Ranks) -> list[slice] | list[Tensor]:
     """The micro-batches of rows with ``row_tokens`` [n] tokens each, as ``update`` sets them; by tokens, as many on
     every rank (a collective): each forward and backward pass is one under DDP and FSDP2."""
     if u.token_budget is None:
@@ -260,12 +285,13 @@ def loss_mask(completion_mask: Tensor, is_truncated: Tensor, mask_truncated_comp
 
 
 def normalizer(mask: Tensor, ranks: Ranks, max_completion_length: int) -> LossNormalizer:
-    """Token and sequence counts of the generation batch, local and over every rank (a collective)."""
-    tokens = mask.sum()
+    """Token and sequence counts of the generation batch, local and over every rank (a collective); the token
+    counts stay on the device (the losses divide by them there)."""
+    tokens = mask.sum().float()
     return LossNormalizer(
         num_sequences=mask.shape[0],
-        num_tokens=tokens.item(),
-        global_num_tokens=float(ranks.sum(tokens)),
+        num_tokens=tokens,
+        global_num_tokens=ranks.sum(tokens),
         world_size=ranks.world_size,
         max_completion_length=max_completion_length,
     )
@@ -282,7 +308,7 @@ def build_targets(
     """
     u = s.update
     mask = loss_mask(rollout.model_mask, rollout.is_truncated, u.mask_truncated_completions)  # [N, T]
-    row_tokens = rollout.attention_mask.sum(dim=1).cpu()  # [N]
+    row_tokens = rollout.host.tokens  # [N]
     rows = split_rows(row_tokens, u, s.micro_batch_unit, ranks)
     old_logps = policy.logps(rollout, rows) if s.needs_old_logps else None
     ref_logps = policy.reference_logps(rollout, rows) if s.reference else None
@@ -300,6 +326,7 @@ def build_targets(
         student = rollout.sampling_logps if rollout.sampling_logps is not None else old_logps
         distill = distill_targets(policy, rollout, mask, rows, student, s.distill, ranks)
         advantages = _with_teacher(advantages, distill, s.distill)
+    faults = torch.stack([every_rank.isinf().any(), ~advantages.isfinite().all()])  # NaN rewards: not applicable
     return Targets(
         advantages=advantages,
         mask=mask,
@@ -314,6 +341,7 @@ def build_targets(
         proximal=proximal,
         distill=distill,
         tokens=(computed_positions(policy, rollout, rows), rollout.attention_mask.numel()),
+        faults=ranks.sum(faults.float()) > 0,
     )
 
 
@@ -386,7 +414,7 @@ def optimiser_steps(targets: Targets, s: TargetSettings, ranks: Ranks) -> list[O
     steps = []
     for part in rows.chunk(parts):
         mask = targets.mask[part]
-        tokens = torch.ones(len(part)) if targets.row_tokens is None else targets.row_tokens[part]
+        tokens = [1] * len(part) if targets.row_tokens is None else [targets.row_tokens[i] for i in part.tolist()]
         micro = [part[rows] for rows in split_rows(tokens, s.update, s.micro_batch_unit, ranks)]
         steps.append(OptimiserStep(part, micro, normalizer(mask, ranks, s.max_completion_length)))
     return steps

@@ -22,6 +22,7 @@ from lightning_grpo.loss.distill import (
     reverse_kl_advantages,
     top_token_agreement,
 )
+from lightning_grpo.loss.reduce import at_least_one
 from lightning_grpo.model.policy import Policy
 from lightning_grpo.ranks import Ranks
 from lightning_grpo.rollout import SamplingConfig, build_rollout, tokenize_prompts
@@ -58,7 +59,7 @@ class DistillTargets:
         jsd = generalized_jsd_tokens(student, teacher.to(student.dtype), c.beta, c.temperature).sum(-1)  # [n, T]
         same, count = top_token_agreement(student, teacher, mask)
         self.agreeing, self.compared = self.agreeing + same.cpu(), self.compared + count.cpu()
-        return c.teacher_weight * (jsd * mask).sum() / (max(norm.global_num_tokens, 1.0) / norm.world_size)
+        return c.teacher_weight * (jsd * mask).sum() / (at_least_one(norm.global_num_tokens) / norm.world_size)
 
     def settled(self, ranks: Ranks) -> DistillTargets:
         """After the update: gkd's top-token agreement over every rank's compared positions (a collective)."""

@@ -12,7 +12,15 @@ from helpers import fit, logged, make_module
 from lightning_grpo.data import PromptDataModule
 from lightning_grpo.demo.tiny import build_tiny_qwen2, build_tokenizer
 from lightning_grpo.model.logprobs import completion_logps
-from lightning_grpo.model.padding import forward_positions, pack_rows, position_ids_from_mask, trim_padding
+from lightning_grpo.model.padding import (
+    forward_positions,
+    pack_rows,
+    position_ids_from_mask,
+    row_plan,
+    trim_padding,
+)
+from lightning_grpo.model.prefix import prompt_runs
+from lightning_grpo.types import HostRows
 from tests.model.test_logprobs_moe import tiny_mixtral
 from tests.model.test_prefix import assert_same_outputs, grouped_rows, lora_model, with_grads
 
@@ -140,6 +148,61 @@ def test_trimming_drops_only_columns_no_row_needs():
     assert width == int(mask[:, -10:].nonzero()[:, 1].max()) + 1 <= 7
     assert trimmed_mask.sum() == mask.sum()
     assert trimmed_mask[:, 0].any() and trimmed_mask[:, -1].any()  # the first and last columns are used
+
+
+MICRO_BATCHES = [slice(None), slice(2, 9), [7, 6, 5, 4, 0, 1], [9, 0, 10, 3]]  # whole, cut groups, a length plan
+
+
+def host_rows(ids, mask, completion_length):
+    t = completion_length
+    return HostRows.read(ids[:, :-t], mask[:, :-t], ids[:, -t:], mask[:, -t:])
+
+
+def repeated_prompts():
+    """Three groups of 4 rows, 8 prompt and 5 completion columns: the second group's prompt ids are the first's
+    but not its padding (not one prompt), the third's prompt is the first's (one prompt, another group)."""
+    ids, mask = grouped_rows([4, 8, 3], 4, 5, seed=1)
+    ids[4:8, :8] = ids[:4, :8]
+    ids[8:, :8], mask[8:, :8] = ids[:4, :8], mask[:4, :8]
+    return ids, mask
+
+
+@pytest.mark.parametrize("rows", MICRO_BATCHES)
+def test_the_hosts_plan_is_what_the_device_finds(rows):
+    """``Rollout.host``'s plan of any micro-batch (a slice, or the index list of a length plan, whose groups may
+    come in another order): the columns ``trim_padding`` keeps, the prompt runs, the completion-token count."""
+    ids, mask = repeated_prompts()
+    plan = row_plan(host_rows(ids, mask, 5), rows)
+    picked = torch.tensor(rows) if isinstance(rows, list) else rows
+    i, m = ids[picked], mask[picked]
+    device_ids, device_mask, device_width = trim_padding(i, m, 5)
+    planned_ids, planned_mask, planned_width = trim_padding(i, m, 5, plan.columns)
+    assert planned_width == device_width and torch.equal(planned_ids, device_ids)
+    assert torch.equal(planned_mask, device_mask)
+    _, counts = prompt_runs(i[:, :8], m[:, :8])
+    assert plan.runs == counts.tolist() and plan.tokens == int(m[:, -5:].sum())
+    assert rows != [9, 0, 10, 3] or plan.runs == [4]  # two groups with one prompt, next to each other here
+    assert torch.equal(
+        torch.stack(prompt_runs(i[:, :8], m[:, :8], plan.runs)), torch.stack(prompt_runs(i[:, :8], m[:, :8]))
+    )
+
+
+@pytest.mark.parametrize("layout", sorted(LAYOUTS))
+@pytest.mark.parametrize("rows", MICRO_BATCHES[1:])
+def test_every_layout_with_the_hosts_plan_equals_the_padded_forward(model, layout, rows):
+    """The forward as a training step runs it (its micro-batch's plan from the host: no read of the device to
+    shape it) against the padded reference, in value and gradient."""
+    ids, mask = repeated_prompts()
+    plan = row_plan(host_rows(ids, mask, 5), rows)
+    picked = torch.tensor(rows) if isinstance(rows, list) else rows
+    i, m = ids[picked], mask[picked]
+    expected = with_grads(lambda: reference_logps(model, i, m, 5), model, m, 5)
+
+    def ours():
+        out = completion_logps(model, i, m, 5, temperature=0.7, plan=plan, **LAYOUTS[layout])
+        return out.logps, out.entropy
+
+    assert_same_outputs(with_grads(ours, model, m, 5), expected, entropy_atol=1e-4)
 
 
 def test_packed_router_loss_equals_the_padded_one():
