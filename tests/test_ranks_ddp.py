@@ -13,6 +13,7 @@ def test_two_process_ddp_run(tiny_model_dir, arith_jsonl, tmp_path):
     # the alert fired on rank 0 only, and both ranks stopped at the same step
     assert [r["alert_firings"] for r in ranks] == [1, 0]
     assert ranks[0]["global_step"] == ranks[1]["global_step"] == 2
+    assert ranks[0]["barriers"] == ranks[1]["barriers"] == [0, 0]  # the step's sums: all-reduces, no barrier (4)
     # the package destroyed the gloo group at exit, before the interpreter's finalisation (which can abort)
     assert [json.loads((tmp_path / f"exit{r}.json").read_text()) for r in (0, 1)] == [{"group_alive": False}] * 2
     for step in range(2):

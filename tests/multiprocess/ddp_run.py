@@ -38,6 +38,29 @@ class Probe(L.Callback):
         )
 
 
+class CountBarriers(L.Callback):
+    """Counts the barriers within each training step, up to the callbacks' batch end (each barrier, under NCCL, a
+    wait of the host for the device; the callbacks' own stop decisions are theirs)."""
+
+    def __init__(self):
+        self.counts, self.inside, self.barrier = [], False, dist.barrier
+
+    def on_train_start(self, trainer, pl_module):
+        def counted(*args, **kwargs):
+            if self.inside:
+                self.counts[-1] += 1
+            return self.barrier(*args, **kwargs)
+
+        dist.barrier = counted  # Lightning's collectives call it through the module
+
+    def on_train_batch_start(self, trainer, *args):
+        self.counts.append(0)
+        self.inside = True
+
+    def on_train_batch_end(self, trainer, *args):
+        self.inside = False
+
+
 class RankZeroAlert(Alert):
     """A signal only rank 0 sees: the stop decision must still reach rank 1."""
 
@@ -64,8 +87,8 @@ def main(model_dir: str, data_path: str, out_dir: str, scale_rewards: str) -> No
         optim={"learning_rate": 1e-2},
         advantages={"scale_rewards": scale_rewards},
     )
-    probe, alert = Probe(), RankZeroAlert(patience=2, action="stop")
-    trainer = quiet_trainer(out_dir, 6, [probe, alert])
+    probe, alert, barriers = Probe(), RankZeroAlert(patience=2, action="stop"), CountBarriers()
+    trainer = quiet_trainer(out_dir, 6, [barriers, probe, alert])  # first: its batch end runs before the others
     # registered before the fit, so it runs after the package's own exit handler (atexit runs last-in first-out)
     atexit.register(record_group_at_exit, trainer, out_dir)
     trainer.fit(module, PromptDataModule(data_path, batch_size=2, val_split=None))
@@ -78,6 +101,7 @@ def main(model_dir: str, data_path: str, out_dir: str, scale_rewards: str) -> No
                 "param_sum": flat.sum().item(),
                 "param_head": flat[:64].tolist(),
                 "seen": probe.seen,
+                "barriers": barriers.counts,
             },
             f,
         )
