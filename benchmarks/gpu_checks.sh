@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # What only a GPU proves, on one H100. Each part has its own time limit and log; one that fails leaves the others.
 # The parts of issue 45, in two calls of under 10 minutes (TRL's generate of 512 tokens needs most of a part):
-#     ONLY="graphed decode_step trl_05b trl_vs_ours" bash benchmarks/gpu_checks.sh
+#     ONLY="graphed decode_step host_syncs trl_05b trl_vs_ours" bash benchmarks/gpu_checks.sh
 #     ONLY="trl_05b_lora profile_step" bash benchmarks/gpu_checks.sh
 # The earlier parts (the selfcheck's GPU rows, the log-prob layouts on CUDA, how long a completion one GPU trains):
 #     ONLY="selfcheck padding_tiny long_context padding_qwen padding_flex" bash benchmarks/gpu_checks.sh
@@ -36,6 +36,7 @@ part graphed 60 $py -m pytest -q -p no:cacheprovider -o addopts="" tests/engines
 graphs=--cuda-graphs
 grep -qE "[0-9]+ (failed|error)" "$out/graphed.log" 2>/dev/null && graphs=--no-cuda-graphs && echo "graphs off: $graphs"
 part decode_step 45 $py benchmarks/bench_decode_cuda.py --rows 8 64
+part host_syncs 60 $py -m pytest -q -s -p no:cacheprovider -o addopts="" tests/test_host_syncs.py
 part trl_05b 300 $py benchmarks/trl_vs_lightning_grpo.py --model qwen0.5b --device cuda --bf16 $graphs --betas 0 \
     --repeats 1 --steps 2 --warmup 1 --json "$out/trl_05b.json"
 part trl_05b_lora 300 $py benchmarks/trl_vs_lightning_grpo.py --model qwen0.5b --device cuda --bf16 --lora 16 \

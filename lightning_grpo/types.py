@@ -166,6 +166,19 @@ def _cat(a: Tensor | None, b: Tensor | None, value: float, left: bool = False) -
     return torch.cat(pad)
 
 
+def _span(mask: list[int], empty: int) -> tuple[int, int]:
+    """(first, one past the last) column of a mask row's ones; (``empty``, ``empty``) without any."""
+    if 1 not in mask:
+        return empty, empty
+    return mask.index(1), len(mask) - mask[::-1].index(1)
+
+
+def _kept(ids: list[int], mask: list[int], span: tuple[int, int]) -> list[int]:
+    """The ids where ``mask`` is 1: a slice when they are contiguous (as padding leaves them), else picked."""
+    start, end = span
+    return ids[start:end] if sum(mask) == end - start else [t for t, kept in zip(ids, mask) if kept]
+
+
 @dataclass(frozen=True)
 class HostRows:
     """A rollout's rows as the host knows them, read from the device once (``Rollout.host``): the ids the rewards
@@ -211,12 +224,14 @@ class HostRows:
         first: dict[tuple, int] = {}  # (ids, mask) -> the first row with that prompt
         pairs = enumerate(zip(prompt_ids, prompt_mask))
         prompt_of = [first.setdefault((tuple(i), tuple(m)), row) for row, (i, m) in pairs]
+        prompts = [_span(mask, width) for mask in prompt_mask]  # [N] (first, end) of the real tokens
+        completions = [_span(mask, 0) for mask in completion_mask]
         return cls(
             prompt_width=width,
-            prompt_ids=[[t for t, kept in zip(i, m) if kept] for i, m in zip(prompt_ids, prompt_mask)],
-            completion_ids=[[t for t, kept in zip(i, m) if kept] for i, m in zip(completion_ids, completion_mask)],
-            prompt_start=[mask.index(1) if 1 in mask else width for mask in prompt_mask],
-            completion_end=[len(mask) - mask[::-1].index(1) if 1 in mask else 0 for mask in completion_mask],
+            prompt_ids=[_kept(*row) for row in zip(prompt_ids, prompt_mask, prompts)],
+            completion_ids=[_kept(*row) for row in zip(completion_ids, completion_mask, completions)],
+            prompt_start=[start for start, _ in prompts],
+            completion_end=[end for _, end in completions],
             tokens=[sum(p) + sum(c) for p, c in zip(prompt_mask, completion_mask)],
             prompt_of=prompt_of,
         )
@@ -313,7 +328,7 @@ class Rollout:
     def attention_mask(self) -> Tensor:  # [N, P+T]
         return torch.cat([self.prompt_mask, self.completion_mask], dim=1)
 
-    @cached_property  # read once, by whoever reads it first: no field of a Rollout is mutated
+    @cached_property  # read once, by whoever reads it first: a rollout's tokens and masks never change once built
     def host(self) -> HostRows:
         """The rows' ids and lengths on the host (one read of the device), for the step's shapes and plans."""
         return HostRows.read(self.prompt_ids, self.prompt_mask, self.completion_ids, self.completion_mask)

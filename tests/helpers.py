@@ -84,12 +84,12 @@ def make_module(model_dir, **kw):
 def fit(module, data, tmp_path, max_steps=2, ckpt_path=None, **trainer_kw):
     trainer = L.Trainer(
         max_steps=max_steps,
-        accelerator="cpu",
         logger=CSVLogger(tmp_path),
         enable_progress_bar=False,
         enable_model_summary=False,
         default_root_dir=tmp_path,
-        **{"enable_checkpointing": False, "limit_val_batches": 0, "log_every_n_steps": 1, **trainer_kw},
+        **{"accelerator": "cpu", "enable_checkpointing": False, "limit_val_batches": 0, "log_every_n_steps": 1}
+        | trainer_kw,
     )
     L.seed_everything(0)
     trainer.fit(module, data, ckpt_path=ckpt_path)

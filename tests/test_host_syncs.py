@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import collections
 import traceback
+import warnings
 
 import lightning as L
 import pytest
@@ -122,3 +123,40 @@ def test_a_step_outside_the_decode_loop_reads_the_device_a_handful_of_times(read
         "model/prefix.py:shared_prefix_hidden",
         "types.py:to_host",
     }, sorted(outside.items())
+
+
+class CountWaits(CountReads):
+    """On a GPU, the waits that CUDA itself reports in step ``step`` (``torch.cuda.set_sync_debug_mode``): reads of
+    the device, and copies from pageable host memory, which wait for the device's queue too."""
+
+    def on_train_batch_start(self, trainer, *args) -> None:
+        if trainer.global_step == self.step:
+            self.catch = warnings.catch_warnings()
+            self.catch.__enter__()
+            warnings.simplefilter("always")
+            warnings.showwarning = self.show
+            torch.cuda.set_sync_debug_mode("warn")
+
+    def on_train_batch_end(self, trainer, *args) -> None:
+        if trainer.global_step == self.step + 1:
+            torch.cuda.set_sync_debug_mode("default")
+            self.catch.__exit__(None, None, None)
+
+    def show(self, message, category, *args, **kwargs) -> None:
+        if "synchroniz" in str(message):
+            self.counts[_where()] += 1
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (benchmarks/gpu_checks.sh runs it)")
+def test_on_a_gpu_the_step_waits_for_the_device_a_handful_of_times(tiny_model_dir, arith_jsonl, tmp_path):
+    """What the CPU count above stands for, as CUDA reports it: outside the decode loop, the same handful of reads
+    and the copies from the host that wait (the rewards' scores, made after the rollout's read, when the queue is
+    already empty). Printed with ``-s``."""
+    counter = CountWaits()
+    module = make_module(tiny_model_dir, loss={"beta": 0.04})
+    fit(
+        module, PromptDataModule(arith_jsonl, batch_size=2), tmp_path, callbacks=[counter], accelerator="gpu", devices=1
+    )
+    outside = counter.outside("engines/")
+    print(f"waits in a step on {torch.cuda.get_device_name()}: {sorted(counter.counts.items())}")
+    assert sum(outside.values()) <= 8, sorted(outside.items())
