@@ -23,7 +23,14 @@ import torch
 from torch import Tensor, nn
 from torch.utils.checkpoint import checkpoint
 
-from lightning_grpo.model.padding import RowPlan, pack_rows, position_ids_from_mask, trim_padding
+from lightning_grpo.model.padding import (
+    RowPlan,
+    pack_rows,
+    position_ids_from_mask,
+    prepared_mask,
+    takes_prepared_mask,
+    trim_padding,
+)
 from lightning_grpo.model.prefix import shared_prefix_hidden
 from lightning_grpo.model.vision import multimodal_hidden
 
@@ -202,14 +209,30 @@ def _completion_hidden(
         return outputs.last_hidden_state[0, packed.index], aux_loss
     positions = position_ids_from_mask(attention_mask)  # [n, P+T]
     if shared_prefix:
+        prompts = None if plan is None else _attention(decoder, config, plan.prompt_padded, True)
         runs = None if plan is None else plan.runs
-        hidden = shared_prefix_hidden(decoder, config, input_ids, attention_mask, positions, completion_length, runs)
+        hidden = shared_prefix_hidden(
+            decoder, config, input_ids, attention_mask, positions, completion_length, runs, prompts
+        )
         return selected(hidden, targets, plan), None
-    outputs = decoder(
-        input_ids=input_ids, attention_mask=attention_mask, position_ids=positions, use_cache=False, **router
-    )
+    mask = attention_mask if plan is None else _attention(decoder, config, plan.padded, False)(attention_mask)
+    outputs = decoder(input_ids=input_ids, attention_mask=mask, position_ids=positions, use_cache=False, **router)
     aux_loss = router_aux_loss(outputs.router_logits, config, attention_mask) if router_aux else None
     return selected(outputs.last_hidden_state[:, -completion_length - 1 : -1], targets, plan), aux_loss
+
+
+def _attention(decoder: nn.Module, config: Any, padded: bool, cached: bool) -> Callable[[Tensor], Tensor | None]:
+    """What the decoder is given for a forward's 2D mask, so that transformers does not read the device to decide
+    what it says (whether it has padding): for rows the host knows to be padded, the causal mask prepared here
+    (``model.padding.prepared_mask``); for rows without padding in a pass with a cache, no mask (transformers then
+    uses the causal kernel, as it would for a mask of ones); the mask itself otherwise, and for decoders not in
+    ``PREPARED_MASK_MODELS``."""
+    if not takes_prepared_mask(config):
+        return lambda mask: mask
+    if padded:
+        dtype = decoder.get_input_embeddings().weight.dtype  # transformers' masks take the embeddings' dtype
+        return lambda mask: prepared_mask(mask, config, dtype)
+    return (lambda mask: None) if cached else (lambda mask: mask)
 
 
 def _head_logps(

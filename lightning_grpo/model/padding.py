@@ -21,6 +21,7 @@ On CPU the block-diagonal mask is computed densely (``S**2`` scores a layer and 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 from torch import Tensor
@@ -37,17 +38,66 @@ def position_ids_from_mask(attention_mask: Tensor) -> Tensor:
 @dataclass(frozen=True)
 class RowPlan:
     """What a log-prob forward over some rows decides from their lengths, given by the host (``Rollout.host``),
-    so that deciding it does not wait for the device: the columns it keeps and the rows that share a prompt."""
+    so that deciding it does not wait for the device: the columns it keeps, the rows that share a prompt, how many
+    completion tokens it scores, and whether its kept columns hold padding."""
 
     columns: tuple[int, int]  # (first column, completion width T'), as ``trim_padding`` finds them
     runs: list[int]  # [U] the rows of each run of consecutive rows with one prompt (``prefix.prompt_runs``)
     tokens: int  # m: the rows' completion tokens (their completion masks' sum)
+    padded: bool = True  # some kept column of some row is padding
+    prompt_padded: bool = True  # some kept prompt column of some row is padding
 
 
 def row_plan(host: HostRows, rows: slice | list[int] | Tensor) -> RowPlan:
     """The ``RowPlan`` of ``rows`` of a rollout whose rows the host knows (``Rollout.host``)."""
     picked = host.rows(rows)
-    return RowPlan(host.columns(picked), host.runs(picked), sum(len(host.completion_ids[i]) for i in picked))
+    (first, width), completion = host.columns(picked), sum(len(host.completion_ids[i]) for i in picked)
+    prompt = sum(host.tokens[i] for i in picked) - completion  # real prompt tokens, all in the kept columns
+    prompt_width = host.prompt_width - first
+    return RowPlan(
+        columns=(first, width),
+        runs=host.runs(picked),
+        tokens=completion,
+        padded=prompt + completion != len(picked) * (prompt_width + width),
+        prompt_padded=prompt != len(picked) * prompt_width,
+    )
+
+
+# Causal LMs whose decoder reads its attention mask only through transformers' ``create_causal_mask`` (which takes
+# a prepared [n, 1, L, L] mask as it is): ``prepared_mask`` is given to these alone. Others (ALiBi models that
+# read the 2D mask for their biases, sliding windows, chunked attention) get the 2D mask as before.
+PREPARED_MASK_MODELS = frozenset({"llama", "mistral", "mixtral", "qwen2", "qwen2_moe", "qwen3", "qwen3_moe", "phi3"})
+
+
+def takes_prepared_mask(config: Any) -> bool:
+    """Whether a decoder of ``config`` (a text config) is given ``prepared_mask`` instead of its 2D mask: one of
+    ``PREPARED_MASK_MODELS``, sdpa or eager attention, every layer full causal attention."""
+    windowed = getattr(config, "sliding_window", None) and getattr(config, "use_sliding_window", True)
+    return (
+        getattr(config, "model_type", None) in PREPARED_MASK_MODELS
+        and getattr(config, "_attn_implementation", None) in ("sdpa", "eager")
+        and set(getattr(config, "layer_types", None) or ["full_attention"]) == {"full_attention"}
+        and not windowed
+        and not getattr(config, "attention_chunk_size", None)
+    )
+
+
+def prepared_mask(attention_mask: Tensor, config: Any, dtype: torch.dtype) -> Tensor:
+    """[n, 1, L, L] the causal mask with padding that transformers builds from ``attention_mask`` [n, L] for a
+    forward without a cache: boolean for sdpa (True where a query reads a key), additive for eager attention (0 or
+    the dtype's minimum). Built here, for rows the host knows to be padded (``RowPlan.padded``): transformers would
+    first check on the device whether there is padding, a read that makes the host wait for the device each
+    forward.
+
+    >>> prepared_mask(torch.tensor([[0, 1, 1]]), None, torch.float32)[0, 0].int().tolist()
+    [[0, 0, 0], [0, 1, 0], [0, 1, 1]]
+    """
+    width = attention_mask.shape[1]
+    causal = torch.ones(width, width, dtype=torch.bool, device=attention_mask.device).tril()  # [L, L] query x key
+    mask = (causal & attention_mask.bool().unsqueeze(1)).unsqueeze(1)  # [n, 1, L, L]
+    if getattr(config, "_attn_implementation", None) != "eager":
+        return mask
+    return torch.zeros(mask.shape, dtype=dtype, device=mask.device).masked_fill_(~mask, torch.finfo(dtype).min)
 
 
 def trim_padding(

@@ -20,6 +20,7 @@ from __future__ import annotations
 import functools
 import inspect
 import itertools
+from collections.abc import Callable
 
 import torch
 from torch import Tensor, nn
@@ -85,6 +86,7 @@ def shared_prefix_hidden(
     position_ids: Tensor,
     completion_length: int,
     runs: list[int] | None = None,
+    prompt_attention: Callable[[Tensor], Tensor | None] | None = None,
 ) -> Tensor:
     """[n, T, H] hidden states that predict each completion token, the prompt of each run of rows encoded once.
 
@@ -96,13 +98,15 @@ def shared_prefix_hidden(
         position_ids: [n, P+T] the plain forward's positions.
         completion_length: T.
         runs: [U] the rows of each run with one prompt, when the host knows them (``prompt_runs``).
+        prompt_attention: what the prompt pass's decoder is given for the prompts' [U, P] mask: the mask itself when
+            ``None`` (``model.logprobs`` gives the prepared causal mask, or no mask, when the host knows).
     """
     width, n = input_ids.shape[1] - completion_length, len(input_ids)  # P, n
     first, counts = prompt_runs(input_ids[:, :width], attention_mask[:, :width], runs)
     cache = DynamicCache(config=config)
     prompt = decoder(
         input_ids=input_ids[first, :width],
-        attention_mask=attention_mask[first, :width],
+        attention_mask=(prompt_attention or _itself)(attention_mask[first, :width]),
         position_ids=position_ids[first, :width],
         use_cache=True,
         **{cache_keyword(decoder): cache},
@@ -117,3 +121,7 @@ def shared_prefix_hidden(
     ).last_hidden_state  # [n, T, H]
     last_prompt = prompt[:, -1:].repeat_interleave(counts, dim=0, output_size=n)  # [n, 1, H] predicts token 1
     return torch.cat([last_prompt, completion[:, :-1]], dim=1)  # [n, T, H]
+
+
+def _itself(mask: Tensor) -> Tensor:
+    return mask

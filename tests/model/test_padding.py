@@ -205,6 +205,32 @@ def test_every_layout_with_the_hosts_plan_equals_the_padded_forward(model, layou
     assert_same_outputs(with_grads(ours, model, m, 5), expected, entropy_atol=1e-4)
 
 
+@pytest.mark.parametrize("attention", ["sdpa", "eager"])
+@pytest.mark.parametrize("layout", ["trimmed", "shared"])
+def test_the_mask_prepared_from_the_hosts_plan_gives_what_transformers_own_gives(attention, layout):
+    """With the host's plan, a padded forward gets its causal mask prepared (and a prompt pass without padding
+    none), so that transformers reads nothing to decide it: the same log-probs, entropies and gradients, to the
+    bit, as the 2D mask transformers turns into the same mask itself."""
+    model = build_tiny_qwen2(build_tokenizer()).train()
+    model.config._attn_implementation = attention
+    ids, mask = repeated_prompts()
+    for rows in (slice(None), slice(0, 4)):  # padded prompts; one prompt, no prompt padding
+        i, m = ids[rows], mask[rows]
+        plan = row_plan(host_rows(i, m, 5), slice(None))
+        assert plan.padded and plan.prompt_padded == (rows == slice(None))
+        outputs = []
+        for given in (plan, None):
+
+            def forward(given=given, i=i, m=m):
+                out = completion_logps(model, i, m, 5, temperature=0.7, plan=given, **LAYOUTS[layout])
+                return out.logps, out.entropy
+
+            outputs.append(with_grads(forward, model, m, 5))
+        (logps, entropy, grads), (logps0, entropy0, grads0) = outputs
+        assert torch.equal(logps, logps0) and torch.equal(entropy, entropy0)
+        assert all(torch.equal(grads[k], grads0[k]) for k in grads0)
+
+
 def test_packed_router_loss_equals_the_padded_one():
     model = tiny_mixtral()
     ids, mask = grouped_rows([3, 5], 2, 4, seed=7)
