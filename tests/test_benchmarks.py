@@ -37,6 +37,16 @@ def test_tiny_comparison_reports_both_sides(tmp_path):
         assert comparison["ratios"][metric] == pytest.approx(median["ours"][metric] / median["trl"][metric])
 
 
+@pytest.mark.slow  # ~20 s: two runs of 1 + 2 steps of ours
+def test_ab_ours_runs_both_trees_and_prints_their_ratio(tmp_path):
+    """``ab_ours.py`` with this tree as its own base: both sides run, each from the tree it names."""
+    command = [sys.executable, str(SCRIPT.with_name("ab_ours.py")), "--base", str(ROOT), "--model", "tiny"]
+    command += ["--repeats", "1", "--steps", "2", "--warmup", "1", "--betas", "0"]
+    proc = subprocess.run(command, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
+    assert f"base   ({ROOT}): median" in proc.stdout and "change / base: x" in proc.stdout, proc.stdout
+
+
 MEMORY_SCRIPT = SCRIPT.with_name("memory.py")
 
 
