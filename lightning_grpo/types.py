@@ -199,7 +199,6 @@ class HostRows:
     completion_ids: list[list[int]]  # [N] each completion's real tokens (completion_mask 1)
     prompt_start: list[int]  # [N] the first column of each prompt's real tokens; P when it has none
     completion_end: list[int]  # [N] one past the last real column of each completion; 0 when it has none
-    tokens: list[int]  # [N] real prompt and completion tokens of each row
     prompt_of: list[int]  # [N] the first row with the same prompt (ids and mask): rows that share a prompt
 
     @classmethod
@@ -232,7 +231,6 @@ class HostRows:
             completion_ids=[_kept(*row) for row in zip(completion_ids, completion_mask, completions)],
             prompt_start=[start for start, _ in prompts],
             completion_end=[end for _, end in completions],
-            tokens=[sum(p) + sum(c) for p, c in zip(prompt_mask, completion_mask)],
             prompt_of=prompt_of,
         )
 
@@ -247,14 +245,13 @@ class HostRows:
             completion_ids=[list(ids) for ids in completion_ids],
             prompt_start=[width - len(ids) for ids in prompt_ids],
             completion_end=[len(ids) for ids in completion_ids],
-            tokens=[len(p) + len(c) for p, c in zip(prompt_ids, completion_ids)],
             prompt_of=[first.setdefault(tuple(ids), row) for row, ids in enumerate(prompt_ids)],
         )
 
     def rows(self, rows: slice | list[int] | Tensor) -> list[int]:
         """Row indices of ``rows``: a slice, or indices (a micro-batch plan's, made on the host)."""
         if isinstance(rows, slice):
-            return list(range(len(self.tokens)))[rows]
+            return list(range(len(self.prompt_ids))[rows])
         return rows.tolist() if isinstance(rows, Tensor) else list(rows)
 
     def columns(self, rows: slice | list[int] | Tensor) -> tuple[int, int]:
@@ -275,6 +272,11 @@ class HostRows:
                 counts.append(1)
             last = self.prompt_of[i]
         return counts
+
+    @property
+    def tokens(self) -> list[int]:
+        """[N] real prompt and completion tokens of each row."""
+        return [len(p) + len(c) for p, c in zip(self.prompt_ids, self.completion_ids)]
 
     @property
     def width(self) -> int:
@@ -335,7 +337,7 @@ class Rollout:
 
     def known_on_host(self, host: HostRows) -> Rollout:
         """This rollout, its ``host`` rows given by the engine that built it from the same tokens (no read)."""
-        self.__dict__["host"] = host
+        self.host = host  # set as the cached property would cache it (it defines no setter)
         return self
 
     @property

@@ -52,7 +52,7 @@ def row_plan(host: HostRows, rows: slice | list[int] | Tensor) -> RowPlan:
     """The ``RowPlan`` of ``rows`` of a rollout whose rows the host knows (``Rollout.host``)."""
     picked = host.rows(rows)
     (first, width), completion = host.columns(picked), sum(len(host.completion_ids[i]) for i in picked)
-    prompt = sum(host.tokens[i] for i in picked) - completion  # real prompt tokens, all in the kept columns
+    prompt = sum(len(host.prompt_ids[i]) for i in picked)  # real prompt tokens, all in the kept columns
     prompt_width = host.prompt_width - first
     return RowPlan(
         columns=(first, width),

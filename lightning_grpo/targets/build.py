@@ -174,11 +174,14 @@ def step_fault(faults: Tensor | None, grad_norm: Tensor | None) -> str | None:
     >>> step_fault(None, torch.tensor(1.0)) is None
     True
     """
-    checks = [] if faults is None else [faults]
+    checks, names = [], []
+    if faults is not None:
+        checks.append(faults)
+        names += FAULTS[:2]
     if grad_norm is not None:
         checks.append(~grad_norm.isfinite().view(1))
+        names.append(FAULTS[2])
     flags = torch.cat(checks).tolist() if checks else []  # the one read
-    names = FAULTS[:2] * (faults is not None) + FAULTS[2:] * (grad_norm is not None)
     return next((name for name, bad in zip(names, flags) if bad), None)
 
 
