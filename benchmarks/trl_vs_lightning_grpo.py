@@ -242,24 +242,38 @@ def run_grpo(runner: Runner, side: str, task: Task, settings: Settings, **spec: 
     return RunResult.from_dict(result)
 
 
+def speed_run(
+    runner: Runner,
+    side: str,
+    task: Task,
+    settings: Settings,
+    args: argparse.Namespace,
+    model: str,
+    beta: float,
+    repeat: int,
+) -> RunResult:
+    """Repeat ``repeat`` of one side's timed run of ``model`` (its ``task``) at ``beta``, with the command line's
+    steps and seed."""
+    return run_grpo(
+        runner,
+        side,
+        task,
+        settings,
+        model=model,
+        beta=beta,
+        seed=args.seed + repeat,  # one trajectory per repeat, the same for every side
+        warmup_steps=args.warmup,
+        timed_steps=args.steps,
+        eval_accuracy=False,
+    )
+
+
 def compare(args: argparse.Namespace, runner: Runner, model: str, beta: float) -> Comparison:
-    settings = speed_settings(args, model)
-    task = task_for(model)
+    settings, task = speed_settings(args, model), task_for(model)
     comparison = Comparison(model, beta, settings)
     for repeat in range(args.repeats):
         for side in SIDES if repeat % 2 == 0 else SIDES[::-1]:
-            result = run_grpo(
-                runner,
-                side,
-                task,
-                settings,
-                model=model,
-                beta=beta,
-                seed=args.seed + repeat,  # one trajectory per repeat, the same for both sides
-                warmup_steps=args.warmup,
-                timed_steps=args.steps,
-                eval_accuracy=False,
-            )
+            result = speed_run(runner, side, task, settings, args, model, beta, repeat)
             comparison.runs[side].append(result)
             print(
                 f"  {model} beta={beta} repeat {repeat + 1}/{args.repeats} {side:4s}: {result.steps_per_s:7.3f} "
