@@ -34,7 +34,7 @@ def main() -> None:
     for repeat in range(args.repeats):
         for name in list(trees) if repeat % 2 == 0 else list(trees)[::-1]:
             os.environ["PYTHONPATH"] = str(trees[name])  # the workers inherit it: lightning_grpo from that tree
-            result = bench.speed_run(runner, "ours", task, settings, args, model, beta, repeat)  # same seed per tree
+            result = bench.speed_run(runner, "ours", task, settings, args, model, beta, repeat)  # the repeat's seed
             speeds[name].append(result.steps_per_s)
             print(f"  {model} beta={beta} repeat {repeat + 1}/{args.repeats} {name:6s}: {result.steps_per_s:8.3f} "
                   f"steps/s {result.peak_rss_mb:6.0f} MB", flush=True)  # fmt: skip
