@@ -1,26 +1,10 @@
 """Collection of the package's own doctests (``--doctest-modules`` imports every module of ``lightning_grpo``).
 
-A module that cannot be imported without an optional extra (``[project.optional-dependencies]`` in pyproject.toml)
-is collected only where that extra is installed, so the README's test command, after ``pip install -e ".[dev]"``,
-collects without it. ``tests/test_install.py`` checks that this table names every such module.
+A module that cannot be imported without an optional extra (``tests/extras.py``'s ``NEEDS_EXTRA``) is collected
+only where that extra is installed, so the README's test command, after ``pip install -e ".[dev]"``, collects
+without it (``tests/test_install.py``).
 """
 
-from __future__ import annotations
+from extras import NEEDS_EXTRA, installed  # tests/ is on the path (pyproject.toml: pythonpath)
 
-import importlib
-
-# module file -> (the extra that installs what it imports at its top, the module it imports)
-NEEDS_EXTRA = {
-    "lightning_grpo/demo/guess.py": ("openenv", "openenv.core.env_server.interfaces"),
-}
-
-
-def _installed(module: str) -> bool:
-    try:
-        importlib.import_module(module)
-    except ImportError:
-        return False
-    return True
-
-
-collect_ignore = [path for path, (_, module) in NEEDS_EXTRA.items() if not _installed(module)]
+collect_ignore = [path for path, (_, module) in NEEDS_EXTRA.items() if not installed(module)]

@@ -31,6 +31,7 @@ from pathlib import Path
 import lightning as L
 import pytest
 import yaml
+from extras import missing_extra
 from helpers import ROOT
 
 from lightning_grpo import GRPOModule, PromptDataModule
@@ -275,6 +276,12 @@ def run_python_block(block: Block, doc: Path, cwd: Path) -> None:
     exec(compile(source, f"{doc.name}:{block.line}", "exec"), {"__name__": f"{doc.stem}_block_{block.line}"})
 
 
+def block_text(block: Block) -> str:
+    """A block and the shipped configs its commands name (``--config templates/openenv_cpu.yaml``)."""
+    configs = re.findall(r"templates/[\w.-]+\.yaml", block.body)
+    return "\n".join([block.body, *((ROOT / c).read_text() for c in configs if (ROOT / c).exists())])
+
+
 @pytest.fixture(scope="session")
 def made_run(tmp_path_factory) -> Path:
     """A tiny run of templates/tiny_cpu.yaml, for commands that read a run the reader made earlier."""
@@ -287,6 +294,9 @@ def test_code_blocks_run(doc, tmp_path, request, monkeypatch, capsys):
     monkeypatch.chdir(tmp_path)
     for block in fenced_blocks(doc):
         where = f"{doc.name}, block at line {block.line}"
+        if extra := missing_extra(block_text(block)):  # runs where the extra is (CI installs every one)
+            print(f"{where}: skipped, it needs the {extra!r} extra (pip install -e '.[{extra}]')")
+            continue
         try:
             if block.lang == "python":
                 run_python_block(block, doc, tmp_path)
@@ -339,8 +349,8 @@ def test_template_config_runs(config, tmp_path):
     """Every template, with its hub model and data swapped for the embedded ones, on CPU for 2 steps."""
     if needs_vllm(config_of(["--config", str(config)])) and importlib.util.find_spec("vllm") is None:
         pytest.skip(f"{config.name} samples with vLLM, not installed here (bash .ci/vllm_env.sh DIR makes a venv)")
-    if "engines.OpenEnvFactory" in config.read_text() and importlib.util.find_spec("openenv") is None:
-        pytest.skip(f"{config.name} plays an OpenEnv environment: pip install -e '.[openenv]' (CI installs it)")
+    if extra := missing_extra(config.read_text()):
+        pytest.skip(f"{config.name} needs the {extra!r} extra: pip install -e '.[{extra}]' (CI installs it)")
     run = fit_tiny(["--config", str(config)], tmp_path)
     assert yaml.safe_load((run / "config.yaml").read_text())["trainer"]["max_steps"] == 2
 
@@ -415,7 +425,7 @@ def test_the_readme_layout_lists_every_file_and_folder_of_the_package():
 def test_the_docs_name_the_default_engine_the_code_uses():
     """One owner for the fact: wherever a doc calls an engine "the default", it is the one ``default_engine`` picks."""
     from lightning_grpo.engines import default_engine
-    from lightning_grpo.rollout import SamplingConfig
+    from lightning_grpo.engines.config import SamplingConfig
 
     default = type(default_engine(SamplingConfig())).__name__
     engines = "LeanDecode|HFGenerate|VLLMColocate|VLLMServer"

@@ -2,7 +2,8 @@
 
 An optional extra's packages are made unimportable here (a folder of stand-ins that raise ImportError, first on the
 path) and the whole suite is collected as the README's command collects it: a module that imports an extra at its
-top must be in the root ``conftest.py``'s ``NEEDS_EXTRA``, and a test that needs one must skip without it.
+top must be in ``tests/extras.py``'s ``NEEDS_EXTRA`` (the root ``conftest.py`` reads it), and a test that needs
+one must skip without it.
 """
 
 from __future__ import annotations
@@ -13,18 +14,11 @@ import sys
 from pathlib import Path
 
 import pytest
+from extras import DEV, EXTRA_MODULES
 from helpers import ROOT
 
 tomllib = pytest.importorskip("tomllib")
 
-# extra -> the top-level modules its packages install; `dev` is what the README's test command installs
-EXTRA_MODULES = {
-    "agents": ["aiohttp", "openai"],
-    "skyrl": ["skyrl_gym", "aiohttp", "openai"],
-    "openenv": ["openenv"],
-    "loggers": ["mlflow", "wandb"],
-}
-DEV = "dev"
 
 
 def extras() -> dict[str, list[str]]:
