@@ -103,8 +103,8 @@ def stages(threads: int, model: str = "gen", repeats: int = 2) -> dict[str, floa
     from bench_assets import read_rows
 
     from lightning_grpo.engines import LeanDecode
+    from lightning_grpo.engines.config import SamplingConfig
     from lightning_grpo.model.policy import Policy
-    from lightning_grpo.rollout import SamplingConfig
 
     torch.set_num_threads(threads)
     settings, task = MODEL_DEFAULTS[model], task_for(model)

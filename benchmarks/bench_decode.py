@@ -19,8 +19,8 @@ import torch
 from bench_assets import matmul_gflops
 from transformers import AutoModelForCausalLM
 
+from lightning_grpo.engines.config import SamplingConfig
 from lightning_grpo.engines.decode.lean import Decoder, NextTokenLogits, decode_weights
-from lightning_grpo.rollout import SamplingConfig
 
 NO_EOS = [-1]  # an id never sampled: every row runs to the end
 

@@ -21,8 +21,8 @@ import torch
 from bench_assets import GEN_VOCAB, gen_model, qwen_vocab_tokenizer
 from torch import Tensor, nn
 
+from lightning_grpo.engines.config import SamplingConfig
 from lightning_grpo.engines.decode.lean import Decoder, NextTokenLogits, decode_weights
-from lightning_grpo.rollout import SamplingConfig
 
 
 def eos_biased(model: nn.Module, prompts: Tensor, eos: int, p: float) -> None:

@@ -31,8 +31,8 @@ from transformers import AutoConfig, AutoTokenizer
 from lightning_grpo import PolicyConfig
 from lightning_grpo.demo.tiny import cache_home
 from lightning_grpo.engines import LeanDecode
+from lightning_grpo.engines.config import SamplingConfig
 from lightning_grpo.model.policy import Policy
-from lightning_grpo.rollout import SamplingConfig
 from lightning_grpo.targets.build import micro_batches, token_micro_batches
 from lightning_grpo.types import Rollout
 

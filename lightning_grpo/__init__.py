@@ -2,12 +2,12 @@
 
 from lightning_grpo.advantages import AdvantageConfig, compute_advantages, group_advantages
 from lightning_grpo.data import PromptDataModule
+from lightning_grpo.engines.config import SamplingConfig
 from lightning_grpo.loss import LossConfig, LossNormalizer, grpo_loss
 from lightning_grpo.model.config import PolicyConfig
 from lightning_grpo.module import GRPOModule
 from lightning_grpo.optim import OptimConfig
 from lightning_grpo.rewards.calls import RewardCallConfig
-from lightning_grpo.rollout import SamplingConfig
 from lightning_grpo.targets import UpdateConfig
 from lightning_grpo.types import PromptBatch, RewardScores, Rollout
 

@@ -23,6 +23,7 @@ from typing_extensions import override
 from lightning_grpo.advantages import AdvantageConfig
 from lightning_grpo.engines import default_engine, engine_for
 from lightning_grpo.engines.base import RolloutEngine, Sampled
+from lightning_grpo.engines.config import SamplingConfig
 from lightning_grpo.groups import GroupBuffer
 from lightning_grpo.loss import LossConfig, LossOutput
 from lightning_grpo.loss.config import DistillConfig
@@ -43,7 +44,6 @@ from lightning_grpo.ranks import Ranks, destroy_process_group_at_exit, every_ran
 from lightning_grpo.rewards.calls import RewardCallConfig
 from lightning_grpo.rewards.combine import import_paths
 from lightning_grpo.rewards.scoring import RewardSet, trl_trainer_state
-from lightning_grpo.rollout import SamplingConfig
 from lightning_grpo.run import log_train_metrics, numerical_abort, optimizer_steps_of
 from lightning_grpo.seeding import seeded, step_seed
 from lightning_grpo.settings import GRPOSettings

@@ -25,7 +25,6 @@ LAYERS = {
     "images": 1,  # image columns: opened lazily, checked before compute (data and the rollout stage read them)
     "rewards": 1,
     "model": 1,  # the model substrate: loading, materialize, sharding, log-probs, prefix, Policy
-    "rollout": 3,
     "engines": 3,
     "advantages": 3,
     "loss": 3,
@@ -174,11 +173,14 @@ TESTED_WITH = {
     "engines/agents/endpoint.py": ["engines/agents/test_engine.py"],
     "engines/agents/served.py": ["engines/agents/test_engine.py"],
     "engines/asynchronous/producer.py": ["engines/asynchronous/test_async_rollouts.py"],
-    "engines/base.py": ["test_rollout.py", "engines/asynchronous/test_async_rollouts.py"],
+    "engines/base.py": ["engines/test_rollout.py", "engines/asynchronous/test_async_rollouts.py"],
+    "engines/choice.py": ["model/test_policy.py", "model/test_vision.py"],
+    "engines/config.py": ["engines/test_rollout.py", "test_settings.py"],
     "engines/decode/packing.py": ["engines/decode/test_fused.py"],
     "engines/decode/sampling.py": ["engines/decode/test_lean.py"],
     "engines/multiturn/custom.py": ["engines/multiturn/test_environments.py"],
     "engines/multiturn/episodes.py": ["engines/multiturn/test_tool_calling.py"],
+    "engines/prompts.py": ["engines/test_rollout.py", "model/test_loading.py"],
     "engines/multiturn/toolcalls.py": ["engines/multiturn/test_tool_calling.py"],
     "engines/vllm/colocate.py": ["engines/vllm/test_real.py", "cli/test_selfcheck.py"],
     "engines/vllm/launch.py": ["engines/vllm/test_real.py", "engines/vllm/test_real_template.py"],

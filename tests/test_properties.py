@@ -7,9 +7,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from lightning_grpo.advantages import compute_advantages
+from lightning_grpo.engines.rollout import mask_after_eos
 from lightning_grpo.loss import LossNormalizer, grpo_loss
 from lightning_grpo.loss.reduce import LOSS_TYPES
-from lightning_grpo.rollout import mask_after_eos
 from lightning_grpo.targets.build import loss_mask
 from lightning_grpo.types import zero_std_fraction
 

@@ -16,10 +16,10 @@ from lightning.pytorch.utilities import rank_zero_warn
 from torch import nn
 
 from lightning_grpo.data import PromptDataModule
+from lightning_grpo.engines.prompts import encode_prompts
 from lightning_grpo.images import image_column
 from lightning_grpo.module import GRPOModule
 from lightning_grpo.rewards.convention import check_signatures
-from lightning_grpo.rollout import encode_prompts
 
 PROMPTS_MEASURED = 10_000  # training prompts whose length is measured at start (the first ones): ~1 s of tokenizing
 # A fast tokenizer holds ~330 bytes per token while it encodes (ids, offsets, type ids, the token strings): a 5 MB

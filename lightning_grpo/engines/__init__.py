@@ -1,4 +1,4 @@
-"""Rollout engines: implementations of ``lightning_grpo.rollout.RolloutEngine``, chosen by ``class_path``, one
+"""Rollout engines: implementations of ``RolloutEngine`` (``base.py``), chosen by ``class_path``, one
 folder per family; every public name is exported here (``lightning_grpo.engines.LeanDecode`` in YAML).
 
 - ``decode/``: ``LeanDecode`` (default), a sampling loop over the policy's forward and KV cache, ``generate``'s
@@ -19,18 +19,17 @@ folder per family; every public name is exported here (``lightning_grpo.engines.
 - ``asynchronous/``: ``AsyncRollouts``, any of these in a producer process, sampling ahead of the trainer
   (``max_staleness``).
 
-The interface they implement, ``RolloutEngine``, and the record a training step gets back, ``Sampled``, are
-``base.py``. The modules' paths before the split (``lightning_grpo.engines.lean`` ...) still import: ``_moved.py``.
+What they share, beside the families: ``base.py``, the interface they implement (``RolloutEngine``) and the record
+a training step gets back (``Sampled``); ``config.py``, the ``sampling:`` section (``SamplingConfig``);
+``prompts.py``, prompts to token ids; ``rollout.py``, sampled ids to a ``Rollout``; ``choice.py``, the default
+engine and the one a vision-language policy needs. This file only hands their names on.
 """
 
-from typing import Any
-
-from lightning.pytorch.utilities import rank_zero_info
-
-from lightning_grpo.engines import _moved
 from lightning_grpo.engines.agents import OpenAIAgent, SkyRLGymAgent, agent_reward
 from lightning_grpo.engines.asynchronous import AsyncRollouts
 from lightning_grpo.engines.base import RolloutEngine, Sampled
+from lightning_grpo.engines.choice import default_engine, engine_for
+from lightning_grpo.engines.config import SamplingConfig
 from lightning_grpo.engines.decode import HFGenerate, LeanDecode
 from lightning_grpo.engines.multiturn import (
     HermesParser,
@@ -42,8 +41,6 @@ from lightning_grpo.engines.multiturn import (
 )
 from lightning_grpo.engines.vllm import VLLMColocate, VLLMServer
 
-_moved.install()
-
 __all__ = [
     "AsyncRollouts",
     "HFGenerate",
@@ -54,6 +51,7 @@ __all__ = [
     "RolloutEngine",
     "RolloutFunction",
     "Sampled",
+    "SamplingConfig",
     "SkyRLGymAgent",
     "ToolCall",
     "ToolCalling",
@@ -64,33 +62,3 @@ __all__ = [
     "engine_for",
     "environment_reward",
 ]
-
-
-def default_engine(sampling: Any) -> LeanDecode | HFGenerate:
-    """The engine of a module given none: ``LeanDecode``, or ``HFGenerate`` (said in one line) when the ``sampling``
-    settings (a ``SamplingConfig`` or its dict) pass ``generation_kwargs``, which only ``generate`` takes."""
-    kwargs = sampling.get("generation_kwargs") if isinstance(sampling, dict) else sampling.generation_kwargs
-    if kwargs:
-        rank_zero_info(
-            f"rollout engine: HFGenerate, as sampling.generation_kwargs={kwargs!r} are generate's options "
-            "(the default LeanDecode takes sampling's own settings only)"
-        )
-        return HFGenerate()
-    return LeanDecode()
-
-
-def engine_for(engine: RolloutEngine, policy: Any, chosen: bool) -> RolloutEngine:
-    """The engine that serves ``policy``: a vision-language policy needs one that carries images to generation
-    (``takes_images``): the default becomes ``HFGenerate`` (said in one line); a chosen engine that cannot is
-    refused here, before any compute, naming it."""
-    if not policy.is_multimodal or engine.takes_images:
-        return engine
-    if not chosen:
-        rank_zero_info(
-            "rollout engine: HFGenerate, as the policy is a vision-language model (LeanDecode takes no images)"
-        )
-        return HFGenerate()
-    raise ValueError(
-        f"rollout_engine {type(engine).__name__} cannot carry images to generation and to the log-prob forwards, "
-        "and the policy is a vision-language model: use lightning_grpo.engines.HFGenerate (references/vision.md)"
-    )

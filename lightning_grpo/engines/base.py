@@ -15,9 +15,9 @@ from typing import Any
 
 from torch import Tensor, nn
 
+from lightning_grpo.engines.config import SamplingConfig
 from lightning_grpo.model.policy import Policy
 from lightning_grpo.rewards.scoring import RewardSet
-from lightning_grpo.rollout import SamplingConfig
 from lightning_grpo.types import Prompt, PromptBatch, RewardScores, Rollout
 
 

@@ -12,6 +12,9 @@ from dataclasses import dataclass, field, replace
 import torch
 from torch import Tensor
 
+from lightning_grpo.engines.config import SamplingConfig
+from lightning_grpo.engines.prompts import tokenize_prompts
+from lightning_grpo.engines.rollout import build_rollout
 from lightning_grpo.loss import LossNormalizer
 from lightning_grpo.loss.config import DistillConfig
 from lightning_grpo.loss.distill import (
@@ -25,7 +28,6 @@ from lightning_grpo.loss.distill import (
 from lightning_grpo.loss.reduce import at_least_one
 from lightning_grpo.model.policy import Policy
 from lightning_grpo.ranks import Ranks
-from lightning_grpo.rollout import SamplingConfig, build_rollout, tokenize_prompts
 from lightning_grpo.types import DistillStats, PromptBatch, Rollout, pad_rows
 
 

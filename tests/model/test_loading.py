@@ -15,8 +15,8 @@ from transformers import AutoTokenizer, MixtralConfig, MixtralForCausalLM
 
 from lightning_grpo import LossConfig, PromptDataModule, SamplingConfig
 from lightning_grpo.demo.tiny import build_tokenizer
+from lightning_grpo.engines.prompts import render_prompts
 from lightning_grpo.loss import LOSS_TYPES
-from lightning_grpo.rollout import render_prompts
 from lightning_grpo.seeding import seeded
 from lightning_grpo.settings import SECTIONS
 

@@ -7,8 +7,8 @@ import torch
 
 from lightning_grpo import PolicyConfig
 from lightning_grpo.engines import HFGenerate
+from lightning_grpo.engines.config import SamplingConfig
 from lightning_grpo.model.policy import Policy
-from lightning_grpo.rollout import SamplingConfig
 from lightning_grpo.seeding import seeded
 
 

@@ -14,11 +14,11 @@ import torch
 
 from lightning_grpo.demo.vision import COLOURS, QUESTION, build_processor, build_tiny_llava, square_image
 from lightning_grpo.engines import HFGenerate, LeanDecode
+from lightning_grpo.engines.config import SamplingConfig
 from lightning_grpo.images import image_problem
 from lightning_grpo.loss import LossConfig, grpo_loss
 from lightning_grpo.model.config import PolicyConfig
 from lightning_grpo.model.policy import Policy
-from lightning_grpo.rollout import SamplingConfig
 
 
 @pytest.fixture(scope="module")

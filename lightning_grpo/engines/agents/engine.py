@@ -28,13 +28,13 @@ from typing_extensions import override
 from lightning_grpo.engines.agents.endpoint import Endpoint, Refusal, Request
 from lightning_grpo.engines.agents.served import ServedEpisode, template_message
 from lightning_grpo.engines.base import RolloutEngine
+from lightning_grpo.engines.config import SamplingConfig
 from lightning_grpo.engines.decode.hf import HFGenerate
 from lightning_grpo.engines.multiturn.episodes import EpisodeStats
 from lightning_grpo.engines.multiturn.toolcalls import HermesParser, resolve_tool
 from lightning_grpo.model.policy import Policy
 from lightning_grpo.rewards.calls import ON_ERROR
-from lightning_grpo.rollout import SamplingConfig, pad_rows
-from lightning_grpo.types import Prompt, Rollout
+from lightning_grpo.types import Prompt, Rollout, pad_rows
 
 AGENT_ARGUMENTS = ("client", "base_url")
 Turn = tuple[Request, ServedEpisode, list[int], int]  # a request to generate for: its episode, context, budget

@@ -51,12 +51,12 @@ from typing_extensions import override
 
 from lightning_grpo.engines.asynchronous.producer import Produced, Request, WeightsMailbox, produce
 from lightning_grpo.engines.base import RolloutEngine, Sampled
+from lightning_grpo.engines.config import SamplingConfig
 from lightning_grpo.engines.decode.lean import LeanDecode
 from lightning_grpo.model.policy import Policy
 from lightning_grpo.model.sharding import full_state_dict, is_sharded, meta_copy, unsharded
 from lightning_grpo.rewards.convention import reward_name
 from lightning_grpo.rewards.scoring import RewardSet, trl_trainer_state
-from lightning_grpo.rollout import SamplingConfig
 from lightning_grpo.types import Prompt, PromptBatch, Rollout, fields_of
 
 POLL_S = 1.0  # how often a wait checks that the producer is alive

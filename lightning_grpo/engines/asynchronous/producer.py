@@ -25,9 +25,9 @@ import torch
 from torch import Tensor, nn
 
 from lightning_grpo.engines.base import RolloutEngine
+from lightning_grpo.engines.config import SamplingConfig
 from lightning_grpo.model.policy import Policy
 from lightning_grpo.rewards.scoring import RewardSet
-from lightning_grpo.rollout import SamplingConfig
 from lightning_grpo.types import PromptBatch, RewardScores, Rollout
 
 

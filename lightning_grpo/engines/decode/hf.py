@@ -17,21 +17,19 @@ from torch import Tensor
 from typing_extensions import override
 
 from lightning_grpo.engines.base import RolloutEngine
+from lightning_grpo.engines.config import SamplingConfig
 from lightning_grpo.engines.decode.sampling import drawn_logps
-from lightning_grpo.images import column_images
-from lightning_grpo.model.policy import Policy
-from lightning_grpo.rollout import (
-    SamplingConfig,
+from lightning_grpo.engines.prompts import tokenize_image_prompts, tokenize_prompts
+from lightning_grpo.engines.rollout import (
     build_rollout,
     check_generation_batch_size,
     cut_turns,
     generation_chunks,
     pad_right,
-    pad_rows,
-    tokenize_image_prompts,
-    tokenize_prompts,
 )
-from lightning_grpo.types import Prompt, Rollout, vision_rows
+from lightning_grpo.images import column_images
+from lightning_grpo.model.policy import Policy
+from lightning_grpo.types import Prompt, Rollout, pad_rows, vision_rows
 
 
 class HFGenerate(RolloutEngine):

@@ -31,21 +31,21 @@ from transformers import DynamicCache, cache_utils
 from typing_extensions import override
 
 from lightning_grpo.engines.base import RolloutEngine
+from lightning_grpo.engines.config import SamplingConfig
 from lightning_grpo.engines.decode.fused import FusedDecodeStep, fusable, fused_projections
 from lightning_grpo.engines.decode.graphed import GraphedDecodeStep, graphable
 from lightning_grpo.engines.decode.packing import packed_linears
 from lightning_grpo.engines.decode.sampling import draw, drawn_logps, sampling_logits
-from lightning_grpo.model.policy import Policy
-from lightning_grpo.model.prefix import cache_keyword
-from lightning_grpo.rollout import (
-    SamplingConfig,
+from lightning_grpo.engines.prompts import tokenize_prompts
+from lightning_grpo.engines.rollout import (
     build_rollout,
     check_generation_batch_size,
     cut_turns,
     generation_chunks,
     pad_right,
-    tokenize_prompts,
 )
+from lightning_grpo.model.policy import Policy
+from lightning_grpo.model.prefix import cache_keyword
 from lightning_grpo.types import Prompt, Rollout, pad_rows
 
 # cache layers holding a recurrent state per row (linear attention); the class is new in transformers 5

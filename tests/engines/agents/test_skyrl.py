@@ -12,8 +12,8 @@ from helpers import fit, logged, make_module
 
 from lightning_grpo import PromptDataModule
 from lightning_grpo.engines import OpenAIAgent, SkyRLGymAgent, agent_reward
+from lightning_grpo.engines.config import SamplingConfig
 from lightning_grpo.model.policy import Policy
-from lightning_grpo.rollout import SamplingConfig
 
 pytest.importorskip("openai")
 skyrl_gym = pytest.importorskip("skyrl_gym")

@@ -378,8 +378,8 @@ def test_the_producer_scores_without_dropout(tiny_model_dir, tmp_path):
 
     from lightning_grpo.engines import HFGenerate
     from lightning_grpo.engines.asynchronous.producer import Request, sample
+    from lightning_grpo.engines.config import SamplingConfig
     from lightning_grpo.model.policy import Policy
-    from lightning_grpo.rollout import SamplingConfig
     from lightning_grpo.types import PromptBatch
 
     model = AutoModelForCausalLM.from_pretrained(tiny_model_dir, attention_dropout=0.3)

@@ -19,10 +19,10 @@ from transformers import (
 )
 
 from lightning_grpo.engines import HFGenerate, LeanDecode
+from lightning_grpo.engines.config import SamplingConfig
 from lightning_grpo.engines.decode.fused import fusable
 from lightning_grpo.engines.decode.lean import NextTokenLogits, decode_weights
 from lightning_grpo.model.policy import Policy
-from lightning_grpo.rollout import SamplingConfig
 
 SIZES = dict(
     vocab_size=300,

@@ -13,10 +13,10 @@ from peft import LoraConfig, get_peft_model
 from transformers import DynamicCache
 
 from lightning_grpo.engines import HFGenerate, LeanDecode
+from lightning_grpo.engines.config import SamplingConfig
 from lightning_grpo.engines.decode.graphed import GraphedDecodeStep, graphable
 from lightning_grpo.engines.decode.lean import Decoder, NextTokenLogits
 from lightning_grpo.model.policy import Policy
-from lightning_grpo.rollout import SamplingConfig
 from tests.engines.decode.test_fused import CONFIGS, model_of
 
 cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")

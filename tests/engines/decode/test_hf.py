@@ -11,10 +11,10 @@ from helpers import fit, logged, make_module
 
 from lightning_grpo import GRPOModule, PromptDataModule
 from lightning_grpo.engines import HFGenerate, VLLMColocate
+from lightning_grpo.engines.config import SamplingConfig
 from lightning_grpo.engines.vllm.colocate import vllm_build
 from lightning_grpo.model.policy import Policy
 from lightning_grpo.rewards import exact_match_reward
-from lightning_grpo.rollout import SamplingConfig
 
 
 class ShiftedSampler(HFGenerate):

@@ -24,12 +24,12 @@ from transformers.generation.logits_process import (
 
 from lightning_grpo import PromptDataModule
 from lightning_grpo.engines import HFGenerate, LeanDecode
+from lightning_grpo.engines.config import SamplingConfig
 from lightning_grpo.engines.decode import lean as lean_module
 from lightning_grpo.engines.decode.fused import FusedDecodeStep
 from lightning_grpo.engines.decode.sampling import sample_inverse_cdf, sampling_logits
 from lightning_grpo.model.config import PolicyConfig
 from lightning_grpo.model.policy import Policy
-from lightning_grpo.rollout import SamplingConfig
 
 PROMPTS = ["max(1,2,3)=", "max(9,2,3)= and a longer one", "a"]  # different lengths: left padding
 LORA = {"r": 4, "lora_alpha": 8, "target_modules": ["q_proj", "v_proj"], "lora_dropout": 0.0}

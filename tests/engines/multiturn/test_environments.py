@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from lightning_grpo.engines import RolloutFunction, environment_reward
-from lightning_grpo.rollout import SamplingConfig
+from lightning_grpo.engines.config import SamplingConfig
 from tests.engines.multiturn.test_tool_calling import Scripted, add, fake_policy
 
 

@@ -17,8 +17,8 @@ from lightning_grpo import PromptDataModule
 from lightning_grpo.callbacks import CompletionSampleLogger
 from lightning_grpo.demo.tiny import TOOL_CHAT_TEMPLATE
 from lightning_grpo.engines import ToolCall, ToolCalling
+from lightning_grpo.engines.config import SamplingConfig
 from lightning_grpo.model.policy import Policy
-from lightning_grpo.rollout import SamplingConfig
 
 
 def add(a: int, b: int) -> int:

@@ -8,9 +8,9 @@ import torch
 
 from lightning_grpo import GRPOModule
 from lightning_grpo.engines import HFGenerate, LeanDecode, VLLMServer
+from lightning_grpo.engines.config import SamplingConfig
 from lightning_grpo.engines.vllm.logprobs import logprobs_mode, mode_problems
 from lightning_grpo.model.policy import Policy
-from lightning_grpo.rollout import SamplingConfig
 
 PROMPTS = ["max(1,2,3)=", "max(9,2,3)= and a longer one", "a"]
 FILTERS = {  # every filter cuts tokens the draw would otherwise take: the filtered log-probs are larger

@@ -392,8 +392,8 @@ def test_a_seed_the_user_set_gives_the_same_prompt_on_two_ranks_two_groups(two_s
     two ranks hold (a repeated row, the sampler's padding) would get one group twice; the seed moves by the rank."""
     from types import SimpleNamespace
 
+    from lightning_grpo.engines.config import SamplingConfig
     from lightning_grpo.model.policy import Policy
-    from lightning_grpo.rollout import SamplingConfig
 
     policy, groups = Policy(tiny_model_dir), []
     sampling = SamplingConfig(max_completion_length=6, temperature=1.0, generation_kwargs={"seed": 11})

@@ -19,8 +19,8 @@ from helpers import TESTS
 
 from lightning_grpo.demo.tiny import TOOL_CHAT_TEMPLATE
 from lightning_grpo.engines import OpenAIAgent, VLLMServer
+from lightning_grpo.engines.config import SamplingConfig
 from lightning_grpo.model.policy import Policy
-from lightning_grpo.rollout import SamplingConfig
 
 FAKE_SERVER = TESTS / "engines" / "vllm" / "vllm_fake_server.py"
 TURNS = 3

@@ -2,10 +2,12 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from lightning_grpo.engines import HFGenerate, Sampled
+from lightning_grpo.engines.config import SamplingConfig
+from lightning_grpo.engines.prompts import tokenize_prompts
+from lightning_grpo.engines.rollout import mask_after_eos
 from lightning_grpo.model.loading import load_tokenizer
 from lightning_grpo.model.logprobs import LinearLogps, auto_chunk_size, completion_logps
 from lightning_grpo.model.policy import Policy
-from lightning_grpo.rollout import SamplingConfig, mask_after_eos, tokenize_prompts
 from lightning_grpo.types import PromptBatch
 
 

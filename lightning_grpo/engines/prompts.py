@@ -1,0 +1,104 @@
+"""Prompts -> token ids as the policy reads them: chat templates, the prompt-length cut, a vision-language
+processor's image tokens. Knows the tokenizer or processor; nothing of a model or of sampling."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from torch import Tensor
+from transformers import PreTrainedTokenizerBase
+
+from lightning_grpo.engines.config import SamplingConfig
+from lightning_grpo.images import open_image
+from lightning_grpo.types import Prompt, pad_rows
+
+
+def is_conversational(prompt: Prompt) -> bool:
+    return isinstance(prompt, list)
+
+
+def render_prompts(
+    tokenizer: PreTrainedTokenizerBase, prompts: list[Prompt], chat_template_kwargs: dict[str, Any] | None = None
+) -> list[str]:
+    """Chat messages go through the tokenizer's chat template (TRL's ``maybe_apply_chat_template``, with
+    ``chat_template_kwargs``); plain text is used as is."""
+    if not is_conversational(prompts[0]):
+        return list(prompts)
+    if tokenizer.chat_template is None:
+        raise ValueError(
+            "prompts are chat messages but the tokenizer has no chat_template: give plain-text prompts or a "
+            "tokenizer with a chat template"
+        )
+    from trl.data_utils import maybe_apply_chat_template  # pyarrow and datasets: only for chat prompts
+
+    kwargs = chat_template_kwargs or {}
+    return [maybe_apply_chat_template({"prompt": p}, tokenizer, **kwargs)["prompt"] for p in prompts]
+
+
+def encode_prompts(
+    tokenizer: PreTrainedTokenizerBase, prompts: list[Prompt], sampling: SamplingConfig
+) -> list[list[int]]:
+    """The token ids of each prompt as the policy reads it (chat template applied), before any cut."""
+    texts = render_prompts(tokenizer, prompts, sampling.chat_template_kwargs)
+    return tokenizer(texts, add_special_tokens=not is_conversational(prompts[0]))["input_ids"]
+
+
+def tokenize_prompts(
+    tokenizer: PreTrainedTokenizerBase, prompts: list[Prompt], sampling: SamplingConfig
+) -> tuple[Tensor, Tensor, int]:
+    """Left-padded [B, P] ids and mask; prompts longer than ``sampling.max_prompt_length`` keep their last tokens."""
+    encoded = encode_prompts(tokenizer, prompts, sampling)
+    limit = sampling.max_prompt_length
+    too_long = [ids for ids in encoded if limit and len(ids) > limit]
+    if limit:
+        encoded = [ids[-limit:] for ids in encoded]
+    ids, mask = pad_rows(encoded, tokenizer.pad_token_id, left=True)
+    return ids, mask, len(too_long)
+
+
+PER_TOKEN_VISION = ("token_type_ids", "mm_token_type_ids")  # per-token fields (Gemma 3 ...): not carried yet
+
+
+def tokenize_image_prompts(
+    processor: Any, prompts: list[Prompt], images: list[list[Any]], sampling: SamplingConfig
+) -> tuple[Tensor, Tensor, dict[str, list[Tensor]]]:
+    """Left-padded [B, P] ids (the processor's image tokens in them) and mask, and the vision inputs of each prompt
+    (name -> [B] tensors, its images along dim 0), each prompt processed with its own images as TRL 1.16 does
+    (``prepare_multimodal_messages``, then the processor's chat template). A prompt is never cut: cutting would
+    drop image tokens that its images fill."""
+    from trl.data_utils import prepare_multimodal_messages
+
+    encoded, vision = [], {}
+    for prompt, row in zip(prompts, images):
+        messages = [{"role": "user", "content": prompt}] if isinstance(prompt, str) else prompt
+        messages = prepare_multimodal_messages(messages, images=[open_image(x) for x in row])
+        out = processor.apply_chat_template(
+            [messages],
+            add_generation_prompt=True,
+            tokenize=True,
+            return_dict=True,
+            return_tensors="pt",
+            **(sampling.chat_template_kwargs or {}),
+        )
+        encoded.append(out["input_ids"][0].tolist())
+        for name, value in out.items():
+            if name in PER_TOKEN_VISION:
+                raise ValueError(
+                    f"the processor returns per-token {name!r}: such vision-language models are not supported yet"
+                )
+            if name not in ("input_ids", "attention_mask") and isinstance(value, Tensor):
+                vision.setdefault(name, []).append(value)
+    _check_image_prompts(encoded, vision, sampling.max_prompt_length)
+    ids, mask = pad_rows(encoded, processor.tokenizer.pad_token_id, left=True)
+    return ids, mask, vision
+
+
+def _check_image_prompts(encoded: list[list[int]], vision: dict[str, list[Tensor]], limit: int | None) -> None:
+    longest = max(len(ids) for ids in encoded)
+    if limit and longest > limit:
+        raise ValueError(
+            f"a prompt with images is {longest} tokens (its image tokens included), longer than "
+            f"sampling.max_prompt_length={limit}, and cutting it would drop image tokens: raise it or set it to null"
+        )
+    if any(len(per_row) != len(encoded) for per_row in vision.values()):
+        raise ValueError("a batch mixes prompts with and without images: give every row of an image dataset an image")
