@@ -29,4 +29,4 @@ __all__ = [
     "grpo_loss",
     "group_advantages",
 ]
-__version__ = "0.1.0"
+__version__ = "0.2.0"
