@@ -249,3 +249,27 @@ def test_tests_mirror_the_package_folders():
         if p.is_dir() and "__pycache__" not in p.parts and "vllm_stand_in" not in p.parts
     }
     assert not test_dirs - package_dirs - {"multiprocess"}, sorted(test_dirs - package_dirs - {"multiprocess"})
+
+
+def test_the_engine_interface_is_what_the_module_and_settings_call():
+    """``RolloutEngine`` stays narrow: what a wrapper asks of the engine inside it is a protocol of its own
+    (``TokenSampler``: the agent endpoint's; ``ServedWeights``: sampling ahead over servers), checked by type."""
+    from lightning_grpo.engines import (
+        AsyncRollouts,
+        HFGenerate,
+        LeanDecode,
+        OpenAIAgent,
+        RolloutEngine,
+        ServedWeights,
+        TokenSampler,
+        VLLMColocate,
+        VLLMServer,
+    )
+
+    members = [name for name in vars(RolloutEngine) if not name.startswith("_")]
+    assert len(members) <= 14, members
+    assert not {"complete", "complete_episodes", "before_requests", "served_metrics"} & set(members)
+    assert not {"serving", "serve_as", "weights_outside"} & set(members)
+    assert all(issubclass(e, TokenSampler) for e in (HFGenerate, LeanDecode, VLLMColocate, VLLMServer))
+    assert issubclass(VLLMServer, ServedWeights) and not issubclass(VLLMColocate, ServedWeights)
+    assert not issubclass(OpenAIAgent, TokenSampler) and not issubclass(AsyncRollouts, TokenSampler)

@@ -19,15 +19,20 @@ folder per family; every public name is exported here (``lightning_grpo.engines.
 - ``asynchronous/``: ``AsyncRollouts``, any of these in a producer process, sampling ahead of the trainer
   (``max_staleness``).
 
-What they share, beside the families: ``base.py``, the interface they implement (``RolloutEngine``) and the record
-a training step gets back (``Sampled``); ``config.py``, the ``sampling:`` section (``SamplingConfig``);
-``prompts.py``, prompts to token ids; ``rollout.py``, sampled ids to a ``Rollout``; ``choice.py``, the default
-engine and the one a vision-language policy needs. This file only hands their names on.
+What they share, beside the families:
+- ``base.py``: the interface they implement (``RolloutEngine``), the record a training step gets back
+  (``Sampled``), and what a wrapper asks of the engine inside it (``TokenSampler`` for ``OpenAIAgent``,
+  ``ServedWeights`` for ``AsyncRollouts``);
+- ``config.py``: the ``sampling:`` section (``SamplingConfig``); ``prompts.py``: prompts to token ids;
+  ``rollout.py``: sampled ids to a ``Rollout``; ``choice.py``: the default engine, and the one a vision-language
+  policy needs.
+
+This file only hands their names on.
 """
 
 from lightning_grpo.engines.agents import OpenAIAgent, SkyRLGymAgent, agent_reward
 from lightning_grpo.engines.asynchronous import AsyncRollouts
-from lightning_grpo.engines.base import RolloutEngine, Sampled
+from lightning_grpo.engines.base import RolloutEngine, Sampled, ServedWeights, TokenSampler
 from lightning_grpo.engines.choice import default_engine, engine_for
 from lightning_grpo.engines.config import SamplingConfig
 from lightning_grpo.engines.decode import HFGenerate, LeanDecode
@@ -52,9 +57,11 @@ __all__ = [
     "RolloutFunction",
     "Sampled",
     "SamplingConfig",
+    "ServedWeights",
     "SkyRLGymAgent",
     "ToolCall",
     "ToolCalling",
+    "TokenSampler",
     "VLLMColocate",
     "VLLMServer",
     "agent_reward",

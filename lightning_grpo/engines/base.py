@@ -62,19 +62,6 @@ class RolloutEngine:
         with) and returns what it cannot honour together, one message each naming the settings."""
         return []
 
-    weights_outside = False
-    """Whether the engine samples from weights held outside the trainer's processes (vLLM servers), which
-    ``sync_weights`` moves there: sampling ahead (``AsyncRollouts``), a push then waits until the batches
-    submitted are sampled, and each request carries ``serving()`` to the producer's copy of the engine."""
-
-    def serving(self) -> Any:
-        """What a copy of this engine in another process (``AsyncRollouts``' producer) needs to sample as this
-        one would now (servers: the live ones and the model version served); ``None`` by default."""
-        return None
-
-    def serve_as(self, serving: Any) -> None:
-        """The copy of the engine in another process takes ``serving()`` of the one in the trainer."""
-
     def model_problems(self, model: str | nn.Module, init_kwargs: dict[str, Any] | None) -> list[str]:
         """Why this engine cannot serve ``model`` (a name, path or built model; ``init_kwargs``: the policy's
         ``model_init_kwargs``), read from its config before any weight loads (vLLM-CPU: its head size)."""
@@ -101,39 +88,6 @@ class RolloutEngine:
         ``columns`` are the prompts' other dataset columns (name -> [B] values), for engines that need the rows
         (environments reset from them); single-turn engines ignore them."""
         raise NotImplementedError
-
-    def before_requests(self, policy: Policy) -> None:
-        """Called on every rank before a rollout's ``complete`` calls, which the agent endpoint makes only as its
-        agents ask (a rank whose agents ask nothing makes none): an engine whose first weight push is a collective
-        of the ranks (``VLLMServer``) makes it here, where every rank is."""
-
-    def complete(
-        self, policy: Policy, contexts: list[list[int]], budgets: list[int], sampling: SamplingConfig, greedy: bool
-    ) -> list[tuple[list[int], list[float] | None]]:
-        """Token ids in, token ids out, for the agent endpoint (``engines.OpenAIAgent``): one continuation of each
-        context, at most its budget of tokens, cut after the first EOS, with the sampler's log-prob of each sampled
-        token (``None`` where this engine cannot give them). Sampled as ``generate`` samples."""
-        raise NotImplementedError(
-            f"{type(self).__name__} cannot serve the agent endpoint: it has no complete(); use HFGenerate or LeanDecode"
-        )
-
-    def complete_episodes(
-        self,
-        policy: Policy,
-        contexts: list[list[int]],
-        budgets: list[int],
-        sampling: SamplingConfig,
-        greedy: bool,
-        episodes: list[str],
-    ) -> list[tuple[list[int], list[float] | None]]:
-        """``complete`` told which agent episode each context continues (``OpenAIAgent`` calls this): an engine
-        over several servers keeps an episode's turns on one, where its prefix is cached; others ignore it."""
-        return self.complete(policy, contexts, budgets, sampling, greedy)
-
-    def served_metrics(self) -> dict[str, float]:
-        """What the engine measured of its pushes and servers since last asked, for a rollout that ``complete``
-        served (``OpenAIAgent``'s): ``vllm/*`` and ``servers/*`` entries; none by default."""
-        return {}
 
     def rollout(
         self, policy: Policy, batch: PromptBatch, num_generations: int, sampling: SamplingConfig
@@ -163,3 +117,54 @@ class RolloutEngine:
 
     def teardown(self) -> None:
         """Release what the engine started (processes) at the end of a fit."""
+
+
+class TokenSampler(RolloutEngine):
+    """An engine that also serves the agent endpoint (``engines.OpenAIAgent``'s ``sampler``): token ids in, token
+    ids out, one turn at a time, as its agents ask. ``OpenAIAgent`` takes only such an engine (``isinstance``);
+    HFGenerate, LeanDecode, VLLMColocate and VLLMServer are."""
+
+    def before_requests(self, policy: Policy) -> None:
+        """Called on every rank before a rollout's ``complete`` calls, which the agent endpoint makes only as its
+        agents ask (a rank whose agents ask nothing makes none): an engine whose first weight push is a collective
+        of the ranks (``VLLMServer``) makes it here, where every rank is."""
+
+    def complete(
+        self, policy: Policy, contexts: list[list[int]], budgets: list[int], sampling: SamplingConfig, greedy: bool
+    ) -> list[tuple[list[int], list[float] | None]]:
+        """Token ids in, token ids out, for the agent endpoint (``engines.OpenAIAgent``): one continuation of each
+        context, at most its budget of tokens, cut after the first EOS, with the sampler's log-prob of each sampled
+        token (``None`` where this engine cannot give them). Sampled as ``generate`` samples."""
+        raise NotImplementedError
+
+    def complete_episodes(
+        self,
+        policy: Policy,
+        contexts: list[list[int]],
+        budgets: list[int],
+        sampling: SamplingConfig,
+        greedy: bool,
+        episodes: list[str],
+    ) -> list[tuple[list[int], list[float] | None]]:
+        """``complete`` told which agent episode each context continues (``OpenAIAgent`` calls this): an engine
+        over several servers keeps an episode's turns on one, where its prefix is cached; others ignore it."""
+        return self.complete(policy, contexts, budgets, sampling, greedy)
+
+    def served_metrics(self) -> dict[str, float]:
+        """What the engine measured of its pushes and servers since last asked, for a rollout that ``complete``
+        served (``OpenAIAgent``'s): ``vllm/*`` and ``servers/*`` entries; none by default."""
+        return {}
+
+
+class ServedWeights(RolloutEngine):
+    """An engine that samples from weights held outside the trainer's processes (vLLM servers), which
+    ``sync_weights`` moves there. Sampling ahead (``AsyncRollouts``, which asks ``isinstance``), a push waits until
+    the batches submitted are sampled, and each request carries ``serving()`` to the producer's copy."""
+
+    def serving(self) -> Any:
+        """What a copy of this engine in another process (``AsyncRollouts``' producer) needs to sample as this
+        one would now (servers: the live ones and the model version served)."""
+        raise NotImplementedError
+
+    def serve_as(self, serving: Any) -> None:
+        """The copy of the engine in another process takes ``serving()`` of the one in the trainer."""

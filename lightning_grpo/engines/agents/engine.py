@@ -27,7 +27,7 @@ from typing_extensions import override
 
 from lightning_grpo.engines.agents.endpoint import Endpoint, Refusal, Request
 from lightning_grpo.engines.agents.served import ServedEpisode, template_message
-from lightning_grpo.engines.base import RolloutEngine
+from lightning_grpo.engines.base import RolloutEngine, TokenSampler
 from lightning_grpo.engines.config import SamplingConfig
 from lightning_grpo.engines.decode.hf import HFGenerate
 from lightning_grpo.engines.multiturn.episodes import EpisodeStats
@@ -87,7 +87,7 @@ class OpenAIAgent(RolloutEngine):
         agent_argument: Literal[AGENT_ARGUMENTS] = "client",
         timeout: float | None = 120.0,
         on_error: Literal[ON_ERROR] = "zero",
-        sampler: RolloutEngine | None = None,
+        sampler: TokenSampler | None = None,
         parser: Any = None,
         batch_wait: float = 0.05,
         port: int = 0,
@@ -106,9 +106,9 @@ class OpenAIAgent(RolloutEngine):
         self.timeout, self.on_error, self.batch_wait = timeout, on_error, batch_wait
         self.agent_argument, self._client = agent_argument, None
         self.sampler = sampler or HFGenerate()
-        if getattr(type(self.sampler), "complete", RolloutEngine.complete) is RolloutEngine.complete:
+        if not isinstance(self.sampler, TokenSampler):
             raise ValueError(
-                f"sampler must be an engine that serves the endpoint (with its own complete()): HFGenerate, "
+                f"sampler must be an engine that serves the endpoint (an engines.base.TokenSampler): HFGenerate, "
                 f"LeanDecode, VLLMColocate or VLLMServer, got {type(self.sampler).__name__}"
             )
         self.parser = parser or HermesParser()

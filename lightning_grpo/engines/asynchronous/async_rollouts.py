@@ -25,7 +25,7 @@ split over the live servers or through the router, a failed one sent to another)
 each update to every server. The servers hold one version of the weights, so a push first waits until every batch
 submitted has been sampled (each is still sampled by exactly the weights of its submission); the overlap is the
 training on batch t - k while batch t is sampled. Each request tells the producer the live servers and the model
-version served (``RolloutEngine.serving``); the servers' log-probs are kept at k = 0 too.
+version served (``ServedWeights.serving``); the servers' log-probs are kept at k = 0 too.
 
 Checkpoints save the queue's content: the rollouts in flight are awaited and saved with their batches (every
 rank's), so a resumed run trains on what the uninterrupted one would have; their producer scores are not saved:
@@ -50,7 +50,7 @@ from torch import nn
 from typing_extensions import override
 
 from lightning_grpo.engines.asynchronous.producer import Produced, Request, WeightsMailbox, produce
-from lightning_grpo.engines.base import RolloutEngine, Sampled
+from lightning_grpo.engines.base import RolloutEngine, Sampled, ServedWeights, TokenSampler
 from lightning_grpo.engines.config import SamplingConfig
 from lightning_grpo.engines.decode.lean import LeanDecode
 from lightning_grpo.model.policy import Policy
@@ -164,7 +164,7 @@ class AsyncRollouts(RolloutEngine):
         sharded = is_sharded(model)
         state = full_state_dict(model, every_rank=True, trained_only=True) if sharded else model.state_dict()
         start = time.perf_counter()
-        if self.engine.weights_outside:  # the servers hold one version: what was submitted is sampled first
+        if isinstance(self.engine, ServedWeights):  # the servers hold one version: what was submitted is sampled first
             while self.pending:
                 self.ready.append(self._receive())
             self.engine.sync_weights(policy)
@@ -182,7 +182,7 @@ class AsyncRollouts(RolloutEngine):
                 "rollout_engine AsyncRollouts samples on CPU from a copy of the policy, got a policy on "
                 f"{policy.device}: on GPU use VLLMServer, or trainer.accelerator: cpu"
             )
-        if self.engine.weights_outside:  # the servers get the policy's weights before the producer asks them
+        if isinstance(self.engine, ServedWeights):  # the servers get the policy's weights before the producer asks them
             self.engine.sync_weights(policy)
         model = policy.model
         if is_sharded(model):
@@ -207,8 +207,10 @@ class AsyncRollouts(RolloutEngine):
         if self.rewards is not None:  # what the trainer would pass if it scored now, as TRL does
             t = self.trainer
             state = trl_trainer_state(t.global_step, t.max_steps, t.current_epoch)
-        logps = k > 0 or self.engine.weights_outside  # a server's own log-probs: its kernels are not the trainer's
-        request = Request(batch, self.version, torch.get_rng_state(), salt, logps, state, self.engine.serving())
+        outside = isinstance(self.engine, ServedWeights)
+        logps = k > 0 or outside  # a server's own log-probs: its kernels are not the trainer's
+        serving = self.engine.serving() if outside else None
+        request = Request(batch, self.version, torch.get_rng_state(), salt, logps, state, serving)
         self.requests.put(request)
         self.pending.append(self.version)
         self.submitted += 1
@@ -243,7 +245,7 @@ class AsyncRollouts(RolloutEngine):
             torch.set_rng_state(answer.rng_state)
         rollout.versions = torch.full((len(rollout),), answer.version)  # [N]
         now = time.perf_counter()
-        served = self.engine.served_metrics()  # the trainer's engine's pushes; the producer's requests win
+        served = self.engine.served_metrics() if isinstance(self.engine, TokenSampler) else {}  # its pushes'
         rollout.metrics = {**served, **rollout.metrics, **self._metrics(answer, now - self.last_receive)}
         self.last_receive, self.waited_s = now, 0.0
         return Sampled(rollout, answer.batch, answer.scores, self.version)

@@ -167,7 +167,8 @@ def sample(
     if request.salt:
         torch.manual_seed(int(torch.randint(0, 2**62, (1,))) + request.salt)
     batch = request.batch
-    engine.serve_as(request.serving)
+    if request.serving is not None:  # a ServedWeights engine: the servers live now, the model version served
+        engine.serve_as(request.serving)
     rollout = engine.generate(policy, batch.prompts, num_generations, sampling, False, columns=batch.columns)
     if not request.sampling_logps:
         rollout.sampling_logps = None  # k = 0: the synchronous path's rollout

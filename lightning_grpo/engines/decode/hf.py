@@ -16,7 +16,7 @@ import torch
 from torch import Tensor
 from typing_extensions import override
 
-from lightning_grpo.engines.base import RolloutEngine
+from lightning_grpo.engines.base import TokenSampler
 from lightning_grpo.engines.config import SamplingConfig
 from lightning_grpo.engines.decode.sampling import drawn_logps
 from lightning_grpo.engines.prompts import tokenize_image_prompts, tokenize_prompts
@@ -32,7 +32,7 @@ from lightning_grpo.model.policy import Policy
 from lightning_grpo.types import Prompt, Rollout, pad_rows, vision_rows
 
 
-class HFGenerate(RolloutEngine):
+class HFGenerate(TokenSampler):
     """``policy.model.generate``: one batched call for all B * G completions.
 
     Args:

@@ -30,7 +30,7 @@ from torch import Tensor, nn
 from transformers import DynamicCache, cache_utils
 from typing_extensions import override
 
-from lightning_grpo.engines.base import RolloutEngine
+from lightning_grpo.engines.base import TokenSampler
 from lightning_grpo.engines.config import SamplingConfig
 from lightning_grpo.engines.decode.fused import FusedDecodeStep, fusable, fused_projections
 from lightning_grpo.engines.decode.graphed import GraphedDecodeStep, graphable
@@ -55,7 +55,7 @@ RECURRENT_LAYERS = getattr(cache_utils, "LinearAttentionCacheLayerMixin", ())
 STOP_CHECK_EVERY = 8
 
 
-class LeanDecode(RolloutEngine):
+class LeanDecode(TokenSampler):
     """A sampling loop over the policy's forward with its KV cache; ``generate``'s sampling distribution.
 
     Args:

@@ -22,7 +22,7 @@ from typing import Any
 import torch
 from typing_extensions import override
 
-from lightning_grpo.engines.base import RolloutEngine
+from lightning_grpo.engines.base import TokenSampler
 from lightning_grpo.engines.config import SamplingConfig
 from lightning_grpo.engines.prompts import tokenize_prompts
 from lightning_grpo.engines.rollout import cut_turns, sampled_rollout
@@ -75,7 +75,7 @@ def sampling_params(sampling: SamplingConfig, n: int, greedy: bool) -> dict[str,
     }
 
 
-class VLLMColocate(RolloutEngine):
+class VLLMColocate(TokenSampler):
     """A vLLM engine inside this training process, sharing its GPU (or its CPU cores) with training.
 
     Built in ``setup`` once ``torch.distributed`` is up. On GPUs, with ``RANK``, ``LOCAL_RANK`` and ``WORLD_SIZE``

@@ -28,7 +28,7 @@ import torch.distributed as dist
 from lightning.pytorch.utilities import rank_zero_warn
 from typing_extensions import override
 
-from lightning_grpo.engines.base import RolloutEngine
+from lightning_grpo.engines.base import ServedWeights, TokenSampler
 from lightning_grpo.engines.config import SamplingConfig
 from lightning_grpo.engines.prompts import tokenize_prompts
 from lightning_grpo.engines.rollout import cut_turns, sampled_rollout
@@ -57,7 +57,7 @@ WEIGHT_TRANSFERS = {
 WeightTransfer = Literal[tuple(WEIGHT_TRANSFERS)]
 
 
-class VLLMServer(RolloutEngine):
+class VLLMServer(TokenSampler, ServedWeights):
     """Completions from a vLLM server serving the same model as ``model``, started with ``--logprobs-mode
     processed_logprobs`` (log-probs after temperature and the filters: the trainer's when no filter is on) or
     ``raw_logprobs`` (before temperature: the trainer's at temperature 1), said by ``logprobs_mode``; a correction
@@ -170,8 +170,6 @@ class VLLMServer(RolloutEngine):
     def adopt(self, sampling: SamplingConfig, correction: str | None) -> list[str]:
         """Refuses a correction the server's log-probs (``logprobs_mode``) cannot serve under ``sampling``."""
         return mode_problems(type(self).__name__, sampling, correction, self.logprobs_mode)
-
-    weights_outside = True
 
     @override
     def serving(self) -> tuple[list[int], str | None, dict[int, float | None]]:
