@@ -206,6 +206,11 @@ TESTED_WITH = {
     "sandbox/isolation.py": ["sandbox/test_runner.py", "sandbox/test_runner_adversarial.py"],
     "sandbox/records.py": ["sandbox/test_runner.py", "rewards/test_code_execution.py", "sandbox/test_supervise.py"],
     "targets/config.py": ["targets/test_build.py"],
+    "types/host.py": ["test_types.py", "test_host_syncs.py"],
+    "types/records.py": ["test_types.py", "engines/test_rollout.py"],
+    "types/signal.py": ["test_types.py", "test_advantages.py"],
+    "types/stats.py": ["test_types.py", "test_metrics.py"],
+    "types/text.py": ["rewards/test_correctness.py"],
 }
 TESTS_DIR = Path(__file__).parent
 

@@ -102,18 +102,18 @@ def reads(request, tiny_model_dir, arith_jsonl, tmp_path_factory) -> CountReads:
 def test_the_steps_statistics_are_read_once(reads):
     """Every metric of the step (rewards, lengths, loss, clip ratios, KL, grad norm, tokens seen) in one read:
     ``types.to_host``. Before, each was read on its own."""
-    where = {w: n for w, n in reads.counts.items() if w.startswith(("metrics.py", "loss/", "types.py"))}
-    assert where == {"types.py:to_host": 1, "types.py:read": 1}, where  # read: the rollout's rows (below)
+    where = {w: n for w, n in reads.counts.items() if w.startswith(("metrics.py", "loss/", "types/"))}
+    assert where == {"types/host.py:to_host": 1, "types/host.py:read": 1}, where  # read: the rollout's rows (below)
 
 
 def test_a_step_outside_the_decode_loop_reads_the_device_a_handful_of_times(reads):
     """What is left outside the rollout engine, each where the step cannot go on without the answer:
-    - ``types.py:read``: the rollout's rows, once (``Rollout.host``): the texts and ids the rewards read, and the
+    - ``types/host.py:read``: the rollout's rows, once (``Rollout.host``): the texts and ids the rewards read, and the
       lengths that the micro-batch plan, the columns each forward keeps, the prompts it encodes once, the count of
       its completion tokens and whether its masks hold padding are decided from on the host;
     - ``targets/build.py:step_fault``: whether the optimiser step may be taken (rewards, advantages and the
       gradient norm finite), once, after the step's backward passes;
-    - ``types.py:to_host``: the step's statistics, together, at its end.
+    - ``types/host.py:to_host``: the step's statistics, together, at its end.
     Measured: 65 before the statistics were read together and per-row reads batched, 19 before the rollout's rows
     were read once (each forward read its columns and prompt runs, the normaliser its counts, the guards their
     flags; boolean indexing in the log-prob forward and the clip-ratio extremes was not counted then, 7 more, and
@@ -122,8 +122,8 @@ def test_a_step_outside_the_decode_loop_reads_the_device_a_handful_of_times(read
     outside = reads.outside("engines/")
     assert sorted(outside.items()) == [
         ("targets/build.py:step_fault", 1),
-        ("types.py:read", 1),
-        ("types.py:to_host", 1),
+        ("types/host.py:read", 1),
+        ("types/host.py:to_host", 1),
     ]
 
 

@@ -1,4 +1,4 @@
-"""types.py: the shared reward rules (one weighted sum, one zero-signal rule) and Rollout's own bookkeeping."""
+"""types/: the shared reward rules (one weighted sum, one zero-signal rule), Rollout's own bookkeeping, HostRows."""
 
 import pytest
 import torch
