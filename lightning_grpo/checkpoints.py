@@ -1,5 +1,6 @@
-"""Checkpoint files on disk: written atomically, checked before a resume, found across a run's versions. Knows
-Lightning's ``CheckpointIO`` plugin API and files; nothing about GRPO.
+"""Checkpoint files on disk: written atomically, checked before a resume, found across a run's versions; and what a
+checkpoint keeps of a run beyond its weights (``save_run_state``). Knows Lightning's ``CheckpointIO`` plugin API,
+files and the ranks; nothing of the GRPO math.
 
 A checkpoint is written next to its final name (``.last.ckpt.tmp-<pid>`` in the same directory, hence the same
 filesystem), flushed to the disk (``fsync``), then renamed over the final name, and the directory entry is flushed
@@ -28,6 +29,8 @@ import torch
 from lightning.fabric.utilities.cloud_io import get_filesystem
 from lightning.pytorch.plugins.io import TorchCheckpointIO
 from typing_extensions import override
+
+from lightning_grpo.ranks import every_rank, own_state
 
 
 def _fsync_dir(path: Path) -> None:
@@ -134,3 +137,25 @@ def last_readable(candidates: list[Path]) -> tuple[Path | None, list[str]]:
             return path, skipped
         skipped.append(f"{path}: {why}")
     return None, skipped
+
+
+def save_run_state(checkpoint: dict[str, Any], counters: Any, entropy: Any, engine: Any, groups: Any) -> None:
+    """What a checkpoint keeps of a run beyond its weights and optimiser: the step counters, the adaptive entropy
+    coefficient, and each rank's own rollouts sampled ahead (``engine``) and ``filter_groups``' groups waiting for
+    an update (``groups``), gathered in one collective."""
+    checkpoint["grpo_counters"] = counters.state_dict()
+    checkpoint["entropy_controller"] = entropy.state_dict()
+    engines, buffers = zip(*every_rank((engine.state_dict(), groups.state_dict())))  # one gather
+    checkpoint["rollout_engine"] = {"ranks": list(engines)}  # rollouts sampled ahead
+    checkpoint["group_buffer"] = {"ranks": list(buffers)}  # filter_groups' groups waiting for an update
+
+
+def load_run_state(checkpoint: dict[str, Any], counters: Any, entropy: Any, engine: Any, groups: Any) -> None:
+    """``save_run_state``'s parts back, this rank's own where each rank saved its own."""
+    counters.load_state_dict(checkpoint.get("grpo_counters", {}))
+    if state := own_state(checkpoint.get("rollout_engine", {}), "rollout engine's queue"):
+        engine.load_state_dict(state)
+    if state := own_state(checkpoint.get("group_buffer", {}), "filter_groups buffer"):
+        groups.load_state_dict(state)
+    if "entropy_controller" in checkpoint:
+        entropy.load_state_dict(checkpoint["entropy_controller"])

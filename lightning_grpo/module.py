@@ -8,7 +8,6 @@ gradients over micro-batches. Every setting is checked by its section before any
 
 from __future__ import annotations
 
-import dataclasses
 import time
 from collections.abc import Callable, Sequence
 from typing import Any, Literal
@@ -16,16 +15,16 @@ from typing import Any, Literal
 import lightning as L
 import torch
 from lightning.pytorch.cli import OptimizerCallable
-from lightning.pytorch.utilities import rank_zero_warn
-from torch import Tensor, nn
+from torch import nn
 from typing_extensions import override
 
 from lightning_grpo.advantages import AdvantageConfig
+from lightning_grpo.checkpoints import load_run_state, save_run_state
 from lightning_grpo.engines import default_engine, engine_for
 from lightning_grpo.engines.base import RolloutEngine, Sampled
 from lightning_grpo.engines.config import SamplingConfig
 from lightning_grpo.groups import GroupBuffer
-from lightning_grpo.loss import LossConfig, LossOutput
+from lightning_grpo.loss import LossConfig
 from lightning_grpo.loss.config import DistillConfig
 from lightning_grpo.loss.entropy import EntropyController
 from lightning_grpo.metrics import (
@@ -40,38 +39,19 @@ from lightning_grpo.model.config import PolicyConfig
 from lightning_grpo.model.policy import Policy
 from lightning_grpo.model.teacher import TeacherModel
 from lightning_grpo.optim import OptimConfig, build_optimizer, scheduler
-from lightning_grpo.ranks import Ranks, destroy_process_group_at_exit, every_rank, own_state
+from lightning_grpo.ranks import Ranks, destroy_process_group_at_exit
 from lightning_grpo.rewards.calls import RewardCallConfig
 from lightning_grpo.rewards.combine import import_paths
 from lightning_grpo.rewards.scoring import RewardSet, trl_trainer_state
-from lightning_grpo.run import log_train_metrics, numerical_abort, optimizer_steps_of
+from lightning_grpo.run import log_train_metrics, optimizer_steps_of
 from lightning_grpo.seeding import seeded, step_seed
 from lightning_grpo.settings import GRPOSettings
-from lightning_grpo.targets import (
-    OptimiserStep,
-    Targets,
-    UpdateConfig,
-    build_targets,
-    entropy_cut,
-    optimiser_steps,
-    step_fault,
-)
+from lightning_grpo.targets import UpdateConfig, build_targets
 from lightning_grpo.targets.distill import dataset_rollout, no_reward, off_policy_step
 from lightning_grpo.types import PromptBatch, RewardScores, Rollout, StepRecord
+from lightning_grpo.update import TrainedStep, Update, grad_scaler
 
 PROGRESS_BAR = ("train/reward", "train/reward_std", "train/kl")
-
-
-@dataclasses.dataclass(frozen=True)
-class TrainedStep:
-    """A step that updated the weights, as ``_publish`` logs it and hands it to the callbacks."""
-
-    rollout: Rollout
-    scores: RewardScores  # this rank's
-    every_rank: Tensor  # [W*N, F] every rank's per-function rewards
-    targets: Targets  # settled: the correction's weights and mismatch
-    loss: LossOutput  # every rank's
-    extra: dict[str, float | Tensor]  # the filter's and the rollout's staleness metrics
 
 
 class GRPOModule(L.LightningModule):
@@ -175,7 +155,7 @@ class GRPOModule(L.LightningModule):
         self.entropy = EntropyController.from_config(s.loss)
         self.group_buffer = GroupBuffer.of(s.advantages, self.policy.tokenizer.pad_token_id, self.engine.max_staleness)
         self.counters = StepCounters()
-        self.grad_norm = torch.tensor(float("nan"))  # the last optimiser step's, before clipping: train/grad_norm
+        self.update = Update(self.targets, s.loss, s.update.num_iterations, s.optim.max_grad_norm, max_bad_steps)
 
     @override
     def setup(self, stage: str) -> None:
@@ -216,11 +196,11 @@ class GRPOModule(L.LightningModule):
         clock.lap("scoring")
         targets = build_targets(self.policy, rollout, scores, every_rank, self.targets, ranks)
         clock.lap("logprobs")
-        loss, taken, fault = self._update(rollout, targets, ranks)
+        loss, taken, fault = self.update.run(self, self.policy, rollout, targets, self.entropy)
         if fault is not None:
             if taken:  # the optimiser steps before the bad one moved the weights: the engine samples from them
                 self.engine.sync_weights(self.policy)
-            return self._skip_step(fault if not taken else f"{fault} (after {taken} optimiser step(s) of the update)")
+            return self.update.skip(self, self.counters, fault, taken)
         targets = targets.settled(ranks)
         clock.lap("update")
         self.engine.sync_weights(self.policy)
@@ -240,14 +220,12 @@ class GRPOModule(L.LightningModule):
 
     def _publish(self, step: TrainedStep, ranks: Ranks, start: float) -> dict[str, Any]:
         """Log the step's metrics and return its record for the callbacks."""
-        update = step.loss.stats(self.grad_norm, self.settings.loss.top_entropy_quantile < 1)
+        update = step.loss.stats(self.update.grad_norm, self.settings.loss.top_entropy_quantile < 1)
         lr = self.optimizers().param_groups[0]["lr"]
         extra = step.extra | step.targets.metrics() | self.entropy.metrics()
         seconds, lengths = time.perf_counter() - start, ranks.lengths(step.rollout)
         values = StepValues(step.rollout, step.scores, step.every_rank, lengths, update, lr, seconds, extra)
-        stats = step_stats(values, self.counters, self.rewards.accuracy)
-        distill = step.targets.distill.stats if step.targets.distill is not None else None
-        stats = dataclasses.replace(stats, mismatch=step.targets.mismatch, distill=distill)  # typed, for the alerts
+        stats = step.targets.typed(step_stats(values, self.counters, self.rewards.accuracy))
         log_train_metrics(self, {f"train/{k}": v for k, v in stats.metrics().items()}, PROGRESS_BAR)
         record = StepRecord(step.rollout, step.scores, step.targets.advantages, stats)
         return {"loss": torch.tensor(stats.update.loss), "record": record}
@@ -264,66 +242,10 @@ class GRPOModule(L.LightningModule):
             self.log("train/filter_groups/num_gen_batches", float(buffer.num_gen_batches), batch_size=1)
         return filtered
 
-    def _update(self, rollout: Rollout, targets: Targets, ranks: Ranks) -> tuple[LossOutput | None, int, str | None]:
-        """``num_iterations`` passes over the generation batch's optimiser steps: the last step's loss, the steps
-        taken, and why the update ended early (a step that was not taken), if it did."""
-        steps, loss, taken = optimiser_steps(targets, self.targets, ranks), None, 0
-        for _ in range(self.settings.update.num_iterations):
-            for step in steps:
-                loss, fault = self._optimizer_step(rollout, targets, step)
-                if fault is not None:
-                    return None, taken, fault
-                taken += 1
-        return loss, taken, None
-
-    def _optimizer_step(
-        self, rollout: Rollout, targets: Targets, step: OptimiserStep
-    ) -> tuple[LossOutput | None, str | None]:
-        """One optimiser step over ``step``'s rows, gradients accumulated across micro-batches: its loss, or why it
-        was not taken (rewards, advantages or gradients that are not finite)."""
-        optimizer, total, quantile = self.optimizers(), None, self.settings.loss.top_entropy_quantile
-        cut = entropy_cut(self.policy, rollout, targets, step, quantile, Ranks(self.trainer))  # the step's threshold
-        optimizer.zero_grad()
-        for rows in step.micro_batches:
-            token = self.policy.train_logps(rollout, rows, entropy_grad=self.entropy.enabled)
-            out = targets.loss(token, rows, step.normalizer, self.settings.loss, self.entropy.coef_to_apply(), cut)
-            out.loss = out.loss + targets.distill_loss(self.policy, rollout, rows, step.normalizer)  # gkd's term
-            self.manual_backward(out.loss + self.policy.aux_loss(token, step.normalizer.num_sequences))
-            self.entropy.observe(out.trained_entropy, out.trained_tokens)
-            out = dataclasses.replace(out, loss=out.loss.detach())
-            total = out if total is None else total + out
-        # fp16 AMP: gradients are unscaled inside optimizer.step (clipped there, in on_before_optimizer_step), and
-        # the GradScaler skips steps with overflowing gradients and lowers its scale by itself
-        fault = step_fault(targets.faults, None if self._grad_scaler() else self._clip_gradients())
-        if fault is not None:
-            optimizer.zero_grad()
-            return None, fault
-        optimizer.step()
-        self.lr_schedulers().step()
-        self.entropy.update(Ranks(self.trainer).sum)  # the adaptive bonus moves once per optimiser step
-        self.policy.after_optimizer_step(self.global_step)
-        return total, None
-
     @override
     def on_before_optimizer_step(self, optimizer: torch.optim.Optimizer) -> None:
-        if self._grad_scaler() is not None:  # the fp16 GradScaler has just unscaled the gradients
-            self._clip_gradients()
-
-    def _grad_scaler(self) -> Any:
-        return getattr(self.trainer.precision_plugin, "scaler", None)
-
-    def _clip_gradients(self) -> Tensor:
-        self.grad_norm = self.policy.clip_gradients(self.settings.optim.max_grad_norm, self.trainer.strategy)
-        return self.grad_norm
-
-    def _skip_step(self, reason: str) -> None:
-        """Skip an optimiser step with a warning; ``max_bad_steps`` in a row stop training, a checkpoint kept."""
-        in_a_row = self.counters.bad_step()
-        self.log("train/skipped_steps", float(self.counters.skipped_steps), on_step=True, batch_size=1)
-        if in_a_row < self.settings.max_bad_steps:
-            rank_zero_warn(f"GRPO step skipped at global step {self.global_step}: {reason}")
-            return None
-        raise numerical_abort(self.trainer, f"{in_a_row} GRPO steps in a row skipped ({reason})")
+        if grad_scaler(self.trainer) is not None:  # the fp16 GradScaler has just unscaled the gradients
+            self.update.clip(self.policy, self.trainer)
 
     # ---- sampling, scoring, held-out evaluation -----------------------------------------------------------
 
@@ -373,29 +295,19 @@ class GRPOModule(L.LightningModule):
 
     @override
     def configure_optimizers(self) -> dict[str, Any]:
-        s, amp = self.settings, self._grad_scaler() is not None
+        s, amp = self.settings, grad_scaler(self.trainer) is not None
         optimizer = build_optimizer(self.policy.model, s.optim, self.optimizer_factory, amp)
         steps = optimizer_steps_of(self.trainer, s.update.optimizer_steps_per_batch)
-        schedule = {"scheduler": scheduler(optimizer, s.optim, steps), "interval": "step"}  # stepped in _optimizer_step
+        schedule = {"scheduler": scheduler(optimizer, s.optim, steps), "interval": "step"}  # stepped by Update
         return {"optimizer": optimizer, "lr_scheduler": schedule}
 
     @override
     def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
-        checkpoint["grpo_counters"] = self.counters.state_dict()
-        checkpoint["entropy_controller"] = self.entropy.state_dict()
-        engines, buffers = zip(*every_rank((self.engine.state_dict(), self.group_buffer.state_dict())))  # one gather
-        checkpoint["rollout_engine"] = {"ranks": list(engines)}  # rollouts sampled ahead
-        checkpoint["group_buffer"] = {"ranks": list(buffers)}  # filter_groups' groups waiting for an update
+        save_run_state(checkpoint, self.counters, self.entropy, self.engine, self.group_buffer)
 
     @override
     def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
-        self.counters.load_state_dict(checkpoint.get("grpo_counters", {}))
-        if engine := own_state(checkpoint.get("rollout_engine", {}), "rollout engine's queue"):
-            self.engine.load_state_dict(engine)
-        if buffer := own_state(checkpoint.get("group_buffer", {}), "filter_groups buffer"):
-            self.group_buffer.load_state_dict(buffer)
-        if "entropy_controller" in checkpoint:
-            self.entropy.load_state_dict(checkpoint["entropy_controller"])
+        load_run_state(checkpoint, self.counters, self.entropy, self.engine, self.group_buffer)
 
     def save_pretrained(self, path: str, merged: bool = False) -> None:
         """The policy and tokenizer in Hugging Face format: ``AutoModelForCausalLM.from_pretrained(path)``.

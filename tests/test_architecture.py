@@ -35,7 +35,8 @@ LAYERS = {
     "groups": 4,  # the groups an update trains on: DAPO's dynamic sampling
     "run": 4,  # the run directory, its checkpoint, logging a step
     "seeding": 0,  # the seed of each step
-    "checkpoints": 4,  # checkpoint files: atomic writes, readable, found across versions
+    "checkpoints": 4,  # checkpoint files: atomic writes, readable, found across versions; a run's own state
+    "update": 4,  # the optimiser steps of a generation batch, planned and driven
     "settings": 5,
     "module": 5,
     "callbacks": 6,
@@ -206,6 +207,7 @@ TESTED_WITH = {
     "sandbox/isolation.py": ["sandbox/test_runner.py", "sandbox/test_runner_adversarial.py"],
     "sandbox/records.py": ["sandbox/test_runner.py", "rewards/test_code_execution.py", "sandbox/test_supervise.py"],
     "targets/config.py": ["targets/test_build.py"],
+    "update.py": ["test_module.py", "targets/test_build.py", "test_host_syncs.py"],
     "types/host.py": ["test_types.py", "test_host_syncs.py"],
     "types/records.py": ["test_types.py", "engines/test_rollout.py"],
     "types/signal.py": ["test_types.py", "test_advantages.py"],

@@ -2,23 +2,21 @@
 
 Every function takes ``(prompts, completions, completion_ids, **columns)`` (all by keyword, unknown keywords
 ignored), accepts plain-text and chat completions, and returns one ``float`` or ``None`` per completion.
+
+Exported here is what a user names: the functions and their classes, ``combine`` / ``weighted`` / ``preset``
+(``PRESETS``), ``slow_reward``, ``reward_name`` (what a reward is logged as), ``RewardModel``, and the text
+helpers for writing one's own reward (``completion_text``, ``answer_text``, ``extract_code``). The machinery
+(scoring, the convention's checks, the sandbox) is imported from its own module.
 """
 
 from lightning_grpo.rewards.code_execution import CodeExecutionReward, code_execution_reward
 from lightning_grpo.rewards.combine import (
-    CODE_GENERATION_REWARDS,
-    MATH_REASONING_REWARDS,
     PRESETS,
-    QA_REWARDS,
-    SUMMARIZATION_REWARDS,
-    AsyncWeighted,
-    Combined,
-    Weighted,
     combine,
     preset,
     weighted,
 )
-from lightning_grpo.rewards.convention import RewardFunc, is_async_reward, reward_name, slow_reward
+from lightning_grpo.rewards.convention import reward_name, slow_reward
 from lightning_grpo.rewards.correctness import (
     FuzzyMatchReward,
     exact_match_reward,
@@ -50,33 +48,21 @@ from lightning_grpo.rewards.length import (
 )
 from lightning_grpo.rewards.math_equivalence import MathVerifyReward, math_verify_reward
 from lightning_grpo.rewards.model import RewardModel
-from lightning_grpo.rewards.scoring import score_rollout
 from lightning_grpo.rewards.style import RepetitionPenalty, citation_reward, reasoning_steps_reward, repetition_penalty
 from lightning_grpo.rewards.text import answer_text, completion_text, extract_code
-from lightning_grpo.sandbox.runner import Sandbox, SandboxResult
 
 __all__ = [
-    "AsyncWeighted",
-    "CODE_GENERATION_REWARDS",
     "CodeExecutionReward",
-    "Combined",
     "FuzzyMatchReward",
     "IdealLengthReward",
     "JsonSchemaReward",
     "LengthBoundsReward",
-    "MATH_REASONING_REWARDS",
     "MathVerifyReward",
     "PRESETS",
     "PartialFormatReward",
-    "QA_REWARDS",
     "RepetitionPenalty",
-    "RewardFunc",
     "RewardModel",
-    "SUMMARIZATION_REWARDS",
-    "Sandbox",
-    "SandboxResult",
     "SoftOverlongPunishment",
-    "Weighted",
     "answer_text",
     "citation_reward",
     "code_execution_reward",
@@ -86,7 +72,6 @@ __all__ = [
     "extract_code",
     "fuzzy_match_reward",
     "ideal_length_reward",
-    "is_async_reward",
     "json_schema_reward",
     "json_valid_reward",
     "length_bounds_reward",
@@ -101,7 +86,6 @@ __all__ = [
     "repetition_penalty",
     "reward_name",
     "rouge_l_reward",
-    "score_rollout",
     "slow_reward",
     "soft_overlong_punishment",
     "soft_reasoning_format_reward",

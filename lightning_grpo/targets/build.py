@@ -18,7 +18,6 @@ from lightning_grpo.advantages import AdvantageConfig, TokenRewards, kl_penalty,
 from lightning_grpo.loss import LossConfig, LossNormalizer, LossOutput, grpo_loss
 from lightning_grpo.loss.config import DistillConfig
 from lightning_grpo.loss.distill import mix_advantages
-from lightning_grpo.loss.entropy import entropy_threshold, high_entropy_mask
 from lightning_grpo.model.logprobs import TokenLogps
 from lightning_grpo.model.padding import forward_positions
 from lightning_grpo.model.policy import Policy
@@ -26,7 +25,7 @@ from lightning_grpo.ranks import Ranks
 from lightning_grpo.targets.config import UpdateConfig
 from lightning_grpo.targets.correction import SamplerCorrection, correction_metrics, mismatch_stats
 from lightning_grpo.targets.distill import DistillTargets, distill_targets
-from lightning_grpo.types import MismatchStats, RewardScores, Rollout
+from lightning_grpo.types import MismatchStats, RewardScores, Rollout, StepStats
 
 
 @dataclass(frozen=True)
@@ -126,6 +125,10 @@ class Targets:
             entropy_coef=entropy_coef,
         )
 
+    def typed(self, stats: StepStats) -> StepStats:
+        """``stats`` with the targets' own typed parts (the sampler mismatch, distillation's), for the alerts."""
+        return replace(stats, mismatch=self.mismatch, distill=None if self.distill is None else self.distill.stats)
+
     def distill_loss(self, policy: Policy, rollout: Rollout, rows: slice | Tensor, norm: LossNormalizer) -> Tensor:
         """The teacher's term of the loss of ``rows`` (gkd); 0 without one or when its signal is in the
         advantages (reverse_kl)."""
@@ -160,40 +163,6 @@ class Targets:
         return {"tokens/computed": computed, "tokens/padded": padded, "tokens/padding_saved": 1 - computed / padded}
 
 
-FAULTS = ("rewards are infinite", "advantages are infinite or NaN", "gradients are infinite or NaN")
-
-
-def step_fault(faults: Tensor | None, grad_norm: Tensor | None) -> str | None:
-    """Why an optimiser step may not be taken, if it may not: the targets' ``faults``, then the gradient norm's (not
-    finite). One read of the device for the three, after the step's backward passes: the host then waits once,
-    where the step needs the answer, and not before each stage. ``grad_norm=None``: not checked here (fp16's
-    GradScaler skips such steps itself).
-
-    >>> step_fault(torch.tensor([False, True]), torch.tensor(float("inf")))
-    'advantages are infinite or NaN'
-    >>> step_fault(None, torch.tensor(1.0)) is None
-    True
-    """
-    checks, names = [], []
-    if faults is not None:
-        checks.append(faults)
-        names += FAULTS[:2]
-    if grad_norm is not None:
-        checks.append(~grad_norm.isfinite().view(1))
-        names.append(FAULTS[2])
-    flags = torch.cat(checks).tolist() if checks else []  # the one read
-    return next((name for name, bad in zip(names, flags) if bad), None)
-
-
-@dataclass(frozen=True)
-class OptimiserStep:
-    """One optimiser step's share of the generation batch."""
-
-    rows: slice | Tensor  # the batch's rows in this step: all, or [n] indices of whole groups
-    micro_batches: list[slice] | list[Tensor]  # the rows of one forward/backward pass each
-    normalizer: LossNormalizer  # counts of this step's rows (and of every rank's)
-
-
 @dataclass(frozen=True)
 class EntropyCut:
     """``loss.top_entropy_quantile``'s threshold, taken once per optimiser step over its rows on every rank (as TRL
@@ -201,22 +170,6 @@ class EntropyCut:
 
     threshold: Tensor  # scalar entropy: tokens at or above it train
     trained_tokens: Tensor  # this rank's loss tokens of the step at or above it: the entropy bonus's normaliser
-
-
-@torch.no_grad()
-def entropy_cut(
-    policy: Policy, rollout: Rollout, targets: Targets, step: OptimiserStep, quantile: float, ranks: Ranks
-) -> EntropyCut | None:
-    """The step's ``EntropyCut`` (a collective), from a forward without gradient over its micro-batches; ``None``
-    when the step is one micro-batch on one rank, whose own threshold is then the step's (no extra forward)."""
-    if quantile >= 1 or (len(step.micro_batches) == 1 and ranks.world_size == 1):
-        return None
-    entropies = torch.zeros_like(targets.mask, dtype=torch.float32)  # [N, T]
-    for rows in step.micro_batches:
-        entropies[rows] = policy.token_logps(rollout, rows).entropy.float()
-    mask, entropies = targets.mask[step.rows], entropies[step.rows]  # [n, T] the step's rows
-    threshold = entropy_threshold(ranks.gather_padded(entropies), ranks.gather_padded(mask), quantile)
-    return EntropyCut(threshold, high_entropy_mask(entropies, mask, quantile, threshold).sum().float())
 
 
 def micro_batches(n: int, size: int | None) -> list[slice]:
@@ -397,27 +350,3 @@ def _advantages(
     ).advantages
     out = ranks.own_rows(out)
     return out[:, : mask.shape[1]] if out.ndim == 2 else out
-
-
-def optimiser_steps(targets: Targets, s: TargetSettings, ranks: Ranks) -> list[OptimiserStep]:
-    """The generation batch split into ``steps_per_generation`` optimiser steps of whole groups, in a random
-    order (TRL shuffles the generation batch before splitting it) drawn from the step's seeded RNG; one step
-    takes the batch as it is."""
-    parts, group_size = s.update.steps_per_generation, s.group_size
-    if parts == 1:
-        return [OptimiserStep(slice(None), targets.micro_batches, targets.normalizer)]
-    num_groups = targets.mask.shape[0] // group_size
-    if num_groups % parts:
-        raise ValueError(
-            f"update.steps_per_generation={parts} must divide the prompts of a generation batch on each rank "
-            f"({num_groups}): set data.batch_size to a multiple of it"
-        )
-    order = torch.randperm(num_groups)
-    rows = (order.unsqueeze(1) * group_size + torch.arange(group_size)).view(-1)  # [N] whole groups, shuffled
-    steps = []
-    for part in rows.chunk(parts):
-        mask = targets.mask[part]
-        tokens = [1] * len(part) if targets.row_tokens is None else [targets.row_tokens[i] for i in part.tolist()]
-        micro = [part[rows] for rows in split_rows(tokens, s.update, s.micro_batch_unit, ranks)]
-        steps.append(OptimiserStep(part, micro, normalizer(mask, ranks, s.max_completion_length)))
-    return steps

@@ -13,10 +13,11 @@ from lightning_grpo.loss import LossConfig, LossNormalizer
 from lightning_grpo.model.policy import Policy
 from lightning_grpo.ranks import Ranks
 from lightning_grpo.seeding import seeded
-from lightning_grpo.targets import Targets, TargetSettings, build_targets, optimiser_steps
+from lightning_grpo.targets import Targets, TargetSettings, build_targets
 from lightning_grpo.targets.build import loss_mask, split_rows, token_micro_batches
 from lightning_grpo.targets.correction import sampling_correction
 from lightning_grpo.types import RewardScores
+from lightning_grpo.update import optimiser_steps
 
 
 @pytest.fixture(scope="module")
