@@ -84,7 +84,9 @@ class GRPOModule(L.LightningModule):
     (``model: {loss: {beta: 0.04}}``), the command line dots them (``--model.loss.beta 0.04``).
 
     Args:
-        model: Hugging Face model name or local path (``AutoModelForCausalLM``), or a built model.
+        model: Hugging Face model name or local path (``AutoModelForCausalLM``), a GGUF file (``*.gguf``, or a folder
+            with ``policy.gguf_file``; ``lightning-grpo/smollm2-135m-instruct`` is SmolLM2-135M-Instruct's), converted
+            once to a float32 folder under ``LIGHTNING_GRPO_HOME/gguf/``, or a built model.
         reward_funcs: callables ``fn(prompts, completions, completion_ids, **columns) -> list[float | None]``,
             or their import paths in YAML (``trl.rewards.accuracy_reward``). Empty with a ``distill.teacher``: every
             reward is 0 and the teacher alone trains.
