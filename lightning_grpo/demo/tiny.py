@@ -15,6 +15,7 @@ import shutil
 import tempfile
 from collections.abc import Callable
 from pathlib import Path
+from typing import TextIO
 
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers
 from transformers import PreTrainedTokenizerFast, Qwen2Config, Qwen2ForCausalLM
@@ -41,11 +42,12 @@ def cache_home() -> Path:
     return Path(os.environ.get("LIGHTNING_GRPO_HOME", Path.home() / ".cache" / "lightning_grpo"))
 
 
-def unwritable_home(name: str, err: OSError) -> str:
-    """Why ``name`` cannot be written, naming the variable that chose the place and how to choose another."""
+def unwritable_home(what: str, err: OSError) -> str:
+    """Why ``what`` (``the embedded 'lightning-grpo/tiny-qwen2'``) cannot be written, naming the variable that chose
+    the place and how to choose another."""
     chosen = "LIGHTNING_GRPO_HOME" if "LIGHTNING_GRPO_HOME" in os.environ else "the default (LIGHTNING_GRPO_HOME unset)"
     return (
-        f"the embedded {name!r} cannot be written under {cache_home()}, chosen by {chosen} ({err.strerror}: "
+        f"{what} cannot be written under {cache_home()}, chosen by {chosen} ({err.strerror}: "
         f"{err.filename}): set LIGHTNING_GRPO_HOME to a writable directory, e.g. "
         "`export LIGHTNING_GRPO_HOME=/tmp/lightning_grpo`"
     )
@@ -258,18 +260,43 @@ REVISIONS = {
 
 
 def materialize(name: str) -> Path:
-    """Write an embedded model or dataset once (atomically: ranks may race) and return its directory."""
+    """Write an embedded model or dataset once (``write_once``) and return its directory."""
     target = cache_home() / (name + REVISIONS.get(name, ""))
-    if not target.exists():
-        try:
-            target.parent.mkdir(parents=True, exist_ok=True)
+    return write_once(target, EMBEDDED[name], f"the embedded {name!r}")
+
+
+def write_once(target: Path, write: Callable[[Path], None], what: str) -> Path:
+    """``target``, written by ``write(folder)`` if it does not exist yet: into a scratch folder beside it, then
+    renamed into place, so that a crash never leaves a half-written ``target``; under a lock file, so that processes
+    starting together (a run's ranks) wait for the first one's rather than each writing its own. ``what`` names it
+    in the error of an unwritable home."""
+    if target.exists():
+        return target
+    try:
+        target.parent.mkdir(parents=True, exist_ok=True)
+        lock = open(target.parent / f".{target.name}.lock", "w")  # held across the write
+    except OSError as err:
+        raise OSError(unwritable_home(what, err)) from err
+    with lock:
+        _hold(lock)
+        if not target.exists():
             scratch = Path(tempfile.mkdtemp(dir=target.parent))
-        except OSError as err:
-            raise OSError(unwritable_home(name, err)) from err
-        EMBEDDED[name](scratch / "out")
-        try:
-            (scratch / "out").rename(target)
-        except OSError:  # another rank finished first
-            pass
-        shutil.rmtree(scratch, ignore_errors=True)
+            try:
+                write(scratch / "out")
+                (scratch / "out").rename(target)
+            except OSError:
+                if not target.exists():  # else another process finished first (no lock on this file system)
+                    raise
+            finally:
+                shutil.rmtree(scratch, ignore_errors=True)
     return target
+
+
+def _hold(lock: TextIO) -> None:
+    """An exclusive lock on the open file ``lock`` until it is closed; none where the platform has no ``flock``
+    (then the rename alone keeps one writer's folder)."""
+    try:
+        import fcntl
+    except ImportError:
+        return
+    fcntl.flock(lock, fcntl.LOCK_EX)

@@ -5,9 +5,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Literal
 
+from torch import nn
 from transformers import PreTrainedTokenizerBase
 
 from lightning_grpo.checks import field_help, raise_problems
+from lightning_grpo.model.gguf import SUFFIX, with_gguf_file
 from lightning_grpo.model.loading import DTYPES, cuda_package_problems
 
 
@@ -26,6 +28,10 @@ class PolicyConfig:
     tokenizer: str | PreTrainedTokenizerBase | None = None
     """Name or path; defaults to the model's. In Python also a tokenizer, or a vision-language model's processor; a
     vision-language model loads its processor (``AutoProcessor``) from here."""
+    gguf_file: str | None = None
+    """A GGUF file in the folder ``model.model`` names (transformers' ``gguf_file``): the same as ``model:
+    FOLDER/FILE.gguf``. Converted once to a float32 Hugging Face folder under ``LIGHTNING_GRPO_HOME/gguf/``, which every
+    loader and engine then reads (``model/gguf.py``)."""
     dtype: Literal[tuple(DTYPES)] = "float32"
     """Weights dtype when loading by name: float32, bfloat16, float16 or auto."""
     model_init_kwargs: dict[str, Any] | None = None
@@ -76,6 +82,10 @@ class PolicyConfig:
     """With a ``peft_config``, adapters go on the vision tower and projector too; by default only on the language model
     (PEFT's ``exclude_modules`` set to the vision modules)."""
 
+    def source(self, model: str | nn.Module) -> str | nn.Module:
+        """What ``model`` loads from: the GGUF file ``gguf_file`` inside it when that is set, else ``model`` itself."""
+        return with_gguf_file(model, self.gguf_file)
+
     def __post_init__(self) -> None:
         qlora = _qlora_problems(self.load_in_4bit, self.peft_config)
         raise_problems(
@@ -87,6 +97,15 @@ class PolicyConfig:
                     f"policy.logprob_chunk_size must be None or >= 1, got {self.logprob_chunk_size!r}",
                 ),
                 (not qlora, f"policy.load_in_4bit (QLoRA) cannot run: {'; '.join(qlora)}"),
+                (
+                    self.gguf_file is None or self.gguf_file.lower().endswith(SUFFIX),
+                    f"policy.gguf_file must name a .gguf file in the model folder, got {self.gguf_file!r}",
+                ),
+                (
+                    "gguf_file" not in (self.model_init_kwargs or {}),
+                    "policy.model_init_kwargs sets gguf_file: set policy.gguf_file instead (the file is converted once "
+                    "to a folder that every loader and engine reads)",
+                ),
                 (
                     not (self.share_prompt_prefix is True and self.gradient_checkpointing),
                     "policy.share_prompt_prefix=True with policy.gradient_checkpointing=True: checkpointed layers "

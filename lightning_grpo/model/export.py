@@ -12,6 +12,7 @@ import torch.distributed.checkpoint as dcp
 from safetensors.torch import save_file
 from transformers import AutoConfig, AutoTokenizer
 
+from lightning_grpo.model.gguf import with_gguf_file
 from lightning_grpo.model.loading import resolve_pretrained
 
 
@@ -29,7 +30,7 @@ def export_distributed_checkpoint(checkpoint: str | Path, out: str | Path, max_s
         raise ValueError(f"{checkpoint} is a LoRA run's checkpoint: it holds only the adapter, not a full model")
     if not isinstance(hparams.get("model"), str):
         raise ValueError(f"{checkpoint} does not name its model (a model object was passed): config unknown")
-    source = resolve_pretrained(hparams["model"])
+    source = resolve_pretrained(with_gguf_file(hparams["model"], (hparams.get("policy") or {}).get("gguf_file")))
     config = AutoConfig.from_pretrained(source)
     reader = dcp.FileSystemReader(checkpoint)
     entries = {

@@ -12,6 +12,7 @@ from torch import Tensor, nn
 from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedTokenizerBase
 
 from lightning_grpo import demo
+from lightning_grpo.model import gguf
 
 
 def cuda_package_problems(package: str, runs: str) -> list[str]:
@@ -31,8 +32,9 @@ HUB_NAME = re.compile(r"^[\w-][\w.-]*(/[\w-][\w.-]*)?$")  # huggingface_hub's ru
 
 
 def resolve_pretrained(name: str) -> str:
-    """A Hugging Face name or local path; embedded names (``lightning-grpo/...``) are written locally first. A name
-    that is no existing path and cannot be a hub name is refused naming it (not ``Repo id must be in the form``).
+    """A Hugging Face name or local path; embedded names (``lightning-grpo/...``) are written locally first, and a GGUF
+    file (``*.gguf``, ``lightning-grpo/smollm2-135m-instruct``) is converted to a local folder once (``gguf.py``). A
+    name that is no existing path and cannot be a hub name is refused naming it (not ``Repo id must be in the form``).
 
     >>> resolve_pretrained("/no/such/model")
     Traceback (most recent call last):
@@ -40,7 +42,7 @@ def resolve_pretrained(name: str) -> str:
     FileNotFoundError: model '/no/such/model' is neither an existing directory nor a Hugging Face hub name \
 ('org/name', e.g. 'Qwen/Qwen2.5-0.5B-Instruct'): check the path
     """
-    resolved = demo.resolve(name)
+    resolved = gguf.resolve(demo.resolve(name))
     if Path(resolved).exists() or HUB_NAME.match(resolved):
         return resolved
     raise FileNotFoundError(

@@ -62,7 +62,7 @@ class Policy(nn.Module):
     Under LoRA there is no copy: the reference is the policy with its adapter disabled.
 
     Args:
-        model: Hugging Face name or local path (``AutoModelForCausalLM``), or a built model.
+        model: Hugging Face name, local path or GGUF file (``AutoModelForCausalLM``), or a built model.
         config: the ``policy:`` settings (tokenizer, dtype, LoRA, 4-bit, checkpointing, log-prob chunks,
             shared-prompt forward, TR-DPO).
         reference: keep the initial policy for a KL penalty.
@@ -84,6 +84,7 @@ class Policy(nn.Module):
     ) -> None:
         super().__init__()
         c = self.config = config
+        model = c.source(model)  # a folder with policy.gguf_file: that file
         self.name_or_path = model if isinstance(model, str) else None
         self.weight_files = empty_init_files(model, c.load_in_4bit)  # none unless built on the meta device
         if self.weight_files:
