@@ -14,6 +14,8 @@ import signal
 from dataclasses import dataclass, field
 from typing import Any
 
+from lightning_grpo.sandbox.inside.boot import SANDBOX_FAILED
+
 VALUE_TAGS = {"t": tuple, "s": set, "f": frozenset, "d": dict, "b": bytes, "c": complex}
 MAX_VALUE_BYTES = 2**16  # a value case's tagged JSON, at most (json parses the worst case in milliseconds)
 
@@ -28,6 +30,7 @@ class SandboxResult:
     killed: bool = False  # died of a signal (a resource limit or a crash), not the deadline
     log: str = ""  # the last LOG_BYTES of what the program wrote to stdout/stderr outside stdin cases
     error: str | None = None  # first failure: case error, timeout, signal or sandbox failure
+    sandbox_failed: bool = False  # the sandbox itself failed, not the program: counted in ``sandbox/failures``
 
 
 def decode_value(output: bytes, max_bytes: int = MAX_VALUE_BYTES) -> Any:
@@ -96,7 +99,8 @@ def result(
     report: bytes, log: bytes, token: str, n: int, timed_out: bool, returncode: int | None, timeout: float, oom: bool
 ) -> SandboxResult:
     """The records, the log and how the sandbox ended -> a ``SandboxResult`` whose ``error`` names the first cause:
-    the deadline, a signal (``oom``: the memory cgroup's OOM killer), a case's error, or an early exit."""
+    the deadline, a signal (``oom``: the memory cgroup's OOM killer), the sandbox's own failure (the first process
+    exited with ``SANDBOX_FAILED``, its reason in the log), a case's error, or an early exit."""
     outputs, errors = records(report, token, n)
     killed = not timed_out and (oom or (returncode is not None and (returncode < 0 or returncode > 128)))
     result = SandboxResult(outputs[:n], errors[:n], timed_out, killed, log.decode("utf-8", errors="replace"))
@@ -107,6 +111,9 @@ def result(
     elif killed:
         signum = -returncode if returncode < 0 else returncode - 128
         result.error = f"killed by {_signal_name(signum)} (a resource limit or a crash)"
+    elif returncode == SANDBOX_FAILED:
+        result.sandbox_failed = True
+        result.error = "sandbox failed: no program process could start (see the log): the cases left are unfinished"
     else:
         result.error = next((e for e in errors if e is not None), None)
         if result.error is None and (returncode != 0 or None in result.outputs):

@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from lightning_grpo.sandbox import isolation as sandbox_isolation
+from lightning_grpo.sandbox import runner
 from lightning_grpo.sandbox.cgroups import CgroupLimits, SandboxCgroup
 from lightning_grpo.sandbox.records import decode_value
 from lightning_grpo.sandbox.runner import Case, Sandbox, SandboxResult
@@ -178,6 +179,45 @@ def test_multiprocessing_and_threads_work_inside_within_the_process_cap(sandbox)
     bomb = "import os\nn = 0\ntry:\n    while True:\n        if os.fork() == 0:\n            import time\n"
     bomb += "            time.sleep(30)\n        n += 1\nexcept OSError:\n    print(n)"
     assert 0 < int(run(sandbox, bomb).outputs[0]) < 16  # max_processes, harness included
+
+
+def needs_a_pids_cgroup():
+    if KERNEL and "pids" in sandbox_isolation.probe("auto").cgroups:
+        return
+    if os.environ.get("LIGHTNING_GRPO_REQUIRE_SANDBOX"):  # CI: a missing capability fails, not skips
+        pytest.fail(f"no kernel isolation with a pids cgroup: {sandbox_isolation.probe('auto')}")
+    pytest.skip("needs kernel isolation and a writable pids cgroup (root or a delegated cgroup v2)")
+
+
+FORK_ALL_YOU_CAN = "import os, time\nn = 0\ntry:\n    while True:\n        if os.fork() == 0:\n"
+FORK_ALL_YOU_CAN += "            time.sleep(30)\n        n += 1\nexcept OSError:\n    print(n)"
+
+
+@pytest.mark.parametrize("max_processes", [1, 3])
+def test_a_program_has_max_processes_and_the_sandbox_s_own_are_not_counted(max_processes):
+    """Issue 58: the pids cgroup budgeted bwrap and the first process but not the zygote, so a program had one
+    process fewer than ``max_processes`` and at 1 every program failed."""
+    needs_a_pids_cgroup()
+    sandbox = Sandbox(timeout_seconds=TIMEOUT, max_processes=max_processes)
+    assert run(sandbox, "print('ran')").outputs == [b"ran\n"]
+    assert run(sandbox, FORK_ALL_YOU_CAN).outputs == [f"{max_processes - 1}\n".encode()]  # its own + children
+    assert sandbox.metrics()["sandbox/failures"] == 0.0
+
+
+@pytest.mark.parametrize("mode", ["auto", "process"])
+def test_a_zygote_that_cannot_fork_is_the_sandbox_s_failure_not_the_program_s(monkeypatch, mode):
+    """Issue 58: a cgroup one process short of the sandbox's own refuses the zygote's fork: that run is counted in
+    ``sandbox/failures`` and says so, where it used to read as the program exiting early."""
+    needs_a_pids_cgroup()
+    monkeypatch.setattr(runner, "HARNESS_PROCESSES", runner.HARNESS_PROCESSES - 1)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # process mode's warning
+        sandbox = Sandbox(timeout_seconds=TIMEOUT, max_processes=1, isolation=mode)
+        result = run(sandbox, "print(1)", [Case("stdin", ""), Case("value", "1")])
+    assert result.outputs == [None, None] and result.sandbox_failed
+    assert result.error.startswith("sandbox failed") and "the zygote could not fork" in result.log
+    metrics = sandbox.metrics()
+    assert metrics["sandbox/failures"] == 1.0 and metrics["sandbox/killed"] == 0.0
 
 
 def test_programs_run_in_parallel_and_keep_order():

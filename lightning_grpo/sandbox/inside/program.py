@@ -26,7 +26,7 @@ def limit_resources(limits):
     resource.setrlimit(resource.RLIMIT_CPU, (cpu, cpu + 1))
     resource.setrlimit(resource.RLIMIT_AS, (memory, memory))
     resource.setrlimit(resource.RLIMIT_FSIZE, (fsize, fsize))
-    resource.setrlimit(resource.RLIMIT_NPROC, (limits["max_processes"], limits["max_processes"]))
+    resource.setrlimit(resource.RLIMIT_NPROC, (limits["user_processes"], limits["user_processes"]))
     resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
     resource.setrlimit(resource.RLIMIT_NOFILE, (OPEN_FILES, OPEN_FILES))
     resource.setrlimit(resource.RLIMIT_MSGQUEUE, (0, 0))
@@ -195,11 +195,7 @@ def zygote(control, block_processes):
     """The sandbox's second process, forked before the job is read: it never holds test code and never runs the
     program's; on each request of the first process it forks a fresh program process, so no state (globals,
     builtins, caches, counters) outlives one case. Requests on ``control`` (a Unix socket): ``s`` + hooks flag
-    spawns one and answers its pid with the first process's ends of its two pipes (SCM_RIGHTS); ``w`` + pid reaps
-    it and answers its wait status. End of file ends it."""
-    import _socket
-    import array
-
+    spawns one (``spawn``); ``w`` + pid reaps it and answers its wait status. End of file ends it."""
     while len(command := _recv(control, 5)) == 5:
         if command[:1] == b"w":
             _, status = os.waitpid(int.from_bytes(command[1:], "little"), 0)
@@ -210,23 +206,42 @@ def zygote(control, block_processes):
             import threading  # noqa: F401
 
             import hooks  # noqa: F401
-        requests, replies = os.pipe(), os.pipe()
-        pid = os.fork()
-        if pid == 0:
-            try:
-                control.close()
-                os.close(requests[1])
-                os.close(replies[0])
-                serve(high_fd(requests[0]), high_fd(replies[1]), block_processes)
-            finally:
-                _real_exit(0)
-        os.close(requests[0])
-        os.close(replies[1])
-        ends = array.array("i", [requests[1], replies[0]])
-        control.sendmsg([pid.to_bytes(4, "little")], [(_socket.SOL_SOCKET, _socket.SCM_RIGHTS, ends.tobytes())])
-        os.close(requests[1])
-        os.close(replies[0])
+        spawn(control, block_processes)
     _real_exit(0)
+
+
+def spawn(control, block_processes):
+    """Fork a program process and answer its pid (4 bytes, signed) with the first process's ends of its two pipes
+    (SCM_RIGHTS); where the kernel refuses the pipes or the fork (the pids or memory share), answer ``-errno`` and
+    no descriptors: the sandbox's own failure, not the program's, which has not started."""
+    import _socket
+    import array
+
+    made = []
+    try:
+        made += os.pipe()
+        made += os.pipe()
+        pid = os.fork()
+    except OSError as err:
+        for fd in made:
+            os.close(fd)
+        control.sendall((-(err.errno or 1)).to_bytes(4, "little", signed=True))
+        return
+    requests, replies = made[:2], made[2:]
+    if pid == 0:
+        try:
+            control.close()
+            os.close(requests[1])
+            os.close(replies[0])
+            serve(high_fd(requests[0]), high_fd(replies[1]), block_processes)
+        finally:
+            _real_exit(0)
+    os.close(requests[0])
+    os.close(replies[1])
+    ends = array.array("i", [requests[1], replies[0]]).tobytes()
+    control.sendmsg([pid.to_bytes(4, "little", signed=True)], [(_socket.SOL_SOCKET, _socket.SCM_RIGHTS, ends)])
+    os.close(requests[1])
+    os.close(replies[0])
 
 
 def _recv(control, size):
