@@ -33,6 +33,14 @@ def test_stdin_stdout_tests_in_open_r1_and_apps_formats(reward):
     assert reward([program, program], test_cases=[open_r1, apps]) == [0.5, 1.0]
 
 
+def test_stdin_programs_that_end_with_status_0_pass(reward):
+    """Issue 58: ``sys.exit(0)``, ``exit()`` and a flushed ``os._exit(0)`` after the right output pass; a
+    non-zero status fails, as it would on a judge."""
+    endings = ["import sys\nsys.exit(0)", "exit()", "import os, sys\nsys.stdout.flush()\nos._exit(0)", "quit(1)"]
+    programs = [f"```python\nprint(int(input()) * 2)\n{ending}\n```" for ending in endings]
+    assert reward(programs, test_cases=[[{"input": "2\n", "output": "4\n"}]] * 4) == [1.0, 1.0, 1.0, 0.0]
+
+
 def test_no_code_no_tests_and_malformed_completions(reward):
     completions = ["", chat(None), [], None, ADD, ADD]
     scores = reward(completions, test_cases=[ADD_TESTS] * 4 + [None, []], prompts=["p"] * 6, unknown=[0] * 6)

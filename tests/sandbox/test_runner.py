@@ -6,6 +6,7 @@ has the attacks, run in both modes.
 
 import os
 import subprocess
+import sys
 import time
 import warnings
 from pathlib import Path
@@ -119,6 +120,33 @@ def test_exits_anywhere_end_the_case_not_the_sandbox(sandbox):
     result = run(sandbox, code, cases)
     assert result.outputs == [None, None, None, b"4", None]
     assert result.errors[:3] == ["SystemExit: 0", "SystemExit: 0", "SystemExit: bye"] and "atexit" not in result.log
+
+
+STDIN_EXITS = {  # a stdin program that prints twice its input, then ends like this -> its stdout in Python
+    "sys.exit(0)": ("import sys\nsys.exit(0)", b"4\n"),
+    "sys.exit()": ("import sys\nsys.exit()", b"4\n"),
+    "exit()": ("exit()", b"4\n"),  # site's, which python -S does not define
+    "quit(0)": ("quit(0)", b"4\n"),
+    "raise SystemExit": ("raise SystemExit", b"4\n"),
+    "flush, os._exit(0)": ("import os, sys\nsys.stdout.flush()\nos._exit(0)", b"4\n"),
+    "os._exit(0), unflushed": ("import os\nos._exit(0)", b""),  # the buffer is lost, as _exit loses it
+    "sys.exit(1)": ("import sys\nsys.exit(1)", None),
+    "exit('bye')": ("exit('bye')", None),  # a message: status 1
+    "flush, os._exit(3)": ("import os, sys\nsys.stdout.flush()\nos._exit(3)", None),
+}
+
+
+def test_a_stdin_program_ends_as_a_process_does_exit_status_0_keeps_its_output(sandbox):
+    """Issue 58: ``print(ans); sys.exit(0)``, ``exit()`` and ``os._exit(0)`` after a flush are how competitive
+    programs end; they counted as failures (and ``exit`` was a NameError). What the sandbox captures is what
+    ``python`` itself writes to a pipe, status 0 or not (a non-zero status: no output)."""
+    codes = {name: f"print(int(input()) * 2)\n{ending}" for name, (ending, _) in STDIN_EXITS.items()}
+    results = {name: run(sandbox, code, [Case("stdin", "2\n")]) for name, code in codes.items()}
+    assert {name: r.outputs[0] for name, r in results.items()} == {n: out for n, (_, out) in STDIN_EXITS.items()}
+    for name, code in codes.items():  # the same programs, run by python itself
+        done = subprocess.run([sys.executable, "-I", "-c", code], input=b"2\n", capture_output=True, timeout=30)
+        assert (done.stdout if done.returncode == 0 else None) == results[name].outputs[0], name
+    assert "SystemExit: 1" in results["sys.exit(1)"].error and "SystemExit: 3" in results["flush, os._exit(3)"].error
 
 
 def test_unencodable_text_and_a_broken_harness_still_give_a_result(sandbox):

@@ -7,6 +7,8 @@ the parent parses as untrusted data. Objects stay here: a value crosses as its `
 the grader reads as a literal or else keeps as an opaque handle (the id sent with it) to call or inspect later.
 """
 
+import _sitebuiltins
+import builtins
 import fcntl
 import io
 import marshal
@@ -39,7 +41,16 @@ def _exit_as_exception(status=0):
     """
     if os.getpid() != HARNESS_PID:
         _real_exit(status)
-    raise SystemExit(status)
+    ended = SystemExit(status)
+    ended.os_exit = True  # what sys.stdout still buffers is lost, as it is when a process calls _exit
+    raise ended
+
+
+def site_exits():
+    """``exit`` and ``quit`` as ``site`` defines them: python runs with -S (no site: no .pth file's code, a fast
+    start), and a stdin program may end with either."""
+    for name in ("exit", "quit"):
+        setattr(builtins, name, _sitebuiltins.Quitter(name, "Ctrl-D (i.e. EOF)"))
 
 
 def high_fd(fd):
@@ -58,14 +69,35 @@ def _module(name):
 
 
 def _run(source, namespace):
-    """None when ``source`` ran to the end, else the reason; any exit is a failure."""
+    """None when ``source`` ran to the end, else the exception that ended it (``SystemExit`` included)."""
     try:
         exec(compile(source, "<solution>", "exec"), namespace)
+    except BaseException as err:  # noqa: B036 - untrusted code may raise anything
+        return err
+    return None
+
+
+def _reason(ended):
+    """What ended a run early, as text (None: it ran to the end)."""
+    if ended is None:
         return None
-    except SystemExit as err:
-        return f"SystemExit: {err.code}"
-    except BaseException as err:  # noqa: B036 - untrusted code may raise anything; it all means "failed"
-        return f"{type(err).__name__}: {err}"[:500]
+    if isinstance(ended, SystemExit):
+        return f"SystemExit: {ended.code}"[:500]
+    return f"{type(ended).__name__}: {ended}"[:500]
+
+
+def exit_status(ended):
+    """The status the interpreter exits with after ``ended`` (None: the code ran to the end): SystemExit's code read
+    as Python reads it (None 0, an int itself mod 256, anything else 1: its text goes to stderr), 1 for any other
+    exception."""
+    if ended is None:
+        return 0
+    if not isinstance(ended, SystemExit):
+        return 1
+    code = ended.code
+    if code is None:
+        return 0
+    return code % 256 if isinstance(code, int) else 1
 
 
 def _receive(fd):
@@ -101,7 +133,7 @@ class Server:
     def define(self):
         if self.definitions is None:
             namespace = _module("solution")
-            self.definitions = (namespace, _run(self.code, namespace))
+            self.definitions = (namespace, _reason(_run(self.code, namespace)))  # any exit fails: the tests follow
         return self.definitions
 
     def value(self, value):
@@ -163,6 +195,9 @@ class Server:
 def stdin_case(code, text, cap):
     """Fresh ``__main__`` run with ``text`` on fd 0 and fd 1 captured: ``input()``, ``open(0)``, ``os.write(1)``.
 
+    It ends as a process would: at the end of the code or at an exit with status 0 (``sys.exit(0)``, ``exit()``,
+    ``os._exit(0)``) its stdout is the output, after ``sys.stdout`` is flushed, except at ``os._exit``, which
+    leaves what the program did not flush unwritten, as in Python; any other status or an exception: no output.
     The program may close any descriptor (``open(0)`` closes fd 0 when collected): the harness keeps its own
     above 100 and treats a lost one as an unfinished case. Returns (stdout, None) or (None, error).
     """
@@ -173,14 +208,17 @@ def stdin_case(code, text, cap):
         os.lseek(0, 0, os.SEEK_SET)
         os.dup2(stdout, 1)
         sys.stdin, sys.stdout = open(0, closefd=False), open(1, "w", closefd=False)
-        error = _run(code, _module("__main__"))
-        try:
-            sys.stdout.flush()
-        except BaseException:  # noqa: B036 - the program's own stdout object may raise anything
-            pass
+        ended = _run(code, _module("__main__"))
+        if not (isinstance(ended, SystemExit) and getattr(ended, "os_exit", False)):
+            try:
+                sys.stdout.flush()
+            except BaseException:  # noqa: B036 - the program's own stdout object may raise anything
+                pass
+        os.dup2(2, 1)  # before sys.stdout is let go: what it still buffers (os._exit) reaches the log, not stdout
         sys.stdout = sys.__stdout__
-        os.dup2(2, 1)
-        return (None if error else os.pread(stdout, cap, 0)), error
+        if exit_status(ended) != 0:
+            return None, _reason(ended)
+        return os.pread(stdout, cap, 0), None
     except OSError as err:
         return None, f"the program broke its standard streams: {err}"
     finally:
@@ -260,6 +298,7 @@ def serve(requests_fd, replies_fd, block_processes):
     sys.dont_write_bytecode = True
     sys.stdin = io.StringIO()
     os._exit = _exit_as_exception
+    site_exits()
     if setup["limits"]["block_processes"]:
         block_processes(os.path.realpath(os.getcwd()))
     server = Server(setup["code"], setup["limits"], replies_fd)
