@@ -12,11 +12,12 @@ from __future__ import annotations
 import json
 import signal
 from dataclasses import dataclass, field
+from fractions import Fraction
 from typing import Any
 
 from lightning_grpo.sandbox.inside.boot import SANDBOX_FAILED
 
-VALUE_TAGS = {"t": tuple, "s": set, "f": frozenset, "d": dict, "b": bytes, "c": complex}
+VALUE_TAGS = {"t": tuple, "s": set, "f": frozenset, "d": dict, "b": bytes, "c": complex, "q": Fraction}
 MAX_VALUE_BYTES = 2**16  # a value case's tagged JSON, at most (json parses the worst case in milliseconds)
 
 
@@ -34,16 +35,16 @@ class SandboxResult:
 
 
 def decode_value(output: bytes, max_bytes: int = MAX_VALUE_BYTES) -> Any:
-    """A value case's output -> the value (built-in types only); ValueError if too long or malformed.
+    """A value case's output -> the value (built-in types and ``Fraction``); ValueError if too long or malformed.
 
-    >>> decode_value(b'{"t":[1,[2.5,null],{"d":[["a",{"s":[true]}]]},{"b":"x"}]}')
-    (1, [2.5, None], {'a': {True}}, b'x')
+    >>> decode_value(b'{"t":[1,[2.5,null],{"d":[["a",{"s":[true]}]]},{"b":"x"},-Infinity,{"q":[1,3]}]}')
+    (1, [2.5, None], {'a': {True}}, b'x', -inf, Fraction(1, 3))
     """
     if len(output) > max_bytes:
         raise ValueError(f"value text longer than {max_bytes} bytes: not parsed")
     try:
         return json.loads(output, object_hook=_tagged)
-    except (ValueError, TypeError, RecursionError, MemoryError) as err:
+    except (ValueError, TypeError, RecursionError, MemoryError, ZeroDivisionError) as err:
         raise ValueError(f"not a tagged JSON value: {type(err).__name__}") from None
 
 
@@ -57,6 +58,10 @@ def _tagged(obj: dict) -> Any:
         return body.encode("latin-1")
     if tag == "c":
         return complex(*body)
+    if tag == "q":
+        if not (type(body) is list and len(body) == 2 and all(type(x) is int for x in body)):
+            raise TypeError("a fraction is two ints")
+        return Fraction(*body)
     if tag == "d":
         return {_hashable(k): v for k, v in body}
     return VALUE_TAGS[tag](body)

@@ -1,5 +1,7 @@
 import json
+import math
 import time
+from fractions import Fraction
 
 import pytest
 
@@ -41,6 +43,70 @@ def test_stdin_programs_that_end_with_status_0_pass(reward):
     assert reward(programs, test_cases=[[{"input": "2\n", "output": "4\n"}]] * 4) == [1.0, 1.0, 1.0, 0.0]
 
 
+RESULTS = """
+from collections import Counter, OrderedDict, defaultdict, namedtuple
+from fractions import Fraction
+import enum
+Point = namedtuple("Point", "x y")
+class Color(enum.IntEnum):
+    RED = 1
+class Cheat(dict):
+    def __eq__(self, other):
+        return True
+def letters(s):
+    return Counter(s)
+def by_parity(xs):
+    groups = defaultdict(list)
+    for x in xs:
+        groups[x % 2].append(x)
+    return groups
+def ordered():
+    return OrderedDict(a=1)
+def point():
+    return Point(1, 2)
+def red():
+    return Color.RED
+def forever():
+    return float("inf")
+def undefined():
+    return float("nan")
+def third():
+    return Fraction(1, 3)
+def mixed():
+    return [Counter("ab"), Point(3, 4), -float("inf"), float("nan")]
+def cheat():
+    return Cheat()
+"""
+RESULT_TESTS = {  # test -> its score: Python's ==, with nan matching nan
+    "assert letters('aab') == {'a': 2, 'b': 1}": 1.0,  # a Counter equals its dict
+    "assert by_parity([1, 2, 3]) == {1: [1, 3], 0: [2]}": 1.0,  # a defaultdict too
+    "assert ordered() == {'a': 1}": 1.0,
+    "assert point() == (1, 2)": 1.0,  # a namedtuple equals its tuple
+    "assert point().x == 1 and letters('aab').most_common(1) == [('a', 2)]": 1.0,  # and keeps its attributes
+    "assert letters('aab')['a'] == 2 and sorted(letters('ba')) == ['a', 'b']": 1.0,
+    "assert red() == 1": 1.0,  # an IntEnum equals its int
+    "assert forever() == float('inf')": 1.0,
+    "assert forever() == math.inf": 1.0,
+    "assert forever() == 1e308": 0.0,
+    "import math\nassert math.isinf(forever()) and math.isnan(undefined())": 1.0,
+    "assert undefined() == float('nan')": 1.0,  # nan matches nan, as numpy.testing has it
+    "assert undefined() == 0.0": 0.0,
+    "assert third() == Fraction(1, 3)": 1.0,
+    "from fractions import Fraction\nassert third() == Fraction(1, 3)": 1.0,
+    "assert third() == 0.5": 0.0,  # exact, as Python compares a Fraction
+    "assert mixed() == [{'a': 1, 'b': 1}, (3, 4), float('-inf'), float('nan')]": 1.0,
+    "assert cheat() == {'a': 1}": 0.0,  # a dict subclass is compared as its dict: its own __eq__ never runs
+}
+
+
+def test_results_compare_as_python_compares_them(reward):
+    """Issue 58: a Counter, defaultdict or namedtuple result, inf, nan and a Fraction failed correct programs:
+    their reprs are no literals, so they came back as opaque handles equal to nothing."""
+    tests = list(RESULT_TESTS)
+    scores = reward([RESULTS] * len(tests), test_cases=[[t] for t in tests])
+    assert dict(zip(tests, scores)) == RESULT_TESTS
+
+
 def test_no_code_no_tests_and_malformed_completions(reward):
     completions = ["", chat(None), [], None, ADD, ADD]
     scores = reward(completions, test_cases=[ADD_TESTS] * 4 + [None, []], prompts=["p"] * 6, unknown=[0] * 6)
@@ -79,6 +145,8 @@ def kinds(tests):
             [[("value", "f([1])", "eq", 2), ("value", "f([])", "falsy", None)]],
         ),
         ({"inputs": ["1"], "outputs": ["2"]}, [[("stdin", "1", "stdout", "2")]]),
+        (["assert f() == [float('-inf'), math.inf]"], [[("value", "f()", "eq", [-math.inf, math.inf])]]),
+        (["assert f() == Fraction(1, 3)"], [[("value", "f()", "eq", Fraction(1, 3))]]),  # built here, not taken
     ],
 )
 def test_parse_tests_formats(value, expected):

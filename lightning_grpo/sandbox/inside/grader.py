@@ -5,9 +5,11 @@ code run here, and every name they take from the program is a ``Remote``, so a c
 the ``repr`` of the result comes back, parsed here as a literal of built-in types (capped in size first). What
 the program defines (shadowed builtins, patched standard-library modules, always-equal objects, frame or memory
 inspection) never reaches the test code: names resolve to this process's builtins, then to this process's own
-standard library, then to the program. A result that is not a literal stays an opaque ``Remote``: it can be
-called, its attributes read, and ``bool``/``len``/iteration asked of the program, but it compares equal only to
-itself. Values go to the trainer as tagged JSON (``values.encode``), which it parses in C.
+standard library, then to the program. A result that is an instance of a subclass of a built-in type (a
+``Counter``) comes as its built-in value (``values.plain``) that also reads the object's other attributes
+(``Handled``); any other result that is not a literal stays an opaque ``Remote``: it can be called, its
+attributes read, and ``bool``/``len``/iteration asked of the program, but it compares equal only to itself.
+Values go to the trainer as tagged JSON (``values.encode``), which it parses in C.
 """
 
 import builtins
@@ -127,11 +129,14 @@ class Program:
             key, _, text = change.partition(b" ")
             _update((arguments or {}).get(key.decode("ascii", "replace")), text, self.value_cap)
         if kind == b"v":
-            ident, _, text = payload.partition(b" ")
+            ident, base, text = (payload.split(b" ", 2) + [b"", b""])[:3]
             try:
-                return literal(text, self.value_cap)
+                value = literal(text, self.value_cap)
             except ValueError:
                 return Remote(self, int(ident))
+            if type(value).__name__ != base.decode("ascii", "replace"):
+                return value  # a built-in value, or a subclass whose repr did not read as its base
+            return Handled.of(value, Remote(self, int(ident)))
         if kind == b"r":
             name, _, message = payload.decode("utf-8", "replace").partition("\n")
             found = _exception(name)
@@ -188,6 +193,30 @@ class Remote:
         return f"<object {self._id} of the program>"
 
 
+class Handled:
+    """What the program's instance of a subclass of a built-in type (a ``Counter``, a ``namedtuple``, an
+    ``IntEnum``) is here: its built-in value (compared, hashed, indexed, iterated as one, as the built-in's ``==``
+    compares the program's object), in a subclass of the built-in made here, one per type, whose other attributes
+    (a field, ``most_common``) are asked of the program's object."""
+
+    types = {}  # built-in type -> its Handled subclass
+
+    @classmethod
+    def of(cls, value, remote):
+        kind = type(value)
+        if kind not in cls.types:
+            cls.types[kind] = type(f"Program{kind.__name__.title()}", (kind,), {"__getattr__": cls.__getattr__})
+        handled = cls.types[kind](value)
+        handled._remote = remote
+        return handled
+
+    def __getattr__(self, name):
+        remote = self.__dict__.get("_remote")
+        if remote is None or name.startswith("__"):
+            raise AttributeError(name)
+        return getattr(remote, name)
+
+
 def _exactly(kind, value):
     if type(value) is not kind:
         raise TypeError(f"the program answered a {type(value).__name__} where a {kind.__name__} was due")
@@ -195,7 +224,11 @@ def _exactly(kind, value):
 
 
 def _argument(value):
-    return ("h", value._id) if type(value) is Remote else ("v", value)
+    if type(value) is Remote:
+        return ("h", value._id)
+    if type(value) in Handled.types.values():
+        return ("h", value._remote._id)  # the program's own object, as a caller would pass it
+    return ("v", value)
 
 
 class Names(dict):

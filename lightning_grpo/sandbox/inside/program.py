@@ -16,6 +16,11 @@ import os
 import resource
 import sys
 
+try:
+    from .values import built_in_base, plain
+except ImportError:  # inside the sandbox, where these modules are top-level
+    from values import built_in_base, plain
+
 OPEN_FILES = 256  # the harness keeps its descriptors at 100 and above
 _real_exit = os._exit
 HARNESS_PID = None
@@ -137,13 +142,25 @@ class Server:
         return self.definitions
 
     def value(self, value):
-        """Keep ``value`` here and send its id and ``repr`` (cut past the cap: the grader will not parse it)."""
+        """Keep ``value`` here and send its id, the built-in type it is a subclass of ("-" if none, or if it is
+        one), and the ``repr`` of its built-in value (``plain``; cut past the cap: the grader will not parse it)."""
         self.objects[len(self.objects)] = value
         try:
-            text = repr(value).encode("utf-8", "replace")[: self.value_cap]
+            base = getattr(built_in_base(value), "__name__", "-")
+        except BaseException:  # noqa: B036 - a hostile __class__
+            base = "-"
+        self.reply(b"v", f"{len(self.objects) - 1} {base} ".encode() + self.text(value))
+
+    def text(self, value):
+        """The ``repr`` of ``value``'s built-in value, else its own ``repr``; b"" if neither can be had."""
+        try:
+            value = plain(value, self.value_cap)  # a longer value has a longer repr: not parsed anyway
+        except BaseException:  # noqa: B036 - too large, too deep or hostile (a __hash__): sent as it is
+            pass
+        try:
+            return repr(value).encode("utf-8", "replace")[: self.value_cap]
         except BaseException:  # noqa: B036 - a hostile __repr__: the value stays an opaque handle
-            text = b""
-        self.reply(b"v", f"{len(self.objects) - 1} ".encode() + text)
+            return b""
 
     def stdin(self, texts):
         """One reply per stdin case, in order (the first process sends consecutive ones at once)."""
@@ -183,11 +200,11 @@ class Server:
         args = [self.objects[v] if tag == "h" else v for tag, v in rest[1]]
         kwargs = {k: self.objects[v] if tag == "h" else v for k, (tag, v) in rest[2].items()}
         sent = {**{str(i): a for i, a in enumerate(args)}, **kwargs}
-        mutable = {k: (v, repr(v)) for k, v in sent.items() if type(v) in (list, dict, set)}
+        mutable = {k: (v, self.text(v)) for k, v in sent.items() if type(v) in (list, dict, set)}
         value = target(*args, **kwargs)
         for key, (argument, before) in mutable.items():  # in-place changes go back, as a caller would see them
-            after = repr(argument).encode("utf-8", "replace")[: self.value_cap]
-            if after != before.encode("utf-8", "replace")[: self.value_cap]:
+            after = self.text(argument)
+            if after != before:
                 self.reply(b"m", f"{key} ".encode() + after)
         return value
 
