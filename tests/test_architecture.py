@@ -196,6 +196,7 @@ TESTED_WITH = {
     "rewards/code_tests.py": ["rewards/test_code_execution.py", "sandbox/test_runner_adversarial.py"],
     "rewards/text.py": ["rewards/test_correctness.py"],
     "sandbox/cgroups.py": ["sandbox/test_runner.py", "sandbox/test_supervise.py"],
+    "sandbox/inside/arguments.py": ["rewards/test_code_execution.py", "sandbox/test_runner.py"],
     "sandbox/inside/boot.py": ["sandbox/test_runner.py", "sandbox/test_supervise.py"],
     "sandbox/inside/grader.py": ["sandbox/test_runner.py", "sandbox/test_supervise.py"],
     "sandbox/inside/hooks.py": ["sandbox/test_runner_adversarial.py", "sandbox/test_supervise.py"],

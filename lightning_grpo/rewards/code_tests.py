@@ -10,8 +10,8 @@ Asserts of the HumanEval/MBPP shape, ``assert f(1, [2]) == (3, 4)`` (also ``is N
 become a value case ``f(1, [2])`` and an expected ``(3, 4)``; data converters around the call (``sorted(f(1))``)
 are applied by the sandbox's grader, outside the program's process, with its own builtins. Any other test code
 (``math.isclose(f(1), 2.5)``, a mix of asserts) becomes a script case: it also runs in the grader, never in the
-program's process, calling the program over a pipe with only literals crossing, and passes when it runs to the
-end. A test string that mixes plain asserts with other code runs whole as one script there, so its expected
+program's process, calling the program over a pipe with only literals coming back, and passes when it runs to
+the end. A test string that mixes plain asserts with other code runs whole as one script there, so its expected
 values never reach the program either.
 """
 

@@ -107,6 +107,40 @@ def test_results_compare_as_python_compares_them(reward):
     assert dict(zip(tests, scores)) == RESULT_TESTS
 
 
+ARGUMENTS = """
+from collections import Counter
+def apply(f, xs):
+    return [f(x) for x in xs]
+def total(numbers):
+    return sum(numbers)
+def sort_by(xs, key):
+    return sorted(xs, key=key)
+def half(q):
+    return q / 2
+def letters(s):
+    return Counter(s)
+def merged(a, b):
+    return a + b
+"""
+ARGUMENT_TESTS = [  # each passes under python; none could be sent before (marshal takes literals only)
+    "assert apply(lambda x: x * 2, [1, 2]) == [2, 4]",
+    "assert total(range(5)) == 10",
+    "assert sort_by(['bb', 'a', 'ccc'], key=lambda s: -len(s)) == ['ccc', 'bb', 'a']",
+    "from fractions import Fraction\nassert half(Fraction(1, 3)) == Fraction(1, 6)",
+    "k = 3\nimport math\nassert apply(lambda x: math.sqrt(x) + k, [4]) == [5.0]",  # its globals cross too
+    "def check(candidate):\n    assert candidate(lambda x: x * x, [3]) == [9]\ncheck(apply)",  # HumanEval's
+    "def fact(n):\n    return 1 if n < 2 else n * fact(n - 1)\nassert apply(fact, [5]) == [120]",
+    "def times(m):\n    return lambda x: x * m\nassert apply(times(3), [2]) == [6]",  # a closure
+    "assert merged(letters('ab'), letters('a')) == {'a': 2, 'b': 1}",  # the program's Counters go back as such
+]
+
+
+def test_arguments_that_pickle_and_the_test_s_functions_reach_the_program(reward):
+    """Issue 58: a lambda or ``range`` argument could not be sent to the function under test."""
+    scores = reward([ARGUMENTS] * len(ARGUMENT_TESTS), test_cases=[[t] for t in ARGUMENT_TESTS])
+    assert dict(zip(ARGUMENT_TESTS, scores)) == dict.fromkeys(ARGUMENT_TESTS, 1.0)
+
+
 def test_no_code_no_tests_and_malformed_completions(reward):
     completions = ["", chat(None), [], None, ADD, ADD]
     scores = reward(completions, test_cases=[ADD_TESTS] * 4 + [None, []], prompts=["p"] * 6, unknown=[0] * 6)

@@ -91,6 +91,14 @@ def test_test_code_calls_the_program_over_a_pipe_and_gets_data_back(sandbox):
     assert result.errors == [None] * 7 and result.outputs[-1] == b"[2,1,0]"
 
 
+def test_an_argument_that_cannot_cross_says_why(sandbox):
+    code = "def total(xs):\n    return sum(xs)"
+    scripts = ["def numbers():\n    yield 1\nassert total(numbers()) == 1", "assert total(range(3)) == 3"]
+    result = run(sandbox, code, [Case("script", s) for s in scripts])
+    assert "arguments must be data, the test's functions or the program's objects" in result.errors[0]
+    assert "cannot send generator" in result.errors[0] and result.outputs[1] == b""
+
+
 @pytest.mark.parametrize(
     "read",
     ["[input(), input()]", "sys.stdin.read().split()", "open(0).read().split()", "sys.stdin.buffer.read().split()"],

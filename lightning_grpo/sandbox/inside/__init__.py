@@ -1,3 +1,4 @@
 """The sandbox's inside: the modules that run in its processes, standard library only, bound read-only at
 ``/_sandbox``: ``boot.py`` (the first process), ``grader.py`` (its test side), ``values.py`` (literals in and
-out), ``program.py`` (the program's process) and ``hooks.py`` (process mode's walls)."""
+out), ``arguments.py`` (what else a test's call passes in), ``program.py`` (the program's process) and
+``hooks.py`` (process mode's walls)."""

@@ -197,8 +197,8 @@ class Server:
             return getattr(target, rest[1])
         if kind == "op":
             return {"bool": bool, "len": len, "list": list}[rest[1]](target)
-        args = [self.objects[v] if tag == "h" else v for tag, v in rest[1]]
-        kwargs = {k: self.objects[v] if tag == "h" else v for k, (tag, v) in rest[2].items()}
+        args = [self.argument(tag, v) for tag, v in rest[1]]
+        kwargs = {k: self.argument(tag, v) for k, (tag, v) in rest[2].items()}
         sent = {**{str(i): a for i, a in enumerate(args)}, **kwargs}
         mutable = {k: (v, self.text(v)) for k, v in sent.items() if type(v) in (list, dict, set)}
         value = target(*args, **kwargs)
@@ -206,6 +206,18 @@ class Server:
             after = self.text(argument)
             if after != before:
                 self.reply(b"m", f"{key} ".encode() + after)
+        return value
+
+    def argument(self, tag, value):
+        """A call's argument as the grader sent it (``grader._argument``): a handle, a pickle, or a literal."""
+        if tag == "h":
+            return self.objects[value]
+        if tag == "p":
+            try:
+                from . import arguments
+            except ImportError:  # inside the sandbox
+                import arguments
+            return arguments.loads(value, self.objects, self.define()[0])
         return value
 
 
