@@ -201,6 +201,8 @@ TESTED_WITH = {
     "sandbox/inside/grader.py": ["sandbox/test_runner.py", "sandbox/test_supervise.py"],
     "sandbox/inside/hooks.py": ["sandbox/test_runner_adversarial.py", "sandbox/test_supervise.py"],
     "sandbox/inside/program.py": ["sandbox/test_runner.py", "sandbox/test_runner_adversarial.py"],
+    "sandbox/inside/remote.py": ["sandbox/test_runner.py", "rewards/test_code_execution.py"],
+    "sandbox/inside/running.py": ["sandbox/test_runner.py", "rewards/test_code_execution.py"],
     "sandbox/inside/values.py": ["sandbox/test_runner.py", "sandbox/test_supervise.py"],
     "sandbox/isolation.py": ["sandbox/test_runner.py", "sandbox/test_runner_adversarial.py"],
     "sandbox/records.py": ["sandbox/test_runner.py", "rewards/test_code_execution.py", "sandbox/test_supervise.py"],

@@ -141,6 +141,40 @@ def test_arguments_that_pickle_and_the_test_s_functions_reach_the_program(reward
     assert dict(zip(ARGUMENT_TESTS, scores)) == dict.fromkeys(ARGUMENT_TESTS, 1.0)
 
 
+EXCEPTIONS = """
+class InvalidInput(ValueError):
+    pass
+class Missing(KeyError, TypeError):
+    pass
+def check(x):
+    if x < 0:
+        raise InvalidInput(f"negative: {x}")
+    return x
+def missing():
+    raise Missing("m")
+def impostor():
+    class ValueError(Exception):  # not the built-in, whatever its name
+        pass
+    raise ValueError("no")
+"""
+EXCEPTION_TESTS = {  # test -> its score under python
+    "try:\n    check(-1)\nexcept ValueError as e:\n    assert str(e) == 'negative: -1'\nelse:\n    assert False": 1.0,
+    "try:\n    check(-1)\nexcept InvalidInput:\n    pass\nelse:\n    assert False": 1.0,  # the class by name
+    "import unittest\nunittest.TestCase().assertRaises(ValueError, check, -1)": 1.0,
+    "try:\n    missing()\nexcept TypeError:\n    pass": 1.0,  # every built-in base
+    "try:\n    check(-1)\nexcept TypeError:\n    pass": 0.0,
+    "try:\n    impostor()\nexcept ValueError:\n    pass\nexcept Exception:\n    assert False": 0.0,
+}
+
+
+def test_the_program_s_exceptions_are_caught_by_their_built_in_bases(reward):
+    """Issue 58: an exception of the program's own class (``class InvalidInput(ValueError)``) reached the test as
+    an error no ``except ValueError`` caught, and one merely named ``ValueError`` was caught as the built-in."""
+    tests = list(EXCEPTION_TESTS)
+    scores = reward([EXCEPTIONS] * len(tests), test_cases=[[t] for t in tests])
+    assert dict(zip(tests, scores)) == EXCEPTION_TESTS
+
+
 def test_no_code_no_tests_and_malformed_completions(reward):
     completions = ["", chat(None), [], None, ADD, ADD]
     scores = reward(completions, test_cases=[ADD_TESTS] * 4 + [None, []], prompts=["p"] * 6, unknown=[0] * 6)

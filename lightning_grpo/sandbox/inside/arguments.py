@@ -1,6 +1,6 @@
 """A test's call argument that is not a literal -> a pickle made in the grader -> the object in the program's process.
 
-Literals cross as marshal and the program's own objects as handles (``grader._argument``); anything else that
+Literals cross as marshal and the program's own objects as handles (``remote.argument``); anything else that
 pickles (a ``range``, a ``Fraction``, a ``deque``) crosses as a pickle made here, in the trusted grader, and is read
 in the program's process, which can only hurt itself with it: nothing is ever unpickled in the grader, whose values
 come back as literals. Functions the test code defines (a lambda passed as a ``key``) cross as their code

@@ -7,9 +7,7 @@ the parent parses as untrusted data. Objects stay here: a value crosses as its `
 the grader reads as a literal or else keeps as an opaque handle (the id sent with it) to call or inspect later.
 """
 
-import _sitebuiltins
 import builtins
-import fcntl
 import io
 import marshal
 import os
@@ -17,13 +15,14 @@ import resource
 import sys
 
 try:
+    from .running import fresh_module, high_fd, os_exit_in, reason, run, site_exits, stdin_case
     from .values import built_in_base, plain
 except ImportError:  # inside the sandbox, where these modules are top-level
+    from running import fresh_module, high_fd, os_exit_in, reason, run, site_exits, stdin_case
     from values import built_in_base, plain
 
 OPEN_FILES = 256  # the harness keeps its descriptors at 100 and above
 _real_exit = os._exit
-HARNESS_PID = None
 
 
 def limit_resources(limits):
@@ -37,72 +36,6 @@ def limit_resources(limits):
     resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
     resource.setrlimit(resource.RLIMIT_NOFILE, (OPEN_FILES, OPEN_FILES))
     resource.setrlimit(resource.RLIMIT_MSGQUEUE, (0, 0))
-
-
-def _exit_as_exception(status=0):
-    """``os._exit`` inside a case ends that case, not the harness (a convenience: ``posix._exit`` still works).
-
-    A forked child (multiprocessing ends its workers with ``os._exit``) really exits.
-    """
-    if os.getpid() != HARNESS_PID:
-        _real_exit(status)
-    ended = SystemExit(status)
-    ended.os_exit = True  # what sys.stdout still buffers is lost, as it is when a process calls _exit
-    raise ended
-
-
-def site_exits():
-    """``exit`` and ``quit`` as ``site`` defines them: python runs with -S (no site: no .pth file's code, a fast
-    start), and a stdin program may end with either."""
-    for name in ("exit", "quit"):
-        setattr(builtins, name, _sitebuiltins.Quitter(name, "Ctrl-D (i.e. EOF)"))
-
-
-def high_fd(fd):
-    """``fd`` moved above the descriptors a program usually touches, closed on exec."""
-    high = fcntl.fcntl(fd, fcntl.F_DUPFD_CLOEXEC, 100)
-    os.close(fd)
-    return high
-
-
-def _module(name):
-    """A fresh module registered in ``sys.modules``, so pickling its functions (multiprocessing) finds them."""
-    module = type(sys)(name)
-    module.__builtins__ = __builtins__
-    sys.modules[name] = module
-    return module.__dict__
-
-
-def _run(source, namespace):
-    """None when ``source`` ran to the end, else the exception that ended it (``SystemExit`` included)."""
-    try:
-        exec(compile(source, "<solution>", "exec"), namespace)
-    except BaseException as err:  # noqa: B036 - untrusted code may raise anything
-        return err
-    return None
-
-
-def _reason(ended):
-    """What ended a run early, as text (None: it ran to the end)."""
-    if ended is None:
-        return None
-    if isinstance(ended, SystemExit):
-        return f"SystemExit: {ended.code}"[:500]
-    return f"{type(ended).__name__}: {ended}"[:500]
-
-
-def exit_status(ended):
-    """The status the interpreter exits with after ``ended`` (None: the code ran to the end): SystemExit's code read
-    as Python reads it (None 0, an int itself mod 256, anything else 1: its text goes to stderr), 1 for any other
-    exception."""
-    if ended is None:
-        return 0
-    if not isinstance(ended, SystemExit):
-        return 1
-    code = ended.code
-    if code is None:
-        return 0
-    return code % 256 if isinstance(code, int) else 1
 
 
 def _receive(fd):
@@ -137,14 +70,18 @@ class Server:
 
     def define(self):
         if self.definitions is None:
-            namespace = _module("solution")
-            self.definitions = (namespace, _reason(_run(self.code, namespace)))  # any exit fails: the tests follow
+            namespace = fresh_module("solution")
+            self.definitions = (namespace, reason(run(self.code, namespace)))  # any exit fails: the tests follow
         return self.definitions
 
     def value(self, value):
         """Keep ``value`` here and send its id, the built-in type it is a subclass of ("-" if none, or if it is
-        one), and the ``repr`` of its built-in value (``plain``; cut past the cap: the grader will not parse it)."""
+        one), and the ``repr`` of its built-in value (``plain``; cut past the cap: the grader will not parse it);
+        an exception class as its name and built-in bases (``except`` in the tests can name it)."""
         self.objects[len(self.objects)] = value
+        if _is_exception_class(value):
+            head = f"{len(self.objects) - 1} {value.__name__} {built_in_bases(value)}"
+            return self.reply(b"x", head[:500].encode("utf-8", "replace"))
         try:
             base = getattr(built_in_base(value), "__name__", "-")
         except BaseException:  # noqa: B036 - a hostile __class__
@@ -181,8 +118,9 @@ class Server:
             return self.reply(b"e", error.encode("utf-8", "replace"))
         try:
             self.value(self.evaluate(namespace, request))
-        except BaseException as err:  # noqa: B036 - whatever the code raised goes back by name
-            self.reply(b"r", f"{type(err).__name__}\n{err}"[:500].encode("utf-8", "replace"))
+        except BaseException as err:  # noqa: B036 - whatever the code raised goes back by name and built-in bases
+            head = f"{type(err).__name__} {built_in_bases(type(err))}"
+            self.reply(b"r", f"{head}\n{err}"[:500].encode("utf-8", "replace"))
 
     def evaluate(self, namespace, request):
         kind, *rest = request
@@ -209,7 +147,7 @@ class Server:
         return value
 
     def argument(self, tag, value):
-        """A call's argument as the grader sent it (``grader._argument``): a handle, a pickle, or a literal."""
+        """A call's argument as the grader sent it (``remote.argument``): a handle, a pickle, or a literal."""
         if tag == "h":
             return self.objects[value]
         if tag == "p":
@@ -221,41 +159,22 @@ class Server:
         return value
 
 
-def stdin_case(code, text, cap):
-    """Fresh ``__main__`` run with ``text`` on fd 0 and fd 1 captured: ``input()``, ``open(0)``, ``os.write(1)``.
-
-    It ends as a process would: at the end of the code or at an exit with status 0 (``sys.exit(0)``, ``exit()``,
-    ``os._exit(0)``) its stdout is the output, after ``sys.stdout`` is flushed, except at ``os._exit``, which
-    leaves what the program did not flush unwritten, as in Python; any other status or an exception: no output.
-    The program may close any descriptor (``open(0)`` closes fd 0 when collected): the harness keeps its own
-    above 100 and treats a lost one as an unfinished case. Returns (stdout, None) or (None, error).
-    """
-    stdin, stdout = high_fd(os.memfd_create("stdin")), high_fd(os.memfd_create("stdout"))
+def _is_exception_class(value):
     try:
-        os.write(stdin, text.encode("utf-8", "replace"))
-        os.dup2(stdin, 0)
-        os.lseek(0, 0, os.SEEK_SET)
-        os.dup2(stdout, 1)
-        sys.stdin, sys.stdout = open(0, closefd=False), open(1, "w", closefd=False)
-        ended = _run(code, _module("__main__"))
-        if not (isinstance(ended, SystemExit) and getattr(ended, "os_exit", False)):
-            try:
-                sys.stdout.flush()
-            except BaseException:  # noqa: B036 - the program's own stdout object may raise anything
-                pass
-        os.dup2(2, 1)  # before sys.stdout is let go: what it still buffers (os._exit) reaches the log, not stdout
-        sys.stdout = sys.__stdout__
-        if exit_status(ended) != 0:
-            return None, _reason(ended)
-        return os.pread(stdout, cap, 0), None
-    except OSError as err:
-        return None, f"the program broke its standard streams: {err}"
-    finally:
-        for fd in (stdin, stdout):
-            try:
-                os.close(fd)
-            except OSError:
-                pass
+        return isinstance(value, type) and issubclass(value, BaseException)
+    except BaseException:  # noqa: B036 - a hostile metaclass
+        return False
+
+
+def built_in_bases(kind):
+    """The built-in classes among ``kind``'s ancestors that no other of them derives from, comma-separated (its own
+    name if it is built-in): what the grader raises it as, so that ``except ValueError`` catches the program's
+    ``class Invalid(ValueError)`` there as Python would."""
+    try:
+        found = [c for c in kind.__mro__ if getattr(builtins, c.__name__, None) is c]
+    except BaseException:  # noqa: B036 - a hostile metaclass
+        found = []
+    return ",".join(c.__name__ for c in found if not any(o is not c and issubclass(o, c) for o in found)) or "-"
 
 
 def zygote(control, block_processes):
@@ -320,13 +239,11 @@ def _recv(control, size):
 
 def serve(requests_fd, replies_fd, block_processes):
     """The forked program process: limits, then answer requests until the first process closes the channel."""
-    global HARNESS_PID
-    HARNESS_PID = os.getpid()
     setup = _receive(requests_fd)
     limit_resources(setup["limits"])
     sys.dont_write_bytecode = True
     sys.stdin = io.StringIO()
-    os._exit = _exit_as_exception
+    os._exit = os_exit_in(os.getpid())
     site_exits()
     if setup["limits"]["block_processes"]:
         block_processes(os.path.realpath(os.getcwd()))
