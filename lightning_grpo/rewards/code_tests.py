@@ -1,24 +1,28 @@
 """A row's ``test_cases`` -> sandbox cases plus expected values kept here, and the verdict from their outputs.
 
 The verdict is made in the trainer's process, from data the sandbox returned: the program's stdout per stdin
-case, or a value as tagged JSON (``decode_value``: built-in types only, length-capped before it is parsed, so no
-object with an always-equal ``__eq__`` reaches the comparison). Expected values never enter the sandbox.
+case, or a value as tagged JSON (``decode_value``: built-in types and fractions, length-capped before it is
+parsed, so no object with an always-equal ``__eq__`` reaches the comparison), compared by ``equal`` (Python's
+``==``, NaN matching NaN). Expected values never enter the sandbox.
 
 Asserts of the HumanEval/MBPP shape, ``assert f(1, [2]) == (3, 4)`` (also ``is None/True/False``, a bare
 ``assert f(1)`` or ``assert not f(1)``; directly, or in HumanEval's ``def check(candidate)`` called on ``f``),
 become a value case ``f(1, [2])`` and an expected ``(3, 4)``; data converters around the call (``sorted(f(1))``)
 are applied by the sandbox's grader, outside the program's process, with its own builtins. Any other test code
 (``math.isclose(f(1), 2.5)``, a mix of asserts) becomes a script case: it also runs in the grader, never in the
-program's process, calling the program over a pipe with only literals crossing, and passes when it runs to the
-end. A test string that mixes plain asserts with other code runs whole as one script there, so its expected
+program's process, calling the program over a pipe with only literals coming back, and passes when it runs to
+the end. A test string that mixes plain asserts with other code runs whole as one script there, so its expected
 values never reach the program either.
 """
 
 from __future__ import annotations
 
 import ast
+import copy
 import json
+import math
 from dataclasses import dataclass
+from fractions import Fraction
 from typing import Any
 
 from lightning_grpo.sandbox.records import decode_value
@@ -27,6 +31,8 @@ from lightning_grpo.sandbox.runner import Case
 TEST_FORMATS = "a list of assert strings, a list of {'input', 'output'} dicts, {'inputs': [...], 'outputs': [...]}"
 CONVERTERS = frozenset({"set", "frozenset", "sorted", "list", "tuple", "str", "int", "float", "abs", "round", "len"})
 SINGLETONS = (None, True, False)
+SPELLED = {"math.inf": math.inf, "math.nan": math.nan}  # expected values a test spells as a name (no literal)
+FRACTION_NAMES = ("Fraction", "fractions.Fraction")
 _LITERAL_ERRORS = (ValueError, TypeError, SyntaxError, MemoryError, RecursionError)
 
 
@@ -140,7 +146,7 @@ def _simple_check(statement: ast.stmt) -> Check | None:
     if isinstance(test, ast.Compare) and len(test.ops) == 1 and isinstance(test.ops[0], ast.Eq | ast.Is):
         compare = "eq" if isinstance(test.ops[0], ast.Eq) else "is"
         for expression, literal in [(test.left, test.comparators[0]), (test.comparators[0], test.left)]:
-            found, expected = _literal(literal)
+            found, expected = _expected(literal)
             if found and _is_data_call(expression) and (compare == "eq" or expected in SINGLETONS):
                 return Check(Case("value", ast.unparse(expression)), compare, expected)
         return None
@@ -156,6 +162,43 @@ def _literal(node: ast.expr) -> tuple[bool, Any]:
         return True, ast.literal_eval(node)
     except _LITERAL_ERRORS:
         return False, None
+
+
+def _expected(node: ast.expr) -> tuple[bool, Any]:
+    """An expected value: a literal, at any depth also ``float('inf')``, ``math.inf``, ``math.nan`` and
+    ``Fraction(1, 3)`` (built here, never taken from the program). Arguments stay plain literals (``_literal``).
+
+    >>> _expected(ast.parse("[float('-inf'), math.nan, Fraction(1, 3)]", mode="eval").body)
+    (True, [-inf, nan, Fraction(1, 3)])
+    """
+    return _literal(_Spelled().visit(copy.deepcopy(node)))
+
+
+class _Spelled(ast.NodeTransformer):
+    """Values Python spells with a name or a call -> constants, which ``ast.literal_eval`` reads as they are."""
+
+    def visit_Attribute(self, node: ast.Attribute) -> ast.expr:
+        name = _dotted(node)
+        return ast.Constant(SPELLED[name]) if name in SPELLED else node
+
+    def visit_Call(self, node: ast.Call) -> ast.expr:
+        name, found, arguments = _dotted(node.func), *_literal(ast.Tuple(node.args, ast.Load()))
+        if not found or node.keywords:
+            return self.generic_visit(node)
+        try:
+            if name == "float" and len(arguments) == 1 and isinstance(arguments[0], str):
+                return ast.Constant(float(arguments[0]))
+            if name in FRACTION_NAMES and 1 <= len(arguments) <= 2:
+                return ast.Constant(Fraction(*arguments))
+        except (ValueError, TypeError, ZeroDivisionError):
+            pass
+        return self.generic_visit(node)
+
+
+def _dotted(node: ast.expr) -> str:
+    if isinstance(node, ast.Name):
+        return node.id
+    return f"{_dotted(node.value)}.{node.attr}" if isinstance(node, ast.Attribute) else ""
 
 
 def _is_data_call(node: ast.expr) -> bool:
@@ -194,10 +237,26 @@ def passes(check: Check, output: bytes | None) -> bool:
     except ValueError:
         return False  # not a value of built-in types
     if check.compare == "eq":
-        return value == check.expected  # built-in types on both sides: Python's own ==, as the assert had it
+        return equal(value, check.expected)
     if check.compare == "is":
         return value is check.expected
     return bool(value) == (check.compare == "truthy")
+
+
+def equal(value: Any, expected: Any) -> bool:
+    """Python's ``==`` (built-in types and fractions on both sides, as the assert had them), except that NaN
+    matches NaN at any depth, as ``numpy.testing.assert_equal`` has it: a test expecting ``float('nan')`` means one.
+
+    >>> equal([1.0, float("nan")], [1, math.nan]), equal(float("nan"), 0.0), equal(Fraction(1, 2), 0.5)
+    (True, False, True)
+    """
+    if isinstance(value, float) and isinstance(expected, float) and math.isnan(value) and math.isnan(expected):
+        return True
+    if type(value) is type(expected) and type(value) in (list, tuple):
+        return len(value) == len(expected) and all(map(equal, value, expected))
+    if type(value) is type(expected) is dict:
+        return value.keys() == expected.keys() and all(equal(value[k], expected[k]) for k in value)
+    return value == expected
 
 
 def _lines(text: str) -> list[str]:

@@ -140,6 +140,12 @@ class Isolation:
     def kernel(self) -> bool:
         return self.bwrap is not None
 
+    @property
+    def launcher_processes(self) -> int:
+        """Processes the launcher keeps in the sandbox's cgroup besides ours: bwrap's outer one, which waits outside
+        the namespace for the first process (``--as-pid-1``); none in process mode (``sh`` and ``unshare`` exec)."""
+        return 1 if self.kernel else 0
+
 
 @cache
 def probe(mode: str) -> Isolation:

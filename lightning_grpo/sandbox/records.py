@@ -12,9 +12,12 @@ from __future__ import annotations
 import json
 import signal
 from dataclasses import dataclass, field
+from fractions import Fraction
 from typing import Any
 
-VALUE_TAGS = {"t": tuple, "s": set, "f": frozenset, "d": dict, "b": bytes, "c": complex}
+from lightning_grpo.sandbox.inside.boot import SANDBOX_FAILED
+
+VALUE_TAGS = {"t": tuple, "s": set, "f": frozenset, "d": dict, "b": bytes, "c": complex, "q": Fraction}
 MAX_VALUE_BYTES = 2**16  # a value case's tagged JSON, at most (json parses the worst case in milliseconds)
 
 
@@ -28,19 +31,20 @@ class SandboxResult:
     killed: bool = False  # died of a signal (a resource limit or a crash), not the deadline
     log: str = ""  # the last LOG_BYTES of what the program wrote to stdout/stderr outside stdin cases
     error: str | None = None  # first failure: case error, timeout, signal or sandbox failure
+    sandbox_failed: bool = False  # the sandbox itself failed, not the program: counted in ``sandbox/failures``
 
 
 def decode_value(output: bytes, max_bytes: int = MAX_VALUE_BYTES) -> Any:
-    """A value case's output -> the value (built-in types only); ValueError if too long or malformed.
+    """A value case's output -> the value (built-in types and ``Fraction``); ValueError if too long or malformed.
 
-    >>> decode_value(b'{"t":[1,[2.5,null],{"d":[["a",{"s":[true]}]]},{"b":"x"}]}')
-    (1, [2.5, None], {'a': {True}}, b'x')
+    >>> decode_value(b'{"t":[1,[2.5,null],{"d":[["a",{"s":[true]}]]},{"b":"x"},-Infinity,{"q":[1,3]}]}')
+    (1, [2.5, None], {'a': {True}}, b'x', -inf, Fraction(1, 3))
     """
     if len(output) > max_bytes:
         raise ValueError(f"value text longer than {max_bytes} bytes: not parsed")
     try:
         return json.loads(output, object_hook=_tagged)
-    except (ValueError, TypeError, RecursionError, MemoryError) as err:
+    except (ValueError, TypeError, RecursionError, MemoryError, ZeroDivisionError) as err:
         raise ValueError(f"not a tagged JSON value: {type(err).__name__}") from None
 
 
@@ -54,6 +58,10 @@ def _tagged(obj: dict) -> Any:
         return body.encode("latin-1")
     if tag == "c":
         return complex(*body)
+    if tag == "q":
+        if not (type(body) is list and len(body) == 2 and all(type(x) is int for x in body)):
+            raise TypeError("a fraction is two ints")
+        return Fraction(*body)
     if tag == "d":
         return {_hashable(k): v for k, v in body}
     return VALUE_TAGS[tag](body)
@@ -96,7 +104,8 @@ def result(
     report: bytes, log: bytes, token: str, n: int, timed_out: bool, returncode: int | None, timeout: float, oom: bool
 ) -> SandboxResult:
     """The records, the log and how the sandbox ended -> a ``SandboxResult`` whose ``error`` names the first cause:
-    the deadline, a signal (``oom``: the memory cgroup's OOM killer), a case's error, or an early exit."""
+    the deadline, a signal (``oom``: the memory cgroup's OOM killer), the sandbox's own failure (the first process
+    exited with ``SANDBOX_FAILED``, its reason in the log), a case's error, or an early exit."""
     outputs, errors = records(report, token, n)
     killed = not timed_out and (oom or (returncode is not None and (returncode < 0 or returncode > 128)))
     result = SandboxResult(outputs[:n], errors[:n], timed_out, killed, log.decode("utf-8", errors="replace"))
@@ -107,6 +116,9 @@ def result(
     elif killed:
         signum = -returncode if returncode < 0 else returncode - 128
         result.error = f"killed by {_signal_name(signum)} (a resource limit or a crash)"
+    elif returncode == SANDBOX_FAILED:
+        result.sandbox_failed = True
+        result.error = "sandbox failed: no program process could start (see the log): the cases left are unfinished"
     else:
         result.error = next((e for e in errors if e is not None), None)
         if result.error is None and (returncode != 0 or None in result.outputs):

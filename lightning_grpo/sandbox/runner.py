@@ -56,6 +56,7 @@ from lightning_grpo.sandbox.supervise import supervise
 CASE_KINDS = ("stdin", "value", "script")
 REPORT_CAP_BYTES = 64 * 2**20  # records beyond this are dropped: those cases count as unfinished
 SUPERVISOR_MB = 48  # the cgroup's share for bwrap and the first process, on top of the program's memory_mb
+HARNESS_PROCESSES = 2  # the sandbox's first process (inside/boot.py) and the zygote that forks the program's
 
 
 @dataclass(frozen=True)
@@ -73,7 +74,8 @@ class Case:
 @dataclass
 class SandboxCounters:
     """Since the last ``Sandbox.metrics(reset=True)``: programs run, wall-clock timeouts, deaths by signal, and
-    runs the sandbox itself failed to start (each scores as unfinished: a non-zero count needs a look)."""
+    runs the sandbox itself failed (it could not start, or could not fork a program process: each scores as
+    unfinished, through no fault of the program; a non-zero count needs a look)."""
 
     programs: int = 0
     timeouts: int = 0
@@ -130,7 +132,8 @@ class Sandbox:
             longer one is not parsed and the case fails. At most ``MAX_VALUE_BYTES``, the trainer's own cap.
         cpus: CPUs the whole sandbox may use at once (a cgroup CPU quota), so its CPU time stays below
             ``cpus * timeout_seconds`` however many processes it starts.
-        max_processes: processes and threads a program may have at once, the harness included.
+        max_processes: processes and threads a program may have at once, its own process included (the
+            sandbox's first process, its zygote and bwrap are budgeted beside them).
         max_workers: programs run at once; default the number of CPUs.
         isolation: "auto" (kernel namespaces, else process mode with a warning), "strict" (namespaces or
             raise), "process" (rlimits and an audit hook only: for debugging).
@@ -201,14 +204,13 @@ class Sandbox:
         cases = [c if isinstance(c, Case) else Case(*c) for c in cases]
         token = secrets.token_hex(16)
         job = {"code": code, "cases": [[c.kind, c.source] for c in cases], "token": token, "limits": self._limits()}
-        failed = False
         try:
             outcome = self._execute(marshal.dumps(job), token, len(cases))
         except OSError as err:
-            failed = True
-            outcome = SandboxResult([None] * len(cases), [None] * len(cases), error=f"sandbox failed to run: {err}")
+            unfinished, error = [None] * len(cases), f"sandbox failed to run: {err}"
+            outcome = SandboxResult(unfinished, unfinished[:], error=error, sandbox_failed=True)
         with self._lock:
-            self.counters.failures += failed
+            self.counters.failures += outcome.sandbox_failed
             self.counters.programs += 1
             self.counters.timeouts += outcome.timed_out
             self.counters.killed += outcome.killed
@@ -219,19 +221,22 @@ class Sandbox:
             "cpu_seconds": self.cpu_seconds,
             "memory_bytes": self.memory_mb * 2**20,
             "file_size_bytes": self.file_size_mb * 2**20,
-            "max_processes": self.max_processes,
+            # RLIMIT_NPROC counts the user's processes: in the sandbox's user namespace the first process and the
+            # zygote run as the program's user too (root is exempt: there the pids cgroup binds)
+            "user_processes": self.max_processes + HARNESS_PROCESSES,
             "max_output_bytes": self.max_output_bytes,
             "max_value_bytes": self.max_value_bytes,
             "block_processes": self.isolation.block_processes,
         }
 
     def _cgroup(self, isolation: Isolation) -> SandboxCgroup | None:
-        """The sandbox's cgroup: the program's memory plus the tmpfs and the supervisor; bwrap and the first process
-        besides the program's ``max_processes``."""
+        """The sandbox's cgroup: the program's memory plus the tmpfs and the supervisor; the program's
+        ``max_processes`` plus ours (``HARNESS_PROCESSES``) and the launcher's (bwrap's outer process)."""
         if not isolation.cgroups:
             return None
         memory = (self.memory_mb + 2 * max(self.file_size_mb, 1) + SUPERVISOR_MB) * 2**20
-        return SandboxCgroup(isolation.cgroups, CgroupLimits(memory, self.cpus, self.max_processes + 2))
+        pids = self.max_processes + HARNESS_PROCESSES + isolation.launcher_processes
+        return SandboxCgroup(isolation.cgroups, CgroupLimits(memory, self.cpus, pids))
 
     def _execute(self, job: bytes, token: str, n: int) -> SandboxResult:
         isolation, workdir = self.isolation, None

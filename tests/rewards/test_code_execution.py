@@ -1,5 +1,7 @@
 import json
+import math
 import time
+from fractions import Fraction
 
 import pytest
 
@@ -31,6 +33,146 @@ def test_stdin_stdout_tests_in_open_r1_and_apps_formats(reward):
     open_r1 = [{"input": "2\n", "output": "4\n"}, {"input": "5", "output": "11"}]
     apps = json.dumps({"inputs": ["1\n", "3\n"], "outputs": ["2\n", "6\n"]})
     assert reward([program, program], test_cases=[open_r1, apps]) == [0.5, 1.0]
+
+
+def test_stdin_programs_that_end_with_status_0_pass(reward):
+    """Issue 58: ``sys.exit(0)``, ``exit()`` and a flushed ``os._exit(0)`` after the right output pass; a
+    non-zero status fails, as it would on a judge."""
+    endings = ["import sys\nsys.exit(0)", "exit()", "import os, sys\nsys.stdout.flush()\nos._exit(0)", "quit(1)"]
+    programs = [f"```python\nprint(int(input()) * 2)\n{ending}\n```" for ending in endings]
+    assert reward(programs, test_cases=[[{"input": "2\n", "output": "4\n"}]] * 4) == [1.0, 1.0, 1.0, 0.0]
+
+
+RESULTS = """
+from collections import Counter, OrderedDict, defaultdict, namedtuple
+from fractions import Fraction
+import enum
+Point = namedtuple("Point", "x y")
+class Color(enum.IntEnum):
+    RED = 1
+class Cheat(dict):
+    def __eq__(self, other):
+        return True
+def letters(s):
+    return Counter(s)
+def by_parity(xs):
+    groups = defaultdict(list)
+    for x in xs:
+        groups[x % 2].append(x)
+    return groups
+def ordered():
+    return OrderedDict(a=1)
+def point():
+    return Point(1, 2)
+def red():
+    return Color.RED
+def forever():
+    return float("inf")
+def undefined():
+    return float("nan")
+def third():
+    return Fraction(1, 3)
+def mixed():
+    return [Counter("ab"), Point(3, 4), -float("inf"), float("nan")]
+def cheat():
+    return Cheat()
+"""
+RESULT_TESTS = {  # test -> its score: Python's ==, with nan matching nan
+    "assert letters('aab') == {'a': 2, 'b': 1}": 1.0,  # a Counter equals its dict
+    "assert by_parity([1, 2, 3]) == {1: [1, 3], 0: [2]}": 1.0,  # a defaultdict too
+    "assert ordered() == {'a': 1}": 1.0,
+    "assert point() == (1, 2)": 1.0,  # a namedtuple equals its tuple
+    "assert point().x == 1 and letters('aab').most_common(1) == [('a', 2)]": 1.0,  # and keeps its attributes
+    "assert letters('aab')['a'] == 2 and sorted(letters('ba')) == ['a', 'b']": 1.0,
+    "assert red() == 1": 1.0,  # an IntEnum equals its int
+    "assert forever() == float('inf')": 1.0,
+    "assert forever() == math.inf": 1.0,
+    "assert forever() == 1e308": 0.0,
+    "import math\nassert math.isinf(forever()) and math.isnan(undefined())": 1.0,
+    "assert undefined() == float('nan')": 1.0,  # nan matches nan, as numpy.testing has it
+    "assert undefined() == 0.0": 0.0,
+    "assert third() == Fraction(1, 3)": 1.0,
+    "from fractions import Fraction\nassert third() == Fraction(1, 3)": 1.0,
+    "assert third() == 0.5": 0.0,  # exact, as Python compares a Fraction
+    "assert mixed() == [{'a': 1, 'b': 1}, (3, 4), float('-inf'), float('nan')]": 1.0,
+    "assert cheat() == {'a': 1}": 0.0,  # a dict subclass is compared as its dict: its own __eq__ never runs
+}
+
+
+def test_results_compare_as_python_compares_them(reward):
+    """Issue 58: a Counter, defaultdict or namedtuple result, inf, nan and a Fraction failed correct programs:
+    their reprs are no literals, so they came back as opaque handles equal to nothing."""
+    tests = list(RESULT_TESTS)
+    scores = reward([RESULTS] * len(tests), test_cases=[[t] for t in tests])
+    assert dict(zip(tests, scores)) == RESULT_TESTS
+
+
+ARGUMENTS = """
+from collections import Counter
+def apply(f, xs):
+    return [f(x) for x in xs]
+def total(numbers):
+    return sum(numbers)
+def sort_by(xs, key):
+    return sorted(xs, key=key)
+def half(q):
+    return q / 2
+def letters(s):
+    return Counter(s)
+def merged(a, b):
+    return a + b
+"""
+ARGUMENT_TESTS = [  # each passes under python; none could be sent before (marshal takes literals only)
+    "assert apply(lambda x: x * 2, [1, 2]) == [2, 4]",
+    "assert total(range(5)) == 10",
+    "assert sort_by(['bb', 'a', 'ccc'], key=lambda s: -len(s)) == ['ccc', 'bb', 'a']",
+    "from fractions import Fraction\nassert half(Fraction(1, 3)) == Fraction(1, 6)",
+    "k = 3\nimport math\nassert apply(lambda x: math.sqrt(x) + k, [4]) == [5.0]",  # its globals cross too
+    "def check(candidate):\n    assert candidate(lambda x: x * x, [3]) == [9]\ncheck(apply)",  # HumanEval's
+    "def fact(n):\n    return 1 if n < 2 else n * fact(n - 1)\nassert apply(fact, [5]) == [120]",
+    "def times(m):\n    return lambda x: x * m\nassert apply(times(3), [2]) == [6]",  # a closure
+    "assert merged(letters('ab'), letters('a')) == {'a': 2, 'b': 1}",  # the program's Counters go back as such
+]
+
+
+def test_arguments_that_pickle_and_the_test_s_functions_reach_the_program(reward):
+    """Issue 58: a lambda or ``range`` argument could not be sent to the function under test."""
+    scores = reward([ARGUMENTS] * len(ARGUMENT_TESTS), test_cases=[[t] for t in ARGUMENT_TESTS])
+    assert dict(zip(ARGUMENT_TESTS, scores)) == dict.fromkeys(ARGUMENT_TESTS, 1.0)
+
+
+EXCEPTIONS = """
+class InvalidInput(ValueError):
+    pass
+class Missing(KeyError, TypeError):
+    pass
+def check(x):
+    if x < 0:
+        raise InvalidInput(f"negative: {x}")
+    return x
+def missing():
+    raise Missing("m")
+def impostor():
+    class ValueError(Exception):  # not the built-in, whatever its name
+        pass
+    raise ValueError("no")
+"""
+EXCEPTION_TESTS = {  # test -> its score under python
+    "try:\n    check(-1)\nexcept ValueError as e:\n    assert str(e) == 'negative: -1'\nelse:\n    assert False": 1.0,
+    "try:\n    check(-1)\nexcept InvalidInput:\n    pass\nelse:\n    assert False": 1.0,  # the class by name
+    "import unittest\nunittest.TestCase().assertRaises(ValueError, check, -1)": 1.0,
+    "try:\n    missing()\nexcept TypeError:\n    pass": 1.0,  # every built-in base
+    "try:\n    check(-1)\nexcept TypeError:\n    pass": 0.0,
+    "try:\n    impostor()\nexcept ValueError:\n    pass\nexcept Exception:\n    assert False": 0.0,
+}
+
+
+def test_the_program_s_exceptions_are_caught_by_their_built_in_bases(reward):
+    """Issue 58: an exception of the program's own class (``class InvalidInput(ValueError)``) reached the test as
+    an error no ``except ValueError`` caught, and one merely named ``ValueError`` was caught as the built-in."""
+    tests = list(EXCEPTION_TESTS)
+    scores = reward([EXCEPTIONS] * len(tests), test_cases=[[t] for t in tests])
+    assert dict(zip(tests, scores)) == EXCEPTION_TESTS
 
 
 def test_no_code_no_tests_and_malformed_completions(reward):
@@ -71,6 +213,8 @@ def kinds(tests):
             [[("value", "f([1])", "eq", 2), ("value", "f([])", "falsy", None)]],
         ),
         ({"inputs": ["1"], "outputs": ["2"]}, [[("stdin", "1", "stdout", "2")]]),
+        (["assert f() == [float('-inf'), math.inf]"], [[("value", "f()", "eq", [-math.inf, math.inf])]]),
+        (["assert f() == Fraction(1, 3)"], [[("value", "f()", "eq", Fraction(1, 3))]]),  # built here, not taken
     ],
 )
 def test_parse_tests_formats(value, expected):

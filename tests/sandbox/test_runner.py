@@ -6,6 +6,7 @@ has the attacks, run in both modes.
 
 import os
 import subprocess
+import sys
 import time
 import warnings
 from pathlib import Path
@@ -13,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from lightning_grpo.sandbox import isolation as sandbox_isolation
+from lightning_grpo.sandbox import runner
 from lightning_grpo.sandbox.cgroups import CgroupLimits, SandboxCgroup
 from lightning_grpo.sandbox.records import decode_value
 from lightning_grpo.sandbox.runner import Case, Sandbox, SandboxResult
@@ -89,6 +91,14 @@ def test_test_code_calls_the_program_over_a_pipe_and_gets_data_back(sandbox):
     assert result.errors == [None] * 7 and result.outputs[-1] == b"[2,1,0]"
 
 
+def test_an_argument_that_cannot_cross_says_why(sandbox):
+    code = "def total(xs):\n    return sum(xs)"
+    scripts = ["def numbers():\n    yield 1\nassert total(numbers()) == 1", "assert total(range(3)) == 3"]
+    result = run(sandbox, code, [Case("script", s) for s in scripts])
+    assert "arguments must be data, the test's functions or the program's objects" in result.errors[0]
+    assert "cannot send generator" in result.errors[0] and result.outputs[1] == b""
+
+
 @pytest.mark.parametrize(
     "read",
     ["[input(), input()]", "sys.stdin.read().split()", "open(0).read().split()", "sys.stdin.buffer.read().split()"],
@@ -118,6 +128,33 @@ def test_exits_anywhere_end_the_case_not_the_sandbox(sandbox):
     result = run(sandbox, code, cases)
     assert result.outputs == [None, None, None, b"4", None]
     assert result.errors[:3] == ["SystemExit: 0", "SystemExit: 0", "SystemExit: bye"] and "atexit" not in result.log
+
+
+STDIN_EXITS = {  # a stdin program that prints twice its input, then ends like this -> its stdout in Python
+    "sys.exit(0)": ("import sys\nsys.exit(0)", b"4\n"),
+    "sys.exit()": ("import sys\nsys.exit()", b"4\n"),
+    "exit()": ("exit()", b"4\n"),  # site's, which python -S does not define
+    "quit(0)": ("quit(0)", b"4\n"),
+    "raise SystemExit": ("raise SystemExit", b"4\n"),
+    "flush, os._exit(0)": ("import os, sys\nsys.stdout.flush()\nos._exit(0)", b"4\n"),
+    "os._exit(0), unflushed": ("import os\nos._exit(0)", b""),  # the buffer is lost, as _exit loses it
+    "sys.exit(1)": ("import sys\nsys.exit(1)", None),
+    "exit('bye')": ("exit('bye')", None),  # a message: status 1
+    "flush, os._exit(3)": ("import os, sys\nsys.stdout.flush()\nos._exit(3)", None),
+}
+
+
+def test_a_stdin_program_ends_as_a_process_does_exit_status_0_keeps_its_output(sandbox):
+    """Issue 58: ``print(ans); sys.exit(0)``, ``exit()`` and ``os._exit(0)`` after a flush are how competitive
+    programs end; they counted as failures (and ``exit`` was a NameError). What the sandbox captures is what
+    ``python`` itself writes to a pipe, status 0 or not (a non-zero status: no output)."""
+    codes = {name: f"print(int(input()) * 2)\n{ending}" for name, (ending, _) in STDIN_EXITS.items()}
+    results = {name: run(sandbox, code, [Case("stdin", "2\n")]) for name, code in codes.items()}
+    assert {name: r.outputs[0] for name, r in results.items()} == {n: out for n, (_, out) in STDIN_EXITS.items()}
+    for name, code in codes.items():  # the same programs, run by python itself
+        done = subprocess.run([sys.executable, "-I", "-c", code], input=b"2\n", capture_output=True, timeout=30)
+        assert (done.stdout if done.returncode == 0 else None) == results[name].outputs[0], name
+    assert "SystemExit: 1" in results["sys.exit(1)"].error and "SystemExit: 3" in results["flush, os._exit(3)"].error
 
 
 def test_unencodable_text_and_a_broken_harness_still_give_a_result(sandbox):
@@ -178,6 +215,45 @@ def test_multiprocessing_and_threads_work_inside_within_the_process_cap(sandbox)
     bomb = "import os\nn = 0\ntry:\n    while True:\n        if os.fork() == 0:\n            import time\n"
     bomb += "            time.sleep(30)\n        n += 1\nexcept OSError:\n    print(n)"
     assert 0 < int(run(sandbox, bomb).outputs[0]) < 16  # max_processes, harness included
+
+
+def needs_a_pids_cgroup():
+    if KERNEL and "pids" in sandbox_isolation.probe("auto").cgroups:
+        return
+    if os.environ.get("LIGHTNING_GRPO_REQUIRE_SANDBOX"):  # CI: a missing capability fails, not skips
+        pytest.fail(f"no kernel isolation with a pids cgroup: {sandbox_isolation.probe('auto')}")
+    pytest.skip("needs kernel isolation and a writable pids cgroup (root or a delegated cgroup v2)")
+
+
+FORK_ALL_YOU_CAN = "import os, time\nn = 0\ntry:\n    while True:\n        if os.fork() == 0:\n"
+FORK_ALL_YOU_CAN += "            time.sleep(30)\n        n += 1\nexcept OSError:\n    print(n)"
+
+
+@pytest.mark.parametrize("max_processes", [1, 3])
+def test_a_program_has_max_processes_and_the_sandbox_s_own_are_not_counted(max_processes):
+    """Issue 58: the pids cgroup budgeted bwrap and the first process but not the zygote, so a program had one
+    process fewer than ``max_processes`` and at 1 every program failed."""
+    needs_a_pids_cgroup()
+    sandbox = Sandbox(timeout_seconds=TIMEOUT, max_processes=max_processes)
+    assert run(sandbox, "print('ran')").outputs == [b"ran\n"]
+    assert run(sandbox, FORK_ALL_YOU_CAN).outputs == [f"{max_processes - 1}\n".encode()]  # its own + children
+    assert sandbox.metrics()["sandbox/failures"] == 0.0
+
+
+@pytest.mark.parametrize("mode", ["auto", "process"])
+def test_a_zygote_that_cannot_fork_is_the_sandbox_s_failure_not_the_program_s(monkeypatch, mode):
+    """Issue 58: a cgroup one process short of the sandbox's own refuses the zygote's fork: that run is counted in
+    ``sandbox/failures`` and says so, where it used to read as the program exiting early."""
+    needs_a_pids_cgroup()
+    monkeypatch.setattr(runner, "HARNESS_PROCESSES", runner.HARNESS_PROCESSES - 1)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # process mode's warning
+        sandbox = Sandbox(timeout_seconds=TIMEOUT, max_processes=1, isolation=mode)
+        result = run(sandbox, "print(1)", [Case("stdin", ""), Case("value", "1")])
+    assert result.outputs == [None, None] and result.sandbox_failed
+    assert result.error.startswith("sandbox failed") and "the zygote could not fork" in result.log
+    metrics = sandbox.metrics()
+    assert metrics["sandbox/failures"] == 1.0 and metrics["sandbox/killed"] == 0.0
 
 
 def test_programs_run_in_parallel_and_keep_order():

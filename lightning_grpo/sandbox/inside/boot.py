@@ -17,6 +17,11 @@ import os
 import sys
 
 PR_SET_DUMPABLE = 4
+SANDBOX_FAILED = 125  # our exit status when the sandbox itself fails (no program process could start), as env's
+
+
+class SandboxFailure(Exception):
+    """The sandbox cannot go on through no doing of the program: the zygote could not fork a program process."""
 
 
 def make_undumpable():
@@ -72,13 +77,18 @@ class Programs:
         self.control.sendall(b"s" + bytes([bool(self.limits["block_processes"])]) + bytes(3))
         size = _socket.CMSG_LEN(8)
         message, ancillary, _, _ = self.control.recvmsg(4, size)
+        if not message:
+            raise EOFError("the zygote is gone")
+        pid = int.from_bytes(message, "little", signed=True)
+        if pid <= 0:  # it answered -errno: the fork failed before any of the program's code existed
+            raise SandboxFailure(f"the zygote could not fork a program process: {os.strerror(-pid)}")
         requests_fd, replies_fd = (int.from_bytes(ancillary[0][2][i : i + 4], "little") for i in (0, 4))
         session = self.grader.Program(requests_fd, replies_fd, self.limits)
         try:
             self.grader.write_all(requests_fd, self.setup)
         except OSError:
             pass  # the program's process is gone: the case will say so
-        return int.from_bytes(message, "little"), session
+        return pid, session
 
     def end(self, pid, session):
         """Kill the case's process (it died already when ``session.dead``: then its signal is kept), reap it, and
@@ -167,9 +177,14 @@ def main():
     zygote, control = start_zygote(program)
     job = marshal.loads(sys.stdin.buffer.read())  # from the trainer, trusted
     programs = Programs(grader, zygote, control, job["code"], job["limits"])
-    run_cases(grader, programs, job["cases"], job["token"])
-    if not job["cases"]:  # no tests: whether the code runs at all
-        report(1, job["token"], -1, None, run_case(grader, programs, "script", "")[1])
+    try:
+        run_cases(grader, programs, job["cases"], job["token"])
+        if not job["cases"]:  # no tests: whether the code runs at all
+            report(1, job["token"], -1, None, run_case(grader, programs, "script", "")[1])
+    except SandboxFailure as failure:  # the cases left are unfinished; the trainer counts a sandbox failure
+        os.write(2, f"sandbox: {failure}\n".encode())
+        finish(zygote, control, 0)
+        os._exit(SANDBOX_FAILED)
     os._exit(finish(zygote, control, programs.died))
 
 

@@ -5,9 +5,11 @@ code run here, and every name they take from the program is a ``Remote``, so a c
 the ``repr`` of the result comes back, parsed here as a literal of built-in types (capped in size first). What
 the program defines (shadowed builtins, patched standard-library modules, always-equal objects, frame or memory
 inspection) never reaches the test code: names resolve to this process's builtins, then to this process's own
-standard library, then to the program. A result that is not a literal stays an opaque ``Remote``: it can be
-called, its attributes read, and ``bool``/``len``/iteration asked of the program, but it compares equal only to
-itself. Values go to the trainer as tagged JSON (``values.encode``), which it parses in C.
+standard library, then to the program. A result that is an instance of a subclass of a built-in type (a
+``Counter``) comes as its built-in value (``values.plain``) that also reads the object's other attributes
+(``Handled``); any other result that is not a literal stays an opaque ``Remote``: it can be called, its
+attributes read, and ``bool``/``len``/iteration asked of the program, but it compares equal only to itself.
+Values go to the trainer as tagged JSON (``values.encode``), which it parses in C.
 """
 
 import builtins
@@ -16,15 +18,13 @@ import os
 import sys
 
 try:
+    from .remote import Handled, ProgramError, Remote
     from .values import encode, is_literal, literal
 except ImportError:  # inside the sandbox, where these modules are top-level
+    from remote import Handled, ProgramError, Remote
     from values import encode, is_literal, literal
 
 STDLIB = frozenset(sys.stdlib_module_names)
-
-
-class ProgramError(Exception):
-    """The program raised something that is not a built-in exception (or the program's process is gone)."""
 
 
 class Program:
@@ -42,6 +42,7 @@ class Program:
         self.dead = None  # why the program's process can no longer answer
         self.definition = None  # "" once the code ran, else its error
         self.names = {}  # the program's functions and classes, by name
+        self.exceptions = {}  # (name, built-in bases) -> the class the program's exception class is raised as here
 
     def ask(self, request):
         """(kind, payload, changes) of the program's reply, ``changes`` the frames that say which arguments it
@@ -54,8 +55,8 @@ class Program:
             raise ProgramError(self.dead)
         try:
             data = marshal.dumps(request)
-        except ValueError as err:  # the test passed something that is not data
-            raise ProgramError(f"arguments must be literals or the program's own objects: {err}") from None
+        except ValueError as err:  # a request the grader built wrongly: its arguments went through remote.argument
+            raise ProgramError(f"the request cannot be sent: {err}") from None
         self._guard(write_all, self.requests_fd, len(data).to_bytes(4, "little") + data)
 
     def receive(self):
@@ -63,7 +64,7 @@ class Program:
         while True:
             header = self._guard(_read_exactly, self.replies_fd, 5)
             size = int.from_bytes(header[1:], "little")
-            if header[:1] not in b"voerkm" or size > self.output_cap + self.value_cap + 32 or len(changes) > 256:
+            if header[:1] not in b"voerkmx" or size > self.output_cap + self.value_cap + 32 or len(changes) > 256:
                 self.dead = f"the program's process broke its channel (a malformed reply of {size} bytes)"
                 raise ProgramError(self.dead)
             payload = self._guard(_read_exactly, self.replies_fd, size)
@@ -90,6 +91,24 @@ class Program:
                 self.definition = str(err)
         if self.definition:
             raise ProgramError(self.definition)
+
+    def exception(self, name, bases):
+        """The class the program's exception class ``name`` is here, from its built-in ``bases`` (comma-separated,
+        from the program's process, untrusted): the built-in class when it is one, else a class of that name
+        derived from them, one per program class, so ``except ValueError`` (or ``except Invalid``, the name looked
+        up) catches it as Python would; None when no ``Exception`` is among them."""
+        found = [getattr(builtins, base, None) for base in bases.split(",")[:8]]
+        if not found or not all(isinstance(c, type) and issubclass(c, Exception) for c in found):
+            return None
+        if [name] == bases.split(","):
+            return found[0]
+        if (name, bases) not in self.exceptions:
+            try:
+                made = type(name, tuple(found), {"__module__": "solution"})
+            except (TypeError, ValueError):  # bases whose layouts conflict, a name type() refuses
+                made = found[0]
+            self.exceptions[name, bases] = made
+        return self.exceptions[name, bases]
 
     def lookup(self, name):
         """The program's global ``name`` (KeyError if none); an object's handle is kept for the next test."""
@@ -127,15 +146,22 @@ class Program:
             key, _, text = change.partition(b" ")
             _update((arguments or {}).get(key.decode("ascii", "replace")), text, self.value_cap)
         if kind == b"v":
-            ident, _, text = payload.partition(b" ")
+            ident, base, text = (payload.split(b" ", 2) + [b"", b""])[:3]
             try:
-                return literal(text, self.value_cap)
+                value = literal(text, self.value_cap)
             except ValueError:
                 return Remote(self, int(ident))
+            if type(value).__name__ != base.decode("ascii", "replace"):
+                return value  # a built-in value, or a subclass whose repr did not read as its base
+            return Handled.of(value, Remote(self, int(ident)))
+        if kind == b"x":
+            ident, name, bases = (payload.decode("utf-8", "replace").split(" ", 2) + ["", ""])[:3]
+            return self.exception(name, bases) or Remote(self, int(ident))
         if kind == b"r":
-            name, _, message = payload.decode("utf-8", "replace").partition("\n")
-            found = _exception(name)
-            raise found(message) if found is not ProgramError else ProgramError(f"{name}: {message}")
+            head, _, message = payload.decode("utf-8", "replace").partition("\n")
+            name, _, bases = head.partition(" ")
+            found = self.exception(name, bases)
+            raise found(message) if found else ProgramError(f"{name}: {message}")
         raise ProgramError(payload.decode("utf-8", "replace")[:500])
 
 
@@ -150,52 +176,6 @@ def _update(target, text, cap):
     elif type(target) in (dict, set) and type(new) is type(target):
         target.clear()
         target.update(new)
-
-
-def _exception(name):
-    """The built-in exception of that name (tests catch ``ValueError``...), else ``ProgramError``."""
-    found = getattr(builtins, name, None)
-    return found if isinstance(found, type) and issubclass(found, Exception) else ProgramError
-
-
-class Remote:
-    """An object living in the program's process; equal only to itself."""
-
-    __slots__ = ("_program", "_id")
-
-    def __init__(self, program, ident):
-        object.__setattr__(self, "_program", program)
-        object.__setattr__(self, "_id", ident)
-
-    def __call__(self, *args, **kwargs):
-        wire = [_argument(a) for a in args], {k: _argument(v) for k, v in kwargs.items()}
-        sent = {**{str(i): a for i, a in enumerate(args)}, **kwargs}  # the program's in-place changes come back
-        return self._program.result(("call", self._id, *wire), sent)
-
-    def __getattr__(self, name):
-        return self._program.result(("attr", self._id, name))
-
-    def __bool__(self):
-        return _exactly(bool, self._program.result(("op", self._id, "bool")))
-
-    def __len__(self):
-        return _exactly(int, self._program.result(("op", self._id, "len")))
-
-    def __iter__(self):
-        return iter(_exactly(list, self._program.result(("op", self._id, "list"))))
-
-    def __repr__(self):
-        return f"<object {self._id} of the program>"
-
-
-def _exactly(kind, value):
-    if type(value) is not kind:
-        raise TypeError(f"the program answered a {type(value).__name__} where a {kind.__name__} was due")
-    return value
-
-
-def _argument(value):
-    return ("h", value._id) if type(value) is Remote else ("v", value)
 
 
 class Names(dict):

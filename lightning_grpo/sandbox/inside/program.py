@@ -7,16 +7,22 @@ the parent parses as untrusted data. Objects stay here: a value crosses as its `
 the grader reads as a literal or else keeps as an opaque handle (the id sent with it) to call or inspect later.
 """
 
-import fcntl
+import builtins
 import io
 import marshal
 import os
 import resource
 import sys
 
+try:
+    from .running import fresh_module, high_fd, os_exit_in, reason, run, site_exits, stdin_case
+    from .values import built_in_base, plain
+except ImportError:  # inside the sandbox, where these modules are top-level
+    from running import fresh_module, high_fd, os_exit_in, reason, run, site_exits, stdin_case
+    from values import built_in_base, plain
+
 OPEN_FILES = 256  # the harness keeps its descriptors at 100 and above
 _real_exit = os._exit
-HARNESS_PID = None
 
 
 def limit_resources(limits):
@@ -26,46 +32,10 @@ def limit_resources(limits):
     resource.setrlimit(resource.RLIMIT_CPU, (cpu, cpu + 1))
     resource.setrlimit(resource.RLIMIT_AS, (memory, memory))
     resource.setrlimit(resource.RLIMIT_FSIZE, (fsize, fsize))
-    resource.setrlimit(resource.RLIMIT_NPROC, (limits["max_processes"], limits["max_processes"]))
+    resource.setrlimit(resource.RLIMIT_NPROC, (limits["user_processes"], limits["user_processes"]))
     resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
     resource.setrlimit(resource.RLIMIT_NOFILE, (OPEN_FILES, OPEN_FILES))
     resource.setrlimit(resource.RLIMIT_MSGQUEUE, (0, 0))
-
-
-def _exit_as_exception(status=0):
-    """``os._exit`` inside a case ends that case, not the harness (a convenience: ``posix._exit`` still works).
-
-    A forked child (multiprocessing ends its workers with ``os._exit``) really exits.
-    """
-    if os.getpid() != HARNESS_PID:
-        _real_exit(status)
-    raise SystemExit(status)
-
-
-def high_fd(fd):
-    """``fd`` moved above the descriptors a program usually touches, closed on exec."""
-    high = fcntl.fcntl(fd, fcntl.F_DUPFD_CLOEXEC, 100)
-    os.close(fd)
-    return high
-
-
-def _module(name):
-    """A fresh module registered in ``sys.modules``, so pickling its functions (multiprocessing) finds them."""
-    module = type(sys)(name)
-    module.__builtins__ = __builtins__
-    sys.modules[name] = module
-    return module.__dict__
-
-
-def _run(source, namespace):
-    """None when ``source`` ran to the end, else the reason; any exit is a failure."""
-    try:
-        exec(compile(source, "<solution>", "exec"), namespace)
-        return None
-    except SystemExit as err:
-        return f"SystemExit: {err.code}"
-    except BaseException as err:  # noqa: B036 - untrusted code may raise anything; it all means "failed"
-        return f"{type(err).__name__}: {err}"[:500]
 
 
 def _receive(fd):
@@ -100,18 +70,34 @@ class Server:
 
     def define(self):
         if self.definitions is None:
-            namespace = _module("solution")
-            self.definitions = (namespace, _run(self.code, namespace))
+            namespace = fresh_module("solution")
+            self.definitions = (namespace, reason(run(self.code, namespace)))  # any exit fails: the tests follow
         return self.definitions
 
     def value(self, value):
-        """Keep ``value`` here and send its id and ``repr`` (cut past the cap: the grader will not parse it)."""
+        """Keep ``value`` here and send its id, the built-in type it is a subclass of ("-" if none, or if it is
+        one), and the ``repr`` of its built-in value (``plain``; cut past the cap: the grader will not parse it);
+        an exception class as its name and built-in bases (``except`` in the tests can name it)."""
         self.objects[len(self.objects)] = value
+        if _is_exception_class(value):
+            head = f"{len(self.objects) - 1} {value.__name__} {built_in_bases(value)}"
+            return self.reply(b"x", head[:500].encode("utf-8", "replace"))
         try:
-            text = repr(value).encode("utf-8", "replace")[: self.value_cap]
+            base = getattr(built_in_base(value), "__name__", "-")
+        except BaseException:  # noqa: B036 - a hostile __class__
+            base = "-"
+        self.reply(b"v", f"{len(self.objects) - 1} {base} ".encode() + self.text(value))
+
+    def text(self, value):
+        """The ``repr`` of ``value``'s built-in value, else its own ``repr``; b"" if neither can be had."""
+        try:
+            value = plain(value, self.value_cap)  # a longer value has a longer repr: not parsed anyway
+        except BaseException:  # noqa: B036 - too large, too deep or hostile (a __hash__): sent as it is
+            pass
+        try:
+            return repr(value).encode("utf-8", "replace")[: self.value_cap]
         except BaseException:  # noqa: B036 - a hostile __repr__: the value stays an opaque handle
-            text = b""
-        self.reply(b"v", f"{len(self.objects) - 1} ".encode() + text)
+            return b""
 
     def stdin(self, texts):
         """One reply per stdin case, in order (the first process sends consecutive ones at once)."""
@@ -132,8 +118,9 @@ class Server:
             return self.reply(b"e", error.encode("utf-8", "replace"))
         try:
             self.value(self.evaluate(namespace, request))
-        except BaseException as err:  # noqa: B036 - whatever the code raised goes back by name
-            self.reply(b"r", f"{type(err).__name__}\n{err}"[:500].encode("utf-8", "replace"))
+        except BaseException as err:  # noqa: B036 - whatever the code raised goes back by name and built-in bases
+            head = f"{type(err).__name__} {built_in_bases(type(err))}"
+            self.reply(b"r", f"{head}\n{err}"[:500].encode("utf-8", "replace"))
 
     def evaluate(self, namespace, request):
         kind, *rest = request
@@ -148,58 +135,53 @@ class Server:
             return getattr(target, rest[1])
         if kind == "op":
             return {"bool": bool, "len": len, "list": list}[rest[1]](target)
-        args = [self.objects[v] if tag == "h" else v for tag, v in rest[1]]
-        kwargs = {k: self.objects[v] if tag == "h" else v for k, (tag, v) in rest[2].items()}
+        args = [self.argument(tag, v) for tag, v in rest[1]]
+        kwargs = {k: self.argument(tag, v) for k, (tag, v) in rest[2].items()}
         sent = {**{str(i): a for i, a in enumerate(args)}, **kwargs}
-        mutable = {k: (v, repr(v)) for k, v in sent.items() if type(v) in (list, dict, set)}
+        mutable = {k: (v, self.text(v)) for k, v in sent.items() if type(v) in (list, dict, set)}
         value = target(*args, **kwargs)
         for key, (argument, before) in mutable.items():  # in-place changes go back, as a caller would see them
-            after = repr(argument).encode("utf-8", "replace")[: self.value_cap]
-            if after != before.encode("utf-8", "replace")[: self.value_cap]:
+            after = self.text(argument)
+            if after != before:
                 self.reply(b"m", f"{key} ".encode() + after)
         return value
 
-
-def stdin_case(code, text, cap):
-    """Fresh ``__main__`` run with ``text`` on fd 0 and fd 1 captured: ``input()``, ``open(0)``, ``os.write(1)``.
-
-    The program may close any descriptor (``open(0)`` closes fd 0 when collected): the harness keeps its own
-    above 100 and treats a lost one as an unfinished case. Returns (stdout, None) or (None, error).
-    """
-    stdin, stdout = high_fd(os.memfd_create("stdin")), high_fd(os.memfd_create("stdout"))
-    try:
-        os.write(stdin, text.encode("utf-8", "replace"))
-        os.dup2(stdin, 0)
-        os.lseek(0, 0, os.SEEK_SET)
-        os.dup2(stdout, 1)
-        sys.stdin, sys.stdout = open(0, closefd=False), open(1, "w", closefd=False)
-        error = _run(code, _module("__main__"))
-        try:
-            sys.stdout.flush()
-        except BaseException:  # noqa: B036 - the program's own stdout object may raise anything
-            pass
-        sys.stdout = sys.__stdout__
-        os.dup2(2, 1)
-        return (None if error else os.pread(stdout, cap, 0)), error
-    except OSError as err:
-        return None, f"the program broke its standard streams: {err}"
-    finally:
-        for fd in (stdin, stdout):
+    def argument(self, tag, value):
+        """A call's argument as the grader sent it (``remote.argument``): a handle, a pickle, or a literal."""
+        if tag == "h":
+            return self.objects[value]
+        if tag == "p":
             try:
-                os.close(fd)
-            except OSError:
-                pass
+                from . import arguments
+            except ImportError:  # inside the sandbox
+                import arguments
+            return arguments.loads(value, self.objects, self.define()[0])
+        return value
+
+
+def _is_exception_class(value):
+    try:
+        return isinstance(value, type) and issubclass(value, BaseException)
+    except BaseException:  # noqa: B036 - a hostile metaclass
+        return False
+
+
+def built_in_bases(kind):
+    """The built-in classes among ``kind``'s ancestors that no other of them derives from, comma-separated (its own
+    name if it is built-in): what the grader raises it as, so that ``except ValueError`` catches the program's
+    ``class Invalid(ValueError)`` there as Python would."""
+    try:
+        found = [c for c in kind.__mro__ if getattr(builtins, c.__name__, None) is c]
+    except BaseException:  # noqa: B036 - a hostile metaclass
+        found = []
+    return ",".join(c.__name__ for c in found if not any(o is not c and issubclass(o, c) for o in found)) or "-"
 
 
 def zygote(control, block_processes):
     """The sandbox's second process, forked before the job is read: it never holds test code and never runs the
     program's; on each request of the first process it forks a fresh program process, so no state (globals,
     builtins, caches, counters) outlives one case. Requests on ``control`` (a Unix socket): ``s`` + hooks flag
-    spawns one and answers its pid with the first process's ends of its two pipes (SCM_RIGHTS); ``w`` + pid reaps
-    it and answers its wait status. End of file ends it."""
-    import _socket
-    import array
-
+    spawns one (``spawn``); ``w`` + pid reaps it and answers its wait status. End of file ends it."""
     while len(command := _recv(control, 5)) == 5:
         if command[:1] == b"w":
             _, status = os.waitpid(int.from_bytes(command[1:], "little"), 0)
@@ -210,23 +192,42 @@ def zygote(control, block_processes):
             import threading  # noqa: F401
 
             import hooks  # noqa: F401
-        requests, replies = os.pipe(), os.pipe()
-        pid = os.fork()
-        if pid == 0:
-            try:
-                control.close()
-                os.close(requests[1])
-                os.close(replies[0])
-                serve(high_fd(requests[0]), high_fd(replies[1]), block_processes)
-            finally:
-                _real_exit(0)
-        os.close(requests[0])
-        os.close(replies[1])
-        ends = array.array("i", [requests[1], replies[0]])
-        control.sendmsg([pid.to_bytes(4, "little")], [(_socket.SOL_SOCKET, _socket.SCM_RIGHTS, ends.tobytes())])
-        os.close(requests[1])
-        os.close(replies[0])
+        spawn(control, block_processes)
     _real_exit(0)
+
+
+def spawn(control, block_processes):
+    """Fork a program process and answer its pid (4 bytes, signed) with the first process's ends of its two pipes
+    (SCM_RIGHTS); where the kernel refuses the pipes or the fork (the pids or memory share), answer ``-errno`` and
+    no descriptors: the sandbox's own failure, not the program's, which has not started."""
+    import _socket
+    import array
+
+    made = []
+    try:
+        made += os.pipe()
+        made += os.pipe()
+        pid = os.fork()
+    except OSError as err:
+        for fd in made:
+            os.close(fd)
+        control.sendall((-(err.errno or 1)).to_bytes(4, "little", signed=True))
+        return
+    requests, replies = made[:2], made[2:]
+    if pid == 0:
+        try:
+            control.close()
+            os.close(requests[1])
+            os.close(replies[0])
+            serve(high_fd(requests[0]), high_fd(replies[1]), block_processes)
+        finally:
+            _real_exit(0)
+    os.close(requests[0])
+    os.close(replies[1])
+    ends = array.array("i", [requests[1], replies[0]]).tobytes()
+    control.sendmsg([pid.to_bytes(4, "little", signed=True)], [(_socket.SOL_SOCKET, _socket.SCM_RIGHTS, ends)])
+    os.close(requests[1])
+    os.close(replies[0])
 
 
 def _recv(control, size):
@@ -238,13 +239,12 @@ def _recv(control, size):
 
 def serve(requests_fd, replies_fd, block_processes):
     """The forked program process: limits, then answer requests until the first process closes the channel."""
-    global HARNESS_PID
-    HARNESS_PID = os.getpid()
     setup = _receive(requests_fd)
     limit_resources(setup["limits"])
     sys.dont_write_bytecode = True
     sys.stdin = io.StringIO()
-    os._exit = _exit_as_exception
+    os._exit = os_exit_in(os.getpid())
+    site_exits()
     if setup["limits"]["block_processes"]:
         block_processes(os.path.realpath(os.getcwd()))
     server = Server(setup["code"], setup["limits"], replies_fd)
