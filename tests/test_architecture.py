@@ -187,6 +187,8 @@ TESTED_WITH = {
     "engines/vllm/launch.py": ["engines/vllm/test_real.py", "engines/vllm/test_real_template.py"],
     "engines/vllm/lora.py": ["engines/vllm/test_sync.py", "engines/vllm/test_real.py"],
     "engines/vllm/seeds.py": ["engines/vllm/test_real.py"],
+    "engines/vllm/control.py": ["engines/vllm/test_servers.py", "engines/vllm/test_real_servers.py"],
+    "engines/vllm/pool.py": ["engines/vllm/test_servers.py", "engines/vllm/test_servers_sticky.py"],
     "images.py": ["model/test_vision.py"],
     "loss/config.py": ["test_settings.py", "loss/test_objectives.py"],
     "loss/entropy.py": ["loss/test_objectives.py"],

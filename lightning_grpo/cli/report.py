@@ -182,7 +182,7 @@ def run_servers(run_dir: Path) -> int:
     import inspect
 
     from lightning_grpo.engines import VLLMServer
-    from lightning_grpo.engines.vllm.servers import server_urls
+    from lightning_grpo.engines.vllm.control import server_urls
 
     engine = (run_config(run_dir).get("model") or {}).get("rollout_engine")
     while isinstance(engine, dict):

@@ -23,7 +23,7 @@ from quiet_trainer import quiet_trainer  # this script's folder is on the path
 
 from lightning_grpo import GRPOModule, PromptDataModule
 from lightning_grpo.engines import VLLMServer
-from lightning_grpo.engines.vllm.servers import ServerControl
+from lightning_grpo.engines.vllm.control import ServerControl
 from lightning_grpo.engines.vllm.sync import policy_side, probe_prompt
 
 SEED = 1000

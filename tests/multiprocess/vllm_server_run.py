@@ -31,7 +31,7 @@ from quiet_trainer import quiet_trainer  # this script's folder is on the path
 from lightning_grpo import GRPOModule, PromptDataModule
 from lightning_grpo.callbacks import FaultCheckpoint
 from lightning_grpo.engines import VLLMServer
-from lightning_grpo.engines.vllm.servers import NoServerLeft
+from lightning_grpo.engines.vllm.control import NoServerLeft
 
 FAKE_SERVER = Path(__file__).parents[1] / "engines" / "vllm" / "vllm_fake_server.py"
 

