@@ -1,16 +1,12 @@
-"""Dataset rows -> prompt batches. Knows files and Hugging Face datasets; nothing about models or tokenizers.
-
-Every column other than the prompt is forwarded, per row, to the reward functions (``answer``, ``solution``,
-test cases ...). The chat template is applied later, by the rollout stage, which owns the tokenizer.
-Validation rows are never training rows: without a validation split, some training rows are held out.
-"""
+"""Dataset rows -> prompt batches: ``PromptDataModule``, the LightningDataModule that loads, checks, holds out and
+batches them. Every column other than the prompt is forwarded, per row, to the reward functions (``answer``,
+``solution``, test cases ...); the chat template is applied later, by the rollout stage, which owns the tokenizer.
+Validation rows are never training rows: without a validation split, some training rows are held out."""
 
 from __future__ import annotations
 
-import json
 import os
 import warnings
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import lightning as L
@@ -18,251 +14,21 @@ from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
 from torch.utils.data import DataLoader, DistributedSampler
 from torchdata.stateful_dataloader import StatefulDataLoader
 
-from lightning_grpo import demo
 from lightning_grpo.checks import listing
+from lightning_grpo.data.files import load_any
+from lightning_grpo.data.rows import (
+    PROMPT_TYPES,
+    as_chat,
+    check_few_shot,
+    held_out_size,
+    prompt_characters,
+    prompt_problems,
+)
 from lightning_grpo.images import IMAGE_TYPES, image_column, image_problems
 from lightning_grpo.types import PromptBatch
 
 if TYPE_CHECKING:
     from datasets import Dataset
-
-FILE_FORMATS = {".json": "json", ".jsonl": "json", ".csv": "csv", ".parquet": "parquet"}
-
-
-def load_any(source: str, split: str, name: str | None = None, prompt_column: str | None = None) -> Dataset:
-    """A split from a hub name, a ``save_to_disk`` directory, a JSON/JSONL/CSV/Parquet file, or a directory
-    of ``<split>.<ext>`` files; a JSON/JSONL/CSV file is checked first, line by line (``check_text_file``), with
-    ``prompt_column`` held to what a prompt is."""
-    from datasets import DatasetDict, load_dataset, load_from_disk  # pandas and pyarrow: only when data loads
-
-    source = demo.resolve(source)
-    path = Path(source)
-    if path.is_dir() and ((path / "dataset_dict.json").exists() or (path / "dataset_info.json").exists()):
-        loaded = load_from_disk(str(path))
-        if isinstance(loaded, DatasetDict):
-            return loaded[split]
-        if split != "train":  # a plain Dataset is one split: serving it as validation too would reuse its rows
-            raise FileNotFoundError(f"dataset {source!r} is one Dataset, the 'train' split, not {split!r}")
-        return loaded
-    if path.is_dir():
-        files = sorted(p for p in path.glob(f"{split}.*") if p.suffix in FILE_FORMATS)
-        if not files:
-            raise FileNotFoundError(f"dataset directory {source!r} has no {split}.(json|jsonl|csv|parquet) file")
-        if files[0].suffix in TEXT_FORMATS:
-            check_text_file(files[0], prompt_column)
-        return load_dataset(FILE_FORMATS[files[0].suffix], data_files=str(files[0]), split="train")
-    if path.suffix in FILE_FORMATS:
-        if not path.exists():
-            raise FileNotFoundError(f"dataset file {source!r} does not exist")
-        if path.stat().st_size == 0:
-            raise ValueError(f"dataset {source!r} has no rows: the file is empty")
-        if path.suffix in TEXT_FORMATS:
-            check_text_file(path, prompt_column)
-        if split != "train":  # a single file is one split, which the datasets library names "train"
-            raise FileNotFoundError(f"dataset file {source!r} holds only the 'train' split, not {split!r}")
-        return load_dataset(FILE_FORMATS[path.suffix], data_files=str(path), split="train")
-    return load_dataset(source, name, split=split)
-
-
-TEXT_FORMATS = (".json", ".jsonl", ".csv")
-
-
-def check_text_file(path: Path, prompt_column: str | None = None) -> None:
-    """A JSON/JSONL/CSV dataset file read before any compute: UTF-8 throughout, at least one non-blank line, and
-    for JSON lines one object a line whose ``prompt_column`` is a prompt (``prompt_problem``). Every problem of
-    the file is named in one error, with its line (the datasets library names neither, or fails only when the
-    bad row is drawn), so one run shows all there is to fix."""
-    lines = path.read_bytes().splitlines()
-    problems = {number: problem for number, raw in enumerate(lines, 1) if (problem := _not_utf8(number, raw))}
-    if not any(line.strip() for line in lines):
-        raise ValueError(f"dataset {str(path)!r} has no rows: its {len(lines)} lines are all blank")
-    if path.suffix != ".csv" and not _one_json_document(path):
-        problems |= _json_line_problems(lines, set(problems), prompt_column)
-    about_prompts = any(p.startswith(f"line {n}: {prompt_column!r}") for n, p in problems.items())
-    what = f"\nA prompt is {PROMPT_TYPES}" if about_prompts else ""
-    if len(problems) == 1:
-        raise ValueError(f"dataset file {str(path)!r} {next(iter(problems.values()))}{what}")
-    if problems:
-        listed = [problems[number] for number in sorted(problems)]
-        raise ValueError(
-            f"dataset file {str(path)!r} has {len(problems)} problems; all of them, by line:\n{listing(listed)}{what}"
-        )
-
-
-def _not_utf8(number: int, raw: bytes) -> str | None:
-    try:
-        raw.decode("utf-8")
-    except UnicodeDecodeError as err:
-        return (
-            f"line {number} is not UTF-8 (byte {raw[err.start]:#04x} at column {err.start + 1}): save the file as UTF-8"
-        )
-    return None
-
-
-def _one_json_document(path: Path) -> bool:
-    """A ``.json`` file holding one document (an array of rows, or ``{"data": [...]}``), not JSON lines."""
-    if path.suffix != ".json":
-        return False
-    try:
-        json.loads(path.read_text(encoding="utf-8", errors="replace"))
-    except json.JSONDecodeError:
-        return False
-    return True
-
-
-def _json_line_problems(lines: list[bytes], skip: set[int], prompt_column: str | None) -> dict[int, str]:
-    """Line number -> what is wrong with it: not JSON, not an object, or a prompt that is not one. A column no
-    row has is left to ``PromptDataModule``, which lists the columns there are."""
-    problems, rows = {}, {}
-    for number, raw in enumerate(lines, 1):
-        if not raw.strip() or number in skip:
-            continue
-        try:
-            row = json.loads(raw)
-        except json.JSONDecodeError as err:
-            problems[number] = (
-                f"line {number} is not valid JSON ({err.msg} at column {err.colno}): each line must be one JSON object"
-            )
-            continue
-        if isinstance(row, dict):
-            rows[number] = row
-        else:
-            problems[number] = (
-                f"line {number} is a JSON {type(row).__name__}, not an object: each line must be one row, e.g. "
-                '{"prompt": "...", "answer": "..."}'
-            )
-    if prompt_column is None or not any(prompt_column in row for row in rows.values()):
-        return problems
-    for number, row in rows.items():
-        problem = prompt_problem(row[prompt_column]) if prompt_column in row else "is missing"
-        if problem:
-            problems[number] = f"line {number}: {prompt_column!r} {problem}"
-    return problems
-
-
-PROMPT_TYPES = (
-    "a string, or a list of chat messages, each a dict with 'role' and 'content' "
-    '(e.g. [{"role": "user", "content": "2+2="}])'
-)
-
-
-def prompt_problem(prompt: Any) -> str | None:
-    """What makes ``prompt`` not a prompt (``PROMPT_TYPES``), or ``None``: the tokenizer's own errors name neither
-    the column nor the row.
-
-    >>> prompt_problem(42)
-    'is 42 (int)'
-    >>> prompt_problem([{"content": "2+2="}])
-    "message 0 has no 'role': {'content': '2+2='}"
-    >>> prompt_problem([{"role": "user", "content": "2+2="}]) is None
-    True
-    """
-    if isinstance(prompt, str):
-        return None
-    if not isinstance(prompt, list):
-        return f"is {_short(prompt)} ({'null' if prompt is None else type(prompt).__name__})"
-    if not prompt:
-        return "is an empty list of messages"
-    for i, message in enumerate(prompt):
-        problem = _message_problem(message)
-        if problem:
-            return f"message {i} {problem}: {_short(message)}"
-    return None
-
-
-def _message_problem(message: Any) -> str | None:
-    if not isinstance(message, dict):
-        return f"is a {type(message).__name__}, not a dict"
-    missing = [key for key in ("role", "content") if message.get(key) is None and not _tool_call(message, key)]
-    if missing:
-        return f"has no {' or '.join(repr(key) for key in missing)}"
-    if not isinstance(message["role"], str):
-        return f"has a {type(message['role']).__name__} 'role', not a string"
-    content = message["content"]
-    if content is not None and not isinstance(content, (str, list)):
-        return f"has a {type(content).__name__} 'content', not a string (or a list of parts)"
-    return None
-
-
-def _tool_call(message: dict, key: str) -> bool:
-    """An assistant message that calls tools may have no text: ``content`` is then ``None``."""
-    return key == "content" and bool(message.get("tool_calls"))
-
-
-def _short(value: Any, limit: int = 80) -> str:
-    text = repr(value)
-    return text if len(text) <= limit else text[: limit - 3] + "..."
-
-
-def prompt_problems(data: Dataset, column: str) -> list[str]:
-    """``row i: ...`` for each row of a loaded split whose ``column`` is not a prompt (row i is ``data[i]``)."""
-    feature = data.features.get(column)
-    if getattr(feature, "dtype", None) in ("string", "large_string") and not data.data.column(column).null_count:
-        return []  # a text column without missing values: every row is a prompt, and reading them costs time
-    return [
-        f"row {i}: {column!r} {problem}" for i, value in enumerate(data[column]) if (problem := prompt_problem(value))
-    ]
-
-
-def prompt_characters(data: Dataset, column: str) -> list[int]:
-    """[rows] characters of each row's prompt (its messages' text together): what tokenizing it will cost."""
-    feature = data.features.get(column)
-    if getattr(feature, "dtype", None) in ("string", "large_string"):
-        import pyarrow.compute as pc
-
-        return pc.utf8_length(data.data.column(column)).fill_null(0).to_pylist()
-    return [_characters(prompt) for prompt in data[column]]
-
-
-def _characters(prompt: Any) -> int:
-    if isinstance(prompt, str):
-        return len(prompt)
-    return sum(len(m["content"]) for m in prompt if isinstance(m, dict) and isinstance(m.get("content"), str))
-
-
-Message = dict[str, str]
-
-
-def as_chat(prompt: Any, system_prompt: str | None, few_shot: list[Message] | None) -> Any:
-    """The prompt with the system message and few-shot turns in front, as chat messages.
-
-    A plain-text prompt becomes the user message (as open-r1 does), so the tokenizer's chat template formats
-    all of it; without a system prompt or few-shot turns it stays plain text. A chat prompt's own system
-    message is kept (``system_prompt`` does not replace it); few-shot turns go after it.
-
-    >>> as_chat("2+2=", "Be brief.", [{"role": "user", "content": "1+1="}, {"role": "assistant", "content": "2"}])
-    [{'role': 'system', 'content': 'Be brief.'}, {'role': 'user', 'content': '1+1='}, \
-{'role': 'assistant', 'content': '2'}, {'role': 'user', 'content': '2+2='}]
-    """
-    if system_prompt is None and not few_shot:
-        return prompt
-    messages = list(prompt) if isinstance(prompt, list) else [{"role": "user", "content": prompt}]
-    system = messages[:1] if messages and messages[0].get("role") == "system" else []
-    if not system and system_prompt is not None:
-        system = [{"role": "system", "content": system_prompt}]
-    rest = messages[1:] if messages and messages[0].get("role") == "system" else messages
-    return [*system, *(few_shot or []), *rest]
-
-
-def check_few_shot(few_shot: list[Message] | None) -> None:
-    for i, turn in enumerate(few_shot or []):
-        if not isinstance(turn, dict) or set(turn) != {"role", "content"} or turn["role"] not in ("user", "assistant"):
-            raise ValueError(
-                f"few_shot[{i}] must be {{role: user|assistant, content: ...}}, got {turn!r}: "
-                "few-shot turns are example user questions and assistant answers"
-            )
-
-
-def held_out_size(val_size: int | float | None, n: int) -> int:
-    """Rows to hold out of ``n`` training rows: ``val_size`` rows, a fraction of them, or by default 5% (at
-    least 1, at most 500); always leaving one to train on."""
-    if val_size is None:
-        size = min(max(1, round(0.05 * n)), 500)
-    elif isinstance(val_size, float) and 0 < val_size < 1:
-        size = max(1, round(val_size * n))
-    else:
-        size = int(val_size)
-    return min(size, n - 1)
 
 
 class PromptDataModule(L.LightningDataModule):
