@@ -167,6 +167,7 @@ TESTED_WITH = {
     "callbacks/unscored.py": ["cli/test_preflight.py"],
     "checks.py": ["test_settings.py"],
     "cli/failure.py": ["callbacks/test_faults.py"],
+    "cli/help.py": ["cli/test_main.py", "callbacks/test_alert_set.py"],
     "cli/resume.py": ["test_checkpoints.py", "callbacks/test_faults.py"],
     "cli/suggest.py": ["cli/test_main.py"],
     "data/files.py": ["test_data.py", "cli/test_preflight.py"],

@@ -17,7 +17,8 @@ from lightning_grpo.callbacks import (
 from lightning_grpo.callbacks.alerts import Alert
 from lightning_grpo.callbacks.metricsfile import MetricsFile
 from lightning_grpo.cli import main
-from lightning_grpo.cli.main import GRPOCLI, GRPOArgumentParser
+from lightning_grpo.cli.help import GRPOArgumentParser
+from lightning_grpo.cli.main import GRPOCLI
 
 TINY = ROOT / "templates" / "tiny_cpu.yaml"
 

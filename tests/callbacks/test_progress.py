@@ -8,7 +8,8 @@ from helpers import make_module
 
 from lightning_grpo import GRPOModule, PromptDataModule
 from lightning_grpo.callbacks.progress import StepProgressBar
-from lightning_grpo.cli.main import GRPOCLI, GRPOArgumentParser
+from lightning_grpo.cli.help import GRPOArgumentParser
+from lightning_grpo.cli.main import GRPOCLI
 
 
 class Seen(L.Callback):
