@@ -322,3 +322,13 @@ def _unpacked(values: Tensor, targets: Tensor, completion_length: int) -> Tensor
     hooks the outputs of a sharded forward, and a view's hook is silently lost if anything later modifies it."""
     out = values.new_zeros(targets.shape).masked_scatter(targets, values)  # [n, T']
     return torch.nn.functional.pad(out, (0, completion_length - targets.shape[1]))
+
+
+def in_row_order(micro_batches: list[slice] | list[Tensor], logps: Callable[[slice | Tensor], Tensor]) -> Tensor:
+    """[N, T] ``logps(rows)`` of each micro-batch, put back in row order (token-budget micro-batches take rows
+    sorted by length)."""
+    parts = [(rows, logps(rows)) for rows in micro_batches]
+    out = parts[0][1].new_zeros(sum(len(values) for _, values in parts), parts[0][1].shape[1])  # [N, T]
+    for rows, values in parts:
+        out[rows] = values
+    return out

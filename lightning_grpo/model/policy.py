@@ -11,14 +11,12 @@ import collections
 import contextlib
 import copy
 import functools
-import math
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from typing import Any
 
 import torch
 from lightning.pytorch.strategies import FSDPStrategy, ModelParallelStrategy, Strategy
 from torch import Tensor, nn
-from torch.distributed.tensor import DTensor
 
 from lightning_grpo.model.config import PolicyConfig
 from lightning_grpo.model.loading import (
@@ -33,18 +31,19 @@ from lightning_grpo.model.loading import (
     resolve_pretrained,
     with_lora,
 )
-from lightning_grpo.model.logprobs import TokenLogps, completion_logps, router_aux_coef
+from lightning_grpo.model.logprobs import TokenLogps, completion_logps, in_row_order, router_aux_coef
 from lightning_grpo.model.materialize import empty_causal_lm, is_empty, load_weights, materialize_lora_adapters
 from lightning_grpo.model.padding import row_plan
 from lightning_grpo.model.served_teacher import ServedTeacher
-from lightning_grpo.model.sharding import LOGPS_METHOD, full_state_dict, is_sharded, shard_causal_lm
+from lightning_grpo.model.sharding import LOGPS_METHOD, clip_gradients, full_state_dict, is_sharded, shard_causal_lm
 from lightning_grpo.model.teacher import TeacherModel, completion_logits, frozen_logits, load_teacher
 from lightning_grpo.model.vision import (
+    check_multimodal,
     freeze_vision_tower,
     is_multimodal,
     is_processor,
-    load_processor,
     lora_exclusion,
+    policy_processor,
     vision_token_ids,
 )
 from lightning_grpo.types import Rollout
@@ -93,7 +92,7 @@ class Policy(nn.Module):
             self.model = load_policy(model, c.dtype, c.load_in_4bit, c.model_init_kwargs).train()
         self.is_multimodal = is_multimodal(self.model)
         source = c.tokenizer if c.tokenizer is not None else model
-        self.processor = _processor(source) if self.is_multimodal or is_processor(source) else None
+        self.processor = policy_processor(source) if self.is_multimodal or is_processor(source) else None
         """The vision-language model's processor (images -> vision inputs, prompts -> ids with image tokens)."""
         self.tokenizer = load_tokenizer(self.processor.tokenizer if self.processor is not None else source)
         if c.disable_dropout:
@@ -102,7 +101,7 @@ class Policy(nn.Module):
             checkpointing(self.model, True)
         self.is_lora = c.peft_config is not None
         if self.is_multimodal:
-            _check_multimodal(c, teacher)
+            check_multimodal(c, teacher is not None)
             if c.freeze_vision_tower:
                 freeze_vision_tower(self.model)
         rng = torch.get_rng_state()
@@ -155,14 +154,14 @@ class Policy(nn.Module):
     @torch.no_grad()
     def logps(self, rollout: Rollout, micro_batches: list[slice] | list[Tensor]) -> Tensor:
         """[N, T] log-probs under the current weights, without gradient (the sampling policy's)."""
-        return _in_row_order(micro_batches, lambda rows: self.token_logps(rollout, rows).logps)
+        return in_row_order(micro_batches, lambda rows: self.token_logps(rollout, rows).logps)
 
     @torch.no_grad()
     def reference_logps(self, rollout: Rollout, micro_batches: list[slice] | list[Tensor]) -> Tensor:
         """[N, T] log-probs under the initial policy: the frozen copy, or the LoRA policy with its adapter off."""
         context = self.model.disable_adapter() if self.is_lora else _eval_mode(self.reference)
         with context:
-            return _in_row_order(micro_batches, lambda rows: self.token_logps(rollout, rows, self.reference).logps)
+            return in_row_order(micro_batches, lambda rows: self.token_logps(rollout, rows, self.reference).logps)
 
     @torch.no_grad()
     def teacher_logps(self, rollout: Rollout, micro_batches: list[slice] | list[Tensor]) -> Tensor:
@@ -171,7 +170,7 @@ class Policy(nn.Module):
         if self.served_teacher is not None:
             return self.served_teacher.logps(rollout)
         with _eval_mode(self.teacher):
-            return _in_row_order(micro_batches, lambda rows: self.token_logps(rollout, rows, self.teacher).logps)
+            return in_row_order(micro_batches, lambda rows: self.token_logps(rollout, rows, self.teacher).logps)
 
     def distill_logits(self, rollout: Rollout, rows: slice | Tensor) -> tuple[Tensor, Tensor]:
         """([n, T, V] the student's logits at each completion position, with gradient; [n, T, V] the teacher's,
@@ -376,30 +375,6 @@ class Policy(nn.Module):
         return self.processor if self.processor is not None else self.tokenizer
 
 
-def _processor(source: Any) -> Any:
-    """The processor of a vision-language model, or a clear refusal where there is none to build it from."""
-    if not isinstance(source, str) and not is_processor(source):
-        raise ValueError(
-            "a built vision-language model needs its processor: give it as policy.tokenizer (PolicyConfig("
-            f"tokenizer=processor)), got {type(source).__name__}"
-        )
-    return load_processor(resolve_pretrained(source) if isinstance(source, str) else source)
-
-
-def _check_multimodal(config: PolicyConfig, teacher: TeacherModel | None) -> None:
-    """What a vision-language policy cannot do yet, refused before anything runs, naming the setting."""
-    refused = [
-        (config.share_prompt_prefix, "policy.share_prompt_prefix=True: the shared-prompt forward takes no images"),
-        (config.padding_free, "policy.padding_free=True: the packed forward takes no images"),
-        (teacher is not None, "distill.teacher: the teacher's forward takes no images"),
-    ]
-    problems = [message for bad, message in refused if bad]
-    if problems:
-        raise ValueError(
-            f"a vision-language policy cannot run with {'; '.join(problems)}. Leave them unset (references/vision.md)"
-        )
-
-
 @contextlib.contextmanager
 def _eval_mode(model: nn.Module) -> Iterator[None]:
     """The frozen reference without dropout for its forward; it stays in Lightning's train mode otherwise
@@ -422,30 +397,3 @@ def _fill_left_out(policy: Policy, state: dict[str, Any], prefix: str, *args: An
     checkpoint that lacks weights that train."""
     for name, tensor in policy.left_out():
         state.setdefault(prefix + name, tensor.detach())
-
-
-def clip_gradients(params: list[nn.Parameter], max_norm: float | None, root: Any = None) -> Tensor:
-    """Clip the global gradient norm to ``max_norm`` (``None``: no clipping) and return it as it was before, so
-    one norm computation serves the clipping and the finiteness check; every rank gets the same value.
-
-    ``root``: an FSDP1 root module, the only one that sees every shard; plain, DDP (identical gradients) and
-    FSDP2 (DTensor gradients, whose norm is global) clip the parameters directly.
-    """
-    if root is not None:
-        return root.clip_grad_norm_(math.inf if max_norm is None else max_norm)
-    params = [p for p in params if p.grad is not None]
-    if max_norm is None:
-        norm = torch.nn.utils.get_total_norm([p.grad for p in params])
-    else:
-        norm = torch.nn.utils.clip_grad_norm_(params, max_norm)
-    return norm.full_tensor() if isinstance(norm, DTensor) else norm
-
-
-def _in_row_order(micro_batches: list[slice] | list[Tensor], logps: Callable[[slice | Tensor], Tensor]) -> Tensor:
-    """[N, T] ``logps(rows)`` of each micro-batch, put back in row order (token-budget micro-batches take rows
-    sorted by length)."""
-    parts = [(rows, logps(rows)) for rows in micro_batches]
-    out = parts[0][1].new_zeros(sum(len(values) for _, values in parts), parts[0][1].shape[1])  # [N, T]
-    for rows, values in parts:
-        out[rows] = values
-    return out

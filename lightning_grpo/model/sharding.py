@@ -14,13 +14,16 @@ root unit holds the rest (embeddings, final norm, LM head, tied or not). Two thi
 from __future__ import annotations
 
 import copy
+import math
 from types import MethodType
+from typing import Any
 
 import torch
 from torch import Tensor, nn
 from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.fsdp import FSDPModule, fully_shard, register_fsdp_forward_method
+from torch.distributed.tensor import DTensor
 
 from lightning_grpo.model.logprobs import completion_logps
 
@@ -87,3 +90,20 @@ def unsharded(model: nn.Module, skeleton: nn.Module) -> nn.Module:
             buffers[name].copy_(buffer)
     skeleton.load_state_dict(state, strict=True)
     return skeleton
+
+
+def clip_gradients(params: list[nn.Parameter], max_norm: float | None, root: Any = None) -> Tensor:
+    """Clip the global gradient norm to ``max_norm`` (``None``: no clipping) and return it as it was before, so
+    one norm computation serves the clipping and the finiteness check; every rank gets the same value.
+
+    ``root``: an FSDP1 root module, the only one that sees every shard; plain, DDP (identical gradients) and
+    FSDP2 (DTensor gradients, whose norm is global) clip the parameters directly.
+    """
+    if root is not None:
+        return root.clip_grad_norm_(math.inf if max_norm is None else max_norm)
+    params = [p for p in params if p.grad is not None]
+    if max_norm is None:
+        norm = torch.nn.utils.get_total_norm([p.grad for p in params])
+    else:
+        norm = torch.nn.utils.clip_grad_norm_(params, max_norm)
+    return norm.full_tensor() if isinstance(norm, DTensor) else norm

@@ -14,6 +14,8 @@ from typing import Any
 
 from torch import Tensor, nn
 
+from lightning_grpo.model.loading import resolve_pretrained
+
 VISION_TOWERS = ("vision_tower", "visual", "vision_model")  # LLaVA / Gemma 3, Qwen-VL, SmolVLM / Idefics3
 PROJECTORS = ("multi_modal_projector", "connector")  # LLaVA / Gemma 3, SmolVLM (Qwen-VL's merger is in .visual)
 
@@ -129,3 +131,28 @@ def vision_token_ids(config: Any) -> list[int]:
     """The ids of a vision-language config's image and video tokens (``VISION_TOKEN_FIELDS`` that it sets)."""
     ids = {getattr(config, name, None) for name in VISION_TOKEN_FIELDS}
     return sorted(i for i in ids if isinstance(i, int))
+
+
+def policy_processor(source: Any) -> Any:
+    """The processor of a vision-language model, or a clear refusal where there is none to build it from."""
+    if not isinstance(source, str) and not is_processor(source):
+        raise ValueError(
+            "a built vision-language model needs its processor: give it as policy.tokenizer (PolicyConfig("
+            f"tokenizer=processor)), got {type(source).__name__}"
+        )
+    return load_processor(resolve_pretrained(source) if isinstance(source, str) else source)
+
+
+def check_multimodal(config: Any, has_teacher: bool) -> None:
+    """What a vision-language policy cannot do yet (``config``: its ``PolicyConfig``), refused before anything runs,
+    naming the setting."""
+    refused = [
+        (config.share_prompt_prefix, "policy.share_prompt_prefix=True: the shared-prompt forward takes no images"),
+        (config.padding_free, "policy.padding_free=True: the packed forward takes no images"),
+        (has_teacher, "distill.teacher: the teacher's forward takes no images"),
+    ]
+    problems = [message for bad, message in refused if bad]
+    if problems:
+        raise ValueError(
+            f"a vision-language policy cannot run with {'; '.join(problems)}. Leave them unset (references/vision.md)"
+        )
