@@ -4,7 +4,8 @@ generates them in batches with a sampler engine and records every served token (
 (``skyrl``) plays a SkyRL-gym environment as such an agent; ``agent_reward`` is the agent's own reward.
 """
 
-from lightning_grpo.engines.agents.engine import OpenAIAgent, agent_reward
+from lightning_grpo.engines.agents.engine import OpenAIAgent
+from lightning_grpo.engines.agents.served import agent_reward
 from lightning_grpo.engines.agents.skyrl import SkyRLGymAgent
 
 __all__ = ["OpenAIAgent", "SkyRLGymAgent", "agent_reward"]

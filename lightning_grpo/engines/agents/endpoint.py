@@ -162,6 +162,12 @@ def _error(refusal: Refusal) -> Any:
     return web.json_response({"error": error}, status=refusal.status)
 
 
+def refuse(requests: list[Request], why: str) -> None:
+    """Answer each of ``requests`` 410 Gone with ``why``: the rollout that would have served them is over."""
+    for request in requests:
+        request.answer(Refusal(410, why))
+
+
 class Endpoint:
     """The server. ``start(accept, port)`` binds ``port`` (0: a free one) and returns once it listens, or raises the
     bind's own error (a busy port) at once.

@@ -25,8 +25,14 @@ from lightning.pytorch.utilities import rank_zero_warn
 from torch import nn
 from typing_extensions import override
 
-from lightning_grpo.engines.agents.endpoint import Endpoint, Refusal, Request
-from lightning_grpo.engines.agents.served import ServedEpisode, template_message
+from lightning_grpo.engines.agents.endpoint import Endpoint, Refusal, Request, refuse
+from lightning_grpo.engines.agents.served import (
+    ServedEpisode,
+    episode_metrics,
+    episode_reward,
+    render_prompt,
+    template_message,
+)
 from lightning_grpo.engines.base import RolloutEngine, TokenSampler
 from lightning_grpo.engines.config import SamplingConfig
 from lightning_grpo.engines.decode.hf import HFGenerate
@@ -242,7 +248,7 @@ class OpenAIAgent(RolloutEngine):
                         with self.lock:
                             for e in episodes:
                                 e.status = "timeout" if e.status == "running" else e.status
-                        _refuse(held + batch, f"the rollout's timeout ({self.timeout}s) has passed")
+                        refuse(held + batch, f"the rollout's timeout ({self.timeout}s) has passed")
                         held, serving = [], False
                     else:
                         todo = self._prepare(policy, batch, sampling)
@@ -252,10 +258,10 @@ class OpenAIAgent(RolloutEngine):
                 if todo:
                     self._answer(policy, todo, sampling, greedy)
                 elif generating:  # another rank's agents asked: this rank's forwards must step with theirs
-                    dummy = _render(policy.tokenizer, episodes[0].row["prompt"], sampling)
+                    dummy = render_prompt(policy.tokenizer, episodes[0].row["prompt"], sampling)
                     self.sampler.complete(policy, [dummy], [1], sampling, greedy)
         finally:
-            _refuse(held, "the rollout has ended")
+            refuse(held, "the rollout has ended")
 
     def _collect(self, held: list[Request], deadline: float) -> tuple[list[Request], list[Request]]:
         """The requests to generate now: one per episode, once every running agent has asked or ``batch_wait``
@@ -338,7 +344,7 @@ class OpenAIAgent(RolloutEngine):
                 except queue.Empty:
                     return
                 if isinstance(item, Request):
-                    _refuse([item], "the rollout has ended")
+                    refuse([item], "the rollout has ended")
 
     def _rollout(
         self, policy: Policy, episodes: list[ServedEpisode], group_size: int, sampling: SamplingConfig
@@ -348,15 +354,15 @@ class OpenAIAgent(RolloutEngine):
             self._report(failed[0])
         for e in episodes:
             if not e.prompt_ids:  # the agent never asked: the row's prompt, nothing to train
-                e.prompt, e.prompt_ids = e.row["prompt"], _render(policy.tokenizer, e.row["prompt"], sampling)
+                e.prompt, e.prompt_ids = e.row["prompt"], render_prompt(policy.tokenizer, e.row["prompt"], sampling)
             if e.status != "done" and self.on_error == "skip":
                 e.model_mask = [0] * len(e.ids)
             if isinstance(e.outcome, list):  # the agent's own transcript, in the template's form for the rewards
                 e.messages = [template_message(m, e.call_names) for m in e.outcome]
         stats = EpisodeStats.of(episodes)
-        rewards = [_reward(e, self.on_error) for e in episodes]
+        rewards = [episode_reward(e, self.on_error) for e in episodes]
         columns = {"agent_reward": rewards, "episode_id": [e.session for e in episodes]}
-        metrics = {**stats.metrics(), **_metrics(episodes), **self.sampler.served_metrics()}  # a vLLM sampler's
+        metrics = {**stats.metrics(), **episode_metrics(episodes), **self.sampler.served_metrics()}  # a vLLM sampler's
         rollout = stats.rollout(policy.tokenizer, episodes, group_size, 0, columns, metrics, policy.device)
         if all(e.sampler_logps for e in episodes):  # else the policy sampled itself: nothing to correct
             logps, _ = pad_rows([e.logps for e in episodes], 0.0, dtype=torch.float32, min_width=1)
@@ -391,45 +397,3 @@ def context_limit(policy: Policy, sampling: SamplingConfig) -> int:
     if sampling.max_prompt_length:
         limits.append(sampling.max_prompt_length + sampling.max_completion_length)
     return min(limits)
-
-
-def _refuse(requests: list[Request], why: str) -> None:
-    for request in requests:
-        request.answer(Refusal(410, why))
-
-
-def _render(tokenizer: Any, prompt: Prompt, sampling: SamplingConfig) -> list[int]:
-    if isinstance(prompt, str):
-        return tokenizer(prompt)["input_ids"]
-    kwargs = sampling.chat_template_kwargs or {}
-    return list(
-        tokenizer.apply_chat_template(prompt, add_generation_prompt=True, tokenize=True, return_dict=False, **kwargs)
-    )
-
-
-def _reward(episode: ServedEpisode, on_error: str) -> float | None:
-    if episode.status != "done":
-        return 0.0 if on_error == "zero" else None
-    outcome = episode.outcome
-    return float(outcome) if isinstance(outcome, int | float) else None
-
-
-def _metrics(episodes: list[ServedEpisode]) -> dict[str, float]:
-    n = len(episodes)
-    return {
-        "agents/errors": sum(e.status == "failed" for e in episodes) / n,
-        "agents/timeouts": sum(e.status == "timeout" for e in episodes) / n,
-        "agents/requests": sum(e.requests for e in episodes) / n,
-        "agents/restarts": float(sum(e.restarts for e in episodes)),
-        "agents/context_full": sum(e.full for e in episodes) / n,
-    }
-
-
-def agent_reward(completions: list[Any], agent_reward: list[float | None], **kwargs: Any) -> list[float | None]:
-    """The reward each agent returned (``None`` where it returned messages), as a reward function: add
-    ``lightning_grpo.engines.agent_reward`` to ``reward_funcs``.
-
-    >>> agent_reward(["a", "b"], agent_reward=[1.0, None])
-    [1.0, None]
-    """
-    return list(agent_reward)

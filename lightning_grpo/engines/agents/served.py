@@ -23,6 +23,7 @@ from transformers import PreTrainedTokenizerBase
 
 from lightning_grpo.engines.agents.endpoint import Refusal, chat_reply, text_reply
 from lightning_grpo.engines.multiturn.episodes import tool_suffix_ids
+from lightning_grpo.types import Prompt
 
 
 class Step(NamedTuple):
@@ -266,3 +267,45 @@ class ServedEpisode:
             self.turns += 1
             self.ended = "tokens"
         return reply
+
+
+def render_prompt(tokenizer: Any, prompt: Prompt, sampling: Any) -> list[int]:
+    """An episode's first prompt as token ids: plain text tokenized, chat messages through the chat template with
+    ``sampling.chat_template_kwargs`` and the generation prompt."""
+    if isinstance(prompt, str):
+        return tokenizer(prompt)["input_ids"]
+    kwargs = sampling.chat_template_kwargs or {}
+    return list(
+        tokenizer.apply_chat_template(prompt, add_generation_prompt=True, tokenize=True, return_dict=False, **kwargs)
+    )
+
+
+def episode_reward(episode: ServedEpisode, on_error: str) -> float | None:
+    """The reward the agent returned (a number; ``None`` where it returned messages); an episode that did not finish
+    scores 0 (``on_error="zero"``) or ``None``."""
+    if episode.status != "done":
+        return 0.0 if on_error == "zero" else None
+    outcome = episode.outcome
+    return float(outcome) if isinstance(outcome, int | float) else None
+
+
+def episode_metrics(episodes: list[ServedEpisode]) -> dict[str, float]:
+    """The ``agents/*`` metrics of a rollout's episodes."""
+    n = len(episodes)
+    return {
+        "agents/errors": sum(e.status == "failed" for e in episodes) / n,
+        "agents/timeouts": sum(e.status == "timeout" for e in episodes) / n,
+        "agents/requests": sum(e.requests for e in episodes) / n,
+        "agents/restarts": float(sum(e.restarts for e in episodes)),
+        "agents/context_full": sum(e.full for e in episodes) / n,
+    }
+
+
+def agent_reward(completions: list[Any], agent_reward: list[float | None], **kwargs: Any) -> list[float | None]:
+    """The reward each agent returned (``None`` where it returned messages), as a reward function: add
+    ``lightning_grpo.engines.agent_reward`` to ``reward_funcs``.
+
+    >>> agent_reward(["a", "b"], agent_reward=[1.0, None])
+    [1.0, None]
+    """
+    return list(agent_reward)
