@@ -191,6 +191,7 @@ TESTED_WITH = {
     "engines/vllm/launch.py": ["engines/vllm/test_real.py", "engines/vllm/test_real_template.py"],
     "engines/vllm/lora.py": ["engines/vllm/test_sync.py", "engines/vllm/test_real.py"],
     "engines/vllm/seeds.py": ["engines/vllm/test_real.py"],
+    "engines/vllm/agree.py": ["engines/vllm/test_servers.py", "engines/vllm/test_real_servers_ranks.py"],
     "engines/vllm/control.py": ["engines/vllm/test_servers.py", "engines/vllm/test_real_servers.py"],
     "engines/vllm/pool.py": ["engines/vllm/test_servers.py", "engines/vllm/test_servers_sticky.py"],
     "images.py": ["model/test_vision.py"],

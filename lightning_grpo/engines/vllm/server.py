@@ -14,7 +14,6 @@ the loss is re-weighted by ``update.sampling_correction``.
 
 from __future__ import annotations
 
-import datetime
 import importlib.util
 import shutil
 import tempfile
@@ -24,7 +23,6 @@ from pathlib import Path
 from typing import Any, Literal
 
 import torch
-import torch.distributed as dist
 from lightning.pytorch.utilities import rank_zero_warn
 from typing_extensions import override
 
@@ -33,6 +31,7 @@ from lightning_grpo.engines.config import SamplingConfig
 from lightning_grpo.engines.prompts import tokenize_prompts
 from lightning_grpo.engines.rollout import cut_turns, sampled_rollout
 from lightning_grpo.engines.vllm import channel
+from lightning_grpo.engines.vllm.agree import all_ranks, bounded_barrier, scatter_from_zero
 from lightning_grpo.engines.vllm.control import NoServerLeft, ServerControl, WeightsFile, check_url, server_urls
 from lightning_grpo.engines.vllm.logprobs import LOGPROBS_MODES, PROCESSED, mode_problems
 from lightning_grpo.engines.vllm.lora import LoraSync
@@ -320,7 +319,7 @@ class VLLMServer(TokenSampler, ServedWeights):
             if failed is not None:
                 raise failed
             return
-        reasons = [why for why in _all_ranks(None if failed is None else str(failed), self.world_size) if why]
+        reasons = [why for why in all_ranks(None if failed is None else str(failed), self.world_size) if why]
         if reasons:
             raise NoServerLeft(" | ".join(reasons), every_rank=True) from failed
 
@@ -463,7 +462,7 @@ class VLLMServer(TokenSampler, ServedWeights):
     def _agreed_live(self) -> set[int]:
         """The servers no rank has taken out since the last sync."""
         live = self.pool.live
-        for other in _all_ranks(sorted(live), self.world_size):
+        for other in all_ranks(sorted(live), self.world_size):
             live = live & set(other)
         return live
 
@@ -490,36 +489,4 @@ class VLLMServer(TokenSampler, ServedWeights):
 
     def from_rank_zero(self, value: Any) -> Any:
         """Rank 0's ``value`` on every rank."""
-        return _scatter_from_zero([value] * self.world_size if self.rank == 0 else None, self.rank, self.world_size)
-
-
-def bounded_barrier(timeout: float, what: str, world_size: int) -> None:
-    """Every rank waits here for the others at most ``timeout`` seconds (gloo's ``monitored_barrier`` names the
-    ranks that did not come; other backends wait up to their process group's timeout)."""
-    if world_size == 1:
-        return
-    try:
-        if dist.get_backend() == "gloo":
-            dist.monitored_barrier(timeout=datetime.timedelta(seconds=timeout))
-        else:
-            dist.barrier()
-    except RuntimeError as err:
-        raise RuntimeError(f"rank {dist.get_rank()}: {what} did not finish within {timeout:g} s: {err}") from err
-
-
-def _all_ranks(obj: Any, world_size: int) -> list[Any]:
-    """Every rank's ``obj`` on every rank (``[obj]`` without a process group)."""
-    if world_size == 1:
-        return [obj]
-    gathered = [None] * world_size
-    dist.all_gather_object(gathered, obj)
-    return gathered
-
-
-def _scatter_from_zero(per_rank: list[Any] | None, rank: int, world_size: int) -> Any:
-    """Rank r receives ``per_rank[r]`` from rank 0."""
-    if world_size == 1:
-        return per_rank[0]
-    received = [None]
-    dist.scatter_object_list(received, per_rank if rank == 0 else None, src=0)
-    return received[0]
+        return scatter_from_zero([value] * self.world_size if self.rank == 0 else None, self.rank, self.world_size)
