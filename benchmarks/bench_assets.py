@@ -83,7 +83,7 @@ class Task:
 
 def tiny_task() -> Task:
     """The embedded demo model and the largest-digit task, materialised under ``LIGHTNING_GRPO_HOME``."""
-    from lightning_grpo.demo.tiny import materialize  # parent process only: the workers just read the files
+    from lightning_grpo.demo.registry import materialize  # parent process only: the workers just read the files
 
     return Task(
         str(materialize("lightning-grpo/tiny-qwen2")),

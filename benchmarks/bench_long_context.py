@@ -21,7 +21,7 @@ from bench_padding import synthetic_rollout
 from transformers import AutoConfig, AutoTokenizer
 
 from lightning_grpo import PolicyConfig
-from lightning_grpo.demo.tiny import cache_home
+from lightning_grpo.demo.home import cache_home
 from lightning_grpo.model.policy import Policy
 
 MODES = {

@@ -29,7 +29,7 @@ from torch import Tensor
 from transformers import AutoConfig, AutoTokenizer
 
 from lightning_grpo import PolicyConfig
-from lightning_grpo.demo.tiny import cache_home
+from lightning_grpo.demo.home import cache_home
 from lightning_grpo.engines import LeanDecode
 from lightning_grpo.engines.config import SamplingConfig
 from lightning_grpo.model.policy import Policy

@@ -26,7 +26,7 @@ from pathlib import Path
 import yaml
 
 from lightning_grpo.cli.report import read_series, step_split, tokens_per_step
-from lightning_grpo.demo.tiny import resolve
+from lightning_grpo.demo.registry import resolve
 from lightning_grpo.engines.vllm.launch import running_server
 from lightning_grpo.metrics import STAGES
 

@@ -199,7 +199,7 @@ class Comparison:
 
 
 def task_for(model: str) -> Task:
-    from lightning_grpo.demo.tiny import cache_home
+    from lightning_grpo.demo.home import cache_home
 
     if model == "tiny":
         return tiny_task()
@@ -327,7 +327,7 @@ def logprob_passes(args: argparse.Namespace) -> list[tuple[str, int | None]]:
 def logprob_memory(args: argparse.Namespace, runner: Runner) -> list[dict[str, Any]]:
     from bench_logprobs import LogprobResult
 
-    from lightning_grpo.demo.tiny import cache_home
+    from lightning_grpo.demo.home import cache_home
 
     shape = {
         "model_dir": qwen_100m_task(cache_home()).model_dir,
@@ -356,7 +356,7 @@ def logprob_memory(args: argparse.Namespace, runner: Runner) -> list[dict[str, A
 
 def decode_step(args: argparse.Namespace, runner: Runner) -> dict[str, Any]:
     """Per decode step of each engine on the gen model, and the floor: reading every weight once."""
-    from lightning_grpo.demo.tiny import cache_home
+    from lightning_grpo.demo.home import cache_home
 
     spec = {"model_dir": gen_task(cache_home()).model_dir, "rows": 16, "repeats": max(args.repeats, 3)}
     result = runner("decode", spec)

@@ -174,6 +174,8 @@ TESTED_WITH = {
     "data/module.py": ["test_data.py"],
     "data/rows.py": ["test_data.py"],
     "demo/agents.py": ["demo/test_anytool.py"],
+    "demo/home.py": ["demo/test_tiny.py", "model/test_gguf.py"],
+    "demo/registry.py": ["demo/test_tiny.py", "engines/vllm/test_heads.py"],
     "demo/guess.py": ["engines/multiturn/test_openenv.py"],
     "engines/agents/endpoint.py": ["engines/agents/test_engine.py"],
     "engines/agents/served.py": ["engines/agents/test_engine.py"],

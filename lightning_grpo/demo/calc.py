@@ -18,7 +18,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from lightning_grpo.demo.tiny import TOOL_CHAT_TEMPLATE, build_tiny_qwen2, build_tokenizer, materialize, write_splits
+from lightning_grpo.demo.tiny import TOOL_CHAT_TEMPLATE, build_tiny_qwen2, build_tokenizer, write_splits
 
 CALL_RATE = 0.1  # share of warm-started replies (to a prompt that lists the tool) that start with a call
 CALL_PIECES = ['<tool_call>{"name": "mul", "arguments": {"a": ', ', "b": ', "}}</tool_call>"]
@@ -158,11 +158,10 @@ def write_tiny_qwen2_calc(path: Path) -> None:
     tokenizer.save_pretrained(path)
 
 
-def write_tiny_qwen2_tools(path: Path) -> None:
-    """The default tiny model (``lightning-grpo/tiny-qwen2``) with the tool chat template."""
+def write_tiny_qwen2_tools(path: Path, source: Path) -> None:
+    """The default tiny model (``source``: ``lightning-grpo/tiny-qwen2``'s folder) with the tool chat template."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    source = materialize("lightning-grpo/tiny-qwen2")
     tokenizer = AutoTokenizer.from_pretrained(source)
     tokenizer.chat_template = TOOL_CHAT_TEMPLATE
     AutoModelForCausalLM.from_pretrained(source).save_pretrained(path)

@@ -9,13 +9,8 @@ written as JSONL files and read by ``PromptDataModule`` like any user file.
 from __future__ import annotations
 
 import json
-import os
 import random
-import shutil
-import tempfile
-from collections.abc import Callable
 from pathlib import Path
-from typing import TextIO
 
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers
 from transformers import PreTrainedTokenizerFast, Qwen2Config, Qwen2ForCausalLM
@@ -35,22 +30,6 @@ TOOL_CHAT_TEMPLATE = (
     "{% endfor %}<eos>{% endfor %}"
     "{% if add_generation_prompt %}<|assistant|>{% endif %}"
 )
-
-
-def cache_home() -> Path:
-    """Where the embedded demos are written: ``LIGHTNING_GRPO_HOME``, by default ``~/.cache/lightning_grpo``."""
-    return Path(os.environ.get("LIGHTNING_GRPO_HOME", Path.home() / ".cache" / "lightning_grpo"))
-
-
-def unwritable_home(what: str, err: OSError) -> str:
-    """Why ``what`` (``the embedded 'lightning-grpo/tiny-qwen2'``) cannot be written, naming the variable that chose
-    the place and how to choose another."""
-    chosen = "LIGHTNING_GRPO_HOME" if "LIGHTNING_GRPO_HOME" in os.environ else "the default (LIGHTNING_GRPO_HOME unset)"
-    return (
-        f"{what} cannot be written under {cache_home()}, chosen by {chosen} ({err.strerror}: "
-        f"{err.filename}): set LIGHTNING_GRPO_HOME to a writable directory, e.g. "
-        "`export LIGHTNING_GRPO_HOME=/tmp/lightning_grpo`"
-    )
 
 
 def build_tokenizer() -> PreTrainedTokenizerFast:
@@ -189,114 +168,3 @@ def write_splits(path: Path, splits: dict[str, list[dict]]) -> None:
     for split, rows in splits.items():
         with open(path / f"{split}.jsonl", "w") as f:
             f.writelines(json.dumps(r) + "\n" for r in rows)
-
-
-def _tools_demo(name: str, module: str = "calc") -> Callable[[Path], None]:
-    def write(path: Path) -> None:  # the demo modules import this one: looked up when first used
-        import importlib
-
-        getattr(importlib.import_module(f"lightning_grpo.demo.{module}"), name)(path)
-
-    return write
-
-
-EMBEDDED: dict[str, Callable[[Path], None]] = {
-    "lightning-grpo/tiny-qwen2": write_tiny_qwen2,
-    "lightning-grpo/tiny-qwen2-hd64": write_tiny_qwen2_hd64,  # a head size vLLM-CPU serves, random weights
-    "lightning-grpo/tiny-qwen2-vllm": write_tiny_qwen2_vllm,  # tiny-qwen2's warm start at that head size
-    "lightning-grpo/tiny-max": write_tiny_max,
-    "lightning-grpo/tiny-qwen2-tools": _tools_demo("write_tiny_qwen2_tools"),  # the tool template (demo/calc.py)
-    "lightning-grpo/tiny-qwen2-calc": _tools_demo("write_tiny_qwen2_calc"),  # warm-started to call a calculator
-    "lightning-grpo/tiny-mul": _tools_demo("write_tiny_mul"),
-    # any tool: a warm start from the tool's own schema (demo/anytool.py), here for reverse(text)
-    "lightning-grpo/tiny-qwen2-reverse": _tools_demo("write_tiny_qwen2_reverse", "anytool"),
-    "lightning-grpo/tiny-reverse": _tools_demo("write_tiny_reverse", "anytool"),
-    # vision-language: a tiny LLaVA warm-started to answer a colour letter at chance, its task, and the control
-    "lightning-grpo/tiny-llava": _tools_demo("write_tiny_llava", "vision"),
-    "lightning-grpo/tiny-colours": _tools_demo("write_colours", "vision"),
-    "lightning-grpo/tiny-colours-blank": _tools_demo("write_colours_blank", "vision"),
-}
-
-
-def embedded_model_sizes(name: str) -> dict[str, int] | None:
-    """The sizes (``build_tiny_qwen2``'s) an embedded model is written with, known before it is written: a vLLM
-    engine checks the head size before anything loads (``engines/vllm/heads.py``). ``None``: not an embedded model.
-
-    >>> embedded_model_sizes("lightning-grpo/tiny-qwen2-vllm")["hidden_size"], embedded_model_sizes("gpt2")
-    (128, None)
-    """
-    if name not in EMBEDDED:
-        return None
-    from lightning_grpo.demo import anytool, calc  # they import this module
-
-    overrides = {
-        "lightning-grpo/tiny-qwen2": {},
-        "lightning-grpo/tiny-qwen2-hd64": HD64_SIZES,
-        "lightning-grpo/tiny-qwen2-vllm": HD64_SIZES,
-        "lightning-grpo/tiny-qwen2-tools": {},  # tiny-qwen2 with the tool chat template
-        "lightning-grpo/tiny-qwen2-calc": calc.MODEL_SIZE,
-        "lightning-grpo/tiny-qwen2-reverse": anytool.MODEL_SIZE,
-    }.get(name)
-    return None if overrides is None else {**TINY_SIZES, **overrides}
-
-
-def resolve(name: str) -> str:
-    """An embedded name (``lightning-grpo/...``) -> the local directory it is written to (once); any other
-    name or path unchanged. The one place where loaders meet the demos."""
-    if name not in EMBEDDED:
-        return name
-    import torch
-
-    with torch.device("cpu"):  # written for real even while a policy is being built on the meta device
-        return str(materialize(name))
-
-
-# A demo whose recipe changed gets a new directory, so that a cache written by an older version is not reused.
-REVISIONS = {
-    # r2: anytool.CALL_RATE 0.10 -> 0.05; r3: string values of 1-4 words, the learning rate decayed (demo/anytool.py)
-    "lightning-grpo/tiny-qwen2-reverse": "-r3",
-    "lightning-grpo/tiny-qwen2": "-r2",  # r2: the format pretraining answers one of the prompt's digits, not any
-}
-
-
-def materialize(name: str) -> Path:
-    """Write an embedded model or dataset once (``write_once``) and return its directory."""
-    target = cache_home() / (name + REVISIONS.get(name, ""))
-    return write_once(target, EMBEDDED[name], f"the embedded {name!r}")
-
-
-def write_once(target: Path, write: Callable[[Path], None], what: str) -> Path:
-    """``target``, written by ``write(folder)`` if it does not exist yet: into a scratch folder beside it, then
-    renamed into place, so that a crash never leaves a half-written ``target``; under a lock file, so that processes
-    starting together (a run's ranks) wait for the first one's rather than each writing its own. ``what`` names it
-    in the error of an unwritable home."""
-    if target.exists():
-        return target
-    try:
-        target.parent.mkdir(parents=True, exist_ok=True)
-        lock = open(target.parent / f".{target.name}.lock", "w")  # held across the write
-    except OSError as err:
-        raise OSError(unwritable_home(what, err)) from err
-    with lock:
-        _hold(lock)
-        if not target.exists():
-            scratch = Path(tempfile.mkdtemp(dir=target.parent))
-            try:
-                write(scratch / "out")
-                (scratch / "out").rename(target)
-            except OSError:
-                if not target.exists():  # else another process finished first (no lock on this file system)
-                    raise
-            finally:
-                shutil.rmtree(scratch, ignore_errors=True)
-    return target
-
-
-def _hold(lock: TextIO) -> None:
-    """An exclusive lock on the open file ``lock`` until it is closed; none where the platform has no ``flock``
-    (then the rename alone keeps one writer's folder)."""
-    try:
-        import fcntl
-    except ImportError:
-        return
-    fcntl.flock(lock, fcntl.LOCK_EX)

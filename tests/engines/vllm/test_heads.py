@@ -6,7 +6,8 @@ from __future__ import annotations
 
 import pytest
 
-from lightning_grpo.demo.tiny import EMBEDDED, build_tiny_qwen2, build_tokenizer, embedded_model_sizes, materialize
+from lightning_grpo.demo.registry import EMBEDDED, embedded_model_sizes, materialize
+from lightning_grpo.demo.tiny import build_tiny_qwen2, build_tokenizer
 from lightning_grpo.engines.vllm.heads import CPU_HEAD_SIZES, SERVED_DEMO, cpu_head_problems, head_size, model_config
 
 
