@@ -82,8 +82,8 @@ def half_warm_model(tmp_path_factory):
 
 def test_a_call_the_parser_cannot_read_is_counted_malformed():
     from lightning_grpo.engines import HermesParser
+    from lightning_grpo.engines.multiturn.calls import run_call
     from lightning_grpo.engines.multiturn.episodes import EpisodeStats
-    from lightning_grpo.engines.multiturn.toolcalls import run_call
 
     calls = HermesParser().parse('<tool_call>{"name": "add", "arguments": {"a": 1, "b": 2}}</tool_call>')[1]
     calls += HermesParser().parse('<tool_call>{"name": "add", "arguments": {"a": 1, "b": 2')[1]

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from lightning_grpo.engines import ToolCall, ToolCalling
-from lightning_grpo.engines.multiturn.toolcalls import run_call, tool_schema
+from lightning_grpo.engines.multiturn.calls import run_call, tool_schema
 from lightning_grpo.sandbox import isolation as sandbox_isolation
 from lightning_grpo.sandbox.python_tool import python, python_tool
 

@@ -36,8 +36,8 @@ from lightning_grpo.engines.agents.served import (
 from lightning_grpo.engines.base import RolloutEngine, TokenSampler
 from lightning_grpo.engines.config import SamplingConfig
 from lightning_grpo.engines.decode.hf import HFGenerate
+from lightning_grpo.engines.multiturn.calls import HermesParser, resolve_tool
 from lightning_grpo.engines.multiturn.episodes import EpisodeStats
-from lightning_grpo.engines.multiturn.toolcalls import HermesParser, resolve_tool
 from lightning_grpo.model.policy import Policy
 from lightning_grpo.rewards.calls import ON_ERROR
 from lightning_grpo.types import Prompt, Rollout, pad_rows

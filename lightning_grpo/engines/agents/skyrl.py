@@ -14,7 +14,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any, Literal
 
-from lightning_grpo.engines.multiturn.toolcalls import resolve_tool
+from lightning_grpo.engines.multiturn.calls import resolve_tool
 
 REWARDS = ("sum", "last")
 ENV_COLUMN = "env_class"  # skyrl-train's dataset column naming each row's environment

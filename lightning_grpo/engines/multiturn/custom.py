@@ -13,7 +13,7 @@ from typing_extensions import override
 
 from lightning_grpo.engines.base import RolloutEngine
 from lightning_grpo.engines.config import SamplingConfig
-from lightning_grpo.engines.multiturn.toolcalls import resolve_tool
+from lightning_grpo.engines.multiturn.calls import resolve_tool
 from lightning_grpo.engines.prompts import is_conversational
 from lightning_grpo.model.policy import Policy
 from lightning_grpo.types import Prompt, Rollout

@@ -13,7 +13,7 @@ import inspect
 from collections.abc import Callable
 from typing import Any
 
-from lightning_grpo.engines.multiturn.toolcalls import resolve_tool, tool_schema
+from lightning_grpo.engines.multiturn.calls import resolve_tool, tool_schema
 
 SETTING = "environment_factory"
 RESERVED = ("reset", "get_reward")

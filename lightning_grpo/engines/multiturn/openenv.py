@@ -17,7 +17,7 @@ import json
 from collections.abc import Callable
 from typing import Any, Literal
 
-from lightning_grpo.engines.multiturn.toolcalls import resolve_tool
+from lightning_grpo.engines.multiturn.calls import resolve_tool
 
 REWARDS = ("sum", "last")
 HIDDEN = ("done", "reward", "metadata")  # observation fields that are the environment's bookkeeping, not its reply

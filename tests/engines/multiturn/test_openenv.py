@@ -11,7 +11,7 @@ from helpers import ROOT, fit, logged, make_module
 from lightning_grpo import PromptDataModule
 from lightning_grpo.demo.tiny import TOOL_CHAT_TEMPLATE
 from lightning_grpo.engines import OpenEnvFactory, ToolCall, ToolCalling, environment_reward
-from lightning_grpo.engines.multiturn.toolcalls import tool_schema
+from lightning_grpo.engines.multiturn.calls import tool_schema
 
 interfaces = pytest.importorskip("openenv.core.env_server.interfaces")
 types = pytest.importorskip("openenv.core.env_server.types")

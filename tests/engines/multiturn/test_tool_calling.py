@@ -14,8 +14,8 @@ import torch
 from lightning_grpo.demo.tiny import TOOL_CHAT_TEMPLATE, build_tokenizer
 from lightning_grpo.engines import HermesParser, ToolCall, ToolCalling
 from lightning_grpo.engines.config import SamplingConfig
+from lightning_grpo.engines.multiturn.calls import run_call, tool_schema
 from lightning_grpo.engines.multiturn.episodes import EpisodeStats, check_tool_template, tool_suffix_ids
-from lightning_grpo.engines.multiturn.toolcalls import run_call, tool_schema
 from lightning_grpo.model.policy import Policy
 
 

@@ -17,9 +17,9 @@ from typing_extensions import override
 
 from lightning_grpo.engines.base import RolloutEngine
 from lightning_grpo.engines.config import SamplingConfig
+from lightning_grpo.engines.multiturn.calls import HermesParser, ToolResult, resolve_tool, run_call, tool_schema
 from lightning_grpo.engines.multiturn.environments import Environments, environment_tools, episode_rewards
 from lightning_grpo.engines.multiturn.episodes import EpisodeStats, check_tool_template, tool_suffix_ids
-from lightning_grpo.engines.multiturn.toolcalls import HermesParser, ToolResult, resolve_tool, run_call, tool_schema
 from lightning_grpo.engines.prompts import is_conversational
 from lightning_grpo.model.policy import Policy
 from lightning_grpo.types import Prompt, Rollout, pad_rows
