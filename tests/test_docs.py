@@ -434,3 +434,39 @@ def test_the_docs_name_the_default_engine_the_code_uses():
     )
     named = {(doc.name, m.group(1) or m.group(2)) for doc in DOCS for m in said.finditer(doc.read_text())}
     assert named and all(engine == default for _, engine in named), sorted(named)
+
+
+def documented_rewards() -> list[str]:
+    """Every ready-made reward the docs name, as the import path a config gives: ``lightning_grpo.rewards.NAME`` for
+    each of the package's exported reward functions (and callable instances) named in a doc, in backticks or by
+    path; factories (``fuzzy_match_reward(...)``) and helpers are called, not named, and are left out."""
+    import inspect
+
+    from lightning_grpo import rewards
+
+    text = "\n".join(p.read_text() for p in [ROOT / "README.md", ROOT / "SKILL.md", *REFERENCES])
+    ready = [
+        name
+        for name in rewards.__all__
+        if name.endswith("_reward") and not inspect.isclass(getattr(rewards, name))
+        and "kwargs" in str(inspect.signature(getattr(rewards, name))) and "(" not in text.split(name, 1)[-1][:1]
+    ]  # fmt: skip
+    return [f"lightning_grpo.rewards.{name}" for name in ready if re.search(rf"\b{name}\b", text)]
+
+
+def test_every_reward_the_docs_name_works_by_its_import_path_on_the_command_line_and_in_yaml(tmp_path, tiny_model_dir):
+    """Issue 59: ``lightning_grpo.rewards.code_execution_reward`` by import path was refused (a lock in its sandbox
+    could not be copied). Every documented reward, all in one run's ``reward_funcs``, builds the module both ways."""
+    from lightning_grpo.cli.help import GRPOArgumentParser
+    from lightning_grpo.cli.main import GRPOCLI
+    from lightning_grpo.rewards import reward_name
+
+    names = documented_rewards()
+    assert "lightning_grpo.rewards.code_execution_reward" in names and len(names) >= 10, names
+    (tmp_path / "rewards.yaml").write_text(yaml.safe_dump({"model": {"reward_funcs": names}}))
+    for given in (["--model.reward_funcs", f"[{', '.join(names)}]"], ["--config", str(tmp_path / "rewards.yaml")]):
+        args = ["--config", str(TINY_CONFIG), *given, "--model.model", tiny_model_dir, "--data.dataset", "x"]
+        args += ["--trainer.logger", "false"]  # nothing is written: the classes are built, not run
+        cli = GRPOCLI(GRPOModule, PromptDataModule, args=args, run=False, parser_class=GRPOArgumentParser,
+                      auto_configure_optimizers=False)  # fmt: skip
+        assert [f"lightning_grpo.rewards.{reward_name(f)}" for f in cli.model.rewards.funcs] == names, given

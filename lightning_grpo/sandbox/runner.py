@@ -37,6 +37,7 @@ import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
+from typing import Any
 
 from lightning_grpo.sandbox.cgroups import CgroupLimits, SandboxCgroup
 from lightning_grpo.sandbox.isolation import (
@@ -171,6 +172,15 @@ class Sandbox:
         self._lock = threading.Lock()
         if isolation == "strict":
             self.isolation  # noqa: B018 - strict refuses at construction (start-up), not at the first reward
+
+    def __getstate__(self) -> dict[str, Any]:
+        """A copy (``copy.deepcopy`` of a config's default, a reward sent to another process) gets a lock of its own:
+        a lock does not pickle, and a copy counts its own programs."""
+        return {k: v for k, v in self.__dict__.items() if k != "_lock"}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        self._lock = threading.Lock()
 
     @property
     def isolation(self) -> Isolation:

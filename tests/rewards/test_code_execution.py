@@ -282,3 +282,14 @@ def test_metrics_count_timeouts(reward):
         "sandbox/cgroup": float(not reward.sandbox.isolation.lost),
     }
     assert reward.metrics()["sandbox/programs"] == 0.0  # reset by the previous call
+
+
+def test_the_ready_made_reward_copies_and_pickles_as_a_config_s_value_is():
+    """Issue 59: ``lightning_grpo.rewards.code_execution_reward`` by import path (YAML, command line) was refused
+    with ``cannot pickle '_thread.lock' object``: jsonargparse deep-copies a value, and the sandbox held a lock."""
+    import copy
+    import pickle
+
+    for clone in (copy.deepcopy(code_execution_reward), pickle.loads(pickle.dumps(code_execution_reward))):
+        assert clone.sandbox is not code_execution_reward.sandbox and clone.sandbox.timeout_seconds == 5.0
+        assert clone(completions=["print(int(input()) * 2)"], test_cases=[[{"input": "2\n", "output": "4\n"}]]) == [1.0]
