@@ -128,3 +128,15 @@ def test_a_validation_split_without_the_prompt_column_is_an_error_not_a_fallback
     )
     with pytest.raises(ValueError, match=r"prompt_column 'prompt' is not a column .* \(validation split\)"):
         PromptDataModule(str(tmp_path / "d")).setup("fit")
+
+
+def test_a_split_that_mixes_text_and_chat_prompts_is_refused_naming_its_rows(tmp_path):
+    """Issue 59: one row turned into chat messages (as the row check advises) beside plain-text rows passed the
+    start-up checks and failed after the model loaded (``TextEncodeInput must be Union[...]``), naming no row."""
+    rows = [{"prompt": f"{i}+{i}=", "answer": str(2 * i)} for i in range(6)]
+    rows[3]["prompt"] = [{"role": "user", "content": "3+3="}]
+    path = tmp_path / "mixed.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    message = r"mixes plain-text and chat prompts .* row 3 is chat messages and rows 0, 1, 2, 4, 5 are plain text"
+    with pytest.raises(ValueError, match=message):
+        PromptDataModule(str(path), batch_size=2, val_size=0).setup("fit")

@@ -21,6 +21,7 @@ from lightning_grpo.data.rows import (
     as_chat,
     check_few_shot,
     held_out_size,
+    mixed_kinds,
     prompt_characters,
     prompt_problems,
 )
@@ -167,8 +168,22 @@ class PromptDataModule(L.LightningDataModule):
                 f"dataset {self.hparams.dataset!r} ({split} split) has {len(problems)} rows whose data.prompt_column "
                 f"{column!r} is not a prompt; all of them:\n{listing(problems)}\nA prompt is {PROMPT_TYPES}"
             )
+        self._check_mixed(data, split)
         self._check_images(data, split)
         return data
+
+    def _check_mixed(self, data: Dataset, split: str) -> None:
+        """One split's prompts are all plain text or all chat messages (a JSON column can hold both)."""
+        column = self.hparams.prompt_column
+        if getattr(data.features.get(column), "dtype", None) in ("string", "large_string"):
+            return  # a text column: one kind, and reading it costs time
+        mixed = mixed_kinds(data[column])
+        if mixed:
+            raise ValueError(
+                f"dataset {self.hparams.dataset!r} ({split} split) mixes plain-text and chat prompts in "
+                f"data.prompt_column {column!r}: {mixed}. A step renders its prompts one way: give every row chat "
+                'messages ([{"role": "user", "content": TEXT}] for a text row), or every row plain text'
+            )
 
     def _check_images(self, data: Dataset, split: str) -> None:
         """Every image of an ``image``/``images`` column opens, and chat prompts have one image part per image."""

@@ -74,6 +74,29 @@ def prompt_problems(data: Dataset, column: str) -> list[str]:
     ]
 
 
+def mixed_kinds(prompts: list[Any]) -> str | None:
+    """Why ``prompts`` (a split's, each one a prompt) cannot be batched together, or ``None``: a step renders its
+    batch's prompts one way, through the chat template or as plain text, so one split holds one kind. Names the
+    rows of the fewer kind (the first 10).
+
+    >>> mixed_kinds(["2+2=", [{"role": "user", "content": "3+3="}], "4+4="])
+    'row 1 is chat messages and rows 0, 2 are plain text'
+    >>> mixed_kinds(["2+2=", "3+3="]) is None
+    True
+    """
+    chat = [i for i, p in enumerate(prompts) if isinstance(p, list)]
+    text = [i for i, p in enumerate(prompts) if isinstance(p, str)]
+    if not chat or not text:
+        return None
+    few, many = sorted([(chat, "chat messages"), (text, "plain text")], key=lambda kind: len(kind[0]))
+
+    def rows(indices: list[int]) -> str:
+        shown = ", ".join(map(str, indices[:10])) + (f" (and {len(indices) - 10} more)" if len(indices) > 10 else "")
+        return f"row{'s' if len(indices) > 1 else ''} {shown} {'are' if len(indices) > 1 else 'is'}"
+
+    return f"{rows(few[0])} {few[1]} and {rows(many[0])} {many[1]}"
+
+
 def prompt_characters(data: Dataset, column: str) -> list[int]:
     """[rows] characters of each row's prompt (its messages' text together): what tokenizing it will cost."""
     feature = data.features.get(column)
