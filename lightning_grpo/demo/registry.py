@@ -7,6 +7,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from pathlib import Path
 
+from lightning.pytorch.utilities import rank_zero_info
+
 from lightning_grpo.demo import anytool, calc, tiny, vision
 from lightning_grpo.demo.home import cache_home, write_once
 
@@ -72,4 +74,9 @@ REVISIONS = {
 def materialize(name: str) -> Path:
     """Write an embedded model or dataset once (``write_once``) and return its directory."""
     target = cache_home() / (name + REVISIONS.get(name, ""))
+    if not target.exists():  # a warm-started one takes minutes on 2 cores: say what runs, and where it goes
+        rank_zero_info(
+            f"Building the embedded {name!r} in code, once (a warm start may take a few minutes on a CPU), into "
+            f"{target}; later runs reuse it (LIGHTNING_GRPO_HOME sets the folder)"
+        )
     return write_once(target, EMBEDDED[name], f"the embedded {name!r}")

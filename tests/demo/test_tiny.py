@@ -92,3 +92,17 @@ def test_every_seed_lands(threads, tmp_path, restore_threads):
         landed[seed] = summary["accuracy_after"]
         print(f"threads {threads} seed {seed}: held-out {summary['accuracy_after']:.1%}, {summary['wall_time_s']} s")
     assert min(landed.values()) >= 0.80, landed
+
+
+def test_the_first_build_of_an_embedded_model_says_what_it_builds_and_where(tmp_path, monkeypatch, caplog):
+    """Issue 59: the first build of a demo model printed nothing for minutes."""
+    import logging
+
+    from lightning_grpo.demo.registry import materialize
+
+    monkeypatch.setenv("LIGHTNING_GRPO_HOME", str(tmp_path))
+    with caplog.at_level(logging.INFO):
+        first = materialize("lightning-grpo/tiny-max")
+        materialize("lightning-grpo/tiny-max")
+    said = [r.getMessage() for r in caplog.records if "Building the embedded" in r.getMessage()]
+    assert len(said) == 1 and str(first) in said[0] and "LIGHTNING_GRPO_HOME" in said[0], said
