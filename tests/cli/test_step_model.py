@@ -99,3 +99,21 @@ def test_the_servers_model_passes_through_its_runs_and_predicts_the_held_out_one
     assert all(abs(e) <= 0.02 for e in fitted.values()), fitted
     held_out = [errors["2 rank(s) x 2 server(s)", s] for s in ("generation", "logprobs", "update", "sync")]
     assert held_out == [pytest.approx(e, abs=0.01) for e in (-0.22, -0.02, 0.04, -0.06)]
+
+
+def test_the_command_answers_one_shape_and_says_where_a_fit_does_not_hold(capsys):
+    """Issue 59: the step model took no options, and nothing said that a CPU-fitted model must not be read at GPU
+    counts."""
+    main(["--fit", "cpu", "--ranks", "2", "--servers", "2", "--tokens", "3332"])
+    out = capsys.readouterr().out
+    assert out.startswith("cpu, 2 rank(s), 2 vLLM-CPU server(s), 3332 tokens: ") and "warning" not in out
+    main(["--fit", "cpu", "--ranks", "64"])
+    assert "warning: the cpu fit is read beyond the 2 ranks and servers" in capsys.readouterr().out
+    main(["--fit", "verl-7b", "--ranks", "64"])
+    out = capsys.readouterr().out
+    assert "synchronous on 64 GPUs" in out and "overlapped at 32:32" in out and "warning" not in out
+    main(["--fit", "verl-7b", "--ranks", "512"])
+    assert "beyond the 128 GPUs it was fitted to" in capsys.readouterr().out
+    with pytest.raises(SystemExit):
+        main(["--ranks", "4"])
+    assert "--fit and --ranks go together" in capsys.readouterr().err
