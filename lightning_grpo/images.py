@@ -39,18 +39,26 @@ def row_images(value: Any) -> list[Any]:
 
 
 def open_image(value: Any) -> Image:
-    """One image as an RGB PIL image, from any of ``IMAGE_TYPES``; opening reads the file or bytes now."""
+    """One image of ``IMAGE_TYPES`` as TRL and transformers open it, so that the processor gets what it gets under
+    TRL: a PIL image unchanged (the processor's own RGB conversion puts transparent pixels on white), a path through
+    transformers' ``load_image`` (its EXIF rotation applied, RGB), bytes as ``datasets`` decodes an ``Image`` column
+    (its EXIF rotation applied, its mode kept). Opening a path or bytes reads them now."""
     from PIL import Image as PILImage
 
     if isinstance(value, PILImage.Image):
-        return value if value.mode == "RGB" else value.convert("RGB")
+        return value
     if isinstance(value, dict):
         value = value.get("bytes") or value.get("path")
     if isinstance(value, (bytes, bytearray)):
-        return PILImage.open(io.BytesIO(value)).convert("RGB")
+        from datasets import Image as ImageFeature
+
+        return ImageFeature().decode_example({"bytes": bytes(value), "path": None})
     if isinstance(value, (str, Path)):
-        with PILImage.open(value) as image:
-            return image.convert("RGB")
+        if not Path(value).is_file():  # load_image would read any other string as base64
+            raise FileNotFoundError(f"no image file at {str(value)!r}")
+        from transformers.image_utils import load_image
+
+        return load_image(str(value))
     raise TypeError(f"an image must be {IMAGE_TYPES}, got {type(value).__name__}")
 
 

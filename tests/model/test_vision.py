@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import io
 import json
 import random
 
@@ -336,3 +337,51 @@ def test_building_a_vision_language_policy_on_the_meta_device_is_refused(process
     processor.save_pretrained(tmp_path)
     with torch.device("meta"), pytest.raises(ValueError, match="is a vision-language model: building it on the meta"):
         Policy(str(tmp_path))
+
+
+# ---- images opened as TRL and transformers open them -----------------------------------------------------------
+
+
+def kinds_of_image(tmp_path):
+    """(name, the column value a user gives, what TRL's processor gets for it): transparent RGBA and LA, a palette
+    with a transparent colour, an EXIF-rotated phone photo by path, an RGBA PNG as the bytes ``datasets`` stores."""
+    from datasets import Image as ImageFeature
+    from PIL import Image
+
+    rgba = Image.new("RGBA", (20, 12), (200, 30, 30, 0))
+    rgba.paste((30, 200, 30, 255), (0, 0, 10, 12))
+    la = Image.new("LA", (12, 20), (90, 0))
+    palette = rgba.convert("P")
+    palette.info["transparency"] = 0
+    photo = tmp_path / "rotated.jpg"
+    exif = Image.Exif()
+    exif[0x0112] = 6  # Orientation: rotate 90 (a phone photo taken upright)
+    Image.new("RGB", (44, 28), (10, 120, 240)).save(photo, exif=exif)
+    png = io.BytesIO()
+    rgba.save(png, format="PNG")
+    stored = {"bytes": png.getvalue(), "path": None}
+    return [
+        ("rgba", rgba, rgba),
+        ("la", la, la),
+        ("palette", palette, palette),
+        ("exif_path", str(photo), str(photo)),  # TRL's processor loads a path itself (load_image)
+        ("png_bytes", stored, ImageFeature().decode_example(stored)),  # what a datasets Image column decodes to
+    ]
+
+
+def test_every_kind_of_image_gives_the_pixel_values_trls_processor_call_gives(processor, tmp_path):
+    """Issue 58: RGBA/LA were converted to RGB first (transparent pixels on black, TRL's processor puts them on
+    white: pixel values 3.8 apart) and a path's EXIF rotation was ignored (a 44x28 photo tagged 'rotate 90' stayed
+    44x28)."""
+    from trl.data_utils import prepare_multimodal_messages
+
+    from lightning_grpo.engines.prompts import tokenize_image_prompts
+
+    prompt = [{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": QUESTION}]}]
+    for name, given, theirs in kinds_of_image(tmp_path):
+        _, _, vision = tokenize_image_prompts(processor, [prompt], [[given]], SamplingConfig())
+        messages = prepare_multimodal_messages(copy.deepcopy(prompt), images=[theirs])
+        expected = processor.apply_chat_template(
+            [messages], add_generation_prompt=True, tokenize=True, return_dict=True, return_tensors="pt"
+        )
+        torch.testing.assert_close(vision["pixel_values"][0], expected["pixel_values"], rtol=0, atol=0, msg=name)
