@@ -38,6 +38,7 @@ from lightning_grpo import GRPOModule, PromptDataModule
 from lightning_grpo.callbacks import (
     Alerts,
     CompletionSampleLogger,
+    DistillAlert,
     HFExport,
     KLAlert,
     MismatchAlert,
@@ -85,6 +86,7 @@ CONFIG_SECTIONS = {  # prefix in the docs -> the class whose constructor takes t
     "alerts.mismatch": MismatchAlert,
     "alerts.unscored": UnscoredRewardAlert,
     "alerts.tools": ToolUseAlert,
+    "alerts.distill": DistillAlert,
     "reward_monitor": RewardMonitor,
     "samples": CompletionSampleLogger,
     "summary": RunSummary,

@@ -1,4 +1,4 @@
-"""Alerts: the CLI's ``alerts:`` section, the five run alerts that are on by default, each settable or turned off.
+"""Alerts: the CLI's ``alerts:`` section, the six run alerts that are on by default, each settable or turned off.
 
 ::
 
@@ -19,6 +19,7 @@ from jsonargparse import lazy_instance
 
 from lightning_grpo.callbacks.alerts import Alert
 from lightning_grpo.callbacks.collapse import ModeCollapseAlert
+from lightning_grpo.callbacks.distill import DistillAlert
 from lightning_grpo.callbacks.divergence import KLAlert
 from lightning_grpo.callbacks.mismatch import MismatchAlert
 from lightning_grpo.callbacks.tool_use import ToolUseAlert
@@ -39,6 +40,7 @@ ALERTS = {
     "mismatch": MismatchAlert,
     "unscored": UnscoredRewardAlert,
     "tools": ToolUseAlert,
+    "distill": DistillAlert,
 }
 ON = {name: lazy_instance(alert) for name, alert in ALERTS.items()}  # the defaults, as --print_config shows them
 
@@ -55,6 +57,7 @@ class Alerts:
         mismatch: the sampler's and the trainer's log-probs of the sampled tokens drift apart (``MismatchAlert``).
         unscored: a reward function leaves a step's completions unscored, NaN or None (``UnscoredRewardAlert``).
         tools: the configured tools are never called, or their calls cannot be read (``ToolUseAlert``).
+        distill: the student stops getting closer to its teacher (``DistillAlert``; silent without a teacher).
     """
 
     def __init__(
@@ -64,8 +67,9 @@ class Alerts:
         mismatch: MismatchAlert | None = ON["mismatch"],
         unscored: UnscoredRewardAlert | None = ON["unscored"],
         tools: ToolUseAlert | None = ON["tools"],
+        distill: DistillAlert | None = ON["distill"],
     ) -> None:
-        given = {"collapse": collapse, "kl": kl, "mismatch": mismatch, "unscored": unscored, "tools": tools}
+        given = dict(collapse=collapse, kl=kl, mismatch=mismatch, unscored=unscored, tools=tools, distill=distill)
         # a default is one object for every call (the CLI builds its own from the config): each Alerts() its own alerts
         self.alerts = [
             ALERTS[name]() if alert is ON[name] else alert for name, alert in given.items() if alert is not None

@@ -13,7 +13,7 @@ format, a tensor at a time.
 Every constructor argument is a config key with its docstring as ``--help``; a section's field (``model.loss.beta``)
 has the docstring under it (``checks.field_help``). Always on, each with its own
 config section: the run summary (``summary:``), the Hugging Face export (``export:``), the reward monitor
-(``reward_monitor:``), the mode-collapse, KL, sampler-mismatch, unscored-reward and tool-use alerts
+(``reward_monitor:``), the mode-collapse, KL, sampler-mismatch, unscored-reward, tool-use and distillation alerts
 (``alerts:``, each ``warn`` by default or ``null`` for off: ``callbacks/alert_set.py``), the sample logger
 (``samples:``), ``metrics.jsonl`` for ``report`` (``MetricsFile``, no settings),
 the preemption checkpoint (``preemption:``: SIGTERM or Ctrl+C save ``checkpoints/last.ckpt`` and exit) and
