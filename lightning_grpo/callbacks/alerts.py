@@ -88,6 +88,12 @@ class Alert(L.Callback):
         """The signals active at this step; subclasses implement it."""
         raise NotImplementedError
 
+    def observe(self, trainer: L.Trainer, outputs: Any, batch: Any) -> list[Signal] | None:
+        """The signals active after a training batch: those of its step record; ``None`` when it has none (a step
+        skipped for non-finite numbers, a batch drawn without an update), which tells this alert nothing."""
+        record = step_record(outputs)
+        return None if record is None else self.signals(trainer, record)
+
     def kept(self) -> int:
         """How many of a series' last values ``remember`` keeps: ``window``, unless a subclass needs more."""
         if self.window is None:
@@ -103,11 +109,11 @@ class Alert(L.Callback):
     def on_train_batch_end(
         self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: Any, batch: Any, batch_idx: int
     ) -> None:
-        record = step_record(outputs)
-        if record is None:  # a skipped step (non-finite numbers) tells nothing; ranks skip together
+        found = self.observe(trainer, outputs, batch)
+        if found is None:  # the batch tells nothing; ranks skip together
             trainer.strategy.reduce_boolean_decision(False, all=False)
             return
-        active = {s.name: s for s in self.signals(trainer, record)}
+        active = {s.name: s for s in found}
         self.counts = {name: self.counts.get(name, 0) + 1 for name in active}  # inactive signals reset to 0
         due = [s for s in active.values() if self.counts[s.name] == self.patience]
         for signal in due:
