@@ -16,6 +16,7 @@ from bench_assets import RunResult, RunSpec, StepLog, lora_config, reward_for, r
 from lightning_grpo import GRPOModule, PromptDataModule
 from lightning_grpo.engines import AsyncRollouts, HFGenerate, LeanDecode
 from lightning_grpo.engines.base import RolloutEngine
+from lightning_grpo.types import step_record
 
 
 class StepClock(L.Callback):
@@ -31,9 +32,9 @@ class StepClock(L.Callback):
     def on_train_batch_end(
         self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: Any, batch: Any, batch_idx: int
     ) -> None:
-        if not outputs:  # a skipped or filling step took no optimiser step: its time goes to the next one
+        record = step_record(outputs)
+        if record is None:  # a skipped or filling step took no optimiser step: its time goes to the next one
             return
-        record = outputs["record"]
         rollout = record.rollout
         self.steps.step(int(rollout.completion_mask.sum()), int(rollout.prompt_mask.sum()), record.stats.rewards.mean)
 

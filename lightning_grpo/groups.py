@@ -26,7 +26,7 @@ from torch import Tensor
 
 from lightning_grpo.advantages import AdvantageConfig
 from lightning_grpo.ranks import Ranks
-from lightning_grpo.types import RewardScores, Rollout, fields_of
+from lightning_grpo.types import DrawnBatch, RewardScores, Rollout, fields_of
 
 
 def select_groups(rollout: Rollout, scores: RewardScores, keep: Tensor) -> tuple[Rollout, RewardScores]:
@@ -48,6 +48,7 @@ class GroupBuffer:
     num_gen_batches: int = 0  # generation batches drawn since the last update
     groups_drawn: int = 0  # groups sampled since the last update, with signal or not
     groups_kept: int = 0  # of those, the groups with signal
+    kept_everywhere: int = 0  # groups with signal in the last generation batch, every rank's
 
     @classmethod
     def of(cls, advantages: AdvantageConfig, pad_id: int, max_staleness: int = 0) -> GroupBuffer:
@@ -59,20 +60,22 @@ class GroupBuffer:
     def num_groups(self) -> int:
         return 0 if self.rollout is None else len(self.rollout) // self.rollout.group_size
 
-    def add(self, rollout: Rollout, scores: RewardScores) -> None:
-        """Keep the groups of a scored generation batch whose rewards differ."""
+    def add(self, rollout: Rollout, scores: RewardScores) -> int:
+        """Keep the groups of a scored generation batch whose rewards differ; how many they are."""
         self.num_gen_batches += 1
         self.groups_drawn += len(rollout) // rollout.group_size
         keep = ~scores.groups_without_signal(rollout.group_size)
-        self.groups_kept += int(keep.sum())
+        count = int(keep.sum())
+        self.groups_kept += count
         kept, kept_scores = select_groups(rollout, scores, keep)
         if self.rollout is None:
             self.rollout, self.scores = kept, kept_scores
-            return
+            return count
         self.rollout = self.rollout.cat(kept, self.pad_id)
         errors = {k: self.scores.errors.get(k, 0) + kept_scores.errors.get(k, 0) for k in kept_scores.errors}
         per_function = torch.cat([self.scores.per_function, kept_scores.per_function])
         self.scores = replace(kept_scores, per_function=per_function, errors=errors)
+        return count
 
     def take(self, num_groups: int, staleness: Tensor | None = None) -> tuple[Rollout, RewardScores, dict[str, float]]:
         """The first (oldest) ``num_groups`` groups and the buffer's metrics. The surplus stays for the next
@@ -109,13 +112,15 @@ class GroupBuffer:
         if not self.enabled:
             return rollout, scores, {}
         cap = self.cap
-        self.add(rollout, scores)
-        have = int(ranks.gather_rows(torch.tensor([self.num_groups], device=rollout.completion_ids.device)).min())
+        kept = self.add(rollout, scores)
+        device = rollout.completion_ids.device
+        counts = ranks.gather_rows(torch.tensor([[self.num_groups, kept]], device=device)).tolist()  # [W, 2]: one read
+        have, self.kept_everywhere = min(c[0] for c in counts), sum(c[1] for c in counts)
         if have >= num_prompts:
             return self.take(num_prompts, staleness(self.rollout))
         if not cap or self.num_gen_batches < cap:
             return None
-        if have == 0:  # no signal at all: no update (the collapse alert's no_learning_signal also sees it)
+        if have == 0:  # no signal on some rank: no update (NoSignalAlert sees each such batch: ``drawn``)
             self.take(0, staleness(self.rollout))
             rank_zero_warn(
                 f"filter_groups: {cap} generation batches (max_num_gen_batches) gave no group with differing "
@@ -127,6 +132,10 @@ class GroupBuffer:
             "groups per rank have differing rewards; updating on those. The prompts may be too easy or too hard"
         )
         return self.take(have, staleness(self.rollout))
+
+    def drawn(self, rollout: Rollout, scores: RewardScores) -> DrawnBatch:
+        """What the generation batch just added showed, for the callbacks, when it made no update."""
+        return DrawnBatch(rollout, scores, self.kept_everywhere)
 
     # ---- checkpoints --------------------------------------------------------------------------------------
 

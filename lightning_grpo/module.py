@@ -190,7 +190,7 @@ class GRPOModule(L.LightningModule):
         scores = sampled.scores or self._score(rollout, batch)  # the engine's own when it scores as it samples
         kept = self._filter_groups(rollout, scores, len(batch), ranks, sampled)
         if kept is None:  # filter_groups: no update this batch, waiting for more groups with signal
-            return None
+            return {"drawn": self.group_buffer.drawn(rollout, scores)}  # what it showed, for NoSignalAlert
         rollout, scores, extra = kept
         extra |= staleness_metrics(sampled.staleness(rollout))
         every_rank = ranks.gather_rows(scores.per_function)  # [W*N, F] identical on every rank: a batch std is global

@@ -7,7 +7,7 @@ from helpers import fit, logged, make_module, make_rollout
 
 from lightning_grpo import PromptDataModule
 from lightning_grpo.groups import GroupBuffer, select_groups
-from lightning_grpo.types import RewardScores
+from lightning_grpo.types import RewardScores, drawn_batch, step_record
 
 
 def data(path, batch_size=4):
@@ -84,11 +84,12 @@ def test_filter_groups_updates_only_on_groups_with_signal(tiny_model_dir, arith_
         accuracy_reward=None,
         advantages={"filter_groups": True},
     )
-    records = []
+    records, drawn = [], []
 
     class Keep(L.Callback):
         def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
-            records.append(outputs["record"] if outputs else None)
+            records.append(step_record(outputs))
+            drawn.append(drawn_batch(outputs))
 
     trainer = fit(module, data(arith_jsonl), tmp_path, max_steps=2, callbacks=[Keep()])
     trained = [r for r in records if r is not None]
@@ -98,6 +99,11 @@ def test_filter_groups_updates_only_on_groups_with_signal(tiny_model_dir, arith_
         assert record.stats.rewards.frac_zero_std == 0.0
         assert all((int(p[0]) + int(p[2])) % 2 == 0 for p in record.rollout.prompts)
     assert logged(trainer)["train/filter_groups/kept_fraction"][0] < 1.0
+    waited = [d for d in drawn if d is not None]  # the batches that only filled the buffer, published as drawn
+    assert len(waited) == len(records) - len(trained) and all(len(d.rollout) == 4 * 4 for d in waited)
+    for d in waited:  # their groups with signal (one rank: every rank's), of an even sum only
+        assert d.groups_with_signal == int((~d.scores.groups_without_signal(4)).sum()) < 4
+        assert d.groups_with_signal <= sum((int(p[0]) + int(p[2])) % 2 == 0 for p in d.rollout.prompts[::4])
 
 
 def test_filter_groups_gives_up_after_max_num_gen_batches(tiny_model_dir, arith_jsonl, tmp_path):

@@ -12,6 +12,7 @@ from lightning_grpo.callbacks.final import ValidateAtEnd
 from lightning_grpo.callbacks.metricsfile import MetricsFile
 from lightning_grpo.callbacks.mismatch import MismatchAlert
 from lightning_grpo.callbacks.monitor import RewardMonitor
+from lightning_grpo.callbacks.no_signal import NoSignalAlert
 from lightning_grpo.callbacks.preemption import PreemptionCheckpoint
 from lightning_grpo.callbacks.samples import CompletionSampleLogger
 from lightning_grpo.callbacks.summary import RunSummary
@@ -30,6 +31,7 @@ __all__ = [
     "MetricsFile",
     "MismatchAlert",
     "ModeCollapseAlert",
+    "NoSignalAlert",
     "PreemptionCheckpoint",
     "RewardMonitor",
     "RunSummary",

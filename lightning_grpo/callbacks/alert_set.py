@@ -1,9 +1,10 @@
-"""Alerts: the CLI's ``alerts:`` section, the five run alerts that are on by default, each settable or turned off.
+"""Alerts: the CLI's ``alerts:`` section, the seven run alerts that are on by default, each settable or turned off.
 
 ::
 
     alerts:
-      collapse: {patience: 30}        # ModeCollapseAlert's settings; the others keep theirs
+      signal: {patience: 50}          # NoSignalAlert's settings; the others keep theirs
+      collapse: {patience: 30}
       kl: {max_kl: 1.0, action: stop}
       tools: null                     # off
 
@@ -19,8 +20,10 @@ from jsonargparse import lazy_instance
 
 from lightning_grpo.callbacks.alerts import Alert
 from lightning_grpo.callbacks.collapse import ModeCollapseAlert
+from lightning_grpo.callbacks.distill import DistillAlert
 from lightning_grpo.callbacks.divergence import KLAlert
 from lightning_grpo.callbacks.mismatch import MismatchAlert
+from lightning_grpo.callbacks.no_signal import NoSignalAlert
 from lightning_grpo.callbacks.tool_use import ToolUseAlert
 from lightning_grpo.callbacks.unscored import UnscoredRewardAlert
 
@@ -34,11 +37,13 @@ MOVED = {
 }
 
 ALERTS = {
+    "signal": NoSignalAlert,
     "collapse": ModeCollapseAlert,
     "kl": KLAlert,
     "mismatch": MismatchAlert,
     "unscored": UnscoredRewardAlert,
     "tools": ToolUseAlert,
+    "distill": DistillAlert,
 }
 ON = {name: lazy_instance(alert) for name, alert in ALERTS.items()}  # the defaults, as --print_config shows them
 
@@ -49,23 +54,35 @@ class Alerts:
     Each warns, stops (after saving ``checkpoints/last.ckpt``) or raises when its signal lasts ``patience`` steps.
 
     Args:
-        collapse: mode collapse or no learning signal (``ModeCollapseAlert``: reward std, identical groups,
-            entropy and length drops).
+        signal: no group's rewards differ, so nothing is learnt (``NoSignalAlert``: stops the run by default,
+            naming the cause, a completion beside its expected answer, and what to change).
+        collapse: mode collapse (``ModeCollapseAlert``: reward std, identical groups, entropy and length drops).
         kl: divergence from the reference (``KLAlert``: KL level and growth, the clipped fraction).
         mismatch: the sampler's and the trainer's log-probs of the sampled tokens drift apart (``MismatchAlert``).
         unscored: a reward function leaves a step's completions unscored, NaN or None (``UnscoredRewardAlert``).
         tools: the configured tools are never called, or their calls cannot be read (``ToolUseAlert``).
+        distill: the student stops getting closer to its teacher (``DistillAlert``; silent without a teacher).
     """
 
     def __init__(
         self,
+        signal: NoSignalAlert | None = ON["signal"],
         collapse: ModeCollapseAlert | None = ON["collapse"],
         kl: KLAlert | None = ON["kl"],
         mismatch: MismatchAlert | None = ON["mismatch"],
         unscored: UnscoredRewardAlert | None = ON["unscored"],
         tools: ToolUseAlert | None = ON["tools"],
+        distill: DistillAlert | None = ON["distill"],
     ) -> None:
-        given = {"collapse": collapse, "kl": kl, "mismatch": mismatch, "unscored": unscored, "tools": tools}
+        given = {
+            "signal": signal,
+            "collapse": collapse,
+            "kl": kl,
+            "mismatch": mismatch,
+            "unscored": unscored,
+            "tools": tools,
+            "distill": distill,
+        }
         # a default is one object for every call (the CLI builds its own from the config): each Alerts() its own alerts
         self.alerts = [
             ALERTS[name]() if alert is ON[name] else alert for name, alert in given.items() if alert is not None

@@ -7,8 +7,8 @@ under ``entropy_drop`` times its early value; mean completion length under ``len
 
 Converged is not collapsed: with ``reward_ceiling`` set, a group whose every completion reached the ceiling
 is *solved* and left out of the group signals; a group whose completions are all the same and all wrong is
-*stuck* (no gradient can reach it) and counts. Zero learning signal is always reported (``no_learning_signal``:
-every group of the batch scored the same), diagnosed as *solved* when every completion is at the ceiling.
+*stuck* (no gradient can reach it) and counts. No learning signal at all (every group of the batch scored the same)
+is ``NoSignalAlert``'s (``callbacks/no_signal.py``), which stops such a run by default; this alert keeps warning.
 """
 
 from __future__ import annotations
@@ -29,13 +29,6 @@ ADVICE = (
     "with equal rewards), and set alerts.collapse.reward_ceiling if groups are all correct; then a higher "
     "model.sampling.temperature (0.7-1.0) or double model.num_generations; then halve model.optim.learning_rate, "
     "model.loss.beta 0.04 if it is 0, or model.loss.epsilon_high 0.28"
-)
-
-
-NO_SIGNAL_ADVICE = (
-    "check the reward function gives different completions different scores (the usual cause), then a higher "
-    "model.sampling.temperature (0.7-1.0) or double model.num_generations; if it does and every completion is "
-    "right, the task is solved"
 )
 
 
@@ -121,9 +114,8 @@ class ModeCollapseAlert(Alert):
             self.early["entropy"].append(entropy)
             return []
         groups = self.unsolved_groups(record)
-        no_signal = self.no_learning_signal(record, solved=not groups)
         if not groups:
-            return no_signal  # every group solved: converged, nothing left to collapse, but nothing to learn
+            return []  # every group solved: converged, nothing left to collapse (nothing to learn: NoSignalAlert's)
         t = self.thresholds
         completions = [c for g in groups for c in g["completions"]]
         rewards = torch.stack([g["rewards"] for g in groups])  # [groups, G]
@@ -136,19 +128,7 @@ class ModeCollapseAlert(Alert):
             *below("completion_length", length, self.length_drop * _mean(self.early["length"]), ADVICE),
         ]
         found += below("entropy", entropy, self.entropy_drop * _mean(self.early["entropy"]), ADVICE)
-        return no_signal + found
-
-    def no_learning_signal(self, record: StepRecord, solved: bool) -> list[Signal]:
-        """Every group of the global batch scored the same: no completion gets a gradient, whatever the level.
-        Solved (every completion at ``reward_ceiling``) or a reward that does not tell completions apart."""
-        diagnosis = (
-            "every group scored the same, at reward_ceiling: the task is solved for this data"
-            if solved
-            else "every group scored the same: the reward does not discriminate, or the task is solved for this data"
-        )
-        advice = "stop here, or train on harder prompts" if solved else NO_SIGNAL_ADVICE
-        frac = record.stats.rewards.frac_zero_std
-        return [Signal("no_learning_signal", frac, 0.999, ">", advice, diagnosis)] if frac > 0.999 else []
+        return found
 
     def unsolved_groups(self, record: StepRecord) -> list[dict[str, Any]]:
         """This rank's groups, less those whose every completion reached ``reward_ceiling``."""

@@ -46,39 +46,33 @@ class DistillAlert(Alert):
         trainer = L.Trainer(callbacks=[alert], max_steps=0, logger=False)
     """
 
+    one_series = "distill_reverse_kl"
+
     def __init__(self, window: int = 20, min_delta: float = 0.0, patience: int = 1, action: str = "warn") -> None:
-        super().__init__(patience=patience, action=action)
-        if window < 1:
-            raise ValueError(f"window must be >= 1, got {window}")
+        super().__init__(patience=patience, action=action, window=window)
         if min_delta < 0:
             raise ValueError(f"min_delta must be >= 0 (nats), got {min_delta}")
-        self.window, self.min_delta = window, min_delta
-        self.history: list[float] = []  # the last 2 * window steps' reverse KL
+        self.min_delta = min_delta
 
     @override
     def settings(self) -> dict[str, Any]:
         return {**super().settings(), "window": self.window, "min_delta": self.min_delta}
 
     @override
+    def kept(self) -> int:
+        return 2 * self.window  # the window before and the last one
+
+    @override
     def signals(self, trainer: L.Trainer, record: StepRecord) -> list[Signal]:
         d = record.stats.distill
         if d is None or d.tokens == 0:
             return []
-        self.history = [*self.history, d.reverse_kl][-2 * self.window :]
-        if len(self.history) < 2 * self.window:
+        series = self.remember("distill_reverse_kl", d.reverse_kl)
+        if len(series) < 2 * self.window:
             return []
-        before = sum(self.history[: self.window]) / self.window
-        recent = sum(self.history[self.window :]) / self.window
+        before = sum(series[: self.window]) / self.window
+        recent = sum(series[self.window :]) / self.window
         if before - recent > self.min_delta:
             return []
         diagnosis = f"the student's reverse KL to its teacher averaged {before:.4g} over the {self.window} steps before"
         return [Signal("distill_reverse_kl", recent, before - self.min_delta, ">=", ADVICE, diagnosis)]
-
-    @override
-    def state_dict(self) -> dict[str, Any]:
-        return {**super().state_dict(), "history": list(self.history)}
-
-    @override
-    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
-        super().load_state_dict(state_dict)
-        self.history = list(state_dict.get("history", []))

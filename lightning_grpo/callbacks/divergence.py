@@ -7,7 +7,6 @@ than ``max_kl_growth`` times within ``window`` steps (from a KL of at least ``mi
 
 from __future__ import annotations
 
-from collections import deque
 from typing import Any
 
 import lightning as L
@@ -42,6 +41,8 @@ class KLAlert(Alert):
         action: warn, stop or raise.
     """
 
+    one_series = "kl"
+
     def __init__(
         self,
         max_kl: float = 0.5,
@@ -52,17 +53,18 @@ class KLAlert(Alert):
         patience: int = 3,
         action: str = "warn",
     ) -> None:
-        super().__init__(patience=patience, action=action)
-        if window < 1:
-            raise ValueError(f"window must be >= 1, got {window}")
+        super().__init__(patience=patience, action=action, window=window)
         self.max_kl, self.max_kl_growth, self.min_kl = max_kl, max_kl_growth, min_kl
-        self.max_clip_ratio, self.window = max_clip_ratio, window
-        self.history: deque[float] = deque(maxlen=window + 1)
+        self.max_clip_ratio = max_clip_ratio
 
     @override
     def settings(self) -> dict[str, Any]:
         limits = (self.max_kl, self.max_kl_growth, self.min_kl, self.max_clip_ratio, self.window)
         return {**super().settings(), "limits": limits}
+
+    @override
+    def kept(self) -> int:
+        return self.window + 1  # the KL ``window`` steps ago and every one since
 
     @override
     def signals(self, trainer: L.Trainer, record: StepRecord) -> list[Signal]:
@@ -71,18 +73,9 @@ class KLAlert(Alert):
         kl = update.kl
         if kl is None:
             return found
-        self.history.append(kl)
+        series = self.remember("kl", kl)
         found += above("kl", kl, self.max_kl, KL_ADVICE)
-        past = self.history[0]
-        if len(self.history) > self.window and past >= self.min_kl:  # ratios of near-zero KL mean nothing
+        past = series[0]
+        if len(series) > self.window and past >= self.min_kl:  # ratios of near-zero KL mean nothing
             found += above("kl_growth", kl / past, self.max_kl_growth, KL_ADVICE)
         return found
-
-    @override
-    def state_dict(self) -> dict[str, Any]:
-        return {**super().state_dict(), "history": list(self.history)}
-
-    @override
-    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
-        super().load_state_dict(state_dict)
-        self.history = deque(state_dict.get("history", []), maxlen=self.window + 1)

@@ -22,7 +22,6 @@ moves the median.
 from __future__ import annotations
 
 import statistics
-from collections import deque
 from typing import Any
 
 import lightning as L
@@ -45,7 +44,6 @@ REMEDIES = {  # by MismatchStats.anchored (update.sampling_correction: bypass), 
     True: "the loss already clips its ratio against the sampler (bypass); if the reward stalls, {lower}",
     False: "{lower}, or anchor the clip at the sampler (update.sampling_correction: bypass, the default under async)",
 }
-SIGNALS = ("token_mult_prob_error", "sampler_kl", "sampler_ess")
 
 
 def lower_by(learning_rate: float | None, staleness: int) -> str:
@@ -100,9 +98,7 @@ class MismatchAlert(Alert):
         patience: int = 3,
         action: str = "warn",
     ) -> None:
-        super().__init__(patience=patience, action=action)
-        if window < 1:
-            raise ValueError(f"window must be >= 1, got {window}")
+        super().__init__(patience=patience, action=action, window=window)
         if max_token_mult_prob_error < 1:
             raise ValueError(f"max_token_mult_prob_error must be >= 1 (1: agreement), got {max_token_mult_prob_error}")
         if max_kl < 0:
@@ -110,8 +106,6 @@ class MismatchAlert(Alert):
         if not 0 <= min_ess <= 1:
             raise ValueError(f"min_ess must be in [0, 1], got {min_ess}")
         self.max_token_mult_prob_error, self.max_kl, self.min_ess = max_token_mult_prob_error, max_kl, min_ess
-        self.window = window
-        self.history: dict[str, deque[float]] = {name: deque(maxlen=window) for name in SIGNALS}
 
     @override
     def settings(self) -> dict[str, Any]:
@@ -120,10 +114,7 @@ class MismatchAlert(Alert):
 
     def median(self, name: str, value: float | None) -> float | None:
         """The median of ``name``'s last ``window`` values, this step's ``value`` included (None: not measured)."""
-        if value is None:
-            return None
-        self.history[name].append(value)
-        return statistics.median(self.history[name])
+        return None if value is None else statistics.median(self.remember(name, value))
 
     @override
     def signals(self, trainer: L.Trainer, record: StepRecord) -> list[Signal]:
@@ -147,13 +138,3 @@ class MismatchAlert(Alert):
             return ADVICE
         remedy = REMEDIES[anchored].format(lower=lower_by(base_learning_rate(trainer), stale))
         return STALE_ADVICE.format(k=stale, remedy=remedy)
-
-    @override
-    def state_dict(self) -> dict[str, Any]:
-        return {**super().state_dict(), "history": {name: list(values) for name, values in self.history.items()}}
-
-    @override
-    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
-        super().load_state_dict(state_dict)
-        saved = state_dict.get("history", {})
-        self.history = {name: deque(saved.get(name, []), maxlen=self.window) for name in SIGNALS}

@@ -13,9 +13,9 @@ format, a tensor at a time.
 Every constructor argument is a config key with its docstring as ``--help``; a section's field (``model.loss.beta``)
 has the docstring under it (``checks.field_help``). Always on, each with its own
 config section: the run summary (``summary:``), the Hugging Face export (``export:``), the reward monitor
-(``reward_monitor:``), the mode-collapse, KL, sampler-mismatch, unscored-reward and tool-use alerts
-(``alerts:``, each ``warn`` by default or ``null`` for off: ``callbacks/alert_set.py``), the sample logger
-(``samples:``), ``metrics.jsonl`` for ``report`` (``MetricsFile``, no settings),
+(``reward_monitor:``), the no-signal, mode-collapse, KL, sampler-mismatch, unscored-reward, tool-use and distillation
+alerts (``alerts:``, each ``warn`` by default, no-signal ``stop``, or ``null`` for off: ``callbacks/alert_set.py``),
+the sample logger (``samples:``), ``metrics.jsonl`` for ``report`` (``MetricsFile``, no settings),
 the preemption checkpoint (``preemption:``: SIGTERM or Ctrl+C save ``checkpoints/last.ckpt`` and exit) and
 torch's threads per process (``threads:``). All of them write into the run's own directory, whatever the logger.
 Other callbacks go under ``trainer.callbacks``.

@@ -5,7 +5,7 @@
 - ``host.py``: a rollout's rows as the host knows them (``HostRows``, ``pad_rows``), the step's one read
   (``to_host``);
 - ``records.py``: ``PromptBatch``, ``Rollout``, ``RewardScores``, what the stages hand each other;
-- ``stats.py``: the step record (``StepRecord``, ``StepStats`` and its parts), what callbacks read.
+- ``stats.py``: the step record (``StepRecord``, ``StepStats`` and its parts) and ``DrawnBatch``, what callbacks read.
 
 This file only hands their names on.
 
@@ -24,12 +24,14 @@ from lightning_grpo.types.records import Collectives, PromptBatch, RewardScores,
 from lightning_grpo.types.signal import SIGNAL_ATOL, nanstd, weighted_total, without_signal, zero_std_fraction
 from lightning_grpo.types.stats import (
     DistillStats,
+    DrawnBatch,
     LengthStats,
     MismatchStats,
     RewardStats,
     StepRecord,
     StepStats,
     UpdateStats,
+    drawn_batch,
     step_record,
 )
 from lightning_grpo.types.text import Prompt, completion_text
@@ -37,6 +39,7 @@ from lightning_grpo.types.text import Prompt, completion_text
 __all__ = [
     "Collectives",
     "DistillStats",
+    "DrawnBatch",
     "HostRows",
     "LengthStats",
     "MismatchStats",
@@ -50,6 +53,7 @@ __all__ = [
     "StepStats",
     "UpdateStats",
     "completion_text",
+    "drawn_batch",
     "fields_of",
     "nanstd",
     "pad_rows",

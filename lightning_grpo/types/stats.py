@@ -1,5 +1,6 @@
 """The step record: what one training step did (``StepRecord``: its rollout, scores, advantages and ``StepStats``),
-published by ``training_step`` and read by callbacks by attribute (``step_record``)."""
+published by ``training_step`` and read by callbacks by attribute (``step_record``); and what a batch drawn without
+an update showed (``DrawnBatch``, ``drawn_batch``: ``advantages.filter_groups`` waiting for groups with signal)."""
 
 from __future__ import annotations
 
@@ -184,3 +185,19 @@ class StepRecord:
 def step_record(outputs: Any) -> StepRecord | None:
     """The record in a ``training_step`` output; ``None`` for a skipped step (it returns nothing)."""
     return outputs.get("record") if isinstance(outputs, dict) else None
+
+
+@dataclass(frozen=True)
+class DrawnBatch:
+    """A generation batch that ``advantages.filter_groups`` scored and kept no update for (the buffer is filling),
+    published as ``training_step``'s output ``{"drawn"}``: without it a run whose groups never differ would draw
+    batches for ever with nothing to say so."""
+
+    rollout: Rollout  # this rank's N completions of the batch, before its groups without signal were dropped
+    scores: RewardScores  # [N, F] this rank's
+    groups_with_signal: int  # of the batch's groups on every rank, those whose rewards differ (kept)
+
+
+def drawn_batch(outputs: Any) -> DrawnBatch | None:
+    """The drawn batch in a ``training_step`` output; ``None`` for a step that updated or was skipped."""
+    return outputs.get("drawn") if isinstance(outputs, dict) else None

@@ -159,7 +159,8 @@ def test_fit_help_fits_on_a_few_screens(capsys, monkeypatch):
     out = capsys.readouterr().out
     # 580 lines with each option's metavar, `--X.help` entries and `(default: ...)` on lines of their own
     # 450 -> 460 for the distill: section (its 9 options and heading: 11 lines); 462: distill.teacher_server;
-    # 438 -> 383 with the five alerts in one section, each a line (`--alerts.kl.help KLAlert` shows its settings)
+    # 438 -> 383 with the five alerts in one section, each a line (`--alerts.kl.help KLAlert` shows its settings);
+    # 387 -> 390 with alerts.distill (its line and two of help); 394 with alerts.signal
     assert len(out.splitlines()) <= 400, "fit --help grew: was 1,565 lines before the known subclasses went"
     assert "known subclasses" not in out and "torch.nn.Identity" not in out
     assert "--model.num_generations [8]  completions per prompt (G), >= 2." in out and "--data.few_shot" in out

@@ -19,6 +19,7 @@ import torch
 
 from lightning_grpo import GRPOModule, PromptDataModule
 from lightning_grpo.demo import materialize
+from lightning_grpo.types import step_record
 
 STEPS, WINDOW, LEARNED = 60, 10, 0.6
 # name -> GRPOModule settings on top of the demo's
@@ -52,8 +53,8 @@ class Rewards(L.Callback):
         self.rewards = []
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
-        if outputs:  # filter_groups: no update while groups with signal are gathered
-            self.rewards.append(outputs["record"].stats.rewards.mean)
+        if step_record(outputs):  # filter_groups: no update while groups with signal are gathered
+            self.rewards.append(step_record(outputs).stats.rewards.mean)
 
 
 @pytest.mark.slow

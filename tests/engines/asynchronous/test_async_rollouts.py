@@ -16,6 +16,7 @@ from lightning_grpo.callbacks import PreemptionCheckpoint
 from lightning_grpo.data import PromptDataModule
 from lightning_grpo.engines import AsyncRollouts
 from lightning_grpo.targets.correction import sampling_correction
+from lightning_grpo.types import step_record
 from tests.callbacks.test_preemption import SendSignal
 from tests.test_groups import signal_on_even_sums
 
@@ -118,9 +119,9 @@ class StaleWeights(L.Callback):
         self.versions[trainer.global_step] = weights(pl_module)
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
-        if not outputs or trainer.global_step < 2:
+        if step_record(outputs) is None or trainer.global_step < 2:
             return
-        rollout, step = outputs["record"].rollout, trainer.global_step - 1  # the step that just trained
+        rollout, step = step_record(outputs).rollout, trainer.global_step - 1  # the step that just trained
         sampled = logps_with(pl_module, self.versions[step - 1], rollout)  # [N, T]
         proximal = logps_with(pl_module, self.versions[step], rollout)
         torch.testing.assert_close(rollout.sampling_logps, sampled, atol=1e-4, rtol=0)  # the producer's own
@@ -197,8 +198,8 @@ class Updates(L.Callback):
         self.metrics = []
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
-        if outputs:  # {} while the pipeline fills or filter_groups waits
-            self.metrics.append(outputs["record"].stats.metrics())
+        if step_record(outputs):  # none while the pipeline fills or filter_groups waits
+            self.metrics.append(step_record(outputs).stats.metrics())
 
 
 def async_run(tmp_path: Path, name: str, *args: str) -> list[dict]:
@@ -270,8 +271,8 @@ def test_k1_with_filter_groups_and_an_async_reward(tiny_model_dir, arith_jsonl, 
 
     class Keep(L.Callback):
         def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
-            if outputs:
-                records.append(outputs["record"])
+            if step_record(outputs):
+                records.append(step_record(outputs))
 
     trainer = fit(module, data(arith_jsonl), tmp_path, max_steps=4, callbacks=[Keep()])
     assert trainer.global_step == 4 and len(records) == 4
