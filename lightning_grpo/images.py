@@ -9,7 +9,6 @@ Knows files and PIL; nothing about models or processors.
 
 from __future__ import annotations
 
-import io
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
