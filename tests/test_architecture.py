@@ -210,6 +210,7 @@ TESTED_WITH = {
     "sandbox/cgroups.py": ["sandbox/test_runner.py", "sandbox/test_supervise.py"],
     "sandbox/inside/arguments.py": ["rewards/test_code_execution.py", "sandbox/test_runner.py"],
     "sandbox/inside/boot.py": ["sandbox/test_runner.py", "sandbox/test_supervise.py"],
+    "sandbox/inside/collect.py": ["rewards/test_code_execution.py", "sandbox/test_runner.py"],
     "sandbox/inside/grader.py": ["sandbox/test_runner.py", "sandbox/test_supervise.py"],
     "sandbox/inside/hooks.py": ["sandbox/test_runner_adversarial.py", "sandbox/test_supervise.py"],
     "sandbox/inside/program.py": ["sandbox/test_runner.py", "sandbox/test_runner_adversarial.py"],

@@ -6,7 +6,9 @@ and kills it a grace period later; a user presses Ctrl+C (SIGINT) or Ctrl+\\ (SI
 closed terminal sends SIGHUP. Whichever arrives, the optimiser step in flight completes, every rank agrees on the
 step to stop at, ``checkpoints/last.ckpt`` is written in the run directory, and the process exits with 128 + the
 signal number (143 for SIGTERM, 130 for SIGINT, 129 for SIGHUP, 131 for SIGQUIT, 138 for SIGUSR1), as a shell
-reports a process killed by that signal. A second Ctrl+C interrupts at once, without a checkpoint.
+reports a process killed by that signal. A second Ctrl+C interrupts at once, without a checkpoint. A run started
+with SIGHUP ignored (``nohup``) was started to outlive its terminal: SIGHUP stays ignored and the run goes on to its
+end and its export. Output to a terminal that is gone is dropped, never raised (``cli/streams.py``).
 
 Resuming from the checkpoint continues exactly: the data loader's position and shuffling state, the
 optimiser, scheduler, step counters and callback states are all in it, and sampling seeds derive from the step.
@@ -41,7 +43,7 @@ class PreemptionCheckpoint(L.Callback):
 
     Args:
         signals: the signals that request a checkpoint and exit; by default all of SIGTERM, SIGINT, SIGHUP, SIGQUIT
-            and SIGUSR1.
+            and SIGUSR1. SIGHUP ignored when training starts (``nohup``) stays ignored.
         dirpath: where to write ``last.ckpt``; defaults to the run directory's ``checkpoints/``.
     """
 
@@ -62,6 +64,8 @@ class PreemptionCheckpoint(L.Callback):
             rank_zero_warn("PreemptionCheckpoint: signal handlers can only be set from the main thread; inactive")
             return
         for signum in self.signals:  # replaces Lightning's SIGTERM handler for the training loop only
+            if signum == signal.SIGHUP and signal.getsignal(signum) == signal.SIG_IGN:
+                continue  # nohup: the run is to outlive its terminal
             self._previous[signum] = signal.signal(signum, self._request)
 
     def _request(self, signum: int, frame: FrameType | None) -> None:

@@ -63,6 +63,7 @@ from lightning_grpo.cli.resume import (
     resume_path,
     setting_changes,
 )
+from lightning_grpo.cli.streams import guard_standard_streams
 from lightning_grpo.data import PromptDataModule
 from lightning_grpo.module import GRPOModule
 
@@ -312,6 +313,8 @@ SUBCOMMANDS = {"report": report_main, "selfcheck": selfcheck_main, "export": exp
 
 def main(args: list[str] | None = None) -> None:
     """The console script. Returns None: ``sys.exit(main())`` must exit 0 after a successful run."""
+    if args is None:  # the process's own command line: a terminal that goes away must not end the run
+        guard_standard_streams()
     argv = sys.argv[1:] if args is None else args
     if argv[:1] and argv[0] in SUBCOMMANDS:
         SUBCOMMANDS[argv[0]](argv[1:])

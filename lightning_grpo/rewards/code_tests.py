@@ -11,8 +11,10 @@ become a value case ``f(1, [2])`` and an expected ``(3, 4)``; data converters ar
 are applied by the sandbox's grader, outside the program's process, with its own builtins. Any other test code
 (``math.isclose(f(1), 2.5)``, a mix of asserts) becomes a script case: it also runs in the grader, never in the
 program's process, calling the program over a pipe with only literals coming back, and passes when it runs to
-the end. A test string that mixes plain asserts with other code runs whole as one script there, so its expected
-values never reach the program either.
+the end and every test function or class it defines passes, called as pytest would collect it
+(``sandbox/inside/collect.py``: a KodCode file of ``def test_*`` functions asserts nothing by merely running). A
+test string that mixes plain asserts with other code runs whole as one script there, so its expected values never
+reach the program either.
 """
 
 from __future__ import annotations

@@ -106,6 +106,8 @@ def test_signal_saves_a_checkpoint_and_resume_is_exact(
     reference = uninterrupted(dropout)
     first, first_prompts = module(tiny_model_dir, dropout), Prompts()
     handler = signal.getsignal(signum)  # Python's default_int_handler for SIGINT, or SIG_IGN in a background job
+    if signum == signal.SIGHUP and handler == signal.SIG_IGN:
+        pytest.skip("the tests run under nohup: a run keeps SIGHUP ignored (test_a_run_started_under_nohup_...)")
     with pytest.raises(SystemExit) as stop:
         fit(
             first,
@@ -136,6 +138,20 @@ def test_no_signal_no_checkpoint(tiny_model_dir, arith_jsonl, tmp_path):
     fit(make_module(tiny_model_dir), data(arith_jsonl), tmp_path, max_steps=1, callbacks=[PreemptionCheckpoint()])
     assert not list(tmp_path.rglob("last.ckpt"))
     assert signal.getsignal(signal.SIGTERM) is not None
+
+
+def test_a_run_started_under_nohup_keeps_ignoring_sighup():
+    """Issue 59: the callback replaced nohup's SIG_IGN with its own handler, so a run started to outlive its
+    terminal stopped when the terminal closed."""
+    callback, before = PreemptionCheckpoint(), signal.signal(signal.SIGHUP, signal.SIG_IGN)
+    try:
+        callback.on_train_start(None, None)  # the handlers need no trainer
+        assert signal.getsignal(signal.SIGHUP) == signal.SIG_IGN
+        assert signal.getsignal(signal.SIGTERM) == callback._request  # every other signal still stops the run
+    finally:
+        callback.on_train_end(None, None)
+        signal.signal(signal.SIGHUP, before)
+    assert signal.getsignal(signal.SIGTERM) != callback._request
 
 
 def test_unknown_signal_is_refused():

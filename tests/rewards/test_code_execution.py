@@ -175,6 +175,62 @@ def test_the_program_s_exceptions_are_caught_by_their_built_in_bases(reward):
     assert dict(zip(tests, scores)) == EXCEPTION_TESTS
 
 
+RIGHT_ADD, WRONG_ADD = "def add(a, b):\n    return a + b", "def add(a, b):\n    return a - b"
+PYTEST_STYLE = [  # (a KodCode/pytest-style test file, its score on a right add, on a wrong one), as under pytest
+    ("from solution import add\ndef test_add():\n    assert add(1, 2) == 3", 1.0, 0.0),
+    # every function is called: a - b passes the first, the second fails it
+    (
+        "import solution\ndef test_zero():\n    assert solution.add(0, 0) == 0\ndef test_add():\n"
+        "    assert solution.add(1, 2) == 3",
+        1.0,
+        0.0,
+    ),
+    # an exception in one function fails the test, whatever the others do
+    (
+        "from solution import add\ndef test_add():\n    assert add(1, 2) == 3\ndef test_none():\n    add(None, 1)",
+        0.0,
+        0.0,
+    ),
+    # a typo'd name is no test function: pytest would not call it either, nor a helper
+    (
+        "from solution import add\ndef test_add():\n    assert add(1, 2) == 3\ndef tset_add():\n"
+        "    assert add(1, 2) == 4\ndef helper():\n    return add(2, 2)\ndef test_helped():\n"
+        "    assert helper() == 4",
+        1.0,
+        0.0,
+    ),
+    ("from solution import add\nassert add(1, 2) == 3\ndef test_more():\n    assert add(2, 2) == 4", 1.0, 0.0),
+    (
+        "from solution import add\nclass TestAdd:\n    def setup_method(self, method):\n        self.a = 1\n"
+        "    def test_add(self):\n        assert add(self.a, 2) == 3",
+        1.0,
+        0.0,
+    ),  # a pytest test class
+    (
+        "import unittest\nfrom solution import add\nclass AddTest(unittest.TestCase):\n    def test_add(self):\n"
+        "        self.assertEqual(add(1, 2), 3)\nif __name__ == '__main__':\n    unittest.main()",
+        1.0,
+        0.0,
+    ),
+    ("from solution import add\ndef test_add(tmp_path):\n    assert add(1, 2) == 3", 0.0, 0.0),  # a fixture
+    (
+        "import pytest\nfrom solution import add\ndef test_add():\n    with pytest.raises(TypeError):\n"
+        "        add(None, 1)",
+        0.0,
+        0.0,
+    ),  # pytest is not in the sandbox (references/rewards.md says so)
+    ("def test_sum(f):\n    assert f(1, 2) == 3\ntest_sum(add)", 1.0, 0.0),  # the test's own helper, called by it
+]
+
+
+def test_test_functions_of_a_pytest_style_file_are_called(reward):
+    """Issue 58: ``from solution import add`` then ``def test_add(): assert ...`` ran as a script whose functions
+    were never called, so a wrong ``add`` scored 1.0."""
+    tests = [test for test, _, _ in PYTEST_STYLE]
+    scores = reward([RIGHT_ADD, WRONG_ADD] * len(tests), test_cases=[[t] for t in tests for _ in range(2)])
+    assert list(zip(tests, scores[::2], scores[1::2])) == PYTEST_STYLE
+
+
 def test_no_code_no_tests_and_malformed_completions(reward):
     completions = ["", chat(None), [], None, ADD, ADD]
     scores = reward(completions, test_cases=[ADD_TESTS] * 4 + [None, []], prompts=["p"] * 6, unknown=[0] * 6)

@@ -91,6 +91,28 @@ def test_test_code_calls_the_program_over_a_pipe_and_gets_data_back(sandbox):
     assert result.errors == [None] * 7 and result.outputs[-1] == b"[2,1,0]"
 
 
+def test_a_test_file_s_test_functions_are_called_and_a_failure_names_its_function(sandbox):
+    """Issue 58: ``def test_*`` functions (and test classes) were defined, never called: every such file passed."""
+    code = "def add(a, b):\n    return a - b"
+    scripts = [
+        "from solution import add\ndef test_zero():\n    assert add(0, 0) == 0\n"
+        "def test_add():\n    assert add(1, 2) == 3",
+        "import unittest\nclass AddTest(unittest.TestCase):\n"
+        "    def test_add(self):\n        self.assertEqual(add(1, 2), 3)",
+        "def test_add(capsys, tmp_path):\n    assert add(1, 2) == 3",
+        "class TestAdd:\n    def __init__(self):\n        pass\n    def test_add(self):\n        assert add(1, 2) == 3",
+        "def test_zero():\n    assert add(0, 0) == 0",
+    ]
+    result = run(sandbox, code, [Case("script", s) for s in scripts])
+    assert result.errors[:4] == [
+        "Failed: test_add: AssertionError: ",
+        "Failed: AddTest.test_add: AssertionError: -1 != 3",
+        "NotRunnable: test_add takes pytest fixtures (capsys, tmp_path): pytest is not in the sandbox to give them",
+        "NotRunnable: pytest cannot collect TestAdd: it has an __init__ (or __new__) constructor",
+    ]
+    assert result.outputs == [None] * 4 + [b""]
+
+
 def test_an_argument_that_cannot_cross_says_why(sandbox):
     code = "def total(xs):\n    return sum(xs)"
     scripts = ["def numbers():\n    yield 1\nassert total(numbers()) == 1", "assert total(range(3)) == 3"]

@@ -18,9 +18,11 @@ import os
 import sys
 
 try:
+    from .collect import run_collected
     from .remote import Handled, ProgramError, Remote
     from .values import encode, is_literal, literal
 except ImportError:  # inside the sandbox, where these modules are top-level
+    from collect import run_collected
     from remote import Handled, ProgramError, Remote
     from values import encode, is_literal, literal
 
@@ -261,8 +263,10 @@ def run_case(program, kind, source):
     try:
         program.define()
         sys.modules["solution"] = program.module()
-        if kind == "script":
-            exec(compile(source, "<test>", "exec"), Names(program))
+        if kind == "script":  # run to the end, then its test functions and classes called (``collect``)
+            names = Names(program)
+            exec(compile(source, "<test>", "exec"), names)
+            run_collected(names, source)
             return b"", None
         return _output(program, eval(compile(source, "<test>", "eval"), Names(program)))
     except ProgramError as err:  # the program's own error (or its death), as it reported it
