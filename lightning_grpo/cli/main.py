@@ -33,6 +33,7 @@ import warnings
 from pathlib import Path
 from typing import Any
 
+from jsonargparse import Namespace
 from lightning.pytorch.callbacks import Checkpoint, ProgressBar
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
 from lightning.pytorch.utilities import rank_zero_warn
@@ -169,6 +170,13 @@ def parser_kwargs() -> dict[str, Any]:
     return {"description": DESCRIPTION, "prog": "lightning-grpo", "usage": None, "fit": fit}  # None: subcommands
 
 
+def given_settings(parser: LightningArgumentParser, args: Any, subcommand: str | None) -> set[str]:
+    """The dotted ``model:`` keys a config file or the command line sets, at their default values too."""
+    parse = parser.parse_object if isinstance(args, dict | Namespace) else parser.parse_args
+    given = parse(args, defaults=False)
+    return set(flat((given.get(subcommand) or given).get("model", {}).as_dict()))
+
+
 class GRPOCLI(LightningCLI):
     def parse_arguments(self, parser: LightningArgumentParser, args: Any) -> None:
         """The arguments, with ``--ckpt_path`` resolved (``last``: the run's newest readable checkpoint) and checked
@@ -178,10 +186,7 @@ class GRPOCLI(LightningCLI):
         subcommand = self.config.get("subcommand")
         config = self.config.get(subcommand) or self.config
         self.configured = config.model.clone().as_dict()  # before Lightning merges the checkpoint's settings in
-        given = parser.parse_object(args, defaults=False) if isinstance(args, dict) else parser.parse_args(
-            args, defaults=False
-        )
-        self.given = set(flat((given.get(subcommand) or given).get("model", {}).as_dict()))
+        self.given = given_settings(parser, args, subcommand)
         self.configured_model = None
         try:
             ckpt_path = resume_path(config.get("ckpt_path"), config.get("trainer", {}).as_dict())
