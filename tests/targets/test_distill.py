@@ -234,3 +234,22 @@ def test_an_off_policy_share_with_an_engine_that_samples_ahead_is_refused(tiny_m
     distill = {"teacher": tiny_model_dir, "objective": "gkd", "reward_weight": 0.0, "lmbda": 0.5}
     with pytest.raises(ValueError, match="distill.lmbda 0.5 < 1 with an engine that samples ahead .AsyncRollouts, 1"):
         make_module(tiny_model_dir, distill=distill, rollout_engine=AsyncRollouts(max_staleness=1))
+
+
+@pytest.mark.parametrize("reward_funcs", [None, "default"])
+def test_filter_groups_beside_a_teacher_is_refused_before_loading(tiny_model_dir, reward_funcs):
+    # filter_groups judges groups by the rewards' spread: the teacher alone (every reward 0) would never make a step,
+    # and beside rewards it would drop groups that carry the teacher's per-token signal. The teacher path does not
+    # exist: the refusal comes before anything is loaded.
+    rewards = {} if reward_funcs else {"reward_funcs": None, "accuracy_reward": None}
+    distill = {"teacher": "no/such-teacher", "reward_weight": 0.0 if reward_funcs is None else 1.0}
+    message = (
+        r"advantages.filter_groups=True drops the groups whose rewards are all equal, but distill.teacher "
+        r"'no/such-teacher' \(distill.teacher_weight 1.0\) .* Set advantages.filter_groups=False .* "
+        r"or distill.teacher_weight=0"
+    )
+    with pytest.raises(ValueError, match=message):
+        make_module(tiny_model_dir, advantages={"filter_groups": True}, distill=distill, **rewards)
+    make_module(
+        tiny_model_dir, advantages={"filter_groups": True}, distill={"teacher": tiny_model_dir, "teacher_weight": 0.0}
+    )
