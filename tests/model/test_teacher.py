@@ -53,3 +53,59 @@ def test_a_sliding_window_teacher_trains_a_student_from_the_first_step(
     module = make_module(tiny_model_dir, distill={"teacher": windowed_teacher_dir})
     trainer = fit(module, PromptDataModule(arith_jsonl, batch_size=4, val_split=None), tmp_path, max_steps=1)
     assert len(logged(trainer)["train/distill/reverse_kl"]) == 1
+
+
+@pytest.fixture(scope="module")
+def padded_teacher_dir(tmp_path_factory) -> str:
+    """A teacher of the student's tokenizer whose embedding matrix is padded 64 rows past the student's (as
+    Qwen2.5-7B's 152,064 rows beside 1.5B's 151,936), the padding rows as random as the rest: they hold mass."""
+    tokenizer = build_tokenizer()
+    model = build_tiny_qwen2(tokenizer, seed=1, vocab_size=len(tokenizer) + 64)
+    model.model.norm.weight.data *= 8
+    return saved(tmp_path_factory.mktemp("padded-teacher"), model)
+
+
+def shared_row_logps(teacher_dir: str, rollout, rows: int) -> torch.Tensor:
+    """[N, T] the teacher's log-probs of the completion tokens under its softmax over its first ``rows`` rows."""
+    teacher = Policy(teacher_dir).model.eval()
+    width = rollout.completion_ids.shape[1]
+    positions = (rollout.attention_mask.cumsum(-1) - 1).clamp_min(0)
+    with torch.no_grad():
+        logits = teacher(input_ids=rollout.input_ids, attention_mask=rollout.attention_mask, position_ids=positions)
+    logps = logits.logits[:, -width - 1 : -1, :rows].float().log_softmax(-1)  # [N, T, rows]
+    return logps.gather(-1, rollout.completion_ids.unsqueeze(-1)).squeeze(-1) * rollout.completion_mask
+
+
+def test_a_teacher_with_more_embedding_rows_is_scored_over_the_rows_both_have(tiny_model_dir, padded_teacher_dir):
+    # before: refused as "another tokenizer" (its output vocabulary 64 rows larger); the tokenizers are the same
+    torch.manual_seed(0)
+    policy = Policy(tiny_model_dir, teacher=TeacherModel(padded_teacher_dir))
+    rows = policy.model.get_output_embeddings().weight.shape[0]
+    assert policy.teacher.get_output_embeddings().weight.shape[0] == rows == len(policy.tokenizer)
+    rollout = rollout_of(policy, n=4, width=6)
+    ours = policy.teacher_logps(rollout, [slice(None)])  # [4, T]
+    torch.testing.assert_close(ours, shared_row_logps(padded_teacher_dir, rollout, rows))
+    student, teacher = policy.distill_logits(rollout, slice(None))  # gkd compares the same rows
+    assert student.shape == teacher.shape == (4, rollout.completion_ids.shape[1], rows)
+
+
+def test_a_teacher_with_more_rows_built_on_the_meta_device_loads_the_rows_both_have(tiny_model_dir, padded_teacher_dir):
+    with torch.device("meta"):  # as Lightning's init_module(empty_init=True) builds it under FSDP2
+        policy = Policy(tiny_model_dir, teacher=TeacherModel(padded_teacher_dir))
+    policy.materialize()
+    whole = Policy(padded_teacher_dir).model
+    rows = len(policy.tokenizer)
+    torch.testing.assert_close(policy.teacher.get_output_embeddings().weight, whole.lm_head.weight[:rows])
+    torch.testing.assert_close(policy.teacher.get_input_embeddings().weight, whole.model.embed_tokens.weight[:rows])
+
+
+def test_a_teacher_with_fewer_embedding_rows_than_the_student_is_refused_by_name(tiny_model_dir, tmp_path):
+    tokenizer = build_tokenizer()
+    student = saved(tmp_path / "student", build_tiny_qwen2(tokenizer, vocab_size=len(tokenizer) + 64))
+    rows = len(tokenizer)
+    message = (
+        f"distill.teacher '{tiny_model_dir}' has {rows} output rows and the student .model. {rows + 64}: the student "
+        f"can sample ids {rows}..{rows + 63}, which the teacher has no score for"
+    )
+    with pytest.raises(ValueError, match=message):
+        Policy(student, teacher=TeacherModel(tiny_model_dir))
