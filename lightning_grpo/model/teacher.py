@@ -56,7 +56,7 @@ def load_teacher(
         if problem:
             raise ValueError(problem)
     if spec.server is not None:
-        return ServedTeacher(spec.server).connect(), []
+        return ServedTeacher(spec.server).connect(name, tokenizer), []
     files = empty_init_files(spec.model, False)
     if files:
         from lightning_grpo.model.materialize import empty_causal_lm
