@@ -5,7 +5,9 @@ prompt and completion in one prefill (``/v1/completions`` with ``prompt_logprobs
 token; one token generated, discarded). vLLM's prompt log-probs are the model's own ``log_softmax(logits)``: at
 temperature 1 and before any sampling filter (its ``logprobs_mode`` does not touch them), so a served teacher
 scores at temperature 1 only, and the reverse-KL objective only (GKD needs the whole vocabulary at each position).
-Every rank sends its own rows. Knows HTTP and vLLM's completion format; nothing about the objective.
+Every rank sends its own rows. Before any step the server is asked which model it serves (``/v1/models``) and how it
+tokenizes (``/tokenize``): another model's log-probs would train the student towards it. Knows HTTP and vLLM's
+completion format; nothing about the objective.
 """
 
 from __future__ import annotations
