@@ -27,7 +27,7 @@ from lightning_grpo.engines.base import TokenSampler
 from lightning_grpo.engines.config import SamplingConfig
 from lightning_grpo.engines.rollout import cut_turns, sampled_rollout, tokenized_prompts, vision_per_completion
 from lightning_grpo.engines.vllm.heads import cpu_head_problems, model_config
-from lightning_grpo.engines.vllm.images import check_served_prompts, image_requests
+from lightning_grpo.engines.vllm.images import check_served_prompts, image_requests, torchvision_problems
 from lightning_grpo.engines.vllm.logprobs import PROCESSED, logprobs_mode, mode_problems
 from lightning_grpo.engines.vllm.lora import AdapterVersion, LoraSync, adapter_rank, max_lora_rank
 from lightning_grpo.engines.vllm.seeds import prompt_seeds
@@ -149,10 +149,12 @@ class VLLMColocate(TokenSampler):
 
     @override
     def model_problems(self, model: str | torch.nn.Module, init_kwargs: dict[str, Any] | None) -> list[str]:
-        """On vLLM's CPU build, a head size its attention does not serve (``heads.py``), read from the config."""
-        if vllm_build() != "cpu":
+        """On vLLM's CPU build, a vision-language architecture vLLM loads only with torchvision where none is
+        installed (``images.py``) and a head size its attention does not serve (``heads.py``), read from the config."""
+        if vllm_build() != "cpu":  # the GPU wheel installs torchvision and serves every head size
             return []
-        return cpu_head_problems(type(self).__name__, model, model_config(model, init_kwargs))
+        config = model_config(model, init_kwargs)
+        return torchvision_problems(type(self).__name__, config) + cpu_head_problems(type(self).__name__, model, config)
 
     @override
     def setup(self, policy: Policy, trainer: Any, seed: int) -> None:

