@@ -55,3 +55,14 @@ def test_an_architecture_vllm_loads_only_with_torchvision_is_refused_naming_it()
     idefics3 = {**llava, "architectures": ["Idefics3ForConditionalGeneration"]}
     text = {"architectures": ["Qwen2ForCausalLM"]}
     assert torchvision_problems("VLLMColocate", idefics3) == torchvision_problems("VLLMColocate", text) == []
+
+
+def test_a_vision_language_policy_s_image_tokens_are_biased_out_of_vllm_s_samples(processor, tiny_model_dir):
+    from lightning_grpo.demo.vision import build_tiny_idefics3
+    from lightning_grpo.engines.vllm.colocate import never_sampled
+    from lightning_grpo.model.config import PolicyConfig
+    from lightning_grpo.model.policy import Policy
+
+    policy = Policy(build_tiny_idefics3(processor), PolicyConfig(tokenizer=processor))
+    assert never_sampled(policy) == {"logit_bias": {processor.tokenizer.convert_tokens_to_ids("<image>"): -100.0}}
+    assert never_sampled(Policy(tiny_model_dir, PolicyConfig())) == {}  # a text policy: nothing biased
