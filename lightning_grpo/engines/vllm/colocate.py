@@ -77,11 +77,17 @@ def sampling_params(sampling: SamplingConfig, n: int, greedy: bool) -> dict[str,
     }
 
 
-def never_sampled(policy: Policy) -> dict[str, Any]:
-    """A vision-language policy's image tokens kept out of its completions, as ``HFGenerate``'s ``suppress_tokens``
-    does (a completion holding one has no image to fill it and the next forward fails): a ``logit_bias`` of -100
-    (vLLM takes a finite bias; e^-100 of a token's odds is never drawn). Empty for a text policy."""
-    return {"logit_bias": {t: -100.0 for t in policy.unsampled_token_ids}} if policy.unsampled_token_ids else {}
+def never_sampled(policy: Policy, params: dict[str, Any]) -> dict[str, Any]:
+    """``params`` with a vision-language policy's image tokens kept out of its completions, as ``HFGenerate``'s
+    ``suppress_tokens`` does (a completion holding one has no image to fill it and the next forward fails): a
+    ``logit_bias`` of -100 (vLLM takes a finite bias; e^-100 of a token's odds is never drawn), beside any the user
+    set in ``generation_kwargs``. Unchanged for a text policy."""
+    if not policy.unsampled_token_ids:
+        return params
+    return {
+        **params,
+        "logit_bias": {**(params.get("logit_bias") or {}), **dict.fromkeys(policy.unsampled_token_ids, -100.0)},
+    }
 
 
 class VLLMColocate(TokenSampler):
@@ -222,7 +228,7 @@ class VLLMColocate(TokenSampler):
         requests = (
             trained if vision is None else image_requests(policy.processor, prompts, column_images(columns), sampling)
         )
-        params = {**sampling_params(sampling, num_generations, greedy), **never_sampled(policy)}
+        params = never_sampled(policy, sampling_params(sampling, num_generations, greedy))
         if not greedy:  # each prompt its own seed, from the step's seeded RNG: a resumed run samples the same
             params = [{**params, "seed": s} for s in prompt_seeds(len(requests), num_generations, params.get("seed"))]
         completions, logps, served = self.sample_prompts(requests, params)

@@ -64,5 +64,7 @@ def test_a_vision_language_policy_s_image_tokens_are_biased_out_of_vllm_s_sample
     from lightning_grpo.model.policy import Policy
 
     policy = Policy(build_tiny_idefics3(processor), PolicyConfig(tokenizer=processor))
-    assert never_sampled(policy) == {"logit_bias": {processor.tokenizer.convert_tokens_to_ids("<image>"): -100.0}}
-    assert never_sampled(Policy(tiny_model_dir, PolicyConfig())) == {}  # a text policy: nothing biased
+    image = processor.tokenizer.convert_tokens_to_ids("<image>")
+    user = {"n": 2, "logit_bias": {7: 1.5}}  # a bias of the user's generation_kwargs stays
+    assert never_sampled(policy, user) == {"n": 2, "logit_bias": {7: 1.5, image: -100.0}}
+    assert never_sampled(Policy(tiny_model_dir, PolicyConfig()), user) == user  # a text policy: nothing biased
