@@ -9,6 +9,7 @@ import warnings
 from types import SimpleNamespace
 
 import pytest
+from helpers import write_tiny_llama
 from trl.chat_template_utils import get_training_chat_template, is_chat_template_prefix_preserving, parse_response
 from trl.trainer.grpo_trainer import GRPOTrainer
 
@@ -170,3 +171,59 @@ def test_a_user_parser_replaces_the_family_s_reader():
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         assert fmt.read(tokenizer, tokenizer(LLAMA)["input_ids"], [], SCHEMAS).content.startswith('{"NAME"')
+
+
+# ---- a whole engine on a tiny model with Llama 3.2's template ---------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def llama_policy(tmp_path_factory):
+    from lightning_grpo.model.policy import Policy
+
+    return Policy(write_tiny_llama(tmp_path_factory.mktemp("tiny-llama")))
+
+
+class ScriptedLlama(ToolCalling):
+    """The model's turns as a Llama 3.2 checkpoint writes them: a call, then the answer."""
+
+    TURNS = ['{"name": "add", "parameters": {"a": 2, "b": 3}}', "The sum is 5."]
+
+    def _generate_turn(self, policy, episodes, sampling, greedy, dummy):
+        eos = policy.tokenizer.eos_token_id
+        return [policy.tokenizer(self.TURNS[e.turns], add_special_tokens=False)["input_ids"] + [eos] for e in episodes]
+
+
+def test_tool_calling_plays_a_llama_episode_in_llama_s_format(llama_policy):
+    from lightning_grpo.engines.config import SamplingConfig
+
+    tokenizer = llama_policy.tokenizer
+    engine = ScriptedLlama(tools=[add])
+    engine.setup(llama_policy, None, 0)
+    rollout = engine.generate(
+        llama_policy, [PROMPT], 2, SamplingConfig(max_prompt_length=None, max_completion_length=200), False
+    )
+    assert rollout.completions[0] == [
+        {"role": "assistant", "content": "", "tool_calls": [ToolCall("add", {"a": 2, "b": 3}).message()]},
+        {"role": "tool", "name": "add", "content": "5"},
+        {"role": "assistant", "content": "The sum is 5."},
+    ]
+    prompt = tokenizer.apply_chat_template(PROMPT, tools=SCHEMAS, add_generation_prompt=True, return_dict=False)
+    assert rollout.prompt_ids[0][rollout.prompt_mask[0].bool()].tolist() == prompt
+    ids, mask, written = rollout.completion_ids[0], rollout.completion_mask[0].bool(), rollout.tool_mask[0].bool()
+    shown = ids[mask & ~written].tolist()
+    assert shown == trl_tool_suffix(tokenizer, None, [{"role": "tool", "name": "add", "content": "5"}])
+    assert "<|start_header_id|>ipython<|end_header_id|>" in tokenizer.decode(shown)  # Llama's own tool turn
+    m = rollout.metrics
+    assert m["tools/call_frequency"] == 1.0 and m["tools/failure_frequency"] == 0.0
+    assert m["tools/unparsed_frequency"] == 0.0 and m["turns/mean"] == 2.0
+
+
+def test_a_real_generate_on_the_llama_model_runs_and_counts_unparsed_turns(llama_policy):
+    """The tiny model's own sampling (random weights: no call expected), every stage real."""
+    from lightning_grpo.engines.config import SamplingConfig
+
+    engine = ToolCalling(tools=[add])
+    engine.setup(llama_policy, None, 0)
+    rollout = engine.generate(llama_policy, [PROMPT], 2, SamplingConfig(max_completion_length=8), False)
+    assert rollout.completion_ids.shape[0] == 2 and 0.0 <= rollout.metrics["tools/unparsed_frequency"] <= 1.0
+    assert engine.format.family == "llama3_2" and engine.format.reader == "response_template"
