@@ -218,6 +218,37 @@ def test_tool_calling_plays_a_llama_episode_in_llama_s_format(llama_policy):
     assert m["tools/unparsed_frequency"] == 0.0 and m["turns/mean"] == 2.0
 
 
+class Adder:
+    """An environment whose one tool is typed by its schema: Llama writes ``"a": 2``, the method gets an int."""
+
+    def reset(self, **row) -> None:
+        self.total = None
+
+    def add(self, a: int, b: int) -> str:
+        """Add two integers.
+
+        Args:
+            a: the first integer
+            b: the second integer
+        """
+        self.total = a + b
+        return str(self.total)
+
+    def get_reward(self) -> float:
+        return float(self.total == 5)
+
+
+def test_an_environment_s_tools_are_called_in_llama_s_format(llama_policy):
+    from lightning_grpo.engines.config import SamplingConfig
+
+    engine = ScriptedLlama(environment_factory=Adder)
+    engine.setup(llama_policy, None, 0)
+    sampling = SamplingConfig(max_prompt_length=None, max_completion_length=200)
+    rollout = engine.generate(llama_policy, [PROMPT], 1, sampling, False)
+    assert rollout.completions[0][1] == {"role": "tool", "name": "add", "content": "5"}
+    assert rollout.columns["environment_reward"] == [1.0]
+
+
 def test_a_real_generate_on_the_llama_model_runs_and_counts_unparsed_turns(llama_policy):
     """The tiny model's own sampling (random weights: no call expected), every stage real."""
     from lightning_grpo.engines.config import SamplingConfig
