@@ -13,6 +13,7 @@ Knows chat templates, token ids and TRL's response templates; nothing about gene
 
 from __future__ import annotations
 
+import copy
 import json
 import re
 from dataclasses import dataclass, field
@@ -87,6 +88,7 @@ class ToolFormat:
     reader: str  # one of READERS
     chat_template: str | None = None
     parser: Any = None  # the text parser: HermesParser or the user's
+    response_template: dict[str, Any] | None = None  # what transformers' parser reads, for reader "response_template"
 
     def render_kwargs(self, template_kwargs: dict[str, Any] | None = None) -> dict[str, Any]:
         """``apply_chat_template`` keyword arguments: the run's ``chat_template_kwargs`` and the training template."""
@@ -100,6 +102,8 @@ class ToolFormat:
         format. A reply that looks like a call but yields none becomes one unreadable ``ToolCall`` (its ``error``
         is the model's tool reply) unless the format cannot read calls at all (``reader`` "none")."""
         if self.reader == "response_template":
+            if getattr(tokenizer, "response_template", None) is None:  # a tokenizer loaded again (a producer process)
+                tokenizer.response_template = copy.deepcopy(self.response_template)
             reading = _parsed(tokenizer, ids, prefix, tools)
         elif self.reader == "none":
             reading = Reading(tokenizer.decode(ids, skip_special_tokens=True).strip(), [])
@@ -190,7 +194,10 @@ def tool_format(
     except ValueError as e:
         if refuse:
             raise
-        rank_zero_warn(f"{e}. The agent endpoint answers with text only (no tool_calls)")
+        rank_zero_warn(
+            f"{e}. The agent endpoint answers requests that carry tools with text only (no tool_calls); agents that "
+            "read the model's text themselves are unaffected"
+        )
         return ToolFormat(family, "none")
 
 
@@ -206,7 +213,7 @@ def _reader(tokenizer: PreTrainedTokenizerBase, family: str, chat_template: str 
         except ValueError:
             pass
     if getattr(tokenizer, "response_template", None) is not None:
-        return ToolFormat(family, "response_template", chat_template)
+        return ToolFormat(family, "response_template", chat_template, None, tokenizer.response_template)
     if renders_hermes(tokenizer, chat_template):
         return ToolFormat(family, "hermes", chat_template, HermesParser())
     unknown = f"the tokenizer's chat_template ({family}) writes tool calls in a format no reader here knows"

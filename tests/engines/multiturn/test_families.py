@@ -138,7 +138,7 @@ def test_a_family_that_renders_calls_no_reader_knows_is_refused_by_tool_engines_
     tokenizer = family_tokenizer(name)
     with pytest.raises(ValueError, match=rf"\({name}\) (has no tool support|writes tool calls in a format no reader)"):
         tool_format(tokenizer, SCHEMAS)
-    with pytest.warns(UserWarning, match=rf"\({name}\).*answers with text only"):
+    with pytest.warns(UserWarning, match=rf"\({name}\).*answers requests that carry tools with text only"):
         fmt = tool_format(tokenizer, SCHEMAS, refuse=False)
     assert fmt.reader == "none"
     call = fmt.read(tokenizer, tokenizer(HERMES)["input_ids"], [], SCHEMAS)
@@ -258,3 +258,12 @@ def test_a_real_generate_on_the_llama_model_runs_and_counts_unparsed_turns(llama
     rollout = engine.generate(llama_policy, [PROMPT], 2, SamplingConfig(max_completion_length=8), False)
     assert rollout.completion_ids.shape[0] == 2 and 0.0 <= rollout.metrics["tools/unparsed_frequency"] <= 1.0
     assert engine.format.family == "llama3_2" and engine.format.reader == "response_template"
+
+
+def test_a_tokenizer_loaded_again_reads_with_the_format_s_response_template():
+    """An engine set up in one process reads in another (AsyncRollouts' producer) whose tokenizer has none set."""
+    tokenizer = family_tokenizer("llama3_2", "<|eot_id|>")
+    fmt = tool_format(tokenizer, SCHEMAS)
+    fresh = family_tokenizer("llama3_2", "<|eot_id|>")
+    assert getattr(fresh, "response_template", None) is None
+    assert fmt.read(fresh, fresh(LLAMA)["input_ids"], [], SCHEMAS).calls == [ToolCall("add", {"a": 2, "b": 3})]
