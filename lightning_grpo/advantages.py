@@ -68,7 +68,7 @@ class AdvantageConfig:
     filter_groups: bool = False
     """DAPO's dynamic sampling (verl's filter_groups). Groups whose rewards are all equal carry no signal and are
     dropped; generation batches are added until the batch has its prompts' worth of groups with signal, then one
-    update is taken on them."""
+    update is taken on them. Refused beside a ``distill.teacher``, whose signal is in every group."""
     max_num_gen_batches: int = 10
     """Most generation batches drawn for one update with filter_groups; 0: no limit. Then the update takes the
     groups it has (with a warning)."""

@@ -117,8 +117,23 @@ class GRPOSettings:
                 f"sampling.temperature is {self.sampling.temperature}: sample at 1, or unset teacher_server to load "
                 "the teacher here",
             ),
+            self._filter_groups_check(),
             *((False, problem) for problem in engine_problems(self.sampling)),
         ]
+
+    def _filter_groups_check(self) -> tuple[bool, str]:
+        """``filter_groups`` judges a group by its rewards' spread alone (``types.without_signal``); a teacher's
+        per-token signal is in every group whatever the rewards say, so the filter would throw it away, and with
+        the teacher alone (every reward 0) keep no group: no optimiser step, ever."""
+        d = self.distill
+        return (
+            not (self.advantages.filter_groups and d.enabled and d.teacher_weight > 0),
+            f"advantages.filter_groups=True drops the groups whose rewards are all equal, but distill.teacher "
+            f"{d.teacher!r} (distill.teacher_weight {d.teacher_weight!r}) gives every group a per-token signal, which "
+            "dropping them throws away; with the teacher alone (no reward_funcs) every group would be dropped and no "
+            "optimiser step taken. Set advantages.filter_groups=False (every group then trains on the teacher's "
+            "signal and the rewards'), or distill.teacher_weight=0 to train on the rewards alone",
+        )
 
     def targets(self, shared_prompts: bool) -> TargetSettings:
         """What shapes the loss inputs of a step (``targets/``); ``shared_prompts``: the log-prob forward encodes a

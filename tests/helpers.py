@@ -125,3 +125,21 @@ class KeepRollouts(L.Callback):
 
     def on_train_batch_end(self, trainer, module, outputs, batch, batch_idx) -> None:
         self.rollouts.append(outputs["record"].rollout)
+
+
+LLAMA_TOKENS = ["<|begin_of_text|>", "<|start_header_id|>", "<|end_header_id|>", "<|eot_id|>", "<|python_tag|>"]
+
+
+def write_tiny_llama(path: Path) -> str:
+    """A tiny random model with Llama 3.2's chat template (TRL's copy of it), its header tokens and ``<|eot_id|>`` as
+    EOS: what a Llama-3.2-Instruct checkpoint brings to a tool run, at 0.2M parameters."""
+    from lightning_grpo.demo.tiny import build_tiny_qwen2, build_tokenizer
+    from lightning_grpo.engines.multiturn.families import trl_templates
+
+    tokenizer = build_tokenizer()
+    tokenizer.add_special_tokens({"additional_special_tokens": LLAMA_TOKENS, "eos_token": "<|eot_id|>"})
+    tokenizer.bos_token = "<|begin_of_text|>"
+    tokenizer.chat_template = trl_templates()["llama3_2"]
+    tokenizer.save_pretrained(path)
+    build_tiny_qwen2(tokenizer, max_position_embeddings=2048).save_pretrained(path)
+    return str(path)

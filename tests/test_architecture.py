@@ -202,8 +202,6 @@ TESTED_WITH = {
     "loss/reduce.py": ["loss/test_grpo.py", "test_properties.py"],
     "model/config.py": ["model/test_policy.py"],
     "model/export.py": ["model/test_sharding.py"],
-    "model/served_teacher.py": ["targets/test_distill.py", "engines/vllm/test_real_distill.py"],
-    "model/teacher.py": ["targets/test_distill.py"],
     "rewards/_math_worker.py": ["rewards/test_math_equivalence.py"],
     "rewards/code_tests.py": ["rewards/test_code_execution.py", "sandbox/test_runner_adversarial.py"],
     "rewards/text.py": ["rewards/test_correctness.py"],

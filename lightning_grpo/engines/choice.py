@@ -37,5 +37,6 @@ def engine_for(engine: RolloutEngine, policy: Any, chosen: bool) -> RolloutEngin
         return HFGenerate()
     raise ValueError(
         f"rollout_engine {type(engine).__name__} cannot carry images to generation and to the log-prob forwards, "
-        "and the policy is a vision-language model: use lightning_grpo.engines.HFGenerate (references/vision.md)"
+        "and the policy is a vision-language model: use lightning_grpo.engines.HFGenerate, or VLLMColocate for vLLM "
+        "(references/vision.md)"
     )

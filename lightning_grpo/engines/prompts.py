@@ -66,14 +66,10 @@ def tokenize_image_prompts(
     (name -> [B] tensors, its images along dim 0), each prompt processed with its own images as TRL 1.16 does
     (``prepare_multimodal_messages``, then the processor's chat template). A prompt is never cut: cutting would
     drop image tokens that its images fill."""
-    from trl.data_utils import prepare_multimodal_messages
-
     encoded, vision = [], {}
     for prompt, row in zip(prompts, images):
-        messages = [{"role": "user", "content": prompt}] if isinstance(prompt, str) else prompt
-        messages = prepare_multimodal_messages(messages, images=[open_image(x) for x in row])
         out = processor.apply_chat_template(
-            [messages],
+            [image_messages(prompt, row)],
             add_generation_prompt=True,
             tokenize=True,
             return_dict=True,
@@ -91,6 +87,15 @@ def tokenize_image_prompts(
     _check_image_prompts(encoded, vision, sampling.max_prompt_length)
     ids, mask = pad_rows(encoded, processor.tokenizer.pad_token_id, left=True)
     return ids, mask, vision
+
+
+def image_messages(prompt: Prompt, images: list[Any]) -> list[dict[str, Any]]:
+    """A prompt as chat messages with its images opened and placed (TRL 1.16's ``prepare_multimodal_messages``: an
+    image part each, in front of the first user message where the prompt marks none)."""
+    from trl.data_utils import prepare_multimodal_messages
+
+    messages = [{"role": "user", "content": prompt}] if isinstance(prompt, str) else prompt
+    return prepare_multimodal_messages(messages, images=[open_image(x) for x in images])
 
 
 def _check_image_prompts(encoded: list[list[int]], vision: dict[str, list[Tensor]], limit: int | None) -> None:

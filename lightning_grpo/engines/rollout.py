@@ -4,11 +4,15 @@ nothing about rewards or losses."""
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 from torch import Tensor
 from transformers import PreTrainedTokenizerBase
 
-from lightning_grpo.engines.prompts import is_conversational
+from lightning_grpo.engines.config import SamplingConfig
+from lightning_grpo.engines.prompts import is_conversational, tokenize_image_prompts, tokenize_prompts
+from lightning_grpo.images import column_images
 from lightning_grpo.model.policy import Policy
 from lightning_grpo.types import HostRows, Prompt, Rollout, pad_rows
 
@@ -123,3 +127,32 @@ def check_generation_batch_size(generation_batch_size: int | None) -> int | None
     if generation_batch_size is not None and generation_batch_size < 1:
         raise ValueError(f"generation_batch_size must be None or >= 1, got {generation_batch_size}")
     return generation_batch_size
+
+
+def tokenized_prompts(
+    policy: Policy, prompts: list[Prompt], sampling: SamplingConfig, columns: dict[str, list[Any]] | None
+) -> tuple[Tensor, Tensor, int, dict[str, list[Tensor]] | None]:
+    """[B, P] prompt ids and mask, prompts cut, and the vision inputs of prompts with images (``None``: none)."""
+    images = column_images(columns)
+    if images is None:
+        return *tokenize_prompts(policy.tokenizer, prompts, sampling), None
+    if policy.processor is None:
+        raise ValueError(
+            "the prompts have images (an 'image'/'images' column) but the policy is a text model: give an "
+            "AutoModelForImageTextToText model (references/vision.md), or drop the column"
+        )
+    ids, mask, vision = tokenize_image_prompts(policy.processor, prompts, images, sampling)
+    return ids, mask, 0, vision
+
+
+def vision_per_completion(
+    vision: dict[str, list[Tensor]] | None, num_generations: int, device: torch.device
+) -> dict[str, list[Tensor]] | None:
+    """Each prompt's vision inputs for each of its G completions: one tensor on ``device`` per prompt, referenced
+    G times (not copied)."""
+    if vision is None:
+        return None
+    return {
+        name: [moved for t in per_prompt for moved in [t.to(device)] * num_generations]
+        for name, per_prompt in vision.items()
+    }

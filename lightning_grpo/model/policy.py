@@ -34,6 +34,7 @@ from lightning_grpo.model.loading import (
 from lightning_grpo.model.logprobs import TokenLogps, completion_logps, in_row_order, router_aux_coef
 from lightning_grpo.model.materialize import empty_causal_lm, is_empty, load_weights, materialize_lora_adapters
 from lightning_grpo.model.padding import packing_problem, row_plan
+from lightning_grpo.model.prefix import has_sliding_window
 from lightning_grpo.model.served_teacher import ServedTeacher
 from lightning_grpo.model.sharding import LOGPS_METHOD, clip_gradients, full_state_dict, is_sharded, shard_causal_lm
 from lightning_grpo.model.teacher import TeacherModel, completion_logits, frozen_logits, load_teacher
@@ -139,11 +140,12 @@ class Policy(nn.Module):
         their gradient."""
         model = self.model if model is None else model
         ids, mask, width = rollout.input_ids[rows], rollout.attention_mask[rows], rollout.completion_ids.shape[1]
+        shared_prefix, padding_free = self._layout(model)
         options = {
             "router_aux": router_aux,
             "entropy_grad": entropy_grad,
-            "shared_prefix": self.shares_prompt_prefix,
-            "padding_free": self.config.padding_free,
+            "shared_prefix": shared_prefix,
+            "padding_free": padding_free,
             "plan": row_plan(rollout.host, rows),  # a micro-batch's indices are a plan made on the host
         }
         chunk = self.config.logprob_chunk_size
@@ -189,11 +191,20 @@ class Policy(nn.Module):
             return self.config.share_prompt_prefix
         if self.is_multimodal:  # the prompt's images would have to be encoded once per group too: not done yet
             return False
-        text = self.model.config.get_text_config()
-        windowed = "sliding_attention" in (getattr(text, "layer_types", None) or []) or (
-            getattr(text, "use_sliding_window", False) and getattr(text, "sliding_window", None)
-        )
+        windowed = has_sliding_window(self.model.config)
         return not (self.config.gradient_checkpointing or self.router_aux_coef or windowed)
+
+    def _layout(self, model: nn.Module) -> tuple[bool, bool]:
+        """(shared prompt pass, padding-free packing) of a log-prob forward of ``model``: the policy's for it and its
+        reference; for the teacher, what its own config allows (``teacher_layout``)."""
+        return self.teacher_layout if model is self.teacher else (self.shares_prompt_prefix, self.config.padding_free)
+
+    @functools.cached_property
+    def teacher_layout(self) -> tuple[bool, bool]:
+        """The policy's layout where it is exact for the teacher, whose attention may differ from the student's: a
+        teacher with sliding-window layers beside a student without encodes each row's prompt itself (its cache
+        drops prompt keys; packed, a shared prompt would be read past its window)."""
+        return self.shares_prompt_prefix and not has_sliding_window(self.teacher.config), self.config.padding_free
 
     # ---- generation ---------------------------------------------------------------------------------------
 

@@ -65,6 +65,15 @@ def cache_keyword(decoder: nn.Module) -> str:
     return _cache_keyword_of(type(decoder))
 
 
+def has_sliding_window(config) -> bool:
+    """Whether a model's attention has sliding-window layers (``layer_types``, or Qwen2's ``use_sliding_window``):
+    its cache drops prompt keys, so a shared prompt pass is not exact for it."""
+    text = config.get_text_config() if hasattr(config, "get_text_config") else config
+    return "sliding_attention" in (getattr(text, "layer_types", None) or []) or bool(
+        getattr(text, "use_sliding_window", False) and getattr(text, "sliding_window", None)
+    )
+
+
 def repeat_cache(cache: DynamicCache, counts: Tensor, rows: int) -> None:
     """Each of the U cached prompts repeated ``counts[u]`` times along the batch (differentiably), ``rows`` in all
     (given, so that the repeat does not read ``counts`` back for its size)."""

@@ -5,15 +5,20 @@ prompt and completion in one prefill (``/v1/completions`` with ``prompt_logprobs
 token; one token generated, discarded). vLLM's prompt log-probs are the model's own ``log_softmax(logits)``: at
 temperature 1 and before any sampling filter (its ``logprobs_mode`` does not touch them), so a served teacher
 scores at temperature 1 only, and the reverse-KL objective only (GKD needs the whole vocabulary at each position).
-Every rank sends its own rows. Knows HTTP and vLLM's completion format; nothing about the objective.
+Every rank sends its own rows. Before any step the server is asked which model it serves (``/v1/models``) and how it
+tokenizes (``/tokenize``): another model's log-probs would train the student towards it. Knows HTTP and vLLM's
+completion format; nothing about the objective.
 """
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
+from pathlib import PurePosixPath
 
 import torch
 from torch import Tensor
+from transformers import PreTrainedTokenizerBase
 
 from lightning_grpo.types import Rollout
 
@@ -33,23 +38,56 @@ class ServedTeacher:
     rows_per_request: int = 64
     """Rows sent in one request: bounds a request's size and time."""
     model: str = ""
-    """The served model's name, read from ``/v1/models`` by ``connect``."""
+    """The name the teacher is served under, read from ``/v1/models`` by ``connect``."""
 
-    def connect(self) -> ServedTeacher:
-        """Reads the served model's name; raises naming the URL when the server does not answer."""
+    def connect(self, teacher: str, tokenizer: PreTrainedTokenizerBase) -> ServedTeacher:
+        """Asks the server which model it serves and how it tokenizes, before any step: refuses, naming both
+        models, a server of another model than ``teacher`` (``distill.teacher``, whose tokenizer was checked
+        against the student's) or one whose tokenizer splits a probe text otherwise than ``tokenizer``; raises
+        naming the URL when the server does not answer."""
+        cards = self._get("/v1/models").get("data") or []
+        card = next((c for c in cards if same_model(teacher, c)), None)
+        if card is None:
+            served = [c.get("root") or c["id"] for c in cards]
+            raise TeacherServerError(
+                f"distill.teacher_server {self.url!r} serves {served}, not distill.teacher {teacher!r}: its log-probs "
+                "would train the student towards another model. Serve distill.teacher there (`vllm serve "
+                f"{teacher}`), or set distill.teacher to the served model"
+            )
+        self.model = card["id"]  # the name requests are served under (``--served-model-name``, else the path)
+        probe = PROBE + "".join(tokenizer.all_special_tokens)
+        body = {"model": self.model, "prompt": probe, "add_special_tokens": False}
+        theirs, ours = self._post("/tokenize", body)["tokens"], tokenizer(probe, add_special_tokens=False).input_ids
+        if theirs != ours:
+            first = next((i for i, (a, b) in enumerate(zip(theirs, ours)) if a != b), min(len(theirs), len(ours)))
+            raise TeacherServerError(
+                f"distill.teacher_server {self.url!r} serves {card.get('root') or self.model!r} with another tokenizer "
+                f"than distill.teacher {teacher!r}: a probe text is {len(theirs)} tokens there and {len(ours)} here, "
+                f"from token {first} on {theirs[first : first + 3]} vs {ours[first : first + 3]}. Its log-probs would "
+                "score other tokens: serve the teacher with its own tokenizer (`vllm serve "
+                f"{teacher}`, no --tokenizer)"
+            )
+        return self
+
+    def _get(self, path: str) -> dict:
+        return self._ask("get", path, None)
+
+    def _post(self, path: str, body: dict) -> dict:
+        return self._ask("post", path, body)
+
+    def _ask(self, method: str, path: str, body: dict | None) -> dict:
         import requests  # here: importing it sets warning filters, which importing the package must not
 
         try:
-            answer = requests.get(f"{self.url.rstrip('/')}/v1/models", timeout=30)
+            answer = requests.request(method, f"{self.url.rstrip('/')}{path}", json=body, timeout=30)
             answer.raise_for_status()
-            self.model = answer.json()["data"][0]["id"]
-        except (requests.RequestException, KeyError, IndexError, ValueError) as err:
+            return answer.json()
+        except (requests.RequestException, ValueError) as err:
             raise TeacherServerError(
-                f"distill.teacher_server {self.url!r} does not answer /v1/models as a vLLM server does ({err}): "
-                "start it with `vllm serve TEACHER` (references/distillation.md) or leave teacher_server unset to "
-                "load the teacher here"
+                f"distill.teacher_server {self.url!r} does not answer {path} as a vLLM server does ({err}): start "
+                "it with `vllm serve TEACHER` (references/distillation.md) or leave teacher_server unset to load the "
+                "teacher here"
             ) from err
-        return self
 
     def logps(self, rollout: Rollout) -> Tensor:
         """[N, T] the teacher's log-probs of each row's completion tokens (0 past a row's last token)."""
@@ -79,6 +117,30 @@ class ServedTeacher:
             _completion_logps(choice["prompt_logprobs"], tokens, n)
             for choice, tokens, n in zip(choices, sequences, completion_lengths, strict=True)
         ]
+
+
+PROBE = "On-policy distillation: 12 + 34 = 46, ¿qué? 日本語 ✓ \n\t  def f(x):\n    return x ** 2  # "
+"""Text the server's tokenizer must split as the student's: words, digits, whitespace runs, code, non-Latin
+scripts; the tokenizer's special tokens are appended to it."""
+
+
+def same_model(teacher: str, card: dict) -> bool:
+    """Whether a ``/v1/models`` entry (``id``: the served name; ``root``: the model vLLM loaded) is ``teacher``: the
+    same name or path (a local path compared resolved), or the same last path component, as a local copy of the
+    served model is (``/models/Qwen2.5-7B-Instruct`` for ``Qwen/Qwen2.5-7B-Instruct``).
+
+    >>> same_model("Qwen/Qwen2.5-7B-Instruct", {"id": "teacher", "root": "Qwen/Qwen2.5-7B-Instruct"})
+    True
+    >>> same_model("/models/Qwen2.5-7B-Instruct/", {"id": "Qwen/Qwen2.5-7B-Instruct"})
+    True
+    >>> same_model("Qwen/Qwen2.5-7B-Instruct", {"id": "Qwen/Qwen2.5-1.5B-Instruct"})
+    False
+    """
+    names = {n for n in (card.get("id"), card.get("root")) if n}
+    ours = teacher.rstrip("/")
+    if ours in {n.rstrip("/") for n in names} or os.path.realpath(teacher) in {os.path.realpath(n) for n in names}:
+        return True
+    return PurePosixPath(ours).name in {PurePosixPath(n.rstrip("/")).name for n in names}
 
 
 def _completion_logps(prompt_logprobs: list[dict | None], tokens: list[int], n: int) -> list[float]:

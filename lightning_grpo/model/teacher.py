@@ -56,7 +56,7 @@ def load_teacher(
         if problem:
             raise ValueError(problem)
     if spec.server is not None:
-        return ServedTeacher(spec.server).connect(), []
+        return ServedTeacher(spec.server).connect(name, tokenizer), []
     files = empty_init_files(spec.model, False)
     if files:
         from lightning_grpo.model.materialize import empty_causal_lm
@@ -64,15 +64,27 @@ def load_teacher(
         model = empty_causal_lm(resolve_pretrained(spec.model), DTYPES[spec.dtype], spec.init_kwargs)
     else:
         model = load_policy(spec.model, spec.dtype, False, spec.init_kwargs)
-    rows = {"teacher": _vocab_rows(model), "student": _vocab_rows(student)}
-    if rows["teacher"] != rows["student"]:
-        raise ValueError(
-            f"distill.teacher {name!r} has an output vocabulary of {rows['teacher']} tokens and the student "
-            f"{rows['student']}: another tokenizer. Cross-tokenizer distillation is not supported: pick a teacher "
-            "with the student's tokenizer"
-        )
+    shared_rows(model, _vocab_rows(student), name)
     model.requires_grad_(False)  # forwards run in eval mode (Policy); Lightning's fit puts modules in train mode
     return model, files
+
+
+def shared_rows(teacher: nn.Module, student_rows: int, name: str) -> None:
+    """Cut the teacher's embedding and output rows to the student's ``student_rows``: the rows both have, which its
+    scores are then over (TRL's ``IWOPDTrainer`` resizes a same-tokenizer teacher so). A family pads its embedding
+    matrix to its own multiple, past the tokenizer's ids (Qwen2.5-7B: 152,064 rows, 1.5B: 151,936, both for 151,665
+    tokens): the tokenizers, compared by ``vocabulary_problem``, say whether the ids mean the same, not the row
+    counts. Refuses a teacher with fewer rows: the student could sample an id the teacher has no score for."""
+    rows = _vocab_rows(teacher)
+    if rows < student_rows:
+        raise ValueError(
+            f"distill.teacher {name!r} has {rows} output rows and the student (model) {student_rows}: the student "
+            f"can sample ids {rows}..{student_rows - 1}, which the teacher has no score for. Pick a teacher with at "
+            f"least the student's rows, or save this one with its embeddings padded to them "
+            f"(model.resize_token_embeddings({student_rows}))"
+        )
+    if rows > student_rows:  # on the meta device too: the weights loaded later are read row by row
+        teacher.resize_token_embeddings(student_rows, mean_resizing=False)
 
 
 def _vocab_rows(model: nn.Module) -> int:

@@ -288,8 +288,7 @@ def build_targets(
             proximal = ProximalCorrection(c, torch.zeros_like(rollout.sampling_logps))
     advantages, distill = _advantages(every_rank, scores.weights, mask, old_logps, ref_logps, s, ranks), None
     if s.distill is not None:
-        student = rollout.sampling_logps if rollout.sampling_logps is not None else old_logps
-        distill = distill_targets(policy, rollout, mask, rows, student, s.distill, ranks)
+        distill = distill_targets(policy, rollout, mask, rows, _student_logps(rollout, old_logps, u), s.distill, ranks)
         advantages = _with_teacher(advantages, distill, s.distill)
     faults = torch.stack([every_rank.isinf().any(), ~advantages.isfinite().all()])  # NaN rewards: not applicable
     return Targets(
@@ -315,6 +314,17 @@ def computed_positions(policy: Policy, rollout: Rollout, rows: list[slice] | lis
     share, packed, width = policy.shares_prompt_prefix, policy.config.padding_free, rollout.completion_ids.shape[1]
     ids, mask = rollout.input_ids, rollout.attention_mask
     return sum(forward_positions(ids[r], mask[r], width, share, packed) for r in rows)
+
+
+def _student_logps(rollout: Rollout, old_logps: Tensor | None, u: UpdateConfig) -> Tensor | None:
+    """[N, T] the student's log-probs of the sampled tokens, for the teacher's reverse KL: the trainer's own when they
+    were computed; else the sampler's where a correction is on, as the engine then checked them to be the trainer's
+    distribution (``engines/vllm/logprobs.py``: unfiltered, at the sampling temperature); else ``None``: computed by
+    a no-grad forward. With the correction off nothing checks them: a vLLM sampler's processed log-probs under a
+    top-k/top-p filter are renormalised over the kept mass, so they would shift every advantage by its log."""
+    if old_logps is not None or u.sampling_correction is None:
+        return old_logps
+    return rollout.sampling_logps
 
 
 def _with_teacher(advantages: Tensor, distill: DistillTargets, c: DistillConfig) -> Tensor:

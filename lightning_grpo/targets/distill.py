@@ -85,8 +85,9 @@ def distill_targets(
 
     Args:
         mask: [N, T] the loss tokens.
-        student_logps: [N, T] the sampling policy's log-probs when already computed (the sampler's, or the
-            ``old_logps`` an off-policy step needs); ``None`` computes them (one no-grad forward).
+        student_logps: [N, T] the student's log-probs when already computed (the ``old_logps`` an off-policy step
+            needs, or a sampler's that a correction checked: ``targets.build._student_logps``); ``None`` computes
+            them (one no-grad forward).
     """
     teacher = policy.teacher_logps(rollout, micro_batches)  # [N, T]
     if student_logps is None:

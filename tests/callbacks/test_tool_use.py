@@ -89,7 +89,7 @@ def test_a_call_the_parser_cannot_read_is_counted_malformed():
     calls += HermesParser().parse('<tool_call>{"name": "add", "arguments": {"a": 1, "b": 2')[1]
     results = [run_call(c, {"add": add}, None) for c in calls]
     assert [r.failed for r in results] == [False, True] and [r.malformed for r in results] == [False, True]
-    episode = type("Episode", (), {"turns": 2, "ended": "answer", "results": results})
+    episode = type("Episode", (), {"turns": 2, "ended": "answer", "results": results, "unparsed": 0})
     metrics = EpisodeStats.of([episode]).metrics()
     assert metrics["tools/malformed_frequency"] == 0.5 and metrics["tools/failure_frequency"] == 0.5
 
@@ -117,3 +117,22 @@ def test_the_alert_warns_when_the_calls_made_cannot_be_read(half_warm_model, tmp
 def test_max_malformed_is_a_share():
     with pytest.raises(ValueError, match=r"max_malformed must be a share of calls in \(0, 1\], got 1.5"):
         ToolUseAlert(max_malformed=1.5)
+
+
+def test_turns_that_look_like_calls_but_read_as_none_fire_the_alert():
+    """Llama-format calls from a model whose template is Qwen's: counted as unparsed by the engine; the alert reads
+    the share, whether or not other calls were made."""
+    from types import SimpleNamespace
+
+    alert = ToolUseAlert(max_unparsed=0.25)
+    step = {"tools/call_frequency": 0.0, "tools/failure_frequency": 0.0, "tools/unparsed_frequency": 0.5}
+    record = SimpleNamespace(rollout=SimpleNamespace(metrics=step))
+    signals = {s.name: s for s in alert.signals(None, record)}
+    assert (
+        signals["tools/unparsed_frequency"].value == 0.5
+        and "tool_families.md" in signals["tools/unparsed_frequency"].advice
+    )
+    record.rollout.metrics = {**step, "tools/unparsed_frequency": 0.2}
+    assert "tools/unparsed_frequency" not in {s.name for s in alert.signals(None, record)}
+    with pytest.raises(ValueError, match=r"max_unparsed must be a share of model turns in \(0, 1\], got 0"):
+        ToolUseAlert(max_unparsed=0)

@@ -12,10 +12,11 @@ import pytest
 import torch
 from helpers import KeepRollouts, fit, logged, make_module
 
-from lightning_grpo import PromptDataModule
+from lightning_grpo import AdvantageConfig, PromptDataModule, SamplingConfig, UpdateConfig
 from lightning_grpo.cli.report import panels, write_report
 from lightning_grpo.demo.tiny import build_tiny_qwen2, build_tokenizer
-from lightning_grpo.engines import AsyncRollouts
+from lightning_grpo.engines import AsyncRollouts, LeanDecode
+from lightning_grpo.engines.decode.sampling import sampling_logits
 from lightning_grpo.loss import LossNormalizer
 from lightning_grpo.loss.config import DistillConfig
 from lightning_grpo.loss.distill import generalized_jsd_loss
@@ -24,8 +25,10 @@ from lightning_grpo.model.policy import Policy
 from lightning_grpo.model.served_teacher import TeacherServerError
 from lightning_grpo.model.teacher import TeacherModel
 from lightning_grpo.ranks import Ranks
+from lightning_grpo.seeding import seeded
+from lightning_grpo.targets import TargetSettings, build_targets
 from lightning_grpo.targets.distill import distill_targets, off_policy_step
-from lightning_grpo.types import PromptBatch, Rollout
+from lightning_grpo.types import PromptBatch, RewardScores, Rollout
 from tests.test_docs import METRICS_TABLE, metric_patterns
 
 
@@ -234,3 +237,56 @@ def test_an_off_policy_share_with_an_engine_that_samples_ahead_is_refused(tiny_m
     distill = {"teacher": tiny_model_dir, "objective": "gkd", "reward_weight": 0.0, "lmbda": 0.5}
     with pytest.raises(ValueError, match="distill.lmbda 0.5 < 1 with an engine that samples ahead .AsyncRollouts, 1"):
         make_module(tiny_model_dir, distill=distill, rollout_engine=AsyncRollouts(max_staleness=1))
+
+
+@pytest.mark.parametrize("reward_funcs", [None, "default"])
+def test_filter_groups_beside_a_teacher_is_refused_before_loading(tiny_model_dir, reward_funcs):
+    # filter_groups judges groups by the rewards' spread: the teacher alone (every reward 0) would never make a step,
+    # and beside rewards it would drop groups that carry the teacher's per-token signal. The teacher path does not
+    # exist: the refusal comes before anything is loaded.
+    rewards = {} if reward_funcs else {"reward_funcs": None, "accuracy_reward": None}
+    distill = {"teacher": "no/such-teacher", "reward_weight": 0.0 if reward_funcs is None else 1.0}
+    message = (
+        r"advantages.filter_groups=True drops the groups whose rewards are all equal, but distill.teacher "
+        r"'no/such-teacher' \(distill.teacher_weight 1.0\) .* Set advantages.filter_groups=False .* "
+        r"or distill.teacher_weight=0"
+    )
+    with pytest.raises(ValueError, match=message):
+        make_module(tiny_model_dir, advantages={"filter_groups": True}, distill=distill, **rewards)
+    make_module(
+        tiny_model_dir, advantages={"filter_groups": True}, distill={"teacher": tiny_model_dir, "teacher_weight": 0.0}
+    )
+
+
+def processed_logps(policy: Policy, rollout: Rollout, sampling) -> torch.Tensor:
+    """[N, T] what vLLM's ``processed_logprobs`` report for each sampled token: its log-prob after the sampling
+    filters, renormalised over the mass they kept."""
+    width = rollout.completion_ids.shape[1]
+    with policy.generating() as model:
+        logits = model(input_ids=rollout.input_ids, attention_mask=rollout.attention_mask).logits[:, -width - 1 : -1]
+    scores = sampling_logits(logits.float().flatten(0, 1), sampling, greedy=False).view(logits.shape)
+    picked = scores.log_softmax(-1).gather(-1, rollout.completion_ids.unsqueeze(-1)).squeeze(-1)
+    return picked * rollout.completion_mask
+
+
+def test_with_the_correction_off_a_filtering_sampler_s_log_probs_do_not_stand_in_for_the_student_s(
+    tiny_model_dir, teacher_dir
+):
+    # sampled with top_k 3: vLLM's processed log-probs are log p - log(kept mass) on each token. Before, they were
+    # taken as the student's with update.sampling_correction None (nothing checks them then), so each reverse-KL
+    # advantage moved by the log of the kept mass.
+    torch.manual_seed(0)
+    policy = Policy(tiny_model_dir, teacher=TeacherModel(teacher_dir))
+    sampling = SamplingConfig(max_completion_length=6, top_k=3)
+    with seeded(0, policy.device):
+        rollout = LeanDecode().generate(policy, ["1+2=", "3+0="], 4, sampling, False)
+    rollout.sampling_logps = processed_logps(policy, rollout, sampling)
+    mask = rollout.completion_mask.float()
+    own = policy.logps(rollout, [slice(None)])  # [N, T] the trainer's log-probs: unfiltered
+    assert ((own - rollout.sampling_logps) * mask).min() < -0.05  # the filter's shift is there to be taken
+    scores = RewardScores(torch.zeros(8, 1), ["r"], torch.ones(1))
+    config = DistillConfig(teacher=teacher_dir, reward_weight=0.0)
+    s = TargetSettings(UpdateConfig(sampling_correction=None), AdvantageConfig(), 4, 6, False, distill=config)
+    targets = build_targets(policy, rollout, scores, scores.per_function, s, one_rank())
+    teacher = policy.teacher_logps(rollout, [slice(None)])
+    torch.testing.assert_close(targets.advantages, -(own - teacher) * mask)

@@ -36,8 +36,9 @@ from lightning_grpo.engines.agents.served import (
 from lightning_grpo.engines.base import RolloutEngine, TokenSampler
 from lightning_grpo.engines.config import SamplingConfig
 from lightning_grpo.engines.decode.hf import HFGenerate
-from lightning_grpo.engines.multiturn.calls import HermesParser, resolve_tool
+from lightning_grpo.engines.multiturn.calls import resolve_tool
 from lightning_grpo.engines.multiturn.episodes import EpisodeStats
+from lightning_grpo.engines.multiturn.families import ToolFormat, tool_format
 from lightning_grpo.model.policy import Policy
 from lightning_grpo.rewards.calls import ON_ERROR
 from lightning_grpo.types import Prompt, Rollout, pad_rows
@@ -66,7 +67,8 @@ class OpenAIAgent(RolloutEngine):
     (episodes ended because a request's messages left no room under the context bound: the model's positions and
     ``sampling.max_prompt_length + max_completion_length``), and the tool engine's ``tools/call_frequency``,
     ``tools/failure_frequency`` (calls that could not be parsed or name no tool of the request),
-    ``tools/malformed_frequency`` (calls that could not be parsed, per call), ``turns/mean``.
+    ``tools/malformed_frequency`` (calls that could not be parsed, per call), ``tools/unparsed_frequency`` (model
+    turns that look like a call in any family's format but yield none, per turn; warned about once), ``turns/mean``.
 
     Args:
         agent: the callable, or its import path.
@@ -81,7 +83,11 @@ class OpenAIAgent(RolloutEngine):
             sampler/trainer mismatch metrics; ``LeanDecode``, faster, records none: it is the policy itself;
             ``VLLMColocate``, the weights pushed to it after every step; ``VLLMServer``, each episode's turns on
             one server, where its prefix is cached); it needs ``complete``.
-        parser: reads tool calls from the model's text; default Hermes/Qwen ``<tool_call>{json}</tool_call>``.
+        parser: reads tool calls from the model's text (``parse(text) -> (content, [ToolCall])``); default: the
+            model family's own format (transformers' ``parse_response`` with TRL's response template for the chat
+            template, or Hermes ``<tool_call>{json}</tool_call>`` for a template that renders it:
+            ``references/tool_families.md``). Whatever the family, the endpoint answers with OpenAI ``tool_calls``;
+            for a template none of them reads it warns at start-up and answers with text.
         batch_wait: seconds to wait for the other agents' requests before generating a partial batch.
         port: the endpoint's port on 127.0.0.1; 0 picks a free one. Under DDP/FSDP2 each rank serves its own
             episodes on ``port + local rank`` (one machine's ranks never share a port).
@@ -117,7 +123,9 @@ class OpenAIAgent(RolloutEngine):
                 f"sampler must be an engine that serves the endpoint (an engines.base.TokenSampler): HFGenerate, "
                 f"LeanDecode, VLLMColocate or VLLMServer, got {type(self.sampler).__name__}"
             )
-        self.parser = parser or HermesParser()
+        if parser is not None and not callable(getattr(parser, "parse", None)):
+            raise ValueError(f"parser must have parse(text) -> (content, calls), got {type(parser).__name__}")
+        self.parser, self.format = parser, None  # the ToolFormat, set up once from the tokenizer
         self.endpoint, self.port, self.local_rank = Endpoint(), port, 0
         self.inbox: queue.Queue = queue.Queue()
         self.live: dict[str, ServedEpisode] = {}
@@ -147,8 +155,16 @@ class OpenAIAgent(RolloutEngine):
     @override
     def setup(self, policy: Policy, trainer: Any, seed: int) -> None:
         self.sampler.setup(policy, trainer, seed)
+        self._format(policy)
         self.local_rank = getattr(trainer, "local_rank", 0)
         self._start_endpoint()
+
+    def _format(self, policy: Policy) -> ToolFormat:
+        """How the model's calls are read, built once (at ``setup``, or the first ``generate`` of an engine driven by
+        hand); a template it cannot read is warned about, not refused: agents may parse their own calls."""
+        if self.format is None:
+            self.format = tool_format(policy.tokenizer, [], self.parser, refuse=False)
+        return self.format
 
     def _start_endpoint(self) -> None:
         """Listen on ``port + local rank`` (or a free port); a port that cannot be bound is reported at once."""
@@ -185,6 +201,7 @@ class OpenAIAgent(RolloutEngine):
         columns: dict[str, list[Any]] | None = None,
     ) -> Rollout:
         self._start_endpoint()  # setup() is skipped when the engine is driven by hand
+        self._format(policy)
         self.sampler.before_requests(policy)  # here every rank is; its agents may ask nothing
         rows = [{"prompt": p, **{k: v[i] for k, v in (columns or {}).items()}} for i, p in enumerate(prompts)]
         episodes = [
@@ -258,7 +275,8 @@ class OpenAIAgent(RolloutEngine):
                 if todo:
                     self._answer(policy, todo, sampling, greedy)
                 elif generating:  # another rank's agents asked: this rank's forwards must step with theirs
-                    dummy = render_prompt(policy.tokenizer, episodes[0].row["prompt"], sampling)
+                    prompt = episodes[0].row["prompt"]
+                    dummy = render_prompt(policy.tokenizer, prompt, sampling, self.format.chat_template)
                     self.sampler.complete(policy, [dummy], [1], sampling, greedy)
         finally:
             refuse(held, "the rollout has ended")
@@ -292,7 +310,7 @@ class OpenAIAgent(RolloutEngine):
     def _prepare(self, policy: Policy, batch: list[Request], sampling: SamplingConfig) -> list[Turn]:
         """The requests that need tokens, with their episode, context and budget; the others are answered here:
         a refused request (400 naming the field), an empty reply when no budget or no room is left."""
-        tokenizer, template_kwargs = policy.tokenizer, sampling.chat_template_kwargs or {}
+        tokenizer, template_kwargs = policy.tokenizer, self.format.render_kwargs(sampling.chat_template_kwargs)
         limit = context_limit(policy, sampling)
         todo = []
         for request in batch:
@@ -330,7 +348,7 @@ class OpenAIAgent(RolloutEngine):
                 request.answer(Refusal(500, f"generation failed: {type(e).__name__}: {e}"))
             raise
         for (request, episode, _, _), (ids, logps) in zip(todo, turns):
-            reply = episode.take_turn(policy.tokenizer, ids, logps, policy.eos_token_ids, self.parser, request.kind)
+            reply = episode.take_turn(policy.tokenizer, ids, logps, policy.eos_token_ids, self.format, request.kind)
             request.answer(reply)
 
     def _close(self, episodes: list[ServedEpisode]) -> None:
@@ -354,12 +372,20 @@ class OpenAIAgent(RolloutEngine):
             self._report(failed[0])
         for e in episodes:
             if not e.prompt_ids:  # the agent never asked: the row's prompt, nothing to train
-                e.prompt, e.prompt_ids = e.row["prompt"], render_prompt(policy.tokenizer, e.row["prompt"], sampling)
+                ids = render_prompt(policy.tokenizer, e.row["prompt"], sampling, self.format.chat_template)
+                e.prompt, e.prompt_ids = e.row["prompt"], ids
             if e.status != "done" and self.on_error == "skip":
                 e.model_mask = [0] * len(e.ids)
             if isinstance(e.outcome, list):  # the agent's own transcript, in the template's form for the rewards
                 e.messages = [template_message(m, e.call_names) for m in e.outcome]
         stats = EpisodeStats.of(episodes)
+        if stats.unparsed and "unparsed" not in self.warned:
+            self.warned.add("unparsed")
+            rank_zero_warn(
+                f"{stats.unparsed} of {sum(stats.turns)} model turns look like a tool call but none could be read as a "
+                f"{self.format.family} tool call (reader: {self.format.reader}): they were answered as text; "
+                "train/tools/unparsed_frequency counts them every step"
+            )
         rewards = [episode_reward(e, self.on_error) for e in episodes]
         columns = {"agent_reward": rewards, "episode_id": [e.session for e in episodes]}
         metrics = {**stats.metrics(), **episode_metrics(episodes), **self.sampler.served_metrics()}  # a vLLM sampler's

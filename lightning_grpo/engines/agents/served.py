@@ -120,8 +120,10 @@ class ServedEpisode:
     text: str = ""  # /completions: the prompt text so far
     call_names: dict[str, str] = field(default_factory=dict)  # tool_call id -> tool name
     tool_names: set[str] = field(default_factory=set)
+    tools: list[dict] | None = None  # the request's tool schemas: the reader types call arguments by them
     results: list[CallRecord] = field(default_factory=list)
     turns: int = 0
+    unparsed: int = 0  # turns that looked like a tool call but none could be read
     requests: int = 0
     restarts: int = 0
     ended: str = "answer"  # how the last model turn ended: answer (EOS) or tokens (budget or context ran out)
@@ -151,7 +153,7 @@ class ServedEpisode:
     def _chat(self, tokenizer: PreTrainedTokenizerBase, body: dict, template_kwargs: dict) -> Step:
         messages, tools = body["messages"], body.get("tools") or None  # shapes checked by check_body
         seen, norm = len(self.seen), [normal(m) for m in messages]
-        self.tool_names = {t["function"]["name"] for t in tools or []}
+        self.tool_names, self.tools = {t["function"]["name"] for t in tools or []}, tools
         if self.turns and len(norm) > seen and norm[:seen] == self.seen:
             new = [template_message(m, self.call_names) for m in messages[seen:]]
             ids = _rendered(lambda: tool_suffix_ids(tokenizer, new, template_kwargs))
@@ -206,10 +208,12 @@ class ServedEpisode:
         ids: list[int],
         logps: list[float] | None,
         eos: list[int],
-        parser: Any,
+        fmt: Any,
         kind: str,
     ) -> dict[str, Any]:
-        """Record the sampled turn and answer it: text, tool calls parsed from it (as the API shapes them)."""
+        """Record the sampled turn and answer it: text, tool calls read from it in the model family's format
+        (``fmt``, a ``ToolFormat``), answered as the API shapes them whatever the family."""
+        prefix = self.prompt_ids + self.ids
         self.ids += ids
         self.model_mask += [1] * len(ids)
         self.logps += list(logps) if logps is not None else [0.0] * len(ids)
@@ -225,16 +229,30 @@ class ServedEpisode:
             self.text += text
             self.messages.append({"role": "assistant", "content": text})
             return text_reply(text, finish, usage, extra)
-        return self._chat_turn(text, parser, finish, usage, extra)
+        return self._chat_turn(tokenizer, ids, prefix, text, fmt, finish, usage, extra)
 
     def _call_record(self, call: Any) -> CallRecord:
         known, unread = call.name in self.tool_names, call.error is not None
         return CallRecord(call.name, unread or not known, known, unread)
 
-    def _chat_turn(self, text: str, parser: Any, finish: str, usage: tuple[int, int], extra: dict) -> dict:
+    def _chat_turn(
+        self,
+        tokenizer: PreTrainedTokenizerBase,
+        ids: list[int],
+        prefix: list[int],
+        text: str,
+        fmt: Any,
+        finish: str,
+        usage: tuple[int, int],
+        extra: dict,
+    ) -> dict:
         # Without ``tools`` in the request the reply is text, as the OpenAI API (and vLLM) answer: the agent parses
         # its own actions (a SkyRL-gym environment reads the model's raw text).
-        content, calls = parser.parse(text) if self.tool_names else (text.strip(), [])
+        content, calls = text.strip(), []
+        if self.tool_names:
+            reading = fmt.read(tokenizer, ids, prefix, self.tools)
+            content, calls = reading.content, reading.calls
+            self.unparsed += reading.unparsed is not None
         good = [c for c in calls if c.error is None]
         self.results += [self._call_record(c) for c in calls]
         if len(good) < len(calls):
@@ -269,12 +287,14 @@ class ServedEpisode:
         return reply
 
 
-def render_prompt(tokenizer: Any, prompt: Prompt, sampling: Any) -> list[int]:
+def render_prompt(tokenizer: Any, prompt: Prompt, sampling: Any, chat_template: str | None = None) -> list[int]:
     """An episode's first prompt as token ids: plain text tokenized, chat messages through the chat template with
-    ``sampling.chat_template_kwargs`` and the generation prompt."""
+    ``sampling.chat_template_kwargs`` and the generation prompt (``chat_template``: the training template that
+    replaces the tokenizer's, ``ToolFormat.chat_template``)."""
     if isinstance(prompt, str):
         return tokenizer(prompt)["input_ids"]
     kwargs = sampling.chat_template_kwargs or {}
+    kwargs = {**kwargs, "chat_template": chat_template} if chat_template else kwargs
     return list(
         tokenizer.apply_chat_template(prompt, add_generation_prompt=True, tokenize=True, return_dict=False, **kwargs)
     )

@@ -13,21 +13,20 @@ import dataclasses
 from typing import Any
 
 import torch
-from torch import Tensor
 from typing_extensions import override
 
 from lightning_grpo.engines.base import TokenSampler
 from lightning_grpo.engines.config import SamplingConfig
 from lightning_grpo.engines.decode.sampling import drawn_logps
-from lightning_grpo.engines.prompts import tokenize_image_prompts, tokenize_prompts
 from lightning_grpo.engines.rollout import (
     build_rollout,
     check_generation_batch_size,
     cut_turns,
     generation_chunks,
     pad_right,
+    tokenized_prompts,
+    vision_per_completion,
 )
-from lightning_grpo.images import column_images
 from lightning_grpo.model.policy import Policy
 from lightning_grpo.types import Prompt, Rollout, pad_rows, vision_rows
 
@@ -57,10 +56,10 @@ class HFGenerate(TokenSampler):
         columns: dict[str, list[Any]] | None = None,
     ) -> Rollout:
         tokenizer, device = policy.tokenizer, policy.device
-        prompt_ids, prompt_mask, num_truncated, vision = _tokenized(policy, prompts, sampling, columns)
+        prompt_ids, prompt_mask, num_truncated, vision = tokenized_prompts(policy, prompts, sampling, columns)
         prompt_ids = prompt_ids.repeat_interleave(num_generations, dim=0).to(device)  # [N, P]
         prompt_mask = prompt_mask.repeat_interleave(num_generations, dim=0).to(device)  # [N, P]
-        vision = _per_completion(vision, num_generations, device)  # name -> [N] tensors
+        vision = vision_per_completion(vision, num_generations, device)  # name -> [N] tensors
         config = sampling.generation_config(tokenizer, greedy=greedy)
         config.eos_token_id, config.suppress_tokens = policy.eos_token_ids, policy.unsampled_token_ids or None
         completions = []
@@ -110,32 +109,3 @@ class HFGenerate(TokenSampler):
         new = out.sequences[:, ids.shape[1] :]  # [n, t]
         steps = [drawn_logps(raw.float(), new[:, i], sampling.temperature) for i, raw in enumerate(out.logits)]
         return cut_turns(new.tolist(), torch.stack(steps, 1).tolist(), budgets, eos)  # [n, t] log-probs
-
-
-def _tokenized(
-    policy: Policy, prompts: list[Prompt], sampling: SamplingConfig, columns: dict[str, list[Any]] | None
-) -> tuple[Tensor, Tensor, int, dict[str, list[Tensor]] | None]:
-    """[B, P] prompt ids and mask, prompts cut, and the vision inputs of prompts with images (``None``: none)."""
-    images = column_images(columns)
-    if images is None:
-        return *tokenize_prompts(policy.tokenizer, prompts, sampling), None
-    if policy.processor is None:
-        raise ValueError(
-            "the prompts have images (an 'image'/'images' column) but the policy is a text model: give an "
-            "AutoModelForImageTextToText model (references/vision.md), or drop the column"
-        )
-    ids, mask, vision = tokenize_image_prompts(policy.processor, prompts, images, sampling)
-    return ids, mask, 0, vision
-
-
-def _per_completion(
-    vision: dict[str, list[Tensor]] | None, num_generations: int, device: torch.device
-) -> dict[str, list[Tensor]] | None:
-    """Each prompt's vision inputs for each of its G completions: one tensor on ``device`` per prompt, referenced
-    G times (not copied)."""
-    if vision is None:
-        return None
-    return {
-        name: [moved for t in per_prompt for moved in [t.to(device)] * num_generations]
-        for name, per_prompt in vision.items()
-    }

@@ -13,13 +13,15 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from lightning.pytorch.utilities import rank_zero_warn
 from typing_extensions import override
 
 from lightning_grpo.engines.base import RolloutEngine
 from lightning_grpo.engines.config import SamplingConfig
-from lightning_grpo.engines.multiturn.calls import HermesParser, ToolResult, resolve_tool, run_call, tool_schema
+from lightning_grpo.engines.multiturn.calls import ToolResult, resolve_tool, run_call, tool_schema
 from lightning_grpo.engines.multiturn.environments import Environments, environment_tools, episode_rewards
-from lightning_grpo.engines.multiturn.episodes import EpisodeStats, check_tool_template, tool_suffix_ids
+from lightning_grpo.engines.multiturn.episodes import EpisodeStats, tool_suffix_ids
+from lightning_grpo.engines.multiturn.families import ToolFormat, tool_format
 from lightning_grpo.engines.prompts import is_conversational
 from lightning_grpo.model.policy import Policy
 from lightning_grpo.types import Prompt, Rollout, pad_rows
@@ -32,12 +34,14 @@ class Episode:
     prompt: list[dict]
     prompt_ids: list[int]
     tools: dict[str, Callable]
+    schemas: list[dict]  # the tools' JSON schemas: the template showed them, the reader types arguments by them
     budget: int  # model-written tokens still allowed (max_completion_length counts them all)
     ids: list[int] = field(default_factory=list)
     model_mask: list[int] = field(default_factory=list)
     messages: list[dict] = field(default_factory=list)
     turns: int = 0
     results: list[ToolResult] = field(default_factory=list)
+    unparsed: int = 0  # turns that looked like a tool call but none could be read
     ended: str | None = None  # None while playing; "answer", "tokens" or "turns"
 
 
@@ -50,7 +54,9 @@ class ToolCalling(RolloutEngine):
 
     Metrics (``train/...``): ``tools/call_frequency`` and ``tools/failure_frequency`` (TRL's: calls per episode,
     failed calls per call), ``tools/malformed_frequency`` (calls that could not be read, per call; an unreadable
-    call in a turn the token budget cut short is counted, though not run), ``tools/<name>/failure_frequency``,
+    call in a turn the token budget cut short is counted, though not run), ``tools/unparsed_frequency`` (model
+    turns that look like a tool call, in any family's format, but yield none, per turn: each is answered with an
+    error and warned about once), ``tools/<name>/failure_frequency``,
     ``turns/mean``, ``turns/max``,
     ``episodes/truncated_by_turns`` and ``episodes/truncated_by_tokens`` (fractions of episodes), and
     ``rewards/<Class>/mean`` for environments with ``get_reward``.
@@ -63,8 +69,11 @@ class ToolCalling(RolloutEngine):
             and ``get_reward()`` gives the ``environment_reward`` column (reward function
             ``lightning_grpo.engines.environment_reward``).
         max_tool_calling_iterations: most rounds of tool calls per episode (TRL's name); >= 1.
-        parser: reads tool calls from the model's text: ``parse(text) -> (content, [ToolCall])``; default Hermes/
-            Qwen ``<tool_call>{"name": ..., "arguments": {...}}</tool_call>``.
+        parser: reads tool calls from the model's text: ``parse(text) -> (content, [ToolCall])``; default: the
+            model family's own format, read by transformers' ``parse_response`` with TRL's response template for the
+            chat template (Qwen, Llama 3.1/3.2, GLM-4.5, gpt-oss, Gemma 4, LFM2, Nemotron 3:
+            ``references/tool_families.md``), or Hermes ``<tool_call>{json}</tool_call>`` for a template that renders
+            it; a template none of them reads is refused at start-up.
         tool_timeout: seconds one tool call may take before its reply is a timeout error; ``None``: no limit.
     """
 
@@ -85,16 +94,24 @@ class ToolCalling(RolloutEngine):
         self.environments = Environments(environment_factory) if environment_factory is not None else None
         if not self.tools and self.environments is None:
             raise ValueError("ToolCalling needs tools (callables or import paths) or an environment_factory")
-        self.parser = parser or HermesParser()
-        if not callable(getattr(self.parser, "parse", None)):
-            raise ValueError(f"parser must have parse(text) -> (content, calls), got {type(self.parser).__name__}")
+        if parser is not None and not callable(getattr(parser, "parse", None)):
+            raise ValueError(f"parser must have parse(text) -> (content, calls), got {type(parser).__name__}")
+        self.parser, self.format = parser, None  # the ToolFormat, set up once from the tokenizer
         self.max_iterations, self.tool_timeout = max_tool_calling_iterations, tool_timeout
+        self.warned_unparsed = False
 
     @override
     def setup(self, policy: Policy, trainer: Any, seed: int) -> None:
-        """The chat template must render tools, tool calls and tool replies: checked before any compute."""
-        env_schemas = self.environments.schemas.values() if self.environments else []
-        check_tool_template(policy.tokenizer, self.schemas or next(iter(env_schemas), []))
+        """The chat template must render tools, tool calls and tool replies, and its family's calls must be readable:
+        checked before any compute."""
+        self._format(policy)
+
+    def _format(self, policy: Policy) -> ToolFormat:
+        """The run's ToolFormat, built at the first ``setup`` or ``generate`` (an engine driven by hand)."""
+        if self.format is None:
+            env_schemas = self.environments.schemas.values() if self.environments else []
+            self.format = tool_format(policy.tokenizer, self.schemas or next(iter(env_schemas), []), self.parser)
+        return self.format
 
     @override
     def reward_columns(self) -> tuple[str, ...]:
@@ -116,10 +133,12 @@ class ToolCalling(RolloutEngine):
             )
         rows = [{"prompt": p, **{k: v[i] for k, v in (columns or {}).items()}} for i, p in enumerate(prompts)]
         rows = [r for r in rows for _ in range(num_generations)]  # [N]
-        episodes, environments, truncated_prompts = self._start(policy, rows, sampling)
-        self._play(policy, episodes, sampling, greedy)
+        fmt = self._format(policy)
+        episodes, environments, truncated_prompts = self._start(policy, rows, sampling, fmt)
+        self._play(policy, episodes, sampling, greedy, fmt)
         columns_out, metrics = episode_rewards(environments) if environments else ({}, {})
         stats = EpisodeStats.of(episodes)
+        self._warn_unparsed(stats, fmt)
         rollout = stats.rollout(
             policy.tokenizer,
             episodes,
@@ -131,7 +150,20 @@ class ToolCalling(RolloutEngine):
         )
         return rollout
 
-    def _start(self, policy: Policy, rows: list[dict], sampling: SamplingConfig) -> tuple[list[Episode], list, int]:
+    def _warn_unparsed(self, stats: EpisodeStats, fmt: ToolFormat) -> None:
+        """Replies that look like tool calls but are read as none are said once; the metric counts them each step."""
+        if stats.unparsed and not self.warned_unparsed:
+            self.warned_unparsed = True
+            rank_zero_warn(
+                f"{stats.unparsed} of {sum(stats.turns)} model turns look like a tool call but none could be read as "
+                f"a {fmt.family} tool call (reader: {fmt.reader}): each is answered with an error; "
+                "train/tools/unparsed_frequency counts them every step. A model that writes another family's format "
+                "needs that family's chat template, or parser:"
+            )
+
+    def _start(
+        self, policy: Policy, rows: list[dict], sampling: SamplingConfig, fmt: ToolFormat
+    ) -> tuple[list[Episode], list, int]:
         """Episodes with rendered prompt ids; environments reset (their reply appended to the last message)."""
         prompts = [r["prompt"] for r in rows]
         environments, tools = [], [list(self.tools)] * len(rows)
@@ -148,15 +180,17 @@ class ToolCalling(RolloutEngine):
                 add_generation_prompt=True,
                 tokenize=True,
                 return_dict=False,
-                **(sampling.chat_template_kwargs or {}),
+                **fmt.render_kwargs(sampling.chat_template_kwargs),
             )
             if sampling.max_prompt_length and len(ids) > sampling.max_prompt_length:
                 ids, cut = ids[-sampling.max_prompt_length :], cut + 1
             by_name = {t.__name__: t for t in row_tools}
-            episodes.append(Episode(prompt, list(ids), by_name, sampling.max_completion_length))
+            episodes.append(Episode(prompt, list(ids), by_name, row_schemas, sampling.max_completion_length))
         return episodes, environments, cut
 
-    def _play(self, policy: Policy, episodes: list[Episode], sampling: SamplingConfig, greedy: bool) -> None:
+    def _play(
+        self, policy: Policy, episodes: list[Episode], sampling: SamplingConfig, greedy: bool, fmt: ToolFormat
+    ) -> None:
         """Turns until every episode has ended; all playing episodes of a turn in one generate call."""
         while True:
             playing = [e for e in episodes if e.ended is None]
@@ -164,7 +198,7 @@ class ToolCalling(RolloutEngine):
                 return
             turns = self._generate_turn(policy, playing or episodes[:1], sampling, greedy, dummy=not playing)
             for episode, ids in zip(playing, turns):
-                self._take_turn(policy, episode, ids, sampling.chat_template_kwargs or {})
+                self._take_turn(policy, episode, ids, fmt, fmt.render_kwargs(sampling.chat_template_kwargs))
 
     @staticmethod
     def _generate_turn(
@@ -189,16 +223,20 @@ class ToolCalling(RolloutEngine):
             turns.append(row[: min(cut, episode.budget)])
         return turns
 
-    def _take_turn(self, policy: Policy, episode: Episode, ids: list[int], template_kwargs: dict[str, Any]) -> None:
-        """Append the model's turn; run its tool calls and append their replies (rendered with the chat template's
-        ``template_kwargs``, as the prompt was), or end the episode."""
+    def _take_turn(
+        self, policy: Policy, episode: Episode, ids: list[int], fmt: ToolFormat, template_kwargs: dict[str, Any]
+    ) -> None:
+        """Append the model's turn, read in its family's format (``fmt``); run its tool calls and append their
+        replies (rendered with ``template_kwargs``, as the prompt was), or end the episode."""
         tokenizer = policy.tokenizer
+        reading = fmt.read(tokenizer, ids, episode.prompt_ids + episode.ids, episode.schemas)
+        content, calls = reading.content, reading.calls
+        episode.unparsed += reading.unparsed is not None
         episode.ids += ids
         episode.model_mask += [1] * len(ids)
         episode.budget -= len(ids)
         episode.turns += 1
-        content, calls = self.parser.parse(tokenizer.decode(ids, skip_special_tokens=True))
-        message: dict[str, Any] = {"role": "assistant", "content": content}
+        message: dict[str, Any] = {"role": "assistant", "content": content, **reading.fields}
         if calls:
             message["tool_calls"] = [c.message() for c in calls]
         episode.messages.append(message)

