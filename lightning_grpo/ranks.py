@@ -2,6 +2,9 @@
 
 Knows Lightning's strategy, nothing about models. Each method is a collective: every rank calls it at the
 same point of its step. Under DDP and FSDP2 with ``tensor_parallel_size: 1``, ranks are data-parallel replicas.
+Each collective takes its tensor to the strategy's device first: NCCL has no CPU backend, so a CPU tensor (a
+count kept on the host, a Python number made a tensor) would end the first step with "No backend type associated
+with device type cpu"; the results stay on that device.
 """
 
 from __future__ import annotations
@@ -25,18 +28,19 @@ class Ranks:
         self.strategy = trainer.strategy
         self.world_size = trainer.world_size
         self.rank = trainer.global_rank
+        self.device = trainer.strategy.root_device
 
     def gather_rows(self, t: Tensor) -> Tensor:
         """[N, ...] on each rank -> [W*N, ...] in rank order."""
         if self.world_size == 1:
             return t
-        return self.strategy.all_gather(t).reshape(-1, *t.shape[1:])
+        return self.strategy.all_gather(t.to(self.device)).reshape(-1, *t.shape[1:])
 
     def gather_padded(self, t: Tensor) -> Tensor:
         """[N, T_rank] on each rank -> [W*N, max T] in rank order, right-padded with zeros."""
         if self.world_size == 1:
             return t
-        width = int(self.strategy.all_gather(torch.tensor(t.shape[1], device=t.device)).max())
+        width = int(self.strategy.all_gather(torch.tensor(t.shape[1], device=self.device)).max())
         return self.gather_rows(torch.nn.functional.pad(t, (0, width - t.shape[1])))
 
     def own_rows(self, t: Tensor) -> Tensor:
@@ -50,7 +54,7 @@ class Ranks:
         device's queue to drain, at each of the step's sums."""
         if self.world_size == 1:
             return t
-        total = t.to(torch.float32, copy=True)
+        total = t.to(self.device, torch.float32, copy=True)
         dist.all_reduce(total, op=dist.ReduceOp.SUM)
         return total
 
@@ -58,7 +62,7 @@ class Ranks:
         """The largest of the ranks' ``n``."""
         if self.world_size == 1:
             return n
-        return int(self.strategy.all_gather(torch.tensor(n, device=self.strategy.root_device)).max())
+        return int(self.strategy.all_gather(torch.tensor(n, device=self.device)).max())
 
     def lengths(self, rollout: Rollout) -> tuple[Tensor, Tensor]:
         """[W*N] completion lengths and truncation flags of every rank."""

@@ -72,6 +72,7 @@ class GRPOSettings:
     update: UpdateConfig
     reward_calls: RewardCallConfig
     distill: DistillConfig
+    configured_correction: str | None = None  # update.sampling_correction as given ("auto" before resolving)
 
     @classmethod
     def build(cls, engine: RolloutEngine, model: str | nn.Module | None = None, **values: Any) -> GRPOSettings:
@@ -81,6 +82,7 @@ class GRPOSettings:
         problem."""
         problems: list[str] = []
         values |= {name: section(kind, values[name], problems) for name, kind in SECTIONS.items()}
+        values["configured_correction"] = values["update"].sampling_correction
         try:
             values["update"] = values["update"].for_engine(engine.max_staleness)
         except ValueError as err:
@@ -152,9 +154,13 @@ class GRPOSettings:
         return self.loss.beta > 0 or self.advantages.kl_coef > 0
 
     def hparams(self) -> dict[str, Any]:
-        """Plain values for ``save_hyperparameters``: the sections as dicts, objects (a tokenizer) left out."""
+        """Plain values for ``save_hyperparameters``: the sections as dicts, objects (a tokenizer) left out, and
+        ``update.sampling_correction`` as configured: a resume compares the config's ``auto`` with ``auto``, not
+        with what it resolved to, and resolves it again for the resumed run's engine."""
         plain = {"policy": dataclasses.replace(self.policy, tokenizer=None)} if self._tokenizer_object else {}
-        return {name: dataclasses.asdict(plain.get(name, getattr(self, name))) for name in SECTIONS}
+        out = {name: dataclasses.asdict(plain.get(name, getattr(self, name))) for name in SECTIONS}
+        out["update"]["sampling_correction"] = self.configured_correction
+        return out
 
     @property
     def _tokenizer_object(self) -> bool:

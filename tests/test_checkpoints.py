@@ -182,3 +182,38 @@ def test_every_setting_that_differs_from_the_checkpoint_is_named_with_the_one_th
     message = next(str(w.message) for w in warned if "differ from the checkpoint" in str(w.message))
     assert "model.num_generations: set to 4, 8 in the checkpoint: the config's 4 is used" in message
     assert "model.seed: left at its default 0, 5 in the checkpoint: the checkpoint's 5 is used" in message
+
+
+def test_ckpt_path_last_is_merged_compared_and_refused_like_a_file(tiny_model_dir, arith_jsonl, tmp_path, capsys):
+    run = tmp_path / "lightning_logs" / "version_0" / "checkpoints"  # the default logger's run directory
+    run.mkdir(parents=True)
+    waiting = {"rollout": {"prompt_ids": torch.zeros(8, 2)}, "scores": None, "counters": [1, 2, 1]}
+    ckpt = handmade_checkpoint(run / "last.ckpt", tiny_model_dir, waiting)
+    root = ["--trainer.default_root_dir", str(tmp_path)]
+    with pytest.raises(SystemExit):
+        cli_resume(tiny_model_dir, arith_jsonl, "last", "--model.num_generations", "4", *root)
+    assert f"model.num_generations=4, but --ckpt_path '{ckpt}' was trained with 8" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        cli_resume(str(tmp_path / "other"), arith_jsonl, "last", *root)  # another model than the checkpoint's
+    assert f"--ckpt_path '{ckpt}' holds a run of model {tiny_model_dir!r}" in capsys.readouterr().err
+
+
+def test_a_setting_given_at_its_default_value_wins_over_the_checkpoints(tiny_model_dir, arith_jsonl, tmp_path):
+    ckpt = handmade_checkpoint(tmp_path / "last.ckpt", tiny_model_dir, {"rollout": None, "scores": None})
+    with pytest.warns(UserWarning, match="differ from the checkpoint") as warned, pytest.raises(SystemExit):
+        cli_resume(tiny_model_dir, arith_jsonl, ckpt, "--model.seed", "0")  # 0: the default, given explicitly
+    message = next(str(w.message) for w in warned if "differ from the checkpoint" in str(w.message))
+    assert "model.seed: set to 0, 5 in the checkpoint: the config's 0 is used" in message
+
+
+def test_a_resume_with_nothing_changed_names_no_setting(tiny_model_dir, arith_jsonl, tmp_path, recwarn):
+    from lightning_grpo import GRPOModule
+
+    module = GRPOModule(model=tiny_model_dir, reward_funcs=[len], advantages={"filter_groups": True})
+    assert module.settings.update.sampling_correction != "auto"  # resolved for the engine; saved as configured
+    path = tmp_path / "last.ckpt"
+    settings = {k: v for k, v in module.hparams.items() if k != "reward_funcs"}  # cli_resume gives none either
+    torch.save({"hyper_parameters": settings, "group_buffer": {"ranks": [None]}}, path)
+    with pytest.raises(SystemExit):  # no weights to load
+        cli_resume(tiny_model_dir, arith_jsonl, str(path))
+    assert not [str(w.message) for w in recwarn if "differ from the checkpoint" in str(w.message)]

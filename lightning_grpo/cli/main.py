@@ -33,6 +33,7 @@ import warnings
 from pathlib import Path
 from typing import Any
 
+from jsonargparse import Namespace
 from lightning.pytorch.callbacks import Checkpoint, ProgressBar
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
 from lightning.pytorch.utilities import rank_zero_warn
@@ -56,10 +57,12 @@ from lightning_grpo.cli.failure import debugging, failure_message
 from lightning_grpo.cli.help import DESCRIPTION, FIT_DESCRIPTION, GRPOArgumentParser
 from lightning_grpo.cli.preflight import check_data_first, preflight
 from lightning_grpo.cli.resume import (
+    checkpoint_settings,
     continue_run_dir,
+    flat,
+    merge_settings,
     model_mismatch,
     refuse_meaningless,
-    refuse_unreadable,
     resume_path,
     setting_changes,
 )
@@ -167,20 +170,33 @@ def parser_kwargs() -> dict[str, Any]:
     return {"description": DESCRIPTION, "prog": "lightning-grpo", "usage": None, "fit": fit}  # None: subcommands
 
 
+def given_settings(parser: LightningArgumentParser, args: Any, subcommand: str | None) -> set[str]:
+    """The dotted ``model:`` keys a config file or the command line sets, at their default values too."""
+    parse = parser.parse_object if isinstance(args, dict | Namespace) else parser.parse_args
+    given = parse(args, defaults=False)
+    return set(flat((given.get(subcommand) or given).get("model", {}).as_dict()))
+
+
 class GRPOCLI(LightningCLI):
     def parse_arguments(self, parser: LightningArgumentParser, args: Any) -> None:
-        """The arguments, and an explicit ``--ckpt_path`` checked before Lightning reads its settings."""
+        """The arguments, with ``--ckpt_path`` resolved (``last``: the run's newest readable checkpoint) and checked
+        before Lightning merges the checkpoint's settings in (``cli/resume.py``): what the config set, values given
+        at their default included, is kept to name what differs and to win over the checkpoint's."""
         super().parse_arguments(parser, args)
-        config = self.config.get(self.config.get("subcommand")) or self.config
-        self.configured_model = None
+        subcommand = self.config.get("subcommand")
+        config = self.config.get(subcommand) or self.config
         self.configured = config.model.clone().as_dict()  # before Lightning merges the checkpoint's settings in
-        ckpt_path = config.get("ckpt_path")
-        if ckpt_path and Path(ckpt_path).is_file():
-            try:
-                refuse_unreadable(ckpt_path)
-            except ValueError as err:
-                parser.error(str(err))
+        self.given = given_settings(parser, args, subcommand)
+        self.configured_model = None
+        try:
+            ckpt_path = resume_path(config.get("ckpt_path"), config.get("trainer", {}).as_dict())
+        except ValueError as err:
+            parser.error(str(err))
+        config.ckpt_path = ckpt_path
+        if ckpt_path and Path(ckpt_path).exists():
             self.configured_model = config.get("model", {}).get("model")
+        if ckpt_path and Path(ckpt_path).is_dir():  # Lightning merges a file's settings only: a folder's here
+            self.config = merge_settings(parser, self.config, subcommand, checkpoint_settings(ckpt_path))
 
     def before_instantiate_classes(self) -> None:
         """A checkpoint of another model than the configured one is refused, naming both; the data is read and
@@ -203,12 +219,12 @@ class GRPOCLI(LightningCLI):
         """Each ``model:`` setting that differs from the checkpoint's, named with the value that wins
         (``cli/resume.py``); a change that makes the checkpoint's state meaningless, refused."""
         ckpt_path = config.get("ckpt_path")
-        if not ckpt_path or not Path(ckpt_path).is_file():
+        if not ckpt_path or not Path(ckpt_path).exists():
             return
         subcommand = self.config.get("subcommand")
         parser = self.parser._subcommands_action.choices[subcommand] if subcommand else self.parser
         defaults = parser.get_defaults().model.as_dict()
-        changes = setting_changes(self.configured, config.model.as_dict(), defaults)
+        changes = setting_changes(self.configured, config.model.as_dict(), defaults, self.given)
         try:
             refuse_meaningless(changes, ckpt_path)
         except ValueError as err:
@@ -246,13 +262,12 @@ class GRPOCLI(LightningCLI):
 
     def fit(self, model: Any, datamodule: Any = None, ckpt_path: str | None = None, **kwargs: Any) -> None:
         """``trainer.fit`` after the checks that need the model and the data (``cli/preflight.py``), with
-        ``--ckpt_path`` checked and resolved (``last``: across the run's versions), and a
-        resumed run continuing its own directory (``cli/resume.py``)."""
+        ``--ckpt_path`` as ``parse_arguments`` resolved it, and a resumed run continuing its own directory
+        (``cli/resume.py``)."""
         try:
             preflight(self.trainer, model, datamodule)
         except (ValueError, TypeError, FileNotFoundError) as err:  # a user's data or reward: no traceback
             self.parser.error(str(err))
-        ckpt_path = resume_path(self.trainer, ckpt_path)
         if ckpt_path and ckpt_path not in ("hpc", "best"):
             continue_run_dir(self.trainer, ckpt_path)
         self.trainer.fit(model, datamodule=datamodule, ckpt_path=ckpt_path, **kwargs)

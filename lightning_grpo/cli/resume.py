@@ -4,18 +4,22 @@ loggers and checkpoint files; nothing about GRPO.
 ``--ckpt_path last`` is the newest readable checkpoint of the run, across its versions (``version_0``,
 ``version_1`` ... of the logger's name, and any ``ModelCheckpoint.dirpath``); each unreadable newer one is skipped
 with a warning naming it and why. An explicit path that cannot be read is refused, naming the newest readable one.
+Every form (``last``, a file, a distributed checkpoint's folder) is resolved by ``resume_path`` from the settings,
+before the checkpoint's settings are merged, so each is merged, compared and refused the same way.
 With the default logger (CSV or TensorBoard under ``default_root_dir``), the resumed run continues the
 checkpoint's own ``version_N`` directory: one directory holds the run's metrics, alerts and summary.
 
 Lightning's CLI replaces the ``model:`` settings with the checkpoint's. Here every setting whose value differs from
-the checkpoint's is named, with the one that wins: a value the config sets (not its default) wins, a default
-gives way to the checkpoint's. A change that makes the checkpoint's state meaningless is refused:
+the checkpoint's is named, with the one that wins: a value the config file or the command line sets wins (at its
+default value too), a setting left unset gives way to the checkpoint's. A change that makes the checkpoint's
+state meaningless is refused:
 ``num_generations`` when the checkpoint holds groups waiting for an update (``filter_groups``) or rollouts sampled
 ahead (``AsyncRollouts``), all of the old group size.
 """
 
 from __future__ import annotations
 
+import os
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
@@ -26,42 +30,77 @@ from lightning.pytorch.loggers import CSVLogger, TensorBoardLogger
 from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
 
 from lightning_grpo.checkpoints import last_readable, run_checkpoints, unreadable
-from lightning_grpo.run import run_dir
 
 
-def search_roots(trainer: L.Trainer) -> list[Path]:
-    """The run's root (``<save_dir>/<name>``, above its versions; ``default_root_dir`` without a logger) and the
-    ``dirpath`` of every ``ModelCheckpoint``."""
-    roots = [run_dir(trainer).parent if trainer.loggers else Path(trainer.default_root_dir)]
-    roots += [Path(cb.dirpath).parent for cb in trainer.checkpoint_callbacks if getattr(cb, "dirpath", None)]
+def search_roots(trainer: dict[str, Any]) -> list[Path]:
+    """Where ``--ckpt_path last`` looks, from the ``trainer:`` settings (no trainer exists yet): the run's root
+    (``<save_dir>/<name>`` of each logger, above its versions; ``default_root_dir`` itself, where a run without a
+    logger writes) and the ``dirpath`` of every ``ModelCheckpoint``."""
+    root = Path(trainer.get("default_root_dir") or os.getcwd())
+    roots = [root]
+    logger = trainer.get("logger")
+    for entry in logger if isinstance(logger, list) else [logger]:
+        if entry in (None, True):  # Lightning's default logger: TensorBoard or CSV, name "lightning_logs"
+            roots.append(root / "lightning_logs")
+        elif isinstance(entry, dict):
+            args = entry.get("init_args") or {}
+            name = args.get("name", "lightning_logs")  # CSV's and TensorBoard's default name
+            roots.append(Path(args.get("save_dir") or root) / (str(name) if name else ""))
+    for callback in trainer.get("callbacks") or []:
+        dirpath = (callback.get("init_args") or {}).get("dirpath") if isinstance(callback, dict) else None
+        if dirpath:
+            roots.append(Path(dirpath).parent)
     return list(dict.fromkeys(roots))
 
 
-def candidates(trainer: L.Trainer) -> list[Path]:
-    found = {p for root in search_roots(trainer) if root.is_dir() for p in run_checkpoints(root)}
+def candidates(roots: list[Path]) -> list[Path]:
+    found = {p for root in roots if root.is_dir() for p in run_checkpoints(root)}
     return sorted(found, key=lambda p: p.stat().st_mtime, reverse=True)
 
 
-def resume_path(trainer: L.Trainer, ckpt_path: str | Path | None) -> str | None:
-    """The checkpoint to resume from for ``--ckpt_path`` (``None``: start afresh)."""
+def resume_path(ckpt_path: str | Path | None, trainer: dict[str, Any]) -> str | None:
+    """The checkpoint to resume from for ``--ckpt_path`` (``None``: start afresh), from the ``trainer:`` settings,
+    before the checkpoint's settings are merged in: ``last`` (the newest readable checkpoint of the run), a file
+    (refused with ``ValueError`` when it cannot be read) or a folder (a distributed checkpoint, as it is)."""
     if ckpt_path is None or str(ckpt_path) in ("hpc", "best", "registry") or str(ckpt_path).startswith("registry:"):
         return None if ckpt_path is None else str(ckpt_path)  # Lightning's own meanings
     if str(ckpt_path) == "last":
-        found, skipped = last_readable(candidates(trainer))
+        roots = search_roots(trainer)
+        found, skipped = last_readable(candidates(roots))
         for line in skipped:
             rank_zero_warn(f"--ckpt_path last: skipping an unreadable checkpoint, {line}")
         if found is None:
-            roots = ", ".join(str(r) for r in search_roots(trainer))
-            rank_zero_warn(f"--ckpt_path last: no readable checkpoint under {roots}; training starts at step 0")
+            rank_zero_warn(f"--ckpt_path last: no readable checkpoint under {', '.join(map(str, roots))}; "
+                           "training starts at step 0")
             return None
         rank_zero_info(f"--ckpt_path last: resuming from {found}")
         return str(found)
-    why = unreadable(ckpt_path)
-    if why is not None:
-        good, _ = last_readable(candidates(trainer))
-        other = f"; the newest readable checkpoint of this run is {good} (or --ckpt_path last)" if good else ""
-        raise ValueError(f"--ckpt_path {str(ckpt_path)!r} cannot be resumed from: {why}{other}")
+    refuse_unreadable(str(ckpt_path))
     return str(ckpt_path)
+
+
+def checkpoint_settings(ckpt_path: str) -> dict[str, Any]:
+    """The ``hyper_parameters`` a checkpoint holds."""
+    return load_state(ckpt_path).get("hyper_parameters", {})
+
+
+def load_state(ckpt_path: str) -> dict[str, Any]:
+    """A checkpoint file's contents, or a distributed checkpoint folder's non-tensor state (its ``meta.pt``)."""
+    import torch
+
+    path = Path(ckpt_path)
+    path = path / "meta.pt" if path.is_dir() else path
+    return torch.load(path, map_location="cpu", weights_only=False) if path.is_file() else {}
+
+
+def merge_settings(parser: Any, config: Any, subcommand: str | None, settings: dict[str, Any]) -> Any:
+    """``config`` with a checkpoint's ``model:`` settings merged in, as LightningCLI merges a checkpoint file's."""
+    settings = {k: v for k, v in settings.items() if k != "_instantiator"}
+    if not settings:
+        return config
+    if "_class_path" in settings:
+        settings = {"class_path": settings.pop("_class_path"), "dict_kwargs": settings}
+    return parser.parse_object({subcommand: {"model": settings}} if subcommand else {"model": settings}, config)
 
 
 def continue_run_dir(trainer: L.Trainer, ckpt_path: str) -> None:
@@ -133,18 +172,24 @@ def flat(settings: dict[str, Any], prefix: str = "") -> dict[str, Any]:
     return out
 
 
-def setting_changes(configured: dict[str, Any], resumed: dict[str, Any], defaults: dict[str, Any]) -> list[Change]:
+def setting_changes(
+    configured: dict[str, Any], resumed: dict[str, Any], defaults: dict[str, Any], given: set[str] | None = None
+) -> list[Change]:
     """Every ``model:`` setting whose configured value differs from the checkpoint's (``resumed``: the config as
-    Lightning merged the checkpoint's settings into it).
+    Lightning merged the checkpoint's settings into it). A setting is explicit when it is in ``given`` (the dotted
+    keys a config file or the command line set, at its default value or not); without ``given``, when it is not at
+    its default.
 
-    >>> setting_changes({"num_generations": 4, "seed": 0}, {"num_generations": 8, "seed": 1}, {"num_generations": 8,
-    ...                 "seed": 0})
+    >>> setting_changes({"num_generations": 4, "seed": 0, "loss": {"beta": 0.0}},
+    ...                 {"num_generations": 8, "seed": 1, "loss": {"beta": 0.1}},
+    ...                 {"num_generations": 8, "seed": 0, "loss": {"beta": 0.0}}, given={"num_generations", "loss.beta"})
     [Change(key='num_generations', configured=4, resumed=8, explicit=True), \
-Change(key='seed', configured=0, resumed=1, explicit=False)]
+Change(key='seed', configured=0, resumed=1, explicit=False), \
+Change(key='loss.beta', configured=0.0, resumed=0.1, explicit=True)]
     """
     configured, resumed, defaults = flat(configured), flat(resumed), flat(defaults)
     return [
-        Change(key, value, resumed[key], explicit=value != defaults.get(key))
+        Change(key, value, resumed[key], explicit=key in given if given is not None else value != defaults.get(key))
         for key, value in configured.items()
         if key in resumed and str(resumed[key]) != str(value)
     ]
@@ -156,9 +201,7 @@ def refuse_meaningless(changes: list[Change], ckpt_path: str) -> None:
     change = next((c for c in changes if c.key == "num_generations" and c.explicit), None)
     if change is None:
         return
-    import torch
-
-    checkpoint = torch.load(ckpt_path, map_location="cpu", weights_only=False)
+    checkpoint = load_state(ckpt_path)
     waiting = [name for name, key in GROUPED_STATE.items() if _holds_groups(checkpoint.get(key, {}))]
     if waiting:
         raise ValueError(

@@ -77,7 +77,8 @@ class LossOutput:
             return self
         names = sorted(self.token_sums)
         counts = [self.trained_entropy, self.trained_tokens, self.num_tokens, self.loss]
-        local = torch.stack([self.token_sums[k].float() for k in names] + [torch.as_tensor(c).float() for c in counts])
+        parts = [self.token_sums[k] for k in names] + counts  # a count never added to stays on the host
+        local = torch.stack([torch.as_tensor(p, device=self.loss.device).float() for p in parts])
         total = ranks.sum(local)  # [M + 4] one all-reduce
         extremes, combined = sorted(self.extremes), {}
         if extremes:

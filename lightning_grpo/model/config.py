@@ -67,7 +67,9 @@ class PolicyConfig:
     positions (``model/padding.py``); with ``share_prompt_prefix``, a group's prompt once and its completions after
     it. The same log-probs and gradients. Pays where lengths are uneven and attention is variable-length
     (flash-attention on GPU); sdpa and eager attention (CPU) compute the block-diagonal mask densely.
-    ``share_prompt_prefix`` with it needs sdpa or eager attention."""
+    ``share_prompt_prefix`` with it needs sdpa or eager attention. Rows are told apart by their positions, which
+    Qwen2/3, Llama, Mistral, Mixtral, Phi, GPT-2, NeoX, Falcon and Gemma honour; other model types (OPT, BLOOM, MPT:
+    packed rows attend to each other) are refused when the policy is built."""
     sync_ref_model: bool = False
     """TR-DPO: the reference moves towards the policy every ``ref_model_sync_steps`` optimiser steps. ``ref = alpha *
     policy + (1 - alpha) * ref`` (needs loss.beta > 0, no LoRA)."""

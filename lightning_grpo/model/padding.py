@@ -63,6 +63,28 @@ def row_plan(host: HostRows, rows: slice | list[int] | Tensor) -> RowPlan:
     )
 
 
+# Causal LMs whose decoder keeps packed rows apart by their position ids (``pack_rows`` passes no attention mask):
+# each is in tests/model/test_packing_families.py, packed log-probs equal to the padded forward's. Others are
+# refused: OPT, BLOOM and MPT let packed rows attend to each other (log-probs off by 1e-3 to 1e-1, silently).
+PACKED_ROWS_APART = frozenset(
+    {"qwen2", "qwen2_moe", "qwen3", "qwen3_moe", "llama", "mistral", "mixtral", "phi", "phi3", "gpt2", "gpt_neox"}
+    | {"falcon", "gemma", "gemma2"}
+)
+
+
+def packing_problem(padding_free: bool, model_config: Any) -> str | None:
+    """Why ``policy.padding_free`` cannot pack this model's rows (``None``: it can, or packing is off)."""
+    model_type = getattr(model_config, "model_type", None)
+    if not padding_free or model_type in PACKED_ROWS_APART:
+        return None
+    return (
+        f"policy.padding_free=True packs rows into one sequence, but model type {model_type!r} is not known to keep "
+        f"packed rows apart (their tokens would attend to each other, silently changing the log-probs). Model types "
+        f"it packs: {', '.join(sorted(PACKED_ROWS_APART))}. Set policy.padding_free: false (the padded forward, "
+        "trimmed of shared padding, gives the same log-probs)"
+    )
+
+
 # Causal LMs whose decoder reads its attention mask only through transformers' ``create_causal_mask`` (which takes
 # a prepared [n, 1, L, L] mask as it is): ``prepared_mask`` is given to these alone. Others (ALiBi models that
 # read the 2D mask for their biases, sliding windows, chunked attention) get the 2D mask as before.

@@ -33,7 +33,7 @@ from lightning_grpo.model.loading import (
 )
 from lightning_grpo.model.logprobs import TokenLogps, completion_logps, in_row_order, router_aux_coef
 from lightning_grpo.model.materialize import empty_causal_lm, is_empty, load_weights, materialize_lora_adapters
-from lightning_grpo.model.padding import row_plan
+from lightning_grpo.model.padding import packing_problem, row_plan
 from lightning_grpo.model.prefix import has_sliding_window
 from lightning_grpo.model.served_teacher import ServedTeacher
 from lightning_grpo.model.sharding import LOGPS_METHOD, clip_gradients, full_state_dict, is_sharded, shard_causal_lm
@@ -92,6 +92,8 @@ class Policy(nn.Module):
         else:  # from_pretrained returns eval mode
             self.model = load_policy(model, c.dtype, c.load_in_4bit, c.model_init_kwargs).train()
         self.is_multimodal = is_multimodal(self.model)
+        if not self.is_multimodal and (problem := packing_problem(c.padding_free, self.model.config)):
+            raise ValueError(problem)
         source = c.tokenizer if c.tokenizer is not None else model
         self.processor = policy_processor(source) if self.is_multimodal or is_processor(source) else None
         """The vision-language model's processor (images -> vision inputs, prompts -> ids with image tokens)."""

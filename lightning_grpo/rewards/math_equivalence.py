@@ -6,6 +6,11 @@ finish (``2^{2^{2^{2^{2}}}}`` against ``3^{3^{3^{3}}}`` tries to expand both). I
 stopped at all. So parse/verify run in a long-lived worker process (``_math_worker.py``, started on first use,
 ~0.5 s) with math-verify's timeout off; each comparison gets ``timeout_seconds`` and on overrun the worker is
 killed, the completion scores 0.0, and the next comparison starts a fresh worker.
+
+The worker runs in its own session: a run-ending signal sent to the process group (Ctrl+C's SIGINT, a
+scheduler's SIGTERM or SIGUSR1, a closed terminal's SIGHUP) reaches the trainer, which finishes its step,
+and not the worker, which would die mid-comparison and score it 0.0. It still ends with the trainer: it
+exits once orphaned, and the trainer kills it at exit.
 """
 
 from __future__ import annotations
@@ -59,6 +64,7 @@ class _Worker:
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             stderr=subprocess.DEVNULL,
+            start_new_session=True,  # out of the trainer's process group: group signals are the trainer's to handle
         )
         if self._read_line(time.monotonic() + STARTUP_TIMEOUT_SECONDS) is None:
             self.stop()

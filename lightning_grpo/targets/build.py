@@ -84,7 +84,7 @@ class Targets:
     sampling_weights: Tensor | None  # [N, T] or [N, 1] when another engine sampled (vLLM)
     sampling_logps: Tensor | None = None  # [N, T] that engine's own log-probs (the off-policy mask compares them)
     mismatch: MismatchStats | None = None  # sampler vs trainer log-probs over every rank's loss tokens
-    row_tokens: list[int] | None = None  # [N] real prompt and completion tokens of each row (token-budget plans)
+    row_lengths: list[tuple[int, int]] | None = None  # [N] each row's real (prompt, completion) tokens (budget plans)
     proximal: ProximalCorrection | None = None  # the correction, when it is taken from the training forward
     distill: DistillTargets | None = None  # the teacher's judgement of the batch (``distill:``)
     tokens: tuple[int, int] | None = None  # positions one log-prob pass over the micro-batches runs; N x (P + T)
@@ -182,35 +182,44 @@ def micro_batches(n: int, size: int | None) -> list[slice]:
     return [slice(i, min(i + size, n)) for i in range(0, n, size)]
 
 
-def token_micro_batches(row_tokens: list[int], budget: int, unit: int = 1) -> list[Tensor]:
+def token_micro_batches(lengths: list[tuple[int, int]], budget: int, unit: int = 1) -> list[Tensor]:
     """[k] row indices (host tensors) of each micro-batch: units of ``unit`` consecutive rows, longest first,
-    filled while the micro-batch's padded size (its units' rows x its longest row) stays within ``budget``; a
-    longer unit goes alone. Planned on the host, from lengths read once (``Rollout.host``).
+    filled while the micro-batch's padded size stays within ``budget``; a longer unit goes alone. ``lengths`` [n]
+    are each row's (prompt, completion) tokens; the padded forward holds its rows x (longest prompt + longest
+    completion), which a long prompt beside a long completion makes up to twice the longest row. Planned on the
+    host, from lengths read once (``Rollout.host``).
 
-    >>> [m.tolist() for m in token_micro_batches([3, 9, 4, 8, 2, 2], budget=16)]
+    >>> [m.tolist() for m in token_micro_batches([(0, 3), (1, 8), (0, 4), (2, 6), (1, 1), (0, 2)], budget=16)]
     [[1], [3, 2], [0, 4, 5]]
+    >>> [m.tolist() for m in token_micro_batches([(8, 1), (1, 8)], budget=18)]  # 2 x (8 + 8) = 32 > 18
+    [[0], [1]]
     """
-    lengths = [max(row_tokens[i : i + unit]) for i in range(0, len(row_tokens), unit)]  # [U] each unit's longest
+    spans = [lengths[i : i + unit] for i in range(0, len(lengths), unit)]
+    units = [(max(p for p, _ in s), max(c for _, c in s)) for s in spans]  # [U] each unit's longest prompt, completion
     batches: list[list[int]] = []
-    longest = 0  # of the last micro-batch: its first unit's, as units come longest first
-    for u in sorted(range(len(lengths)), key=lambda u: -lengths[u]):  # stable: ties keep their order
+    prompt = completion = 0  # the last micro-batch's longest prompt and completion
+    for u in sorted(range(len(units)), key=lambda u: -sum(units[u])):  # stable: ties keep their order
         rows = list(range(u * unit, (u + 1) * unit))
-        if batches and (len(batches[-1]) + unit) * longest <= budget:
+        p, c = max(prompt, units[u][0]), max(completion, units[u][1])
+        if batches and (len(batches[-1]) + unit) * (p + c) <= budget:
             batches[-1] += rows
+            prompt, completion = p, c
         else:
             batches.append(rows)
-            longest = lengths[u]
+            prompt, completion = units[u]
     return [torch.tensor(b, dtype=torch.long) for b in batches]
 
 
-def split_rows(row_tokens: list[int], u: UpdateConfig, unit: int, ranks: Ranks) -> list[slice] | list[Tensor]:
-    """The micro-batches of rows with ``row_tokens`` [n] tokens each, as ``update`` sets them; by tokens, as many on
-    every rank (a collective): each forward and backward pass is one under DDP and FSDP2."""
+def split_rows(
+    lengths: list[tuple[int, int]], u: UpdateConfig, unit: int, ranks: Ranks
+) -> list[slice] | list[Tensor]:
+    """The micro-batches of rows of ``lengths`` [n] (prompt, completion) tokens each, as ``update`` sets them; by
+    tokens, as many on every rank (a collective): each forward and backward pass is one under DDP and FSDP2."""
     if u.token_budget is None:
-        return micro_batches(len(row_tokens), u.micro_batch_size)
-    batches = token_micro_batches(row_tokens, u.token_budget, unit)
+        return micro_batches(len(lengths), u.micro_batch_size)
+    batches = token_micro_batches(lengths, u.token_budget, unit)
     count = ranks.most(len(batches))
-    return micro_batches(len(row_tokens), None) if count == 1 else split_to(batches, count, unit)
+    return micro_batches(len(lengths), None) if count == 1 else split_to(batches, count, unit)
 
 
 def split_to(batches: list[Tensor], count: int, unit: int) -> list[Tensor]:
@@ -264,8 +273,8 @@ def build_targets(
     """
     u = s.update
     mask = loss_mask(rollout.model_mask, rollout.is_truncated, u.mask_truncated_completions)  # [N, T]
-    row_tokens = rollout.host.tokens  # [N]
-    rows = split_rows(row_tokens, u, s.micro_batch_unit, ranks)
+    row_lengths = rollout.host.lengths  # [N]
+    rows = split_rows(row_lengths, u, s.micro_batch_unit, ranks)
     old_logps = policy.logps(rollout, rows) if s.needs_old_logps else None
     ref_logps = policy.reference_logps(rollout, rows) if s.reference else None
     weights, proximal, mismatch, anchor = None, None, None, old_logps if u.off_policy else None
@@ -292,7 +301,7 @@ def build_targets(
         sampling_weights=weights,
         sampling_logps=rollout.sampling_logps,
         mismatch=mismatch,
-        row_tokens=row_tokens,
+        row_lengths=row_lengths,
         proximal=proximal,
         distill=distill,
         tokens=(computed_positions(policy, rollout, rows), rollout.attention_mask.numel()),

@@ -54,8 +54,8 @@ class HostRows:
 
     >>> rows = HostRows.of([[0, 5, 6], [0, 5, 6], [7, 8, 9]], [[0, 1, 1], [0, 1, 1], [1, 1, 1]],
     ...                    [[3, 4], [3, 0], [0, 0]], [[1, 1], [1, 0], [0, 0]])
-    >>> rows.prompt_ids[0], rows.completion_ids, rows.tokens, rows.prompt_of
-    ([5, 6], [[3, 4], [3], []], [4, 3, 3], [0, 0, 2])
+    >>> rows.prompt_ids[0], rows.completion_ids, rows.lengths, rows.prompt_of
+    ([5, 6], [[3, 4], [3], []], [(2, 2), (2, 1), (3, 0)], [0, 0, 2])
     >>> rows.columns(slice(0, 2)), rows.columns(slice(2, 3)), rows.runs([1, 0, 2])
     ((1, 2), (0, 1), [2, 1])
     """
@@ -140,9 +140,9 @@ class HostRows:
         return counts
 
     @property
-    def tokens(self) -> list[int]:
-        """[N] real prompt and completion tokens of each row."""
-        return [len(p) + len(c) for p, c in zip(self.prompt_ids, self.completion_ids)]
+    def lengths(self) -> list[tuple[int, int]]:
+        """[N] real (prompt, completion) tokens of each row."""
+        return [(len(p), len(c)) for p, c in zip(self.prompt_ids, self.completion_ids)]
 
     @property
     def width(self) -> int:

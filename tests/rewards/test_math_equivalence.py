@@ -86,3 +86,63 @@ def test_name_settings_and_pickling():
     copy._worker.stop()
     with pytest.raises(ValueError, match="timeout_seconds must be > 0, got 0"):
         MathVerifyReward(timeout_seconds=0)
+
+
+# A trainer that handles run-ending signals (PreemptionCheckpoint does) and keeps scoring after them.
+TRAINER = """
+import json, signal, sys
+from lightning_grpo.rewards.math_equivalence import MathVerifyReward
+received = []
+for number in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGUSR1):
+    signal.signal(number, lambda signum, frame: received.append(signum))
+reward = MathVerifyReward(timeout_seconds=30)
+reward(["1"], answer=["1"])
+print(reward._worker.proc.pid, flush=True)
+sys.stdin.readline()
+alive = reward._worker.proc.poll() is None
+pid = reward._worker.proc.pid
+print(json.dumps({"alive": alive, "scores": reward(["2"], answer=["2"]), "same": reward._worker.proc.pid == pid,
+                  "received": sorted(received)}), flush=True)
+sys.stdin.readline()
+"""
+
+
+def _running(pid):
+    try:
+        with open(f"/proc/{pid}/stat") as stat:
+            return stat.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except FileNotFoundError:
+        return False
+
+
+@pytest.mark.slow  # the trainer process imports lightning_grpo (torch): ~5-30 s on 2 busy cores
+def test_worker_survives_signals_to_the_process_group_and_dies_with_the_trainer():
+    import json
+    import os
+    import signal
+    import subprocess
+    import sys
+
+    trainer = subprocess.Popen(
+        [sys.executable, "-c", TRAINER], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+        start_new_session=True,  # its own process group, as a scheduler's job or a terminal's foreground job
+    )
+    try:
+        worker_pid = int(trainer.stdout.readline())
+        for number in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGUSR1):
+            os.killpg(trainer.pid, number)  # what Ctrl+C, a closed terminal and schedulers do
+        time.sleep(0.5)
+        trainer.stdin.write("\n")
+        trainer.stdin.flush()
+        result = json.loads(trainer.stdout.readline())
+        assert result["received"] == sorted([signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGUSR1])
+        assert result["alive"] and result["same"] and result["scores"] == [1.0]  # no restart, no lost comparison
+        trainer.kill()  # the trainer dies without running atexit: the orphaned worker must still go
+        trainer.wait()
+        deadline = time.monotonic() + 10.0
+        while _running(worker_pid) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert not _running(worker_pid)
+    finally:
+        trainer.kill()
+        trainer.wait()

@@ -179,7 +179,7 @@ def test_optimiser_steps_split_the_batch_into_shuffled_whole_groups():
 
 
 def test_token_micro_batches_sort_rows_and_keep_groups_whole():
-    tokens = [5, 30, 6, 7, 40, 8, 9, 10]
+    tokens = [(0, n) for n in (5, 30, 6, 7, 40, 8, 9, 10)]
     rows = token_micro_batches(tokens, budget=40)
     assert [m.tolist() for m in rows] == [[4], [1], [7, 6, 5, 3], [2, 0]]  # 4 x 10 = 40 fits; 5 x 10 does not
     assert sorted(torch.cat(rows).tolist()) == list(range(8))
@@ -194,7 +194,7 @@ def test_every_rank_runs_as_many_token_micro_batches():
         def most(self, n):
             return 4
 
-    tokens = [5, 30, 6, 7, 40, 8, 9, 10]
+    tokens = [(0, n) for n in (5, 30, 6, 7, 40, 8, 9, 10)]
     u = UpdateConfig(micro_batch_tokens=80)  # groups of 2 rows, longest 40, 30, 10, 7: 3 passes here
     rows = split_rows(tokens, u, unit=2, ranks=OneRank())
     assert [r.tolist() for r in rows] == [[4, 5], [0, 1], [6, 7, 2, 3]]
@@ -211,9 +211,9 @@ def test_the_default_token_budget_splits_only_batches_over_16384_tokens():
         UpdateConfig(micro_batch_size=4).token_budget is None
         and UpdateConfig(micro_batch_tokens=None).token_budget is None
     )
-    short = [1024] * 16  # 16 x 1024 = 16384: one pass
+    short = [(24, 1000)] * 16  # 16 x 1024 = 16384: one pass
     assert split_rows(short, u, unit=8, ranks=OneRank()) == [slice(0, 16)]
-    long = [2080] * 8 + [300] * 8  # a group of 2,080-token rows (16,640 > 16384) and a short one
+    long = [(80, 2000)] * 8 + [(100, 200)] * 8  # a group of 2,080-token rows (16,640 > 16384) and a short one
     assert [r.tolist() for r in split_rows(long, u, unit=8, ranks=OneRank())] == [list(range(8)), list(range(8, 16))]
     assert split_rows(long, UpdateConfig(micro_batch_tokens=None), unit=8, ranks=OneRank()) == [slice(0, 16)]
     with pytest.raises(
@@ -226,12 +226,25 @@ def test_the_default_token_budget_splits_only_batches_over_16384_tokens():
 def test_optimiser_steps_split_by_tokens():
     mask = torch.ones(8, 5)
     tokens = [5, 30, 6, 7, 40, 8, 9, 10]
-    targets = Targets(torch.zeros(8), mask, LossNormalizer.from_mask(mask), [], None, None, None, row_tokens=tokens)
+    lengths = [(0, n) for n in tokens]
+    targets = Targets(torch.zeros(8), mask, LossNormalizer.from_mask(mask), [], None, None, None, row_lengths=lengths)
     s = settings(UpdateConfig(steps_per_generation=2, micro_batch_tokens=40), group_size=2)
     for step in optimiser_steps(targets, s, OneRank()):
         assert sorted(torch.cat(step.micro_batches).tolist()) == sorted(step.rows.tolist())
         for micro in step.micro_batches:
             assert len(micro) * max(tokens[i] for i in micro.tolist()) <= 40 or len(micro) == 1
+
+
+def test_a_long_prompt_beside_a_long_completion_is_planned_as_the_padded_forward_holds_it():
+    """Rows of 44 tokens each: 5 with a 40-token prompt, 5 with a 40-token completion. Planned as rows x the longest
+    row, all 10 fit a 450-token budget (440); the padded forward holds 10 x (40 + 40) = 800."""
+    lengths = [(40, 4)] * 5 + [(4, 40)] * 5
+    plan = token_micro_batches(lengths, budget=450)
+    for micro in plan:
+        rows = [lengths[i] for i in micro.tolist()]
+        assert len(rows) * (max(p for p, _ in rows) + max(c for _, c in rows)) <= 450
+    assert sorted(torch.cat(plan).tolist()) == list(range(10))
+    assert [len(m) for m in plan] == [5, 5]  # each kind alone: 5 x 44 = 220
 
 
 def test_update_settings_check_themselves():
