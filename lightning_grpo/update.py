@@ -109,7 +109,8 @@ def optimiser_steps(targets: Targets, s: TargetSettings, ranks: Ranks) -> list[O
     steps = []
     for part in rows.chunk(parts):
         mask = targets.mask[part]
-        lengths = [(0, 1)] * len(part) if targets.row_lengths is None else [targets.row_lengths[i] for i in part.tolist()]
+        known = targets.row_lengths
+        lengths = [(0, 1)] * len(part) if known is None else [known[i] for i in part.tolist()]
         micro = [part[rows] for rows in split_rows(lengths, s.update, s.micro_batch_unit, ranks)]
         steps.append(OptimiserStep(part, micro, normalizer(mask, ranks, s.max_completion_length)))
     return steps

@@ -182,7 +182,8 @@ def setting_changes(
 
     >>> setting_changes({"num_generations": 4, "seed": 0, "loss": {"beta": 0.0}},
     ...                 {"num_generations": 8, "seed": 1, "loss": {"beta": 0.1}},
-    ...                 {"num_generations": 8, "seed": 0, "loss": {"beta": 0.0}}, given={"num_generations", "loss.beta"})
+    ...                 {"num_generations": 8, "seed": 0, "loss": {"beta": 0.0}},
+    ...                 given={"num_generations", "loss.beta"})
     [Change(key='num_generations', configured=4, resumed=8, explicit=True), \
 Change(key='seed', configured=0, resumed=1, explicit=False), \
 Change(key='loss.beta', configured=0.0, resumed=0.1, explicit=True)]

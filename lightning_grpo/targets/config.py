@@ -34,12 +34,13 @@ class UpdateConfig:
     """Completions per forward/backward pass; gradients accumulate over the optimiser step. ``None`` takes all at
     once (up to ``micro_batch_tokens``). Any value gives the same update."""
     micro_batch_tokens: int | Literal["auto"] | None = "auto"
-    """Most padded tokens per micro-batch (verl's ``use_dynamic_bsz``). Micro-batches of rows of similar lengths,
-    each at most this many tokens as the padded forward holds them (rows x (the longest prompt + the longest
-    completion), so a long prompt beside a long completion counts both; a longer row goes alone). Rows are sorted by length, longest first, so little padding is computed
-    and the first micro-batch shows the peak memory. Whole groups with ``policy.share_prompt_prefix``. The same
-    update as any other split. ``"auto"`` (the default): 16384 (verl's ``ppo_max_token_len_per_gpu``), a batch
-    within it goes in one pass, as before; none when ``micro_batch_size`` is set. ``None``: off."""
+    """Most padded tokens per micro-batch (verl's ``use_dynamic_bsz``). Micro-batches of rows of similar lengths, each
+    at most this many tokens as the padded forward holds them (rows x (the longest prompt + the longest completion), so
+    a long prompt beside a long completion counts both; a longer row goes alone). Rows are sorted by length, longest
+    first, so little padding is computed and the first micro-batch shows the peak memory. Whole groups with
+    ``policy.share_prompt_prefix``. The same update as any other split. ``"auto"`` (the default): 16384 (verl's
+    ``ppo_max_token_len_per_gpu``), a batch within it goes in one pass, as before; none when ``micro_batch_size`` is
+    set. ``None``: off."""
     mask_truncated_completions: bool = False
     """Drop completions without EOS from the loss (DAPO)."""
     sampling_correction: Literal[(*SAMPLING_CORRECTIONS, AUTO)] | None = AUTO
