@@ -9,12 +9,23 @@ from __future__ import annotations
 
 import os
 import shlex
+import sys
+import traceback
 
 DEBUG = "LIGHTNING_GRPO_DEBUG"
 
 
 def debugging() -> bool:
     return os.environ.get(DEBUG, "") not in ("", "0")
+
+
+def print_refused_trace(exit: SystemExit) -> None:
+    """Under ``LIGHTNING_GRPO_DEBUG=1``, the traceback of the error a one-line refusal words (``parser.error`` and
+    ``raise SystemExit(...) from None`` inside an ``except``: the error is the exit's ``__context__``)."""
+    error = exit.__context__
+    if debugging() and isinstance(error, Exception):
+        print(f"{DEBUG}=1: the traceback of the refused error:", file=sys.stderr)
+        traceback.print_exception(error, file=sys.stderr)
 
 
 def without_ckpt_path(argv: list[str]) -> list[str]:

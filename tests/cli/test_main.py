@@ -318,3 +318,35 @@ def test_an_unwritable_lightning_grpo_home_names_the_variable(tmp_path, monkeypa
     err = capsys.readouterr().err
     assert f"cannot be written under {tmp_path / 'a-file' / 'home'}, chosen by LIGHTNING_GRPO_HOME" in err
     assert "set LIGHTNING_GRPO_HOME to a writable directory, e.g. `export LIGHTNING_GRPO_HOME=" in err
+
+
+def mixed_prompts(tmp_path: Path) -> Path:
+    rows = [{"prompt": f"{i}+{i}=", "answer": str(2 * i)} for i in range(6)]
+    rows[3]["prompt"] = [{"role": "user", "content": "3+3="}]
+    path = tmp_path / "mixed.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return path
+
+
+@pytest.mark.parametrize("debug", ["", "1"])
+def test_debug_prints_the_traceback_of_a_refused_setting(tmp_path, monkeypatch, capsys, debug):
+    """Issue 59 item 3: LIGHTNING_GRPO_DEBUG=1 printed nothing more for the mixed-prompts refusal (parser.error)."""
+    monkeypatch.setenv("LIGHTNING_GRPO_DEBUG", debug)
+    with pytest.raises(SystemExit) as done:
+        main(["fit", "--config", str(TINY), "--data.dataset", str(mixed_prompts(tmp_path))])
+    err = capsys.readouterr().err
+    assert done.value.code == 2
+    assert "mixes plain-text and chat prompts" in err
+    traced = "Traceback (most recent call last)" in err and "in _check_mixed" in err
+    assert traced == bool(debug), err[-3000:]
+
+
+@pytest.mark.parametrize("debug", ["", "1"])
+def test_debug_prints_the_traceback_of_a_config_that_is_not_yaml(tmp_path, monkeypatch, capsys, debug):
+    monkeypatch.setenv("LIGHTNING_GRPO_DEBUG", debug)
+    config = tmp_path / "run.yaml"
+    config.write_text("model:\n  num_generations: 4\n\tseed: 1\n")
+    with pytest.raises(SystemExit) as done:
+        main(["fit", "--config", str(config)])
+    assert "line 3 indents with a tab" in str(done.value.code)
+    assert ("yaml.scanner.ScannerError" in capsys.readouterr().err) == bool(debug)
