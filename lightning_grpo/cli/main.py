@@ -53,7 +53,7 @@ from lightning_grpo.callbacks.final import ValidateAtEnd
 from lightning_grpo.callbacks.progress import StepProgressBar
 from lightning_grpo.callbacks.threads import TorchThreads
 from lightning_grpo.checkpoints import AtomicCheckpointIO
-from lightning_grpo.cli.failure import debugging, failure_message
+from lightning_grpo.cli.failure import debugging, failure_message, print_refused_trace
 from lightning_grpo.cli.help import DESCRIPTION, FIT_DESCRIPTION, GRPOArgumentParser
 from lightning_grpo.cli.preflight import check_data_first, preflight
 from lightning_grpo.cli.resume import (
@@ -327,7 +327,16 @@ SUBCOMMANDS = {"report": report_main, "selfcheck": selfcheck_main, "export": exp
 
 
 def main(args: list[str] | None = None) -> None:
-    """The console script. Returns None: ``sys.exit(main())`` must exit 0 after a successful run."""
+    """The console script. Returns None: ``sys.exit(main())`` must exit 0 after a successful run. Every error
+    ends in one message; ``LIGHTNING_GRPO_DEBUG=1`` adds the traceback of each (``cli/failure.py``)."""
+    try:
+        run_main(args)
+    except SystemExit as exit:
+        print_refused_trace(exit)
+        raise
+
+
+def run_main(args: list[str] | None) -> None:
     if args is None:  # the process's own command line: a terminal that goes away must not end the run
         guard_standard_streams()
     argv = sys.argv[1:] if args is None else args

@@ -7,10 +7,12 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 import yaml
 from helpers import ROOT
 
 from lightning_grpo.cli import main
+from lightning_grpo.cli.failure import failure_message
 
 TINY = ROOT / "templates" / "tiny_cpu.yaml"
 CONFIGS = sorted((ROOT / "templates").glob("*.yaml")) + sorted((ROOT / "examples").glob("*.yaml"))
@@ -318,3 +320,97 @@ def test_an_unwritable_lightning_grpo_home_names_the_variable(tmp_path, monkeypa
     err = capsys.readouterr().err
     assert f"cannot be written under {tmp_path / 'a-file' / 'home'}, chosen by LIGHTNING_GRPO_HOME" in err
     assert "set LIGHTNING_GRPO_HOME to a writable directory, e.g. `export LIGHTNING_GRPO_HOME=" in err
+
+
+def mixed_prompts(tmp_path: Path) -> Path:
+    rows = [{"prompt": f"{i}+{i}=", "answer": str(2 * i)} for i in range(6)]
+    rows[3]["prompt"] = [{"role": "user", "content": "3+3="}]
+    path = tmp_path / "mixed.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return path
+
+
+@pytest.mark.parametrize("debug", ["", "1"])
+def test_debug_prints_the_traceback_of_a_refused_setting(tmp_path, monkeypatch, capsys, debug):
+    """Issue 59 item 3: LIGHTNING_GRPO_DEBUG=1 printed nothing more for the mixed-prompts refusal (parser.error)."""
+    monkeypatch.setenv("LIGHTNING_GRPO_DEBUG", debug)
+    with pytest.raises(SystemExit) as done:
+        main(["fit", "--config", str(TINY), "--data.dataset", str(mixed_prompts(tmp_path))])
+    err = capsys.readouterr().err
+    assert done.value.code == 2
+    assert "mixes plain-text and chat prompts" in err
+    traced = "Traceback (most recent call last)" in err and "in _check_mixed" in err
+    assert traced == bool(debug), err[-3000:]
+
+
+@pytest.mark.parametrize("debug", ["", "1"])
+def test_debug_prints_the_traceback_of_a_config_that_is_not_yaml(tmp_path, monkeypatch, capsys, debug):
+    monkeypatch.setenv("LIGHTNING_GRPO_DEBUG", debug)
+    config = tmp_path / "run.yaml"
+    config.write_text("model:\n  num_generations: 4\n\tseed: 1\n")
+    with pytest.raises(SystemExit) as done:
+        main(["fit", "--config", str(config)])
+    assert "line 3 indents with a tab" in str(done.value.code)
+    assert ("yaml.scanner.ScannerError" in capsys.readouterr().err) == bool(debug)
+
+
+OOM_REWARDS = '''
+import resource
+
+def vm_bytes():
+    for line in open("/proc/self/status"):
+        if line.startswith("VmSize:"):
+            return int(line.split()[1]) * 1024
+
+def under_a_memory_limit(work):
+    """``work`` under RLIMIT_AS = what the process maps now + 1 MiB (ulimit -v), the limit lifted after."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_AS)
+    resource.setrlimit(resource.RLIMIT_AS, (vm_bytes() + 2**20, hard))
+    try:
+        work()
+    finally:
+        resource.setrlimit(resource.RLIMIT_AS, (soft, hard))
+
+def allocates(completions, **kwargs):
+    under_a_memory_limit(lambda: bytearray(2**30))
+    return [0.0 for _ in completions]'''
+
+
+@pytest.mark.slow
+def test_out_of_memory_says_memory_and_the_settings_that_bound_it(tmp_path, monkeypatch, capsys):
+    """Issue 59 item 7: under a memory limit the error read ``RuntimeError: can't start new thread``, the
+    MemoryError only in a chained traceback. A real RLIMIT_AS (ulimit -v) inside a reward, a real run."""
+    (tmp_path / "oom_rewards.py").write_text(OOM_REWARDS)
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("LIGHTNING_GRPO_DEBUG", "")
+    args = ["--model.reward_funcs", "[oom_rewards.allocates]", "--model.accuracy_reward", "null"]
+    with pytest.raises(SystemExit) as done:
+        main(["fit", "--config", str(TINY), "--trainer.max_steps", "1", "--trainer.default_root_dir", "r", *args])
+    err = capsys.readouterr().err
+    assert done.value.code == 1
+    assert "This is out of memory (" in err, err[-3000:]
+    for setting in ("data.batch_size", "model.num_generations", "max_completion_length", "micro_batch_tokens"):
+        assert setting in err
+
+
+@pytest.mark.parametrize(
+    "make",
+    [
+        lambda: RuntimeError("can't start new thread"),
+        lambda: torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB"),
+        lambda: MemoryError(),
+    ],
+)
+def test_out_of_memory_is_found_anywhere_in_the_chain(make):
+    try:
+        try:
+            raise make()
+        except Exception as inner:
+            raise ValueError("reward function 'f' raised on sample 0") from inner
+    except ValueError as err:
+        message = failure_message(err, ["fit"])
+    assert "This is out of memory (" in message and "model.update.micro_batch_tokens" in message
+
+
+def test_an_error_that_is_not_memory_does_not_say_memory():
+    assert "memory" not in failure_message(ValueError("bad row"), ["fit"])

@@ -62,6 +62,10 @@ from lightning_grpo.types import Prompt, PromptBatch, Rollout, fields_of
 POLL_S = 1.0  # how often a wait checks that the producer is alive
 
 
+class ProducerTraceback(Exception):
+    """The traceback of an error raised in the rollout producer process, as text (a traceback cannot be pickled)."""
+
+
 class AsyncRollouts(RolloutEngine):
     """Sample in a separate process while the trainer updates, at most ``max_staleness`` updates behind.
 
@@ -239,8 +243,8 @@ class AsyncRollouts(RolloutEngine):
         batch, its producer scores and the current version; the RNG continues from the producer's when the trainer
         waited for it (k = 0: as the synchronous path's)."""
         rollout = answer.rollout
-        if answer.error is not None:
-            raise RuntimeError(answer.error)
+        if answer.error is not None:  # the in-process error's message; the producer's traceback as its cause
+            raise RuntimeError(answer.error) from ProducerTraceback(answer.trace)
         if self.max_staleness == 0:
             torch.set_rng_state(answer.rng_state)
         rollout.versions = torch.full((len(rollout),), answer.version)  # [N]

@@ -56,7 +56,8 @@ class Produced:
     idle_s: float  # seconds waiting for it (the producer had nothing to do)
     scores: RewardScores | None = None  # when the producer scores
     scoring_s: float = 0.0  # seconds of busy_s spent scoring
-    error: str | None = None  # a reward function's failure, raised again in the trainer
+    error: str | None = None  # a reward function's failure, raised again in the trainer with the words it has there
+    trace: str | None = None  # its traceback in this process: the raised error's cause (LIGHTNING_GRPO_DEBUG=1 shows it)
 
 
 class WeightsMailbox:
@@ -142,7 +143,8 @@ def score(rewards: RewardSet, answer: Produced, trainer_state: Any) -> None:
     try:
         answer.scores = rewards.score(answer.rollout, answer.batch.columns, trainer_state)
     except Exception as err:  # noqa: BLE001 - user code: its failure is the trainer's to raise, as when it scores
-        answer.error = f"{type(err).__name__}: {err}\n(in the rollout producer)\n{traceback.format_exc()}"
+        answer.error = str(err) if type(err) is RuntimeError else f"{type(err).__name__}: {err}"  # RewardSet's words
+        answer.trace = f"(in the rollout producer)\n{traceback.format_exc()}"
     answer.scoring_s = time.perf_counter() - start
 
 

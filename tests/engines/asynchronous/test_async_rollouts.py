@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import copy
 import os
+import traceback
 from pathlib import Path
 
 import lightning as L
@@ -13,6 +14,7 @@ import torch
 from helpers import fit, logged, make_module, run_ranks
 
 from lightning_grpo.callbacks import PreemptionCheckpoint
+from lightning_grpo.cli.failure import failure_message
 from lightning_grpo.data import PromptDataModule
 from lightning_grpo.engines import AsyncRollouts
 from lightning_grpo.targets.correction import sampling_correction
@@ -335,14 +337,21 @@ def test_scoring_in_the_producer_refuses_a_reward_it_cannot_pickle(tiny_model_di
     assert engine.process is None  # refused before any sampling
 
 
-def test_a_reward_failing_in_the_producer_is_raised_by_the_trainer(tiny_model_dir, arith_jsonl, tmp_path):
-    engine = AsyncRollouts(max_staleness=1, score_in_producer=True)
+@pytest.mark.parametrize("in_producer", [False, True])
+def test_a_reward_failing_in_the_producer_reads_as_it_does_in_process(tiny_model_dir, arith_jsonl, tmp_path, in_producer):
+    """Issue 59 item 7: the producer's error printed its raw traceback in the CLI's one-line message; now the same
+    message as in-process, the producer's traceback only as the cause (what LIGHTNING_GRPO_DEBUG=1 prints)."""
+    engine = AsyncRollouts(max_staleness=1, score_in_producer=in_producer)
     module = make_module(tiny_model_dir, reward_funcs=[failing_reward], accuracy_reward=None, rollout_engine=engine)
     with pytest.raises(RuntimeError) as err:
         fit(module, data(arith_jsonl), tmp_path, max_steps=2)
-    message = str(err.value)
-    assert "reward function 'failing_reward' raised ValueError" in message and "no score today" in message
-    assert "(in the rollout producer)" in message
+    message = failure_message(err.value, ["fit"])
+    assert message.startswith(
+        "lightning-grpo: error: RuntimeError: reward function 'failing_reward' raised ValueError on sample 0"
+    )
+    assert "no score today" in message and "Traceback" not in message and "producer" not in message
+    trace = "".join(traceback.format_exception(err.value))
+    assert ("(in the rollout producer)" in trace) == in_producer and "Traceback" in trace
 
 
 def nan_gradient_at(module, calls: set[int]) -> None:
