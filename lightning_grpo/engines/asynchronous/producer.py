@@ -57,7 +57,7 @@ class Produced:
     scores: RewardScores | None = None  # when the producer scores
     scoring_s: float = 0.0  # seconds of busy_s spent scoring
     error: str | None = None  # a reward function's failure, raised again in the trainer with the words it has there
-    trace: str | None = None  # its traceback in this process: the raised error's cause (LIGHTNING_GRPO_DEBUG=1 shows it)
+    trace: str | None = None  # its traceback here: the raised error's cause (LIGHTNING_GRPO_DEBUG=1 shows it)
 
 
 class WeightsMailbox:

@@ -338,7 +338,9 @@ def test_scoring_in_the_producer_refuses_a_reward_it_cannot_pickle(tiny_model_di
 
 
 @pytest.mark.parametrize("in_producer", [False, True])
-def test_a_reward_failing_in_the_producer_reads_as_it_does_in_process(tiny_model_dir, arith_jsonl, tmp_path, in_producer):
+def test_a_reward_failing_in_the_producer_reads_as_it_does_in_process(
+    tiny_model_dir, arith_jsonl, tmp_path, in_producer
+):
     """Issue 59 item 7: the producer's error printed its raw traceback in the CLI's one-line message; now the same
     message as in-process, the producer's traceback only as the cause (what LIGHTNING_GRPO_DEBUG=1 prints)."""
     engine = AsyncRollouts(max_staleness=1, score_in_producer=in_producer)
