@@ -188,6 +188,8 @@ class GRPOCLI(LightningCLI):
         self.configured = config.model.clone().as_dict()  # before Lightning merges the checkpoint's settings in
         self.given = given_settings(parser, args, subcommand)
         self.configured_model = None
+        if "ckpt_path" not in config:  # no subcommand (``run=False``): nothing resumes
+            return
         try:
             ckpt_path = resume_path(config.get("ckpt_path"), config.get("trainer", {}).as_dict())
         except ValueError as err:
