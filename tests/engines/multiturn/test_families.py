@@ -11,7 +11,6 @@ from types import SimpleNamespace
 import pytest
 from helpers import write_tiny_llama
 from trl.chat_template_utils import get_training_chat_template, is_chat_template_prefix_preserving, parse_response
-from trl.trainer.grpo_trainer import GRPOTrainer
 
 from lightning_grpo.demo.tiny import TOOL_CHAT_TEMPLATE, build_tokenizer
 from lightning_grpo.engines import ToolCall, ToolCalling
@@ -80,6 +79,8 @@ def trl_tool_suffix(tokenizer, chat_template, messages):
         processing_class=tokenizer, _tokenizer=tokenizer, chat_template=chat_template, chat_template_kwargs={}
     )
     trainer._is_vlm = False
+    from trl.trainer.grpo_trainer import GRPOTrainer  # here: it imports TRL's optional extras when installed
+
     return GRPOTrainer._get_tool_suffix_ids(trainer, messages)
 
 
