@@ -71,15 +71,20 @@ def _read_call(body: str) -> ToolCall:
         return ToolCall("unknown", error=f"the tool call is not valid JSON ({e.msg}): {body.strip()[:200]}")
     if not isinstance(data, dict) or not isinstance(data.get("name"), str):
         return ToolCall("unknown", error=f'a tool call must be {{"name": ..., "arguments": {{...}}}}, got {body[:200]}')
-    arguments = data.get("arguments", {})
-    if isinstance(arguments, str):  # some models write the arguments as a JSON string
+    return call_of(data["name"], data.get("arguments", {}))
+
+
+def call_of(name: str, arguments: Any) -> ToolCall:
+    """A call by name with its arguments, given as an object or as a JSON string of one (some models and families
+    write them so); anything else is an unreadable call."""
+    if isinstance(arguments, str):
         try:
             arguments = json.loads(arguments)
         except json.JSONDecodeError:
             pass
     if not isinstance(arguments, dict):
-        return ToolCall(data["name"], error=f"arguments must be a JSON object, got {arguments!r}")
-    return ToolCall(data["name"], arguments)
+        return ToolCall(name, error=f"arguments must be a JSON object, got {arguments!r}")
+    return ToolCall(name, arguments)
 
 
 def resolve_tool(tool: Callable | str, setting: str = "tools") -> Callable:

@@ -14,7 +14,6 @@ Knows chat templates, token ids and TRL's response templates; nothing about gene
 from __future__ import annotations
 
 import copy
-import json
 import re
 from dataclasses import dataclass, field
 from functools import cache
@@ -24,7 +23,7 @@ from typing import Any
 from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
 from transformers import PreTrainedTokenizerBase
 
-from lightning_grpo.engines.multiturn.calls import HermesParser, ToolCall
+from lightning_grpo.engines.multiturn.calls import HermesParser, ToolCall, call_of
 from lightning_grpo.engines.multiturn.episodes import check_tool_template
 
 UNRECOGNISED = "unrecognised"
@@ -134,15 +133,7 @@ def _parsed(tokenizer: PreTrainedTokenizerBase, ids: list[int], prefix: list[int
 def _tool_call(call: dict[str, Any]) -> ToolCall:
     """A parsed ``{"type": "function", "function": {"name", "arguments"}}`` as our ``ToolCall``."""
     function = call.get("function", call)
-    name, arguments = function.get("name"), function.get("arguments") or {}
-    if isinstance(arguments, str):  # some families write the arguments as a JSON string
-        try:
-            arguments = json.loads(arguments)
-        except json.JSONDecodeError:
-            pass
-    if not isinstance(arguments, dict):
-        return ToolCall(str(name), error=f"arguments must be a JSON object, got {arguments!r}")
-    return ToolCall(str(name), arguments)
+    return call_of(str(function.get("name")), function.get("arguments") or {})
 
 
 def training_template(tokenizer: PreTrainedTokenizerBase, family: str) -> str | None:
