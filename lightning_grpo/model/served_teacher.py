@@ -20,7 +20,7 @@ import torch
 from torch import Tensor
 from transformers import PreTrainedTokenizerBase
 
-from lightning_grpo.types import Rollout
+from lightning_grpo.types import Rollout, parting
 
 
 class TeacherServerError(RuntimeError):
@@ -59,7 +59,7 @@ class ServedTeacher:
         body = {"model": self.model, "prompt": probe, "add_special_tokens": False}
         theirs, ours = self._post("/tokenize", body)["tokens"], tokenizer(probe, add_special_tokens=False).input_ids
         if theirs != ours:
-            first = next((i for i, (a, b) in enumerate(zip(theirs, ours)) if a != b), min(len(theirs), len(ours)))
+            first = parting(theirs, ours)
             raise TeacherServerError(
                 f"distill.teacher_server {self.url!r} serves {card.get('root') or self.model!r} with another tokenizer "
                 f"than distill.teacher {teacher!r}: a probe text is {len(theirs)} tokens there and {len(ours)} here, "

@@ -19,7 +19,7 @@ Dimensions used across the package:
     W  data-parallel ranks (world size)
 """
 
-from lightning_grpo.types.host import HostRows, pad_rows, to_host
+from lightning_grpo.types.host import HostRows, pad_rows, parting, to_host
 from lightning_grpo.types.records import Collectives, PromptBatch, RewardScores, Rollout, fields_of, vision_rows
 from lightning_grpo.types.signal import SIGNAL_ATOL, nanstd, weighted_total, without_signal, zero_std_fraction
 from lightning_grpo.types.stats import (
@@ -57,6 +57,7 @@ __all__ = [
     "fields_of",
     "nanstd",
     "pad_rows",
+    "parting",
     "step_record",
     "to_host",
     "vision_rows",

@@ -11,6 +11,15 @@ import torch
 from torch import Tensor
 
 
+def parting(a: list[int], b: list[int]) -> int:
+    """The first position where two id lists differ (the shorter one's length where one extends the other).
+
+    >>> parting([1, 2, 3], [1, 5, 3]), parting([1, 2], [1, 2, 3])
+    (1, 2)
+    """
+    return next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
+
+
 def pad_rows(
     rows: list[list], value: float, left: bool = False, dtype: torch.dtype = torch.long, min_width: int = 0
 ) -> tuple[Tensor, Tensor]:

