@@ -36,21 +36,21 @@ from lightning_grpo.model.policy import Policy
 from lightning_grpo.targets.build import micro_batches, token_micro_batches
 from lightning_grpo.types import Rollout
 
-LAYOUTS = {  # name -> (policy settings, micro-batches of a rollout with ``tokens`` [N] and G rows a group)
-    "padded, one pass": ({"share_prompt_prefix": False}, lambda tokens, g, budget: micro_batches(len(tokens), None)),
-    "shared prompt, one pass": ({}, lambda tokens, g, budget: micro_batches(len(tokens), None)),
-    "micro_batch_tokens, groups, shared": ({}, lambda tokens, g, budget: token_micro_batches(tokens, budget, g)),
+LAYOUTS = {  # name -> (policy settings, micro-batches of rows with (prompt, completion) ``lengths`` [N], G a group)
+    "padded, one pass": ({"share_prompt_prefix": False}, lambda lengths, g, budget: micro_batches(len(lengths), None)),
+    "shared prompt, one pass": ({}, lambda lengths, g, budget: micro_batches(len(lengths), None)),
+    "micro_batch_tokens, groups, shared": ({}, lambda lengths, g, budget: token_micro_batches(lengths, budget, g)),
     "micro_batch_tokens, rows": (
         {"share_prompt_prefix": False},
-        lambda tokens, g, budget: token_micro_batches(tokens, budget, 1),
+        lambda lengths, g, budget: token_micro_batches(lengths, budget, 1),
     ),
     "padding_free, one pass": (
         {"share_prompt_prefix": False, "padding_free": True},
-        lambda tokens, g, budget: micro_batches(len(tokens), None),
+        lambda lengths, g, budget: micro_batches(len(lengths), None),
     ),
     "padding_free + shared, one pass": (
         {"padding_free": True},
-        lambda tokens, g, budget: micro_batches(len(tokens), None),
+        lambda lengths, g, budget: micro_batches(len(lengths), None),
     ),
 }
 
@@ -159,13 +159,13 @@ def main() -> None:
     print(f"{where}; {args.model} {args.dtype} {args.attn}; {len(lengths)} completions of {sorted(lengths.tolist())}")
     if not args.lengths:
         print(f"generate (LeanDecode): {seconds[True]:.2f} s with ended rows dropped, {seconds[False]:.2f} s kept")
-    tokens = rollout.host.tokens
+    row_lengths = rollout.host.lengths  # [N] (prompt, completion) tokens of each row
     model_settings = {"dtype": args.dtype, "model_init_kwargs": {"attn_implementation": args.attn}}
     reference = None
     print(f"{'layout':36s} {'fwd+bwd s':>9s} {'passes':>6s} {'peak MB':>8s} {'max |dlogp|':>11s}")
     for name in args.layouts:
         settings, split = LAYOUTS[name]
-        rows = split(tokens, args.group, args.budget)
+        rows = split(row_lengths, args.group, args.budget)
         try:
             took, peak, logps = forward_backward(
                 task.model_dir, rollout, {**model_settings, **settings}, rows, args.repeats, args.device
