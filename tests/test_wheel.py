@@ -47,7 +47,10 @@ def test_the_wheel_installed_in_a_fresh_venv_runs_the_default_from_an_empty_dire
     env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV")}  # the checkout unseen
     env |= {"OMP_NUM_THREADS": "1", "LIGHTNING_GRPO_HOME": str(tmp_path / "cache")}
     source, wheels = tmp_path / "source", tmp_path / "wheels"  # a copy: building writes build/ and *.egg-info
-    ignore = shutil.ignore_patterns(".git", "build", "runs", "lightning_logs", "*.egg-info", "__pycache__", ".*cache")
+    # not the venvs (.venv is 2.4 GB; CI builds .ci/vllm-venv beside this test) nor CI's files
+    ignore = shutil.ignore_patterns(
+        ".git", ".ci", "*venv", "build", "runs", "lightning_logs", "*.egg-info", "__pycache__", ".*cache"
+    )
     shutil.copytree(ROOT, source, symlinks=True, ignore=ignore)
     isolation = [] if importlib.util.find_spec("setuptools") is None else ["--no-build-isolation"]  # offline if it can
     build = [sys.executable, "-m", "pip", "wheel", "--no-deps", *isolation, "-w", str(wheels), str(source)]

@@ -28,6 +28,7 @@ is an error naming ``--model.num_generations``, not a silent match.
 
 from __future__ import annotations
 
+import os
 import sys
 import warnings
 from pathlib import Path
@@ -69,6 +70,7 @@ from lightning_grpo.cli.resume import (
 from lightning_grpo.cli.streams import guard_standard_streams
 from lightning_grpo.data import PromptDataModule
 from lightning_grpo.module import GRPOModule
+from lightning_grpo.run import RUN_VERSION, own_version
 
 TRAINER_DEFAULTS = {"log_every_n_steps": 1, "num_sanity_val_steps": -1}
 def importable_dirs(argv: list[str]) -> list[str]:
@@ -270,9 +272,14 @@ class GRPOCLI(LightningCLI):
             preflight(self.trainer, model, datamodule)
         except (ValueError, TypeError, FileNotFoundError) as err:  # a user's data or reward: no traceback
             self.parser.error(str(err))
-        if ckpt_path and ckpt_path not in ("hpc", "best"):
-            continue_run_dir(self.trainer, ckpt_path)
-        self.trainer.fit(model, datamodule=datamodule, ckpt_path=ckpt_path, **kwargs)
+        continued = ckpt_path not in (None, "hpc", "best") and continue_run_dir(self.trainer, ckpt_path)
+        config = self.config[self.subcommand] if self.subcommand else self.config
+        taken = None if continued or config["trainer"].get("logger") not in (None, True) else own_version(self.trainer)
+        try:
+            self.trainer.fit(model, datamodule=datamodule, ckpt_path=ckpt_path, **kwargs)
+        finally:
+            if taken is not None:  # a later run in this process takes its own
+                os.environ.pop(RUN_VERSION, None)
 
     def add_arguments_to_parser(self, parser: LightningArgumentParser) -> None:
         parser.add_lightning_class_args(RunSummary, "summary")

@@ -103,19 +103,24 @@ def merge_settings(parser: Any, config: Any, subcommand: str | None, settings: d
     return parser.parse_object({subcommand: {"model": settings}} if subcommand else {"model": settings}, config)
 
 
-def continue_run_dir(trainer: L.Trainer, ckpt_path: str) -> None:
+def continue_run_dir(trainer: L.Trainer, ckpt_path: str) -> bool:
     """With a default CSV/TensorBoard logger, log into the checkpoint's own ``version_N`` (``.../version_N/
-    checkpoints/x.ckpt``) when it is a version of this logger's root, instead of starting ``version_N+1``."""
+    checkpoints/x.ckpt``) when it is a version of this logger's root, instead of starting ``version_N+1``; whether
+    it does."""
     logger = trainer.logger
     if type(logger) not in (CSVLogger, TensorBoardLogger) or len(trainer.loggers) != 1:
-        return
+        return False
     run = Path(ckpt_path).resolve().parent.parent
     if Path(ckpt_path).parent.name != "checkpoints" or run.parent != Path(logger.root_dir).resolve():
-        return
+        return False
     # CSVLogger warns that the directory "exists and is not empty": the run appends to its own files
     warnings.filterwarnings("ignore", message="Experiment logs directory .* exists and is not empty")
-    trainer.loggers = [type(logger)(save_dir=logger.save_dir, name=logger.name, version=run.name)]
+    number = run.name.removeprefix("version_")
+    numbered = run.name.startswith("version_") and number.isdigit()
+    version = int(number) if numbered else run.name  # a number: the progress bar shows it whole
+    trainer.loggers = [type(logger)(save_dir=logger.save_dir, name=logger.name, version=version)]
     rank_zero_info(f"Resuming run {run}: its metrics, alerts and summary continue there")
+    return True
 
 
 def refuse_unreadable(ckpt_path: str) -> None:

@@ -9,7 +9,7 @@ from pathlib import Path
 
 from lightning.pytorch.utilities import rank_zero_info
 
-from lightning_grpo.demo import anytool, calc, tiny, vision
+from lightning_grpo.demo import anytool, calc, numbers, tiny, vision
 from lightning_grpo.demo.home import cache_home, write_once
 
 TINY = "lightning-grpo/tiny-qwen2"  # the default; the tool template's model is it with the tool chat template
@@ -29,6 +29,8 @@ EMBEDDED: dict[str, Callable[[Path], None]] = {
     "lightning-grpo/tiny-llava": vision.write_tiny_llava,
     "lightning-grpo/tiny-colours": vision.write_colours,
     "lightning-grpo/tiny-colours-blank": vision.write_colours_blank,
+    # the real model's task (templates/smollm2_cpu.yaml): the largest of three two-digit numbers, asked in words
+    "lightning-grpo/largest-number": numbers.write_largest,
 }
 
 

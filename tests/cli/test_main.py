@@ -414,3 +414,23 @@ def test_out_of_memory_is_found_anywhere_in_the_chain(make):
 
 def test_an_error_that_is_not_memory_does_not_say_memory():
     assert "memory" not in failure_message(ValueError("bad row"), ["fit"])
+
+
+def test_two_runs_started_at_once_in_one_root_each_take_a_run_directory_of_their_own(tmp_path):
+    """The same command twice at the same moment in one directory: two run directories, each with its own summary
+    and exported model (both took ``version_0``, and one died in its export, before ``run.own_version``)."""
+    from helpers import console_script
+
+    command = [console_script(), "fit", "--config", "tiny_cpu", "--trainer.max_steps", "1"]
+    command += ["--trainer.limit_val_batches", "0", "--trainer.num_sanity_val_steps", "0", "--threads.num_threads", "1"]
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    pipes = dict(stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    runs = [subprocess.Popen(command, cwd=tmp_path, env=env, **pipes) for _ in range(2)]
+    for run in runs:
+        _, err = run.communicate(timeout=600)
+        assert run.returncode == 0, err[-3000:]
+    versions = sorted(p.name for p in (tmp_path / "runs" / "tiny_cpu" / "lightning_logs").iterdir())
+    assert versions == ["version_0", "version_1"], versions
+    for version in versions:
+        run_dir = tmp_path / "runs" / "tiny_cpu" / "lightning_logs" / version
+        assert (run_dir / "summary.json").exists() and (run_dir / "hf_model" / "config.json").exists(), version

