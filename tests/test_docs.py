@@ -330,7 +330,7 @@ def test_reward_catalogue_scores_chat_and_text_alike():
 # Templates whose embedded model is warm-started on first use for minutes (demo/anytool.py: 600 steps): slow run.
 WARM_STARTED = {"reverse_tool_cpu.yaml"}
 # Templates run by a test of their own: the real model, whose packages the README's test command does not install
-RUN_ELSEWHERE = {"smollm2_cpu.yaml": "tests/demo/test_smollm2.py"}
+RUN_ELSEWHERE = {"smollm2_cpu.yaml": "tests/demo/test_numbers.py"}
 # Rollout engines that need vLLM: their templates run where it is installed (the vLLM venv; in the default suite
 # tests/cli/test_main.py parses them and tests/engines/vllm/test_real_template.py trains with them in the vLLM venv).
 VLLM_ENGINES = {"lightning_grpo.engines.VLLMColocate", "lightning_grpo.engines.VLLMServer"}
