@@ -50,14 +50,37 @@ def run_dir(trainer: L.Trainer) -> Path:
     return root / name / (version if isinstance(version, str) else f"version_{version}")
 
 
+def numbered_logger(trainer: L.Trainer) -> CSVLogger | TensorBoardLogger | None:
+    """The trainer's one logger when it numbers its runs ``version_N`` under a root (TensorBoard, CSV), else
+    ``None``."""
+    logger = trainer.logger
+    return logger if type(logger) in (CSVLogger, TensorBoardLogger) and len(trainer.loggers) == 1 else None
+
+
+def log_into(trainer: L.Trainer, logger: CSVLogger | TensorBoardLogger, version: int | str) -> None:
+    """``logger`` again, writing into ``version`` of its root (a number: ``version_N``, which the progress bar
+    shows whole)."""
+    trainer.loggers = [type(logger)(save_dir=logger.save_dir, name=logger.name, version=version)]
+
+
+def version_number(name: str) -> int | None:
+    """N of a ``version_N`` directory's name, else ``None``.
+
+    >>> version_number("version_12"), version_number("12"), version_number("version_x")
+    (12, None, None)
+    """
+    number = name.removeprefix("version_")
+    return int(number) if name.startswith("version_") and number.isdigit() else None
+
+
 def own_version(trainer: L.Trainer) -> int | None:
     """Give a run with the default logger (TensorBoard or CSV, versions numbered under its root) a ``version_N`` no
     other run has, taken with ``mkdir``: two runs started at once in one ``default_root_dir`` both listed the root,
     both took ``version_0`` and wrote over each other's files. Set for the ranks Lightning's launcher starts (they
     inherit ``RUN_VERSION``); the version taken, to be dropped from the environment when ``fit`` ends, or ``None``.
     """
-    logger = trainer.logger
-    if type(logger) not in (CSVLogger, TensorBoardLogger) or len(trainer.loggers) != 1:
+    logger = numbered_logger(trainer)
+    if logger is None:
         return None
     inherited = os.environ.get(RUN_VERSION)
     taken = None
@@ -66,8 +89,7 @@ def own_version(trainer: L.Trainer) -> int | None:
             return None
         taken = take_version(Path(logger.root_dir))
         os.environ[RUN_VERSION] = str(taken)
-    version = taken if inherited is None else int(inherited)  # a number: the directory is version_N
-    trainer.loggers = [type(logger)(save_dir=logger.save_dir, name=logger.name, version=version)]
+    log_into(trainer, logger, taken if inherited is None else int(inherited))
     return taken
 
 
@@ -82,7 +104,7 @@ def take_version(root: Path) -> int:
     (4, 5, ['version_3', 'version_4', 'version_5'])
     """
     root.mkdir(parents=True, exist_ok=True)
-    numbers = [int(p.name[8:]) for p in root.glob("version_*") if p.name[8:].isdigit()]
+    numbers = [n for p in root.iterdir() if (n := version_number(p.name)) is not None]
     n = max(numbers, default=-1) + 1
     while True:
         try:

@@ -26,10 +26,10 @@ from pathlib import Path
 from typing import Any
 
 import lightning as L
-from lightning.pytorch.loggers import CSVLogger, TensorBoardLogger
 from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
 
 from lightning_grpo.checkpoints import last_readable, run_checkpoints, unreadable
+from lightning_grpo.run import log_into, numbered_logger, version_number
 
 
 def search_roots(trainer: dict[str, Any]) -> list[Path]:
@@ -107,18 +107,16 @@ def continue_run_dir(trainer: L.Trainer, ckpt_path: str) -> bool:
     """With a default CSV/TensorBoard logger, log into the checkpoint's own ``version_N`` (``.../version_N/
     checkpoints/x.ckpt``) when it is a version of this logger's root, instead of starting ``version_N+1``; whether
     it does."""
-    logger = trainer.logger
-    if type(logger) not in (CSVLogger, TensorBoardLogger) or len(trainer.loggers) != 1:
+    logger = numbered_logger(trainer)
+    if logger is None:
         return False
     run = Path(ckpt_path).resolve().parent.parent
     if Path(ckpt_path).parent.name != "checkpoints" or run.parent != Path(logger.root_dir).resolve():
         return False
     # CSVLogger warns that the directory "exists and is not empty": the run appends to its own files
     warnings.filterwarnings("ignore", message="Experiment logs directory .* exists and is not empty")
-    number = run.name.removeprefix("version_")
-    numbered = run.name.startswith("version_") and number.isdigit()
-    version = int(number) if numbered else run.name  # a number: the progress bar shows it whole
-    trainer.loggers = [type(logger)(save_dir=logger.save_dir, name=logger.name, version=version)]
+    number = version_number(run.name)
+    log_into(trainer, logger, run.name if number is None else number)
     rank_zero_info(f"Resuming run {run}: its metrics, alerts and summary continue there")
     return True
 
