@@ -4,7 +4,7 @@ nothing about rewards or losses."""
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 from torch import Tensor
@@ -129,20 +129,39 @@ def check_generation_batch_size(generation_batch_size: int | None) -> int | None
     return generation_batch_size
 
 
+class PromptIds(NamedTuple):
+    """A batch's prompts as the policy reads them, before anything is sampled: what ``tokenized_prompts`` hands
+    every engine. A tuple, so ``ids, mask, num_truncated, vision = tokenized_prompts(...)`` unpacks it too."""
+
+    ids: Tensor  # [B, P] left-padded
+    mask: Tensor  # [B, P]
+    num_truncated: int  # prompts longer than sampling.max_prompt_length, which kept their last tokens
+    vision: dict[str, list[Tensor]] | None  # name -> [B] tensors of prompts with images; None: text prompts
+
+    def repeated(self, num_generations: int, device: torch.device) -> tuple[Tensor, Tensor]:
+        """[N, P] ids and mask on ``device``: each prompt's row once for each of its G completions, prompt-major."""
+        ids = self.ids.repeat_interleave(num_generations, 0)  # [N, P]
+        mask = self.mask.repeat_interleave(num_generations, 0)  # [N, P]
+        return ids.to(device), mask.to(device)
+
+
 def tokenized_prompts(
-    policy: Policy, prompts: list[Prompt], sampling: SamplingConfig, columns: dict[str, list[Any]] | None
-) -> tuple[Tensor, Tensor, int, dict[str, list[Tensor]] | None]:
-    """[B, P] prompt ids and mask, prompts cut, and the vision inputs of prompts with images (``None``: none)."""
+    policy: Policy, prompts: list[Prompt], sampling: SamplingConfig, columns: dict[str, list[Any]] | None = None
+) -> PromptIds:
+    """The prompts of a batch as the policy reads them, the one prelude of every engine: chat template applied,
+    cut to ``sampling.max_prompt_length``, left-padded; prompts with images (an ``image``/``images`` column in
+    ``columns``) through the policy's processor, never cut. ``columns``: the batch's, for an engine that carries
+    images to generation (``takes_images``); ``None``: text prompts."""
     images = column_images(columns)
     if images is None:
-        return *tokenize_prompts(policy.tokenizer, prompts, sampling), None
+        return PromptIds(*tokenize_prompts(policy.tokenizer, prompts, sampling), None)
     if policy.processor is None:
         raise ValueError(
             "the prompts have images (an 'image'/'images' column) but the policy is a text model: give an "
             "AutoModelForImageTextToText model (references/vision.md), or drop the column"
         )
     ids, mask, vision = tokenize_image_prompts(policy.processor, prompts, images, sampling)
-    return ids, mask, 0, vision
+    return PromptIds(ids, mask, 0, vision)
 
 
 def vision_per_completion(

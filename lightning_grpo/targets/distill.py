@@ -13,8 +13,7 @@ import torch
 from torch import Tensor
 
 from lightning_grpo.engines.config import SamplingConfig
-from lightning_grpo.engines.prompts import tokenize_prompts
-from lightning_grpo.engines.rollout import build_rollout
+from lightning_grpo.engines.rollout import build_rollout, tokenized_prompts
 from lightning_grpo.loss import LossNormalizer
 from lightning_grpo.loss.config import DistillConfig
 from lightning_grpo.loss.distill import (
@@ -122,21 +121,19 @@ def dataset_rollout(
     Rollout of ``group_size`` copies of each: what GKD's off-policy steps train on. Each ends with the model's
     EOS and is cut to ``sampling.max_completion_length`` (truncated, as a sample would be)."""
     tokenizer, eos = policy.tokenizer, policy.eos_token_ids[0]
-    prompt_ids, prompt_mask, cut = tokenize_prompts(tokenizer, batch.prompts, sampling)
+    prompt = tokenized_prompts(policy, batch.prompts, sampling)
     limit = sampling.max_completion_length
     answers = [_text_of(c) for c in batch.columns[column]]
     rows = [(tokenizer(a, add_special_tokens=False).input_ids + [eos])[:limit] for a in answers]
     completion_ids, _ = pad_rows([r for r in rows for _ in range(group_size)], tokenizer.pad_token_id, min_width=1)
-    device = policy.device
     return build_rollout(
         tokenizer,
         batch.prompts,
-        prompt_ids.repeat_interleave(group_size, 0).to(device),
-        prompt_mask.repeat_interleave(group_size, 0).to(device),
-        completion_ids.to(device),
+        *prompt.repeated(group_size, policy.device),
+        completion_ids.to(policy.device),
         policy.eos_token_ids,
         group_size,
-        cut,
+        prompt.num_truncated,
     )
 
 

@@ -56,10 +56,9 @@ class HFGenerate(TokenSampler):
         columns: dict[str, list[Any]] | None = None,
     ) -> Rollout:
         tokenizer, device = policy.tokenizer, policy.device
-        prompt_ids, prompt_mask, num_truncated, vision = tokenized_prompts(policy, prompts, sampling, columns)
-        prompt_ids = prompt_ids.repeat_interleave(num_generations, dim=0).to(device)  # [N, P]
-        prompt_mask = prompt_mask.repeat_interleave(num_generations, dim=0).to(device)  # [N, P]
-        vision = vision_per_completion(vision, num_generations, device)  # name -> [N] tensors
+        prompt = tokenized_prompts(policy, prompts, sampling, columns)
+        prompt_ids, prompt_mask = prompt.repeated(num_generations, device)  # [N, P]
+        vision = vision_per_completion(prompt.vision, num_generations, device)  # name -> [N] tensors
         config = sampling.generation_config(tokenizer, greedy=greedy)
         config.eos_token_id, config.suppress_tokens = policy.eos_token_ids, policy.unsampled_token_ids or None
         completions = []
@@ -82,7 +81,7 @@ class HFGenerate(TokenSampler):
             pad_right(completions, tokenizer.pad_token_id),  # [N, T]
             config.eos_token_id,
             num_generations,
-            num_truncated,
+            prompt.num_truncated,
         )
         return dataclasses.replace(rollout, vision=vision)
 

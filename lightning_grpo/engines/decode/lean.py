@@ -36,13 +36,13 @@ from lightning_grpo.engines.decode.fused import FusedDecodeStep, fusable, fused_
 from lightning_grpo.engines.decode.graphed import GraphedDecodeStep, graphable
 from lightning_grpo.engines.decode.packing import packed_linears
 from lightning_grpo.engines.decode.sampling import draw, drawn_logps, sampling_logits
-from lightning_grpo.engines.prompts import tokenize_prompts
 from lightning_grpo.engines.rollout import (
     build_rollout,
     check_generation_batch_size,
     cut_turns,
     generation_chunks,
     pad_right,
+    tokenized_prompts,
 )
 from lightning_grpo.model.policy import Policy
 from lightning_grpo.model.prefix import cache_keyword
@@ -124,8 +124,8 @@ class LeanDecode(TokenSampler):
         columns: dict[str, list[Any]] | None = None,
     ) -> Rollout:
         tokenizer, device = policy.tokenizer, policy.device
-        prompt_ids, prompt_mask, num_truncated = tokenize_prompts(tokenizer, prompts, sampling)
-        prompt_ids, prompt_mask = prompt_ids.to(device), prompt_mask.to(device)  # [B, P]
+        prompt = tokenized_prompts(policy, prompts, sampling)  # no columns: LeanDecode takes no images
+        prompt_ids, prompt_mask = prompt.ids.to(device), prompt.mask.to(device)  # [B, P]
         chunks = generation_chunks(len(prompts), num_generations, self.generation_batch_size)
         rows = (chunks[0].stop - chunks[0].start) * num_generations
         completions, logps = [], []
@@ -139,12 +139,11 @@ class LeanDecode(TokenSampler):
         return build_rollout(
             tokenizer,
             prompts,
-            prompt_ids.repeat_interleave(num_generations, dim=0),
-            prompt_mask.repeat_interleave(num_generations, dim=0),
+            *prompt.repeated(num_generations, device),
             completion_ids,
             policy.eos_token_ids,
             num_generations,
-            num_truncated,
+            prompt.num_truncated,
             pad_right(logps, 0.0).float() if self.sampler_logps else None,
         )
 

@@ -28,6 +28,7 @@ from lightning_grpo.engines.config import SamplingConfig
 from lightning_grpo.engines.decode import lean as lean_module
 from lightning_grpo.engines.decode.fused import FusedDecodeStep
 from lightning_grpo.engines.decode.sampling import sample_inverse_cdf, sampling_logits
+from lightning_grpo.engines.prompts import tokenize_prompts
 from lightning_grpo.model.config import PolicyConfig
 from lightning_grpo.model.policy import Policy
 
@@ -222,7 +223,7 @@ def test_first_token_frequencies_match_generate(policy, name):
     distribution (the model's logits through generate's own processors): every id within 5 standard errors."""
     sampling = SamplingConfig(max_completion_length=1, **FILTERS[name])
     prompt = ["max(1,2,3)="]
-    ids, _, _ = lean_module.tokenize_prompts(policy.tokenizer, prompt, SamplingConfig(max_prompt_length=None))
+    ids, _, _ = tokenize_prompts(policy.tokenizer, prompt, SamplingConfig(max_prompt_length=None))
     with torch.no_grad():
         logits = policy.model(input_ids=ids).logits[:, -1].float()  # [1, V]
     p = hf_processors(sampling)(ids, logits).softmax(-1)[0]  # [V]
