@@ -87,10 +87,7 @@ class Policy(nn.Module):
         model = c.source(model)  # a folder with policy.gguf_file: that file
         self.name_or_path = model if isinstance(model, str) else None
         self.weight_files = empty_init_files(model, c.load_in_4bit)  # none unless built on the meta device
-        if self.weight_files:
-            self.model = empty_causal_lm(resolve_pretrained(model), DTYPES[c.dtype], c.model_init_kwargs).train()
-        else:  # from_pretrained returns eval mode
-            self.model = load_policy(model, c.dtype, c.load_in_4bit, c.model_init_kwargs).train()
+        self.model = self._load(model)
         self.is_multimodal = is_multimodal(self.model)
         if not self.is_multimodal and (problem := packing_problem(c.padding_free, self.model.config)):
             raise ValueError(problem)
@@ -98,13 +95,36 @@ class Policy(nn.Module):
         self.processor = policy_processor(source) if self.is_multimodal or is_processor(source) else None
         """The vision-language model's processor (images -> vision inputs, prompts -> ids with image tokens)."""
         self.tokenizer = load_tokenizer(self.processor.tokenizer if self.processor is not None else source)
+        self.is_lora = c.peft_config is not None
+        self._prepare(with_teacher=teacher is not None)
+        self.reference = frozen_copy(self.model) if reference and not self.is_lora else None
+        self._hold_teacher(teacher)
+        if c.sync_ref_model and self.reference is None:
+            raise ValueError("policy.sync_ref_model=True updates a reference copy: it needs loss.beta > 0")
+        self.temperature = temperature
+        self.router_aux_coef = router_aux_coef(self.model.config, router_aux_loss_coef)
+        self.synced_generation = False  # set by shard(): every forward is a collective
+        self.register_state_dict_post_hook(_drop_left_out)
+        self.register_load_state_dict_pre_hook(_fill_left_out)
+
+    def _load(self, model: str | nn.Module) -> nn.Module:
+        """The trained model in train mode: built empty on the meta device where ``weight_files`` are loaded later
+        (``materialize``), else loaded now (``from_pretrained`` returns eval mode)."""
+        c = self.config
+        if self.weight_files:
+            return empty_causal_lm(resolve_pretrained(model), DTYPES[c.dtype], c.model_init_kwargs).train()
+        return load_policy(model, c.dtype, c.load_in_4bit, c.model_init_kwargs).train()
+
+    def _prepare(self, with_teacher: bool) -> None:
+        """The model made ready to train as ``policy:`` asks, in this order: dropout off, gradient checkpointing,
+        a vision-language model checked and its vision tower frozen, the LoRA adapter wrapped around it."""
+        c = self.config
         if c.disable_dropout:
             disable_dropout(self.model)
         if c.gradient_checkpointing:
             checkpointing(self.model, True)
-        self.is_lora = c.peft_config is not None
         if self.is_multimodal:
-            check_multimodal(c, teacher is not None)
+            check_multimodal(c, with_teacher)
             if c.freeze_vision_tower:
                 freeze_vision_tower(self.model)
         rng = torch.get_rng_state()
@@ -113,17 +133,14 @@ class Policy(nn.Module):
             self.model = with_lora(self.model, c.peft_config, lora_exclusion(self.model) if vision_only else None)
         # values made before the weights are loaded (an adapter's initialisation), kept through materialize()
         self.real_tensors = materialize_lora_adapters(self.model, rng) if self.weight_files and self.is_lora else {}
-        self.reference = frozen_copy(self.model) if reference and not self.is_lora else None
+
+    def _hold_teacher(self, teacher: TeacherModel | None) -> None:
+        """The distillation teacher, its tokenizer checked against the policy's: a model held as a submodule
+        (``teacher``, loaded from ``teacher_files`` where built empty), or a server asked over HTTP
+        (``served_teacher``)."""
         teacher, self.teacher_files = load_teacher(teacher, self.tokenizer, self.model) if teacher else (None, [])
         self.served_teacher = teacher if isinstance(teacher, ServedTeacher) else None  # the teacher on a server
         self.teacher = None if self.served_teacher else teacher
-        if c.sync_ref_model and self.reference is None:
-            raise ValueError("policy.sync_ref_model=True updates a reference copy: it needs loss.beta > 0")
-        self.temperature = temperature
-        self.router_aux_coef = router_aux_coef(self.model.config, router_aux_loss_coef)
-        self.synced_generation = False  # set by shard(): every forward is a collective
-        self.register_state_dict_post_hook(_drop_left_out)
-        self.register_load_state_dict_pre_hook(_fill_left_out)
 
     # ---- log-probs ----------------------------------------------------------------------------------------
 
