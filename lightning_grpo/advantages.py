@@ -34,7 +34,8 @@ from typing import Literal
 import torch
 from torch import Tensor
 
-from lightning_grpo.checks import field_help, raise_problems
+from lightning_grpo.checks import raise_problems
+from lightning_grpo.docstrings import field_help
 from lightning_grpo.types import nanstd, weighted_total
 
 SCALE_REWARDS = ("group", "batch", "none")

@@ -20,7 +20,8 @@ from torch.distributed.tensor import DTensor
 from transformers.pytorch_utils import ALL_LAYERNORM_LAYERS
 from transformers.trainer_pt_utils import get_parameter_names
 
-from lightning_grpo.checks import field_help, raise_problems
+from lightning_grpo.checks import raise_problems
+from lightning_grpo.docstrings import field_help
 
 # transformers.get_scheduler's schedules, less the two that step on a monitored metric (reduce_lr_on_plateau, greedy)
 LR_SCHEDULERS = (

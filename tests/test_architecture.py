@@ -17,7 +17,8 @@ PACKAGE = Path(lightning_grpo.__file__).parent
 # new one has to be placed deliberately.
 LAYERS = {
     "types": 0,
-    "checks": 0,
+    "checks": 0,  # settings checks: (ok, message) pairs -> one error naming every problem
+    "docstrings": 0,  # a settings section's field docstrings -> its --help (field_help)
     "demo": 0,  # the embedded tasks and models
     "sandbox": 0,  # execution infrastructure: used by the code reward and the tool engine
     "deadline": 0,  # a callable with a timeout: reward calls and tool calls

@@ -11,7 +11,7 @@ format, a tensor at a time.
 ``python -m lightning_grpo`` runs the same CLI when the console script is not on PATH.
 
 Every constructor argument is a config key with its docstring as ``--help``; a section's field (``model.loss.beta``)
-has the docstring under it (``checks.field_help``). Always on, each with its own
+has the docstring under it (``docstrings.field_help``). Always on, each with its own
 config section: the run summary (``summary:``), the Hugging Face export (``export:``), the reward monitor
 (``reward_monitor:``), the no-signal, mode-collapse, KL, sampler-mismatch, unscored-reward, tool-use and distillation
 alerts (``alerts:``, each ``warn`` by default, no-signal ``stop``, or ``null`` for off: ``callbacks/alert_set.py``),

@@ -8,7 +8,8 @@ from typing import Any
 
 from transformers import GenerationConfig, PreTrainedTokenizerBase
 
-from lightning_grpo.checks import field_help, raise_problems
+from lightning_grpo.checks import raise_problems
+from lightning_grpo.docstrings import field_help
 
 
 @field_help

@@ -8,7 +8,8 @@ import warnings
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from lightning_grpo.checks import field_help, raise_problems
+from lightning_grpo.checks import raise_problems
+from lightning_grpo.docstrings import field_help
 from lightning_grpo.loss.distill import OBJECTIVES
 from lightning_grpo.loss.reduce import LOSS_TYPES
 from lightning_grpo.model.loading import DTYPES

@@ -8,7 +8,8 @@ from typing import Any, Literal
 from torch import nn
 from transformers import PreTrainedTokenizerBase
 
-from lightning_grpo.checks import field_help, raise_problems
+from lightning_grpo.checks import raise_problems
+from lightning_grpo.docstrings import field_help
 from lightning_grpo.model.gguf import SUFFIX, with_gguf_file
 from lightning_grpo.model.loading import DTYPES, cuda_package_problems
 

@@ -24,8 +24,9 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from lightning_grpo.checks import field_help, raise_problems
+from lightning_grpo.checks import raise_problems
 from lightning_grpo.deadline import DeadlineExceeded, call_with_deadline
+from lightning_grpo.docstrings import field_help
 from lightning_grpo.rewards.convention import (
     SHARED_KWARGS,
     RewardFunc,

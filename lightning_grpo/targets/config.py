@@ -6,7 +6,8 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Literal
 
-from lightning_grpo.checks import field_help, raise_problems
+from lightning_grpo.checks import raise_problems
+from lightning_grpo.docstrings import field_help
 from lightning_grpo.targets.correction import (
     AUTO,
     SAMPLING_CORRECTIONS,

@@ -169,7 +169,7 @@ def test_fit_help_fits_on_a_few_screens(capsys, monkeypatch):
     assert "--model.loss.loss_type {grpo,bnpo,dr_grpo,dapo,luspo,cispo,sapo,vespo} [dapo]" in out  # choices, default
     assert "--trainer.enable_checkpointing {true,false,null}" in out
     assert "--alerts.kl [KLAlert]" in out and "--alerts.kl.max_kl" not in out  # one line per alert
-    # a section's help is the docstring under each field (checks.field_help): its first clause shows
+    # a section's help is the docstring under each field (docstrings.field_help): its first clause shows
     assert "Drop completions without EOS from the loss (DAPO)." in out
     assert "Hugging Face name or local path of the teacher" in out  # distill's, not shown before field_help
 

@@ -4,7 +4,6 @@ TRL's model and sampling knobs."""
 
 from __future__ import annotations
 
-import dataclasses
 import typing
 
 import lightning as L
@@ -18,7 +17,6 @@ from lightning_grpo.demo.tiny import build_tokenizer
 from lightning_grpo.engines.prompts import render_prompts
 from lightning_grpo.loss import LOSS_TYPES
 from lightning_grpo.seeding import seeded
-from lightning_grpo.settings import SECTIONS
 
 
 def data(path, batch_size=4, **kw):
@@ -207,10 +205,3 @@ def test_generation_kwargs_reach_the_sampler(tiny_model_dir):
 def test_loss_type_choices_are_the_registry():
     hints = typing.get_type_hints(LossConfig)
     assert set(typing.get_args(hints["loss_type"])) == set(LOSS_TYPES)
-
-
-@pytest.mark.parametrize("kind", SECTIONS.values(), ids=SECTIONS)
-def test_every_section_option_has_help(kind):  # under the field (checks.field_help), or in an Attributes: block
-    documented = kind.__doc__.split("Attributes:")[1]
-    for field in dataclasses.fields(kind):
-        assert f"        {field.name}: " in documented, f"{kind.__name__}.{field.name} has no help text"
