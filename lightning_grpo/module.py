@@ -43,9 +43,10 @@ from lightning_grpo.ranks import Ranks, destroy_process_group_at_exit
 from lightning_grpo.rewards.calls import RewardCallConfig
 from lightning_grpo.rewards.combine import import_paths
 from lightning_grpo.rewards.scoring import RewardSet, trl_trainer_state
-from lightning_grpo.run import log_train_metrics, optimizer_steps_of
+from lightning_grpo.run import optimizer_steps_of
 from lightning_grpo.seeding import seeded, step_seed
 from lightning_grpo.settings import GRPOSettings
+from lightning_grpo.steplog import log_train_metrics
 from lightning_grpo.targets import UpdateConfig, build_targets
 from lightning_grpo.targets.distill import dataset_rollout, no_reward, off_policy_step
 from lightning_grpo.types import PromptBatch, RewardScores, Rollout, StepRecord

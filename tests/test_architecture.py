@@ -34,7 +34,8 @@ LAYERS = {
     "ranks": 4,
     "targets": 4,
     "groups": 4,  # the groups an update trains on: DAPO's dynamic sampling
-    "run": 4,  # the run directory, its checkpoint, logging a step
+    "run": 4,  # the run directory, its checkpoint, the version it takes
+    "steplog": 4,  # a step's metrics logged at the cost the step can afford
     "seeding": 0,  # the seed of each step
     "checkpoints": 4,  # checkpoint files: atomic writes, readable, found across versions; a run's own state
     "update": 4,  # the optimiser steps of a generation batch, planned and driven
@@ -218,6 +219,7 @@ TESTED_WITH = {
     "sandbox/inside/values.py": ["sandbox/test_runner.py", "sandbox/test_supervise.py"],
     "sandbox/isolation.py": ["sandbox/test_runner.py", "sandbox/test_runner_adversarial.py"],
     "sandbox/records.py": ["sandbox/test_runner.py", "rewards/test_code_execution.py", "sandbox/test_supervise.py"],
+    "steplog.py": ["callbacks/test_monitor.py", "test_module.py"],
     "targets/config.py": ["targets/test_build.py"],
     "update.py": ["test_module.py", "targets/test_build.py", "test_host_syncs.py"],
     "types/host.py": ["test_types.py", "test_host_syncs.py"],

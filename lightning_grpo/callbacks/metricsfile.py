@@ -15,7 +15,8 @@ from typing import Any
 import lightning as L
 from typing_extensions import override
 
-from lightning_grpo.run import loggers_write, run_dir
+from lightning_grpo.run import run_dir
+from lightning_grpo.steplog import loggers_write
 
 FILENAME = "metrics.jsonl"
 

@@ -15,7 +15,7 @@ from typing import Any
 import lightning as L
 from typing_extensions import override
 
-from lightning_grpo.run import log_train_metrics
+from lightning_grpo.steplog import log_train_metrics
 from lightning_grpo.types import step_record
 
 
