@@ -38,12 +38,11 @@ from lightning_grpo.metrics import (
 from lightning_grpo.model.config import PolicyConfig
 from lightning_grpo.model.policy import Policy
 from lightning_grpo.model.teacher import TeacherModel
-from lightning_grpo.optim import OptimConfig, build_optimizer, scheduler
+from lightning_grpo.optim import OptimConfig, build_optimizer, optimizer_steps_of, scheduler
 from lightning_grpo.ranks import Ranks, destroy_process_group_at_exit
 from lightning_grpo.rewards.calls import RewardCallConfig
 from lightning_grpo.rewards.combine import import_paths
 from lightning_grpo.rewards.scoring import RewardSet, trl_trainer_state
-from lightning_grpo.run import optimizer_steps_of
 from lightning_grpo.seeding import seeded, step_seed
 from lightning_grpo.settings import GRPOSettings
 from lightning_grpo.steplog import log_train_metrics

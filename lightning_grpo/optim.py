@@ -1,4 +1,5 @@
-"""Trainable parameters -> AdamW parameter groups. Knows module types and parameter names; nothing about GRPO.
+"""Trainable parameters -> AdamW parameter groups, and the learning-rate schedule over the run's optimiser steps.
+Knows module types and parameter names; nothing about GRPO.
 
 Weight decay shrinks weights towards 0: right for matrices, wrong for biases and norm gains (a norm weight of 0
 switches its channel off) and for embeddings (rare tokens' rows would decay between their rare gradients).
@@ -12,7 +13,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 import torch
 from torch import nn
@@ -22,6 +23,9 @@ from transformers.trainer_pt_utils import get_parameter_names
 
 from lightning_grpo.checks import raise_problems
 from lightning_grpo.docstrings import field_help
+
+if TYPE_CHECKING:
+    import lightning as L
 
 # transformers.get_scheduler's schedules, less the two that step on a monitored metric (reduce_lr_on_plateau, greedy)
 LR_SCHEDULERS = (
@@ -130,3 +134,10 @@ def scheduler(optimizer: torch.optim.Optimizer, config: OptimConfig, steps: int)
         num_training_steps=steps,
         scheduler_specific_kwargs=config.lr_scheduler_kwargs,
     )
+
+
+def optimizer_steps_of(trainer: L.Trainer, per_batch: int) -> int:
+    """The optimiser steps the run will take, for the learning-rate schedule: ``max_steps`` counts them already;
+    a run counted in epochs has ``per_batch`` of them per batch (num_iterations * steps_per_generation)."""
+    steps = trainer.estimated_stepping_batches
+    return steps * per_batch if trainer.max_steps == -1 else steps

@@ -113,13 +113,6 @@ def save_last_checkpoint(trainer: L.Trainer, dirpath: str | None = None) -> Path
     return path
 
 
-def optimizer_steps_of(trainer: L.Trainer, per_batch: int) -> int:
-    """The optimiser steps the run will take, for the learning-rate schedule: ``max_steps`` counts them already;
-    a run counted in epochs has ``per_batch`` of them per batch (num_iterations * steps_per_generation)."""
-    steps = trainer.estimated_stepping_batches
-    return steps * per_batch if trainer.max_steps == -1 else steps
-
-
 def numerical_abort(trainer: L.Trainer, message: str) -> FloatingPointError:
     """Save ``checkpoints/numerical-abort.ckpt`` in the run directory (every rank calls it) and return the error
     that stops training, naming the checkpoint."""
