@@ -1,6 +1,7 @@
-"""Checkpoint files on disk: written atomically, checked before a resume, found across a run's versions; and what a
-checkpoint keeps of a run beyond its weights (``save_run_state``). Knows Lightning's ``CheckpointIO`` plugin API,
-files and the ranks; nothing of the GRPO math.
+"""Checkpoint files on disk: written atomically, checked before a resume, found across a run's versions; the ones a
+run writes itself in its directory (``last.ckpt``, ``numerical-abort.ckpt``); and what a checkpoint keeps of a run
+beyond its weights (``save_run_state``). Knows Lightning's ``CheckpointIO`` plugin API, files and the ranks; nothing
+of the GRPO math.
 
 A checkpoint is written next to its final name (``.last.ckpt.tmp-<pid>`` in the same directory, hence the same
 filesystem), flushed to the disk (``fsync``), then renamed over the final name, and the directory entry is flushed
@@ -25,12 +26,14 @@ import zipfile
 from pathlib import Path
 from typing import Any
 
+import lightning as L
 import torch
 from lightning.fabric.utilities.cloud_io import get_filesystem
 from lightning.pytorch.plugins.io import TorchCheckpointIO
 from typing_extensions import override
 
 from lightning_grpo.ranks import every_rank, own_state
+from lightning_grpo.run import run_dir
 
 
 def _fsync_dir(path: Path) -> None:
@@ -137,6 +140,26 @@ def last_readable(candidates: list[Path]) -> tuple[Path | None, list[str]]:
             return path, skipped
         skipped.append(f"{path}: {why}")
     return None, skipped
+
+
+def save_last_checkpoint(trainer: L.Trainer, dirpath: str | None = None) -> Path:
+    """``checkpoints/last.ckpt`` in the run directory (or ``dirpath``); every rank must call it."""
+    path = (Path(dirpath) if dirpath else run_dir(trainer) / "checkpoints") / "last.ckpt"
+    trainer.save_checkpoint(path)
+    return path
+
+
+def numerical_abort(trainer: L.Trainer, message: str) -> FloatingPointError:
+    """Save ``checkpoints/numerical-abort.ckpt`` in the run directory (every rank calls it) and return the error
+    that stops training, naming the checkpoint."""
+    path = run_dir(trainer) / "checkpoints" / "numerical-abort.ckpt"
+    trainer.save_checkpoint(path)
+    error = FloatingPointError(
+        f"{message}; training stopped at global step {trainer.global_step} with a checkpoint at {path}. Try a lower "
+        "learning_rate, max_grad_norm, or reward functions that return finite numbers"
+    )
+    error.checkpoint_path = str(path)  # FaultCheckpoint writes no second one; the CLI names it
+    return error
 
 
 def save_run_state(checkpoint: dict[str, Any], counters: Any, entropy: Any, engine: Any, groups: Any) -> None:

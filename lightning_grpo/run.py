@@ -1,5 +1,5 @@
-"""The run as the trainer holds it: its own directory and ``last.ckpt`` there, and the version it takes. Knows
-Lightning's public API; nothing about GRPO.
+"""The run as the trainer holds it: its own directory, and the version it takes there. Knows Lightning's public API;
+nothing about GRPO.
 
 Every run owns a directory, whatever the logger: ``<save_dir>/<name>/<version>``, the rule Lightning's
 ``ModelCheckpoint`` follows for its ``checkpoints/`` (TensorBoard and CSV: ``lightning_logs/version_N``; MLflow's
@@ -104,23 +104,3 @@ def take_version(root: Path) -> int:
             return n
         except FileExistsError:
             n += 1
-
-
-def save_last_checkpoint(trainer: L.Trainer, dirpath: str | None = None) -> Path:
-    """``checkpoints/last.ckpt`` in the run directory (or ``dirpath``); every rank must call it."""
-    path = (Path(dirpath) if dirpath else run_dir(trainer) / "checkpoints") / "last.ckpt"
-    trainer.save_checkpoint(path)
-    return path
-
-
-def numerical_abort(trainer: L.Trainer, message: str) -> FloatingPointError:
-    """Save ``checkpoints/numerical-abort.ckpt`` in the run directory (every rank calls it) and return the error
-    that stops training, naming the checkpoint."""
-    path = run_dir(trainer) / "checkpoints" / "numerical-abort.ckpt"
-    trainer.save_checkpoint(path)
-    error = FloatingPointError(
-        f"{message}; training stopped at global step {trainer.global_step} with a checkpoint at {path}. Try a lower "
-        "learning_rate, max_grad_norm, or reward functions that return finite numbers"
-    )
-    error.checkpoint_path = str(path)  # FaultCheckpoint writes no second one; the CLI names it
-    return error

@@ -19,12 +19,12 @@ import torch
 from lightning.pytorch.utilities import rank_zero_warn
 from torch import Tensor
 
+from lightning_grpo.checkpoints import numerical_abort
 from lightning_grpo.loss import LossConfig, LossNormalizer, LossOutput
 from lightning_grpo.loss.entropy import EntropyController, entropy_threshold, high_entropy_mask
 from lightning_grpo.metrics import StepCounters
 from lightning_grpo.model.policy import Policy
 from lightning_grpo.ranks import Ranks
-from lightning_grpo.run import numerical_abort
 from lightning_grpo.targets import EntropyCut, Targets, TargetSettings
 from lightning_grpo.targets.build import normalizer, split_rows
 from lightning_grpo.types import RewardScores, Rollout

@@ -34,10 +34,10 @@ LAYERS = {
     "ranks": 4,
     "targets": 4,
     "groups": 4,  # the groups an update trains on: DAPO's dynamic sampling
-    "run": 4,  # the run directory, its checkpoint, the version it takes
+    "run": 4,  # the run directory and the version it takes
     "steplog": 4,  # a step's metrics logged at the cost the step can afford
     "seeding": 0,  # the seed of each step
-    "checkpoints": 4,  # checkpoint files: atomic writes, readable, found across versions; a run's own state
+    "checkpoints": 4,  # checkpoint files: atomic writes, readable, found across versions, last.ckpt; a run's state
     "update": 4,  # the optimiser steps of a generation batch, planned and driven
     "settings": 5,
     "module": 5,

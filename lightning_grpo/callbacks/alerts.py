@@ -16,7 +16,8 @@ import lightning as L
 from lightning.pytorch.utilities import rank_zero_warn
 from typing_extensions import override
 
-from lightning_grpo.run import run_dir, save_last_checkpoint
+from lightning_grpo.checkpoints import save_last_checkpoint
+from lightning_grpo.run import run_dir
 from lightning_grpo.types import StepRecord, step_record
 
 ACTIONS = ("warn", "stop", "raise")

@@ -22,7 +22,8 @@ import lightning as L
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 from typing_extensions import override
 
-from lightning_grpo.run import run_dir, save_last_checkpoint
+from lightning_grpo.checkpoints import save_last_checkpoint
+from lightning_grpo.run import run_dir
 
 NO_CHECKPOINT = (KeyboardInterrupt, SIGTERMException)  # a second Ctrl+C stops at once; SIGTERM saved its own
 

@@ -26,7 +26,7 @@ from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 from typing_extensions import override
 
-from lightning_grpo.run import save_last_checkpoint
+from lightning_grpo.checkpoints import save_last_checkpoint
 
 SIGNALS = {
     "SIGTERM": signal.SIGTERM,
