@@ -20,12 +20,13 @@ from typing_extensions import override
 
 from lightning_grpo.advantages import AdvantageConfig
 from lightning_grpo.checkpoints import load_run_state, save_run_state
+from lightning_grpo.distill.config import DistillConfig
+from lightning_grpo.distill.targets import dataset_rollout, no_reward, off_policy_step
 from lightning_grpo.engines import default_engine, engine_for
 from lightning_grpo.engines.base import RolloutEngine, Sampled
 from lightning_grpo.engines.config import SamplingConfig
 from lightning_grpo.groups import GroupBuffer
 from lightning_grpo.loss import LossConfig
-from lightning_grpo.loss.config import DistillConfig
 from lightning_grpo.loss.entropy import EntropyController
 from lightning_grpo.metrics import (
     StageClock,
@@ -47,7 +48,6 @@ from lightning_grpo.seeding import seeded, step_seed
 from lightning_grpo.settings import GRPOSettings
 from lightning_grpo.steplog import log_train_metrics
 from lightning_grpo.targets import UpdateConfig, build_targets
-from lightning_grpo.targets.distill import dataset_rollout, no_reward, off_policy_step
 from lightning_grpo.types import PromptBatch, RewardScores, Rollout, StepRecord
 from lightning_grpo.update import TrainedStep, Update, grad_scaler
 

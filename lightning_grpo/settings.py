@@ -17,10 +17,10 @@ from torch import nn
 
 from lightning_grpo.advantages import AdvantageConfig
 from lightning_grpo.checks import raise_problems
+from lightning_grpo.distill.config import DistillConfig
 from lightning_grpo.engines.base import RolloutEngine
 from lightning_grpo.engines.config import SamplingConfig
 from lightning_grpo.loss import LossConfig
-from lightning_grpo.loss.config import DistillConfig
 from lightning_grpo.model.config import PolicyConfig
 from lightning_grpo.optim import OptimConfig
 from lightning_grpo.rewards.calls import RewardCallConfig

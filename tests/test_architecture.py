@@ -25,7 +25,7 @@ LAYERS = {
     "data": 1,
     "images": 1,  # image columns: opened lazily, checked before compute (data and the rollout stage read them)
     "rewards": 1,
-    "model": 1,  # the model substrate: loading, materialize, sharding, log-probs, prefix, Policy
+    "model": 1,  # the model substrate: loading, materialize, sharding, log-probs, prefix, Policy and its teacher
     "engines": 3,
     "advantages": 3,
     "loss": 3,
@@ -33,6 +33,7 @@ LAYERS = {
     "metrics": 4,
     "ranks": 4,
     "targets": 4,
+    "distill": 4,  # on-policy distillation: its section, math and targets (its teacher is model/'s: Policy holds it)
     "groups": 4,  # the groups an update trains on: DAPO's dynamic sampling
     "run": 4,  # the run directory and the version it takes
     "steplog": 4,  # a step's metrics logged at the cost the step can afford
@@ -179,6 +180,7 @@ TESTED_WITH = {
     "demo/home.py": ["demo/test_tiny.py", "model/test_gguf.py"],
     "demo/registry.py": ["demo/test_tiny.py", "engines/vllm/test_heads.py"],
     "demo/guess.py": ["engines/multiturn/test_openenv.py"],
+    "distill/config.py": ["distill/test_targets.py"],
     "engines/agents/endpoint.py": ["engines/agents/test_engine.py"],
     "engines/agents/served.py": ["engines/agents/test_engine.py"],
     "engines/asynchronous/producer.py": ["engines/asynchronous/test_async_rollouts.py"],

@@ -13,7 +13,7 @@ import pytest
 import torch
 from helpers import MULTIPROCESS, rank_report
 
-from tests.targets.test_distill import teacher_dir  # noqa: F401  (the fixture)
+from tests.distill.test_targets import teacher_dir  # noqa: F401  (the fixture)
 
 
 def free_port() -> int:

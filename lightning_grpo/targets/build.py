@@ -15,16 +15,16 @@ import torch
 from torch import Tensor
 
 from lightning_grpo.advantages import AdvantageConfig, TokenRewards, kl_penalty, multi_objective_advantages
+from lightning_grpo.distill.config import DistillConfig
+from lightning_grpo.distill.loss import mix_advantages
+from lightning_grpo.distill.targets import DistillTargets, distill_targets
 from lightning_grpo.loss import LossConfig, LossNormalizer, LossOutput, grpo_loss
-from lightning_grpo.loss.config import DistillConfig
-from lightning_grpo.loss.distill import mix_advantages
 from lightning_grpo.model.logprobs import TokenLogps
 from lightning_grpo.model.padding import forward_positions
 from lightning_grpo.model.policy import Policy
 from lightning_grpo.ranks import Ranks
 from lightning_grpo.targets.config import UpdateConfig
 from lightning_grpo.targets.correction import SamplerCorrection, correction_metrics, mismatch_stats
-from lightning_grpo.targets.distill import DistillTargets, distill_targets
 from lightning_grpo.types import MismatchStats, RewardScores, Rollout, StepStats
 
 

@@ -124,7 +124,7 @@ class MismatchStats:
 @dataclass(frozen=True)
 class DistillStats:
     """How far the student is from the teacher on its own sampled tokens (``distill:``), over the loss tokens of
-    the global batch. ``loss.distill.distill_stats`` defines each number."""
+    the global batch. ``distill.loss.distill_stats`` defines each number."""
 
     reverse_kl: float  # mean log p_student(y_t) - log p_teacher(y_t): the one-sample KL(student || teacher) per token
     reverse_kl_std: float  # its spread over the tokens

@@ -11,8 +11,8 @@ from lightning_grpo.demo.tiny import build_tiny_qwen2, build_tokenizer
 from lightning_grpo.model.policy import Policy
 from lightning_grpo.model.served_teacher import TeacherServerError
 from lightning_grpo.model.teacher import TeacherModel
+from tests.distill.test_targets import rollout_of, teacher_dir  # noqa: F401  (the fixture)
 from tests.model.teacher_server import serving
-from tests.targets.test_distill import rollout_of, teacher_dir  # noqa: F401  (the fixture)
 
 
 @pytest.fixture(scope="module")

@@ -13,7 +13,7 @@ from lightning_grpo.model.config import PolicyConfig
 from lightning_grpo.model.logprobs import completion_logps
 from lightning_grpo.model.policy import Policy
 from lightning_grpo.model.teacher import TeacherModel
-from tests.targets.test_distill import rollout_of
+from tests.distill.test_targets import rollout_of
 
 
 def saved(path, model) -> str:

@@ -1,4 +1,4 @@
-"""A distillation run on 2 CPU processes for tests/targets/test_distill_parallel.py; each rank writes OUT/rank<k>.pt.
+"""A distillation run on 2 CPU processes for tests/distill/test_targets_parallel.py; each rank writes OUT/rank<k>.pt.
 
 ``python distill_parallel_run.py MODEL TEACHER DATA OUT MODE`` with MODE ``ddp`` or ``fsdp2``
 (``ModelParallelStrategy(data_parallel_size=2)``: the policy and the teacher are both ``fully_shard``-ed).

@@ -1,7 +1,7 @@
 """A rollout + the teacher -> what on-policy distillation trains against: the teacher's log-probs of the sampled
 tokens (once per generation batch, like the reference's), the dense reverse-KL advantage, and GKD's per-micro-batch
 term; and, for GKD's off-policy share (``lmbda < 1``), the steps that train on the dataset's own completions in
-place of the student's samples. The math is ``loss/distill.py``; the teacher is the Policy's
+place of the student's samples. The math is ``distill/loss.py``; the teacher is the Policy's
 (``model/teacher.py``)."""
 
 from __future__ import annotations
@@ -12,11 +12,8 @@ from dataclasses import dataclass, field, replace
 import torch
 from torch import Tensor
 
-from lightning_grpo.engines.config import SamplingConfig
-from lightning_grpo.engines.rollout import build_rollout, tokenized_prompts
-from lightning_grpo.loss import LossNormalizer
-from lightning_grpo.loss.config import DistillConfig
-from lightning_grpo.loss.distill import (
+from lightning_grpo.distill.config import DistillConfig
+from lightning_grpo.distill.loss import (
     OBJECTIVES,
     distill_stats,
     generalized_jsd_tokens,
@@ -24,6 +21,9 @@ from lightning_grpo.loss.distill import (
     reverse_kl_advantages,
     top_token_agreement,
 )
+from lightning_grpo.engines.config import SamplingConfig
+from lightning_grpo.engines.rollout import build_rollout, tokenized_prompts
+from lightning_grpo.loss import LossNormalizer
 from lightning_grpo.loss.reduce import at_least_one
 from lightning_grpo.model.policy import Policy
 from lightning_grpo.ranks import Ranks

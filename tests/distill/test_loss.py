@@ -8,7 +8,7 @@ import math
 import pytest
 import torch
 
-from lightning_grpo.loss.distill import (
+from lightning_grpo.distill.loss import (
     JSD_REDUCTIONS,
     distill_stats,
     generalized_jsd_loss,

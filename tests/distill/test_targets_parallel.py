@@ -7,7 +7,7 @@ import pytest
 import torch
 from helpers import run_ranks
 
-from tests.targets.test_distill import teacher_dir  # noqa: F401  (the fixture)
+from tests.distill.test_targets import teacher_dir  # noqa: F401  (the fixture)
 
 
 def run(mode: str, model_dir: str, teacher: str, data: str, out: Path) -> list[dict]:

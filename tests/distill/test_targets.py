@@ -1,5 +1,5 @@
 """On-policy distillation end to end on the tiny model: the teacher beside the policy (model/teacher.py), its
-log-probs once per generation batch and the mixed advantages (targets/distill.py), GKD's term in the update, the
+log-probs once per generation batch and the mixed advantages (distill/targets.py), GKD's term in the update, the
 ``distill:`` settings and the ``train/distill/*`` metrics."""
 
 from __future__ import annotations
@@ -15,11 +15,12 @@ from helpers import KeepRollouts, fit, logged, make_module
 from lightning_grpo import AdvantageConfig, PromptDataModule, SamplingConfig, UpdateConfig
 from lightning_grpo.cli.report import panels, write_report
 from lightning_grpo.demo.tiny import build_tiny_qwen2, build_tokenizer
+from lightning_grpo.distill.config import DistillConfig
+from lightning_grpo.distill.loss import generalized_jsd_loss
+from lightning_grpo.distill.targets import distill_targets, off_policy_step
 from lightning_grpo.engines import AsyncRollouts, LeanDecode
 from lightning_grpo.engines.decode.sampling import sampling_logits
 from lightning_grpo.loss import LossNormalizer
-from lightning_grpo.loss.config import DistillConfig
-from lightning_grpo.loss.distill import generalized_jsd_loss
 from lightning_grpo.model.logprobs import completion_logps
 from lightning_grpo.model.policy import Policy
 from lightning_grpo.model.served_teacher import TeacherServerError
@@ -27,7 +28,6 @@ from lightning_grpo.model.teacher import TeacherModel
 from lightning_grpo.ranks import Ranks
 from lightning_grpo.seeding import seeded
 from lightning_grpo.targets import TargetSettings, build_targets
-from lightning_grpo.targets.distill import distill_targets, off_policy_step
 from lightning_grpo.types import PromptBatch, RewardScores, Rollout
 from tests.test_docs import METRICS_TABLE, metric_patterns
 
