@@ -1,8 +1,10 @@
-"""A distributed checkpoint directory (FSDP2, full fine-tuning) -> Hugging Face format, one tensor at a time.
-``lightning-grpo export CHECKPOINT OUT`` runs it. Knows checkpoint layouts; nothing about training."""
+"""The policy, or a distributed checkpoint directory (FSDP2, full fine-tuning), -> Hugging Face format: the model
+in training gathered and saved (``save_hf``), a checkpoint one tensor at a time (``lightning-grpo export CHECKPOINT
+OUT`` runs ``export_distributed_checkpoint``). Knows checkpoint layouts; nothing about training."""
 
 from __future__ import annotations
 
+import copy
 import json
 from pathlib import Path
 from typing import Any
@@ -10,10 +12,29 @@ from typing import Any
 import torch
 import torch.distributed.checkpoint as dcp
 from safetensors.torch import save_file
+from torch import nn
 from transformers import AutoConfig, AutoTokenizer
 
 from lightning_grpo.model.gguf import with_gguf_file
-from lightning_grpo.model.loading import resolve_pretrained
+from lightning_grpo.model.loading import merged_lora, resolve_pretrained
+from lightning_grpo.model.sharding import full_state_dict, is_sharded
+
+
+def save_hf(model: nn.Module, inputs: Any, path: str, is_global_zero: bool, merged: bool = False) -> None:
+    """``model`` in Hugging Face format in ``path``, with ``inputs`` (what reads its inputs: a VLM's processor, else
+    the tokenizer) beside it. Every rank calls it: a sharded model is gathered first (a collective); rank 0 writes. A
+    full model: ``AutoModelForCausalLM.from_pretrained(path)``. A LoRA model: its adapter, as TRL and PEFT save it
+    (``PeftModel.from_pretrained(base, path)``), and with ``merged`` also the merged model (base + adapter in full
+    weights, from a copy: training can go on) in ``path/merged``."""
+    state = full_state_dict(model) if is_sharded(model) else None
+    if not is_global_zero:
+        return
+    model.save_pretrained(path, state_dict=state)
+    inputs.save_pretrained(path)
+    if merged:
+        whole = merged_lora(model, state) if state is not None else copy.deepcopy(model).merge_and_unload()
+        whole.save_pretrained(f"{path}/merged")
+        inputs.save_pretrained(f"{path}/merged")
 
 
 def export_distributed_checkpoint(checkpoint: str | Path, out: str | Path, max_shard_bytes: int = 2**30) -> Path:

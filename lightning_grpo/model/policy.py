@@ -19,6 +19,7 @@ from lightning.pytorch.strategies import FSDPStrategy, ModelParallelStrategy, St
 from torch import Tensor, nn
 
 from lightning_grpo.model.config import PolicyConfig
+from lightning_grpo.model.export import save_hf
 from lightning_grpo.model.loading import (
     DTYPES,
     checkpointing,
@@ -27,7 +28,6 @@ from lightning_grpo.model.loading import (
     frozen_copy,
     load_policy,
     load_tokenizer,
-    merged_lora,
     resolve_pretrained,
     with_lora,
 )
@@ -36,7 +36,7 @@ from lightning_grpo.model.materialize import empty_causal_lm, is_empty, load_wei
 from lightning_grpo.model.padding import packing_problem, row_plan
 from lightning_grpo.model.prefix import has_sliding_window
 from lightning_grpo.model.served_teacher import ServedTeacher
-from lightning_grpo.model.sharding import LOGPS_METHOD, clip_gradients, full_state_dict, is_sharded, shard_causal_lm
+from lightning_grpo.model.sharding import LOGPS_METHOD, clip_gradients, is_sharded, shard_causal_lm
 from lightning_grpo.model.teacher import TeacherModel, completion_logits, frozen_logits, load_teacher
 from lightning_grpo.model.vision import (
     check_multimodal,
@@ -383,26 +383,10 @@ class Policy(nn.Module):
             )
 
     def save_pretrained(self, path: str, is_global_zero: bool, merged: bool = False) -> None:
-        """Hugging Face format. Every rank calls it: a sharded policy is gathered first (a collective); rank 0
-        writes. A full model: ``AutoModelForCausalLM.from_pretrained(path)``. A LoRA policy: its adapter, as TRL
-        and PEFT save it (``PeftModel.from_pretrained(base, path)``), and with ``merged`` also the merged model
-        (base + adapter in full weights, from a copy: training can go on) in ``path/merged``."""
-        model, state = self.model, None
-        if is_sharded(model):
-            state = full_state_dict(model)
-        if not is_global_zero:
-            return
-        model.save_pretrained(path, state_dict=state)
-        self._text_and_images().save_pretrained(path)
-        if self.is_lora and merged:
-            whole = merged_lora(model, state) if state is not None else copy.deepcopy(model).merge_and_unload()
-            whole.save_pretrained(f"{path}/merged")
-            self._text_and_images().save_pretrained(f"{path}/merged")
-
-    def _text_and_images(self) -> Any:
-        """What reads the model's inputs, saved beside it: a VLM's processor (tokenizer, image processor), else the
-        tokenizer."""
-        return self.processor if self.processor is not None else self.tokenizer
+        """Hugging Face format, with its processor or tokenizer (``export.save_hf``: a LoRA policy saves its adapter,
+        and with ``merged`` the merged model too). Every rank calls it: a sharded policy is gathered first."""
+        inputs = self.processor if self.processor is not None else self.tokenizer  # what reads the model's inputs
+        save_hf(self.model, inputs, path, is_global_zero, merged and self.is_lora)
 
 
 @contextlib.contextmanager
