@@ -73,6 +73,8 @@ from lightning_grpo.module import GRPOModule
 from lightning_grpo.run import RUN_VERSION, own_version
 
 TRAINER_DEFAULTS = {"log_every_n_steps": 1, "num_sanity_val_steps": -1}
+
+
 def importable_dirs(argv: list[str]) -> list[str]:
     """The working directory and the directory of every ``--config`` / ``-c`` file, appended to ``sys.path``
     (after the installed packages) so a config's import paths find ``my_rewards.py`` next to it."""
