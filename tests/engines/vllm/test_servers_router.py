@@ -17,9 +17,10 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 import requests
+import torch
 
 from lightning_grpo.engines.vllm import control, pool
-from lightning_grpo.engines.vllm.control import ServerControl, call
+from lightning_grpo.engines.vllm.control import ServerControl, WeightsFile, call
 from lightning_grpo.engines.vllm.pool import ServerPool
 from lightning_grpo.engines.vllm.sync import Unreachable
 
@@ -30,14 +31,16 @@ class Answering(BaseHTTPRequestHandler):
 
     def do_POST(self) -> None:
         body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+        if self.path != "/v1/completions":  # vLLM without VLLM_SERVER_DEV_MODE=1: no /collective_rpc
+            return self.reply({"detail": "Not Found"}, 404)
         self.server.completions += 1
         n = len(body["prompt"]) * body.get("n", 1)
         self.reply({"choices": [{"index": i, "token_ids": [7], "logprobs": {"token_logprobs": [-0.5]}}
                                 for i in range(n)]})  # fmt: skip
 
-    def reply(self, answer: dict) -> None:
+    def reply(self, answer: dict, status: int = 200) -> None:
         data = json.dumps(answer).encode()
-        self.send_response(200)
+        self.send_response(status)
         self.send_header("Content-Length", str(len(data)))
         self.end_headers()
         self.wfile.write(data)
@@ -157,3 +160,12 @@ def test_a_hung_out_of_service_server_costs_a_sync_one_second_then_nothing_for_a
     refused = ServerControl(f"http://127.0.0.1:{free_port()}", "2", timeout=600)
     assert not refused.answers_again() and refused.quiet_until == 0.0
     assert ServerControl(servers[0].url, "0", timeout=600).answers_again()
+
+
+def test_a_server_without_dev_mode_is_named_with_the_setting_that_fixes_it(servers, tmp_path):
+    """Issue 59 item 2: the first push to a server started without VLLM_SERVER_DEV_MODE=1 got `/collective_rpc`
+    404, which named no fix."""
+    server = ServerControl(servers[0].url, "0", timeout=60)
+    server.weights_file = WeightsFile(str(tmp_path))
+    with pytest.raises(RuntimeError, match=r"answers 404 to /collective_rpc.*Start it with VLLM_SERVER_DEV_MODE=1"):
+        server.push({"w": torch.zeros(2)})
