@@ -194,13 +194,20 @@ def fit_tiny(args: list[str], cwd: Path) -> Path:
     config = config_of(args)
     default = config.get("trainer", {}).get("default_root_dir") or "runs/docs"
     root_dir = cwd / default
-    full = ["fit", *args, *tiny_overrides(config, root_dir)]
+    overrides = tiny_overrides(config, root_dir)
+    off = "--model.distill=null" in args or ["--model.distill", "null"] in map(list, zip(args, args[1:]))
+    if off and "--model.distill.teacher" in overrides:  # distillation off, as the command says: no tiny teacher
+        at = overrides.index("--model.distill.teacher")
+        overrides = overrides[:at] + overrides[at + 2 :]
+    full = ["fit", *args, *overrides]
     if is_multiprocess_cpu(config):  # DDP re-runs the command for the other ranks: not pytest's
         proc = subprocess.run([*CLI, *full], cwd=cwd, capture_output=True, text=True, timeout=600)
         assert proc.returncode == 0, proc.stderr[-3000:]
     else:
         main(full)
     run = last_run(root_dir)
+    if off:
+        assert not any("train/distill/reverse_kl" in name for name in read_series(run)), run
     exported = run / "hf_model"  # a LoRA run exports its adapter there (and the merged model in merged/)
     assert (run / "summary.json").exists()
     assert (exported / "config.json").exists() or (exported / "adapter_config.json").exists()
