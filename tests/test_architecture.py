@@ -198,8 +198,16 @@ TESTED_WITH = {
     "engines/vllm/lora.py": ["engines/vllm/test_sync.py", "engines/vllm/test_real.py"],
     "engines/vllm/seeds.py": ["engines/vllm/test_real.py"],
     "engines/vllm/agree.py": ["engines/vllm/test_servers.py", "engines/vllm/test_real_servers_ranks.py"],
-    "engines/vllm/control.py": ["engines/vllm/test_servers.py", "engines/vllm/test_real_servers.py"],
-    "engines/vllm/pool.py": ["engines/vllm/test_servers.py", "engines/vllm/test_servers_sticky.py"],
+    "engines/vllm/control.py": [
+        "engines/vllm/test_servers.py",
+        "engines/vllm/test_real_servers.py",
+        "engines/vllm/test_servers_router.py",
+    ],
+    "engines/vllm/pool.py": [
+        "engines/vllm/test_servers.py",
+        "engines/vllm/test_servers_sticky.py",
+        "engines/vllm/test_servers_router.py",
+    ],
     "images.py": ["model/test_vision.py"],
     "loss/config.py": ["test_settings.py", "loss/test_objectives.py"],
     "loss/entropy.py": ["loss/test_objectives.py"],

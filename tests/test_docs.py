@@ -194,13 +194,20 @@ def fit_tiny(args: list[str], cwd: Path) -> Path:
     config = config_of(args)
     default = config.get("trainer", {}).get("default_root_dir") or "runs/docs"
     root_dir = cwd / default
-    full = ["fit", *args, *tiny_overrides(config, root_dir)]
+    overrides = tiny_overrides(config, root_dir)
+    off = "--model.distill=null" in args or ["--model.distill", "null"] in map(list, zip(args, args[1:]))
+    if off and "--model.distill.teacher" in overrides:  # distillation off, as the command says: no tiny teacher
+        at = overrides.index("--model.distill.teacher")
+        overrides = overrides[:at] + overrides[at + 2 :]
+    full = ["fit", *args, *overrides]
     if is_multiprocess_cpu(config):  # DDP re-runs the command for the other ranks: not pytest's
         proc = subprocess.run([*CLI, *full], cwd=cwd, capture_output=True, text=True, timeout=600)
         assert proc.returncode == 0, proc.stderr[-3000:]
     else:
         main(full)
     run = last_run(root_dir)
+    if off:
+        assert not any("train/distill/reverse_kl" in name for name in read_series(run)), run
     exported = run / "hf_model"  # a LoRA run exports its adapter there (and the merged model in merged/)
     assert (run / "summary.json").exists()
     assert (exported / "config.json").exists() or (exported / "adapter_config.json").exists()
@@ -477,3 +484,34 @@ def test_every_reward_the_docs_name_works_by_its_import_path_on_the_command_line
         cli = GRPOCLI(GRPOModule, PromptDataModule, args=args, run=False, parser_class=GRPOArgumentParser,
                       auto_configure_optimizers=False)  # fmt: skip
         assert [f"lightning_grpo.rewards.{reward_name(f)}" for f in cli.model.rewards.funcs] == names, given
+
+
+def test_the_default_engine_logs_the_sampler_rows_only_with_sampler_logps(tmp_path):
+    """references/metrics.md: the default engine (LeanDecode) records no sampler log-probs, so no
+    `train/sampling/*` row is logged; `sampler_logps: true` records them and the rows appear."""
+    engine = ["--model.rollout_engine", "lightning_grpo.engines.LeanDecode"]
+    rows = {}
+    for on in (False, True):
+        flags = [*engine, "--model.rollout_engine.init_args.sampler_logps", str(on).lower()]
+        run = fit_tiny(["--config", str(TINY_CONFIG), "--trainer.log_every_n_steps", "1", *flags], tmp_path / str(on))
+        rows[on] = [name for name in read_series(run) if name.startswith("train/sampling/")]
+    assert rows[False] == [] and "train/sampling/token_mult_prob_error" in rows[True], rows
+    assert "sampler_logps: true" in METRICS_TABLE.read_text()
+
+
+def test_the_readme_table_names_files_that_exist_and_its_not_here_row_what_no_row_claims():
+    """README's table against TRL said several servers behind a router were "not here (issues open)" while its
+    engines row and tests/engines/vllm/test_real_servers.py had them: every file a row names exists, and no item of
+    the "not here" row is what another row says is built."""
+    text = (ROOT / "README.md").read_text()
+    table = text.split("## Against TRL", 1)[1].split("\n\n", 2)[1]
+    rows = [[cell.strip() for cell in line.strip("|").split("|")] for line in table.splitlines()[2:]]
+    for row in rows:
+        for path in re.findall(r"(?:tests|references|templates|examples|benchmarks)/[\w/.-]+\.(?:py|md|yaml)", row[1]):
+            assert (ROOT / path).exists(), f"README's row {row[0]!r} names {path}, which does not exist"
+    claimed = " ".join(row[1] for row in rows if row[0] != "not here")
+    missing = [row[1] for row in rows if row[0] == "not here"]
+    for item in (i.split(" (")[0].strip() for row in missing for i in row.split(", ")):
+        assert item and item not in claimed, f"README says {item!r} is not here, and another row says it is"
+    assert "(issue open)" in missing[0]
+    assert "vllm-router" in (ROOT / "tests/engines/vllm/test_real_servers.py").read_text()

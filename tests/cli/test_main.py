@@ -434,3 +434,20 @@ def test_two_runs_started_at_once_in_one_root_each_take_a_run_directory_of_their
     for version in versions:
         run_dir = tmp_path / "runs" / "tiny_cpu" / "lightning_logs" / version
         assert (run_dir / "summary.json").exists() and (run_dir / "hf_model" / "config.json").exists(), version
+
+
+@pytest.mark.parametrize("off", [["--model.distill", "null"], ["--model.distill=null"], ["yaml"]], ids=str)
+def test_distillation_is_turned_off_on_the_command_line_and_in_yaml(tmp_path, monkeypatch, off):
+    """`--model.distill null`, the natural way to turn it off, was refused ("Unable to load config 'null'"): now it
+    is `--model.distill.teacher null`, as YAML's `distill: null` is. The template's teacher does not exist here (a
+    run that loaded it would fail): the run trains on its reward alone, as the GRPO arm of the comparison."""
+    monkeypatch.chdir(tmp_path)
+    if off == ["yaml"]:
+        (tmp_path / "off.yaml").write_text("model:\n  distill: null\n")
+        off = ["--config", "off.yaml"]
+    main(["fit", "--config", str(ROOT / "templates" / "distill_cpu.yaml"), *off, "--trainer.max_steps", "1",
+          "--data.max_val_prompts", "8", "--trainer.default_root_dir", str(tmp_path / "run")])  # fmt: skip
+    run_dir = next((tmp_path / "run").glob("lightning_logs/version_*"))
+    assert (yaml.safe_load((run_dir / "config.yaml").read_text())["model"]["distill"] or {}).get("teacher") is None
+    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    assert any("train/reward" in r for r in rows) and not any("train/distill/reverse_kl" in r for r in rows)

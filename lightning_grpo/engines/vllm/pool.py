@@ -13,6 +13,12 @@ tries; a server that failed is taken out of the data plane until ``VLLMServer``'
 and has given it the current weights. No completion is ever made up for a request that failed: when no try is
 left the call raises ``NoServerLeft``, and the run stops there instead of scoring an empty completion.
 
+A router that does not answer (refused, timed out: not a 5xx, which is a server's failure passed on) is a router
+down: one warning names it, the rank's requests go straight to the servers (``servers/router/down`` 1, and
+``servers/router/failed`` counts its tries that got no answer) and the router gets a request's first try again only
+once it answers ``/health``, asked for at most ``OUT_HEALTH_SECONDS`` every ``ROUTER_RETRY_SECONDS``: a dead router
+costs one short question a minute, not a failed try of every chunk of every step.
+
 An agent episode's turns (``complete_sessions``) stick to one server, so that its prefix cache serves the next turn:
 each request carries the episode in vllm-router's session header (``X-Session-ID``, which its ``consistent_hash``
 policy hashes to a server) and, without a router, the pool pins each new episode to the live server holding the
@@ -34,10 +40,15 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 from urllib.parse import quote
 
+from lightning.pytorch.utilities import rank_zero_warn
+
 from lightning_grpo.engines.vllm.control import (
+    OUT_HEALTH_SECONDS,
+    NoAnswer,
     NoServerLeft,
     call,
     completion_body,
+    health,
     parse_choices,
     process_start,
 )
@@ -47,6 +58,7 @@ SESSION_HEADER = "X-Session-ID"  # vllm-router's consistent_hash policy routes b
 OFF_ROUTER = -1  # an episode the router's server failed: pinned by the pool at its next try
 SESSION_THREADS = 64  # turn requests of one call in flight at once (the server batches them)
 RESTART_CHECK_SECONDS = 5.0  # within a step (an agent's turns), each rank reads the servers' processes this often
+ROUTER_RETRY_SECONDS = 60.0  # a router that did not answer gets a request's first try again after this long
 
 
 class ServerPool:
@@ -82,6 +94,8 @@ class ServerPool:
         self.checked_at = 0.0  # time.monotonic() of the last check_restarts; another after RESTART_CHECK_SECONDS
         self.restarted = 0  # live servers found restarted since the last sync, this step
         self.direct = False  # the router skipped until the next sync: it still routes to a restarted server
+        self.router_back_at = 0.0  # time.monotonic() before which the router, found down, gets no try
+        self.router_failed = 0  # tries through the router that got no answer, this step
 
     def __getstate__(self) -> dict[str, Any]:  # a copy for another process: a lock and a session of its own
         return {k: v for k, v in self.__dict__.items() if k not in ("lock", "session")}
@@ -123,7 +137,7 @@ class ServerPool:
                 answer = call(self.session, "POST", f"{url}/v1/completions", self.request_timeout, body)
                 return parse_choices(answer, expected)
             except Unreachable as err:
-                self._failed(target, len(prompts), f"{url}: {err}")
+                self._failed(target, len(prompts), f"{url}: {err}", err)
         raise NoServerLeft(
             f"VLLMServer: {len(prompts)} prompts of rank {self.rank} got no completion after {self.max_tries} tries "
             f"(max_tries); live servers: {[self.urls[i] for i in sorted(self.live)]}. Failures: {self.failures[-4:]}"
@@ -151,11 +165,11 @@ class ServerPool:
             url = self.router if target == "router" else self.urls[int(target)]
             self._count(target)
             try:
-                return parse_choices(call(self.session, "POST", f"{url}/v1/completions", self.request_timeout,
-                                          body, headers), 1)  # fmt: skip
+                answer = call(self.session, "POST", f"{url}/v1/completions", self.request_timeout, body, headers)
+                return parse_choices(answer, 1)
             except Unreachable as err:
-                self._failed(target, 0, f"{url}: {err}")
-                if target == "router":  # the router's server for it failed: the pool pins it from now on
+                self._failed(target, 0, f"{url}: {err}", err)
+                if target == "router" and not isinstance(err, NoAnswer):  # its server failed: pinned from now on
                     with self.lock:
                         self.pinned[session], self.moved_sessions = OFF_ROUTER, self.moved_sessions + 1
         raise NoServerLeft(
@@ -171,7 +185,7 @@ class ServerPool:
         place; ``None`` when none is live."""
         with self.lock:
             server = self.pinned.get(session)
-            if server is None and self.router is not None and not self.direct:
+            if server is None and self._routed():
                 return "router"
             if server is None or server not in self.live:
                 live = sorted(self.live)
@@ -188,11 +202,35 @@ class ServerPool:
     def _target(self, j: int, attempt: int) -> str | None:
         """Where try ``attempt`` of chunk ``j`` goes: the router first when there is one, else (and for retries)
         the live servers in turn from (rank + j); ``None`` when none is live."""
-        if self.router is not None and attempt == 0 and not self.direct:
-            return "router"
         with self.lock:
+            if attempt == 0 and self._routed():
+                return "router"
             live = sorted(self.live)
         return str(live[(self.rank + j + attempt) % len(live)]) if live else None
+
+    def _routed(self) -> bool:
+        """Whether a first try goes to the router: there is one, no restarted server is behind it, and it is not
+        down. A router down is asked for its ``/health`` (at most ``OUT_HEALTH_SECONDS``) once
+        ``ROUTER_RETRY_SECONDS`` have passed, and routes again when it answers. Under ``self.lock``."""
+        if self.router is None or self.direct:
+            return False
+        if self.router_back_at and time.monotonic() >= self.router_back_at:
+            up = health(self.session, self.router, OUT_HEALTH_SECONDS)
+            self.router_back_at = 0.0 if up else time.monotonic() + ROUTER_RETRY_SECONDS
+        return not self.router_back_at
+
+    def _router_down(self, err: NoAnswer) -> None:
+        """The router got no answer: skipped for ``ROUTER_RETRY_SECONDS``, said once when it goes down. Under
+        ``self.lock``."""
+        self.router_failed += 1
+        if self.router_back_at == 0.0:  # up until now (a retry that fails again says nothing more)
+            rank_zero_warn(
+                f"VLLMServer: the router {self.router} (router_url) does not answer ({err}). Requests go straight "
+                f"to the {len(self.live)} live servers, which serve them; the router gets a request again every "
+                f"{ROUTER_RETRY_SECONDS:g} s (train/servers/router/down is 1 meanwhile). Start it again, or unset "
+                "router_url"
+            )
+        self.router_back_at = time.monotonic() + ROUTER_RETRY_SECONDS
 
     def expect(self, live: set[int], started: dict[int, float | None]) -> None:
         """After a sync: requests go to ``live``, whose processes (``process_start``) got its weights."""
@@ -229,12 +267,14 @@ class ServerPool:
         with self.lock:
             self.requests[target] += 1
 
-    def _failed(self, target: str, groups: int, why: str) -> None:
+    def _failed(self, target: str, groups: int, why: str, err: Unreachable) -> None:
         with self.lock:
             self.retried_groups += groups
             self.failures.append(why)
-            if target != "router":  # a router's failure names no server
+            if target != "router":
                 self.live.discard(int(target))
+            elif isinstance(err, NoAnswer):  # the router itself; a 5xx through it is its server's failure
+                self._router_down(err)
 
     def take_metrics(self) -> dict[str, float]:
         """This step's ``servers/*`` metrics (requests by target, groups sent again), the counts then reset."""
@@ -242,12 +282,16 @@ class ServerPool:
             metrics = {f"servers/{name}/requests": float(count) for name, count in self.requests.items()}
             if self.router is None:
                 metrics.pop("servers/router/requests")
+            else:
+                metrics["servers/router/failed"] = float(self.router_failed)
+                metrics["servers/router/down"] = float(self.router_back_at > 0.0)
             metrics["servers/retried_groups"] = float(self.retried_groups)
             metrics["servers/restarted"] = float(self.restarted)
             if self.turns:  # a step that served agent episodes
                 metrics["servers/moved_sessions"] = float(self.moved_sessions)
             self.requests = dict.fromkeys(self.requests, 0)
             self.retried_groups, self.failures, self.moved_sessions, self.turns = 0, [], 0, 0
+            self.router_failed = 0
             self.restarted, self.check_due = 0, True
             self.pinned, self.pinned_on = {}, Counter()  # a step's episodes end with it
         return metrics

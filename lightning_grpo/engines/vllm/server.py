@@ -32,7 +32,15 @@ from lightning_grpo.engines.prompts import tokenize_prompts
 from lightning_grpo.engines.rollout import cut_turns, sampled_rollout
 from lightning_grpo.engines.vllm import channel
 from lightning_grpo.engines.vllm.agree import all_ranks, bounded_barrier, scatter_from_zero
-from lightning_grpo.engines.vllm.control import NoServerLeft, ServerControl, WeightsFile, check_url, server_urls
+from lightning_grpo.engines.vllm.control import (
+    OUT_HEALTH_SECONDS,
+    OUT_QUIET_SECONDS,
+    NoServerLeft,
+    ServerControl,
+    WeightsFile,
+    check_url,
+    server_urls,
+)
 from lightning_grpo.engines.vllm.logprobs import LOGPROBS_MODES, PROCESSED, mode_problems
 from lightning_grpo.engines.vllm.lora import LoraSync
 from lightning_grpo.engines.vllm.pool import ServerPool
@@ -434,7 +442,8 @@ class VLLMServer(TokenSampler, ServedWeights):
             rank_zero_warn(
                 f"VLLMServer: the server {self.urls[int(name)]} is out of service from the weight sync of step "
                 f"{self.synced_step}: {why}. Requests go to the {len(live)} live of {len(self.urls)} servers; it "
-                "gets the current weights at a later sync, once it answers /health again"
+                "gets the current weights at a later sync, once it answers /health again (asked at each sync for "
+                f"at most {OUT_HEALTH_SECONDS:g} s, and not for {OUT_QUIET_SECONDS:g} s after it leaves one unanswered)"
             )
         self._serve(live, started)
         bounded_barrier(self.sync_timeout, f"VLLMServer's weight sync of step {self.synced_step}", self.world_size)
@@ -453,7 +462,7 @@ class VLLMServer(TokenSampler, ServedWeights):
 
     def _answering(self, out: set[int]) -> list[int]:
         """Rank 0: the servers of ``out`` that answer ``/health`` again."""
-        return [i for i in sorted(out) if self.controls[i].healthy()]
+        return [i for i in sorted(out) if self.controls[i].answers_again()]
 
     def _process_starts(self, servers: set[int]) -> dict[int, float | None]:
         """Rank 0: each server's ``process_start`` (one ``GET /metrics`` each); empty elsewhere."""

@@ -141,7 +141,9 @@ def check_sync(engine: str, step: int, check: SyncCheck, server: str = "") -> di
         f"{f' server {server},' if server else ''} on the probe "
         f"prompt {token}greedy tokens {check.tokens}, sampled-token log-probs differ from the policy's by up to "
         f"{check.logp_error:.3g} (tolerance {check.atol:g}). Generation would go on from stale weights. Check that "
-        "the engine serves the policy's model and that its weight push reaches it (`lightning-grpo selfcheck`)"
+        "the engine serves the policy's model, in the policy's dtype (a float32 policy beside a bfloat16 server "
+        "differs by ~1e-2: serve it with --dtype float32, which python -m lightning_grpo.engines.vllm.launch sets), "
+        "and that its weight push reaches it (`lightning-grpo selfcheck`)"
     )
 
 

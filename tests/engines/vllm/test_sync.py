@@ -50,6 +50,12 @@ def test_stale_log_probs_fail_naming_engine_step_and_difference():
         check_sync("VLLMColocate", 3, check([-0.52, -1.0], [-0.5, -1.0], [-0.5, -1.0]))
 
 
+def test_a_sync_check_that_fails_names_the_dtype_to_serve_in():
+    """Issue 59 item 2: a bfloat16 server beside a float32 policy failed the check by 0.00908, naming no dtype."""
+    with pytest.raises(WeightSyncError, match=r"in the policy's dtype .* serve it with --dtype float32"):
+        check_sync("VLLMServer", 1, check([-0.509, -1.0], [-0.5, -1.0], [-0.5, -1.0]))
+
+
 def test_a_token_the_policy_would_not_pick_fails_at_its_position():
     # position 1: the policy's top log-prob is -0.2, the engine's token has -1.0 under the policy
     with pytest.raises(WeightSyncError, match="its token at position 1 is not the policy's top token"):
