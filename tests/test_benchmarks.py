@@ -159,3 +159,20 @@ def test_async_stages_time_each_stage_at_both_thread_counts(tmp_path):
         assert set(seconds) == {"generation", "no-grad log-prob pass", "forward + backward + AdamW"}
         assert all(s > 0 for s in seconds.values())
     assert "stage (tiny shape, one step)" in proc.stdout
+
+
+def test_the_benchmarks_last_number_reward_scores_as_numeric_match_reward():
+    """The TRL worker's copy (no lightning import) gives the package reward's scores on the SmolLM2 task's replies,
+    as plain text and as TRL's chat messages."""
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    from bench_assets import last_number_reward
+
+    from lightning_grpo.rewards import numeric_match_reward
+
+    replies = ["The largest is 82.", "82 is bigger than 47, so 15", "Comparing 47, 82 and 15: 1,082", "none", "-5"]
+    answers = ["82", "82", "1082", "82", "-5"]
+    expected = numeric_match_reward(replies, answers)
+    assert expected == [1.0, 0.0, 1.0, 0.0, 1.0]
+    assert last_number_reward(replies, answers) == expected
+    chat = [[{"role": "assistant", "content": r}] for r in replies]
+    assert last_number_reward(chat, answers) == expected
