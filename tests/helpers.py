@@ -60,7 +60,20 @@ def smollm2_missing() -> str | None:
 
     package = NAMED["lightning-grpo/smollm2-135m-instruct"][0]
     missing = [p for p in (package, "gguf") if importlib.util.find_spec(p) is None]
-    return f'{", ".join(missing)} not installed ({INSTALL_COMMAND})' if missing else None
+    return f"{', '.join(missing)} not installed ({INSTALL_COMMAND})" if missing else None
+
+
+def write_short_smollm2(source: str, path: Path, layers: int = 2) -> str:
+    """SmolLM2-135M-Instruct (the converted folder ``source``) cut to its first ``layers`` of 30 decoder layers, saved
+    in ``path``: its own tokenizer, chat template and EOS (``<|im_end|>``), its config otherwise (tied embeddings,
+    vocabulary 49,152, heads of 64), its real weights for the layers kept. 55M parameters at 2 layers, most of them
+    the embedding (49,152 x 576)."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    AutoTokenizer.from_pretrained(source).save_pretrained(path)
+    model = AutoModelForCausalLM.from_pretrained(source, num_hidden_layers=layers)  # layers 2-29's weights unread
+    model.save_pretrained(path)
+    return str(path)
 
 
 def console_script() -> str:
@@ -73,6 +86,11 @@ def console_script() -> str:
 def length_reward(completions, **kwargs):
     """Varies across completions, so groups have a spread and the policy gets a gradient."""
     return [len(c) / 8 for c in completions]
+
+
+def answer_length(completions, **kwargs):
+    """Characters of each chat completion's answer: varies where ``length_reward`` (one message each) cannot."""
+    return [len(c[0]["content"]) for c in completions]
 
 
 def make_module(model_dir, **kw):

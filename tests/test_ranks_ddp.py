@@ -1,4 +1,5 @@
-"""Two real processes on gloo: weights stay in sync, ranks sample differently, metrics and alerts are global."""
+"""Two real processes on gloo: weights stay in sync, ranks sample differently, metrics and alerts are global; on the
+tiny model and on SmolLM2-135M-Instruct's first 2 layers (its tokenizer, config and tied embeddings: issue 57)."""
 
 import json
 
@@ -7,8 +8,10 @@ from helpers import run_ranks
 
 
 @pytest.mark.slow
-def test_two_process_ddp_run(tiny_model_dir, arith_jsonl, tmp_path):
-    ranks = run_ranks("ddp_run.py", [tiny_model_dir, arith_jsonl, str(tmp_path), "batch"], tmp_path)
+@pytest.mark.parametrize("model", ["tiny_model_dir", "smollm2_short_dir"])  # the tiny Qwen2; SmolLM2's 2 layers
+def test_two_process_ddp_run(model, arith_jsonl, tmp_path, request):
+    model_dir = request.getfixturevalue(model)
+    ranks = run_ranks("ddp_run.py", [model_dir, arith_jsonl, str(tmp_path), "batch"], tmp_path)
     assert ranks[0]["param_head"] == ranks[1]["param_head"]  # gradients were all-reduced
     # the alert fired on rank 0 only, and both ranks stopped at the same step
     assert [r["alert_firings"] for r in ranks] == [1, 0]

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from helpers import ROOT, fit, logged, smollm2_missing
+from helpers import ROOT, answer_length, fit, logged, smollm2_missing
 from transformers import AutoModelForCausalLM, AutoTokenizer, LlamaConfig, LlamaForCausalLM
 
 from lightning_grpo import GRPOModule, PromptDataModule
@@ -221,8 +221,3 @@ def test_the_named_smollm2_loads_as_its_gguf_and_trains_a_step(tmp_path):
     trainer = fit(module, PromptDataModule(str(tmp_path / "train.jsonl"), batch_size=2, val_split=None), tmp_path, 1)
     metrics = logged(trainer)  # 2 prompts x 2 completions x 4 tokens: one optimiser step
     assert trainer.global_step == 1 and math.isfinite(metrics["train/loss"][0]) and len(metrics["train/reward"]) == 1
-
-
-def answer_length(completions, **kwargs):
-    """Characters of each chat completion's answer."""
-    return [len(c[0]["content"]) for c in completions]
