@@ -20,10 +20,11 @@ from lightning_grpo import PromptDataModule
 from lightning_grpo.engines import HFGenerate, VLLMColocate, VLLMServer
 from lightning_grpo.engines.config import SamplingConfig
 from lightning_grpo.model.policy import Policy
-from tests.engines.vllm.test_real import assert_sampler_is_the_policy, free, free_port
-from tests.test_smollm2 import PROMPTS
 
-require_real_vllm()
+require_real_vllm()  # before test_real's helpers: that module skips itself at the same line where vLLM is missing
+
+from tests.engines.vllm.test_real import assert_sampler_is_the_policy, free, free_port  # noqa: E402
+from tests.test_smollm2 import PROMPTS  # noqa: E402
 
 pytestmark = pytest.mark.slow
 
