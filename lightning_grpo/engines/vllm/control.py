@@ -102,6 +102,25 @@ def parse_choices(answer: dict, expected: int) -> tuple[list[list[int]], list[li
     return [c["token_ids"] for c in choices], [c["logprobs"]["token_logprobs"] for c in choices]
 
 
+def chat_body(model: str, messages: list[dict[str, Any]], options: dict[str, Any],
+              template_kwargs: dict[str, Any] | None = None) -> dict[str, Any]:  # fmt: skip
+    """A ``/v1/chat/completions`` request of one prompt's messages (the way a server takes images) that returns the
+    prompt ids it ran, the completions' token ids and each sampled token's log-prob; ``options`` as in
+    ``completion_body``, ``template_kwargs`` the chat template's (``sampling.chat_template_kwargs``)."""
+    return {"model": model, "messages": messages, "add_generation_prompt": True, "return_token_ids": True,
+            "logprobs": True, "top_logprobs": 0, "chat_template_kwargs": template_kwargs or {}, **options}  # fmt: skip
+
+
+def parse_chat(answer: dict, expected: int) -> tuple[list[list[int]], list[list[float]], list[int]]:
+    """A ``/v1/chat/completions`` answer -> its completions, their sampled tokens' log-probs and the prompt ids the
+    server ran; ``Unreachable`` when it holds fewer than ``expected`` completions (a cut answer is a failed request)."""
+    choices = sorted(answer.get("choices", []), key=lambda c: c["index"])
+    if len(choices) != expected:
+        raise Unreachable(f"the answer holds {len(choices)} completions, {expected} were asked")
+    logps = [[t["logprob"] for t in (c.get("logprobs") or {}).get("content") or []] for c in choices]
+    return [c["token_ids"] for c in choices], logps, answer["prompt_token_ids"]
+
+
 class WeightsFile:
     """The ``"disk"`` transfer's safetensors file, written once per push however many servers then read it."""
 
@@ -136,6 +155,7 @@ class ServerControl:
         self.client: Any = None  # TRL's VLLMClient, for the "nccl" transfer
         self.base_model = ""  # the model the server was started with
         self.model = ""  # what requests name: the base, or the adapter version loaded last
+        self.vision = False  # the policy is vision-language: the server caches its image embeddings
 
     def healthy(self, timeout: float = 5.0) -> bool:
         import requests
@@ -157,7 +177,8 @@ class ServerControl:
 
     def push(self, weights: dict[str, Tensor]) -> None:
         """The weights into the server by the file (``/collective_rpc reload_weights``) or NCCL (``stream``), then
-        its prefix cache reset (cached prompt states were computed with the old weights)."""
+        its prefix cache reset (cached prompt states were computed with the old weights), and for a vision-language
+        policy its encoder cache (image embeddings of the old vision tower; ``VLLMColocate.push``)."""
         if self.weights_file is None:
             self.stream(weights)
         else:
@@ -165,6 +186,8 @@ class ServerControl:
             body = {"method": "reload_weights", "kwargs": {"weights_path": str(self.weights_file.path.parent)}}
             call(self.session, "POST", f"{self.url}/collective_rpc", self.timeout, body)
         call(self.session, "POST", f"{self.url}/reset_prefix_cache", self.timeout)
+        if self.vision:
+            call(self.session, "POST", f"{self.url}/reset_encoder_cache", self.timeout)
 
     def stream(self, weights: dict[str, Tensor]) -> None:
         """The weights over the server's NCCL weight-update group (TRL's client: ``/start_weight_update``,
