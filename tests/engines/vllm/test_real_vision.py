@@ -129,9 +129,14 @@ def test_server_samples_images_and_serves_the_trainer_s_vision_tower_after_a_pus
     this shows the vision tower reached the server)."""
     from lightning_grpo.engines.vllm.launch import running_server
 
-    port = free_port()
-    with running_server(model_dir, port, log=str(tmp_path / "serve.log")) as url:
-        engine = VLLMServer(base_url=url, connection_timeout=60, weights_dir=str(tmp_path / "weights"))
+    # raw log-probs (temperature 1): the policy's, as VLLMColocate builds with. Processed ones are taken after the
+    # image tokens' logit bias, so they are the biased sampler's own: each 1 - the image tokens' mass (~2% here)
+    # above the policy's, which the correction then weighs (measured: ratios 0.974-0.983)
+    raw = ["--logprobs-mode", "raw_logprobs"]
+    with running_server(model_dir, free_port(), log=str(tmp_path / "serve.log"), options=raw) as url:
+        engine = VLLMServer(
+            base_url=url, connection_timeout=60, weights_dir=str(tmp_path / "weights"), logprobs_mode="raw_logprobs"
+        )
         module = make_module(
             model_dir,
             rollout_engine=engine,
