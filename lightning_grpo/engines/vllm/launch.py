@@ -78,15 +78,21 @@ def serve_env(env: dict[str, str] | None = None) -> dict[str, str]:
 
 @contextlib.contextmanager
 def running_server(
-    model: str, port: int, timeout: float = 600, log: str | None = None, lora_rank: int | None = None
+    model: str,
+    port: int,
+    timeout: float = 600,
+    log: str | None = None,
+    lora_rank: int | None = None,
+    options: list[str] | None = None,
 ) -> Iterator[str]:
     """A ``vllm serve`` of ``model`` on ``127.0.0.1:port`` for the ``with`` block; yields its URL once it answers
-    ``/health``. With ``lora_rank`` it also serves runtime-loaded LoRA adapters of up to that rank. Its output goes
-    to the file ``log`` (default: discarded); it is stopped afterwards."""
+    ``/health``. With ``lora_rank`` it also serves runtime-loaded LoRA adapters of up to that rank; ``options``: more
+    ``vllm serve`` options (``--logprobs-mode raw_logprobs``). Its output goes to the file ``log`` (default:
+    discarded); it is stopped afterwards."""
     import requests
 
     url = f"http://127.0.0.1:{port}"
-    command = serve_command(model, port, options=lora_options(lora_rank) if lora_rank else None)
+    command = serve_command(model, port, options=[*(lora_options(lora_rank) if lora_rank else []), *(options or [])])
     env = serve_env({**os.environ, **(LORA_ENV if lora_rank else {})})
     with open(log or os.devnull, "w") as out:
         proc = subprocess.Popen(command, env=env, stdout=out, stderr=subprocess.STDOUT)

@@ -1,6 +1,6 @@
-"""Token-id prompts -> completions from several ``vllm serve`` processes: the data plane (``ServerPool``), with its
-failover, its sticky agent episodes and its check for restarted servers. Knows which servers answer; nothing about
-the policy or training. One server's own calls are ``control.py``.
+"""Token-id prompts (and chat requests with images) -> completions from several ``vllm serve`` processes: the data
+plane (``ServerPool``), with its failover, its sticky agent episodes and its check for restarted servers. Knows
+which servers answer; nothing about the policy or training. One server's own calls are ``control.py``.
 
 Two planes, as SkyRL, prime-rl and slime split them. The data plane carries generation: a rank's requests go to
 a router in front of the servers when there is one (``vllm-router``), else each rank splits its own call over the
@@ -49,6 +49,7 @@ from lightning_grpo.engines.vllm.control import (
     call,
     completion_body,
     health,
+    parse_chat,
     parse_choices,
     process_start,
 )
@@ -127,6 +128,27 @@ class ServerPool:
 
     def _chunk(self, j: int, model: str, prompts: list[list[int]], options: dict[str, Any]):
         body, expected = completion_body(model, prompts, options), len(prompts) * options.get("n", 1)
+        return self._send(j, "/v1/completions", body, lambda answer: parse_choices(answer, expected), len(prompts))
+
+    def complete_chats(
+        self, bodies: list[dict[str, Any]]
+    ) -> list[tuple[list[list[int]], list[list[float]], list[int]]]:
+        """Each chat request's (one prompt with its images: ``control.chat_body``) ``n`` completions, their log-probs
+        and the prompt ids the server ran; every request its own, sent at once, prompt j starting on live server
+        (rank + j) mod L as a chunk would."""
+        self.check_restarts()
+        width = max(1, min(SESSION_THREADS, len(bodies)))
+
+        def send(j: int):
+            n = bodies[j].get("n", 1)
+            return self._send(j, "/v1/chat/completions", bodies[j], lambda answer: parse_chat(answer, n), 1)
+
+        with ThreadPoolExecutor(max_workers=width) as threads:
+            return list(threads.map(send, range(len(bodies))))
+
+    def _send(self, j: int, path: str, body: dict[str, Any], parse: Any, groups: int):
+        """One request (chunk or prompt ``j``, of ``groups`` prompts) to ``path``, tried on the next live server
+        when it fails, at most ``max_tries`` tries; its answer through ``parse``."""
         for attempt in range(self.max_tries):
             target = self._target(j, attempt)
             if target is None:
@@ -134,12 +156,11 @@ class ServerPool:
             url = self.router if target == "router" else self.urls[int(target)]
             self._count(target)
             try:
-                answer = call(self.session, "POST", f"{url}/v1/completions", self.request_timeout, body)
-                return parse_choices(answer, expected)
+                return parse(call(self.session, "POST", f"{url}{path}", self.request_timeout, body))
             except Unreachable as err:
-                self._failed(target, len(prompts), f"{url}: {err}", err)
+                self._failed(target, groups, f"{url}: {err}", err)
         raise NoServerLeft(
-            f"VLLMServer: {len(prompts)} prompts of rank {self.rank} got no completion after {self.max_tries} tries "
+            f"VLLMServer: {groups} prompts of rank {self.rank} got no completion after {self.max_tries} tries "
             f"(max_tries); live servers: {[self.urls[i] for i in sorted(self.live)]}. Failures: {self.failures[-4:]}"
         )
 

@@ -9,11 +9,13 @@ as a new named version (``/v1/load_lora_adapter``, ``engines/vllm/lora.py``; the
 server on a probe prompt (``engines/vllm/sync.py``) while the other ranks wait, bounded in time. A server that
 stops answering is taken out and its requests sent to the others; once it answers again it gets the current
 weights before it serves. The servers sample with their own kernels, so their per-token log-probs come back and
-the loss is re-weighted by ``update.sampling_correction``.
+the loss is re-weighted by ``update.sampling_correction``. Prompts with images go to the servers' chat endpoint
+(``engines/vllm/images.py``), the prompt ids they ran checked against the processor's.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import importlib.util
 import shutil
 import tempfile
@@ -28,8 +30,7 @@ from typing_extensions import override
 
 from lightning_grpo.engines.base import ServedWeights, TokenSampler
 from lightning_grpo.engines.config import SamplingConfig
-from lightning_grpo.engines.prompts import tokenize_prompts
-from lightning_grpo.engines.rollout import cut_turns, sampled_rollout
+from lightning_grpo.engines.rollout import cut_turns, sampled_rollout, tokenized_prompts, vision_per_completion
 from lightning_grpo.engines.vllm import channel
 from lightning_grpo.engines.vllm.agree import all_ranks, bounded_barrier, scatter_from_zero
 from lightning_grpo.engines.vllm.control import (
@@ -38,14 +39,17 @@ from lightning_grpo.engines.vllm.control import (
     NoServerLeft,
     ServerControl,
     WeightsFile,
+    chat_body,
     check_url,
     server_urls,
 )
+from lightning_grpo.engines.vllm.images import chat_messages, check_served_prompts, never_sampled
 from lightning_grpo.engines.vllm.logprobs import LOGPROBS_MODES, PROCESSED, mode_problems
 from lightning_grpo.engines.vllm.lora import LoraSync
 from lightning_grpo.engines.vllm.pool import ServerPool
 from lightning_grpo.engines.vllm.seeds import distinct_rounds, prompt_seeds
 from lightning_grpo.engines.vllm.sync import WeightSync, push_metrics
+from lightning_grpo.images import column_images
 from lightning_grpo.model.policy import Policy
 from lightning_grpo.types import Prompt, Rollout
 
@@ -56,6 +60,14 @@ WEIGHT_TRANSFERS = {
     "disk": "a folder the server can read (weights_dir) and the server started with VLLM_SERVER_DEV_MODE=1",
 }
 WeightTransfer = Literal[tuple(WEIGHT_TRANSFERS)]
+
+
+def request_options(sampling: SamplingConfig, n: int, greedy: bool) -> dict[str, Any]:
+    """``SamplingConfig`` -> the SamplingParams of a server request of ``n`` completions a prompt (the user's
+    ``generation_kwargs`` go on top)."""
+    return {"n": n, "temperature": 0.0 if greedy else sampling.temperature, "top_p": sampling.top_p,
+            "top_k": sampling.top_k, "min_p": sampling.min_p or 0.0, "repetition_penalty": sampling.repetition_penalty,
+            "max_tokens": sampling.max_completion_length}  # fmt: skip
 
 
 class VLLMServer(TokenSampler, ServedWeights):
@@ -106,6 +118,8 @@ class VLLMServer(TokenSampler, ServedWeights):
         sync_timeout: seconds one control call (a weight reload, an adapter load, the probe) may take, and how long
             the other ranks wait for rank 0's sync of every server.
     """
+
+    takes_images = True  # the chat endpoint's image parts, its image tokens checked against the processor's
 
     def __init__(
         self,
@@ -209,6 +223,8 @@ class VLLMServer(TokenSampler, ServedWeights):
             self.controls = [ServerControl(url, str(i), self.sync_timeout) for i, url in enumerate(self.urls)]
             self.base_model = self.model_name = self._served_model()
             self.routed = set(range(len(self.urls)))  # the router starts with every server of its --worker-urls
+        for control in self.controls:
+            control.vision = policy.is_multimodal
         if self.rank != 0:
             return
         if self.weight_transfer == "disk":  # a folder of this run's own unless weights_dir names one
@@ -303,20 +319,50 @@ class VLLMServer(TokenSampler, ServedWeights):
         columns: dict[str, list[Any]] | None = None,
     ) -> Rollout:
         self.before_requests(policy)
-        tokenizer = policy.tokenizer
-        prompt_ids, prompt_mask, num_truncated = tokenize_prompts(tokenizer, prompts, sampling)
-        requests = [ids[mask.bool()].tolist() for ids, mask in zip(prompt_ids, prompt_mask)]
+        prompt_ids, prompt_mask, num_truncated, vision = tokenized_prompts(policy, prompts, sampling, columns)
+        trained = [ids[mask.bool()].tolist() for ids, mask in zip(prompt_ids, prompt_mask)]
+        served, failed = trained, None
         try:
-            completions, logps = self.sample_rounds(requests, sampling, num_generations, greedy)
-            failed = None
+            if vision is None:
+                completions, logps = self.sample_rounds(trained, sampling, num_generations, greedy)
+            else:
+                images = column_images(columns)
+                completions, logps, served = self.sample_images(
+                    policy, prompts, images, sampling, num_generations, greedy
+                )
         except NoServerLeft as err:
             failed = err
         self.agree_on(failed)
+        check_served_prompts(type(self).__name__, served, trained, policy.tokenizer)
         rollout = sampled_rollout(
             policy, prompts, prompt_ids, prompt_mask, completions, logps, num_generations, num_truncated
         )
         rollout.metrics.update(self.served_metrics())
-        return rollout
+        return dataclasses.replace(rollout, vision=vision_per_completion(vision, num_generations, policy.device))
+
+    def sample_images(
+        self,
+        policy: Policy,
+        prompts: list[Prompt],
+        images: list[list[Any]],
+        sampling: SamplingConfig,
+        n: int,
+        greedy: bool,
+    ) -> tuple[list[list[int]], list[list[float]], list[list[int]]]:
+        """Prompts with images -> their ``n`` completions each (prompt-major), log-probs, and the prompt ids the
+        servers ran: one chat request a prompt (``/v1/completions`` takes no images; ``engines/vllm/images.py``),
+        each its own seed, the image tokens biased out (``never_sampled``)."""
+        user = dict(sampling.generation_kwargs or {})
+        seed = user.pop("seed", None)
+        seed = None if seed is None else seed + self.rank * n * len(prompts)  # past this rank's seeds
+        options = never_sampled(policy, {**request_options(sampling, n, greedy), **user})
+        bodies = [
+            chat_body(self.model_name, messages, {**options, "seed": s}, sampling.chat_template_kwargs)
+            for messages, s in zip(chat_messages(prompts, images), prompt_seeds(len(prompts), n, seed))
+        ]
+        answers = self.pool.complete_chats(bodies)
+        completions = [ids for answer in answers for ids in answer[0]]
+        return completions, [lps for answer in answers for lps in answer[1]], [answer[2] for answer in answers]
 
     def agree_on(self, failed: NoServerLeft | None) -> None:
         """``NoServerLeft`` on every rank when any rank's requests found no server left, with every rank's reason:
@@ -371,9 +417,7 @@ class VLLMServer(TokenSampler, ServedWeights):
         seed = user.pop("seed", None)
         seed = None if seed is None else seed + self.rank * len(contexts)  # each rank its own seeds
         seeds = [None] * len(contexts) if greedy else prompt_seeds(len(contexts), 1, seed)
-        base = {"n": 1, "temperature": 0.0 if greedy else sampling.temperature, "top_p": sampling.top_p,
-                "top_k": sampling.top_k, "min_p": sampling.min_p or 0.0,
-                "repetition_penalty": sampling.repetition_penalty, **user}  # fmt: skip
+        base = {**request_options(sampling, 1, greedy), **user}
         options = [{**base, "max_tokens": b, **({} if s is None else {"seed": s})} for b, s in zip(budgets, seeds)]
         turns, logps = self.pool.complete_sessions(self.model_name, contexts, options, episodes)
         return cut_turns(turns, logps, budgets, policy.eos_token_ids)
@@ -395,13 +439,7 @@ class VLLMServer(TokenSampler, ServedWeights):
         for indices, seed in zip(rounds, seeds):
             ids, lps = self.sample_ids(
                 [requests[i] for i in indices],
-                n=n,
-                repetition_penalty=sampling.repetition_penalty,
-                temperature=0.0 if greedy else sampling.temperature,
-                top_p=sampling.top_p,
-                top_k=sampling.top_k,
-                min_p=sampling.min_p or 0.0,
-                max_tokens=sampling.max_completion_length,
+                **request_options(sampling, n, greedy),
                 generation_kwargs={**user, "seed": seed},  # the user's SamplingParams options
             )
             for j, i in enumerate(indices):  # back to the requests' order

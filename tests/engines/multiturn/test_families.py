@@ -268,3 +268,93 @@ def test_a_tokenizer_loaded_again_reads_with_the_format_s_response_template():
     fresh = family_tokenizer("llama3_2", "<|eot_id|>")
     assert getattr(fresh, "response_template", None) is None
     assert fmt.read(fresh, fresh(LLAMA)["input_ids"], [], SCHEMAS).calls == [ToolCall("add", {"a": 2, "b": 3})]
+
+
+# ---- a real Trainer.fit on the Llama model, its calls in Llama's format ------------------------------------------
+
+
+def teach_llama_calls(model, tokenizer, steps: int = 200) -> None:
+    """Next-token training on whole episodes as Llama 3.2's template renders them (the call as
+    ``{"name": "add", "parameters": {...}}<|eot_id|>``, the reply in an ``ipython`` turn, the sum), the loss on what
+    follows the prompt, so that the random model writes Llama's calls; nothing of ours parses during this."""
+    import torch
+
+    texts, prompts = [], []
+    for a in range(4):
+        for b in range(4):
+            call = {"type": "function", "function": {"name": "add", "arguments": {"a": a, "b": b}}}
+            episode = [
+                {"role": "user", "content": f"{a}+{b}="},
+                {"role": "assistant", "content": "", "tool_calls": [call]},
+                {"role": "tool", "name": "add", "content": str(a + b)},
+                {"role": "assistant", "content": str(a + b)},
+            ]
+            texts.append(tokenizer.apply_chat_template(episode, tools=SCHEMAS, tokenize=False))
+            prompt = tokenizer.apply_chat_template(
+                episode[:1], tools=SCHEMAS, add_generation_prompt=True, return_dict=False
+            )
+            prompts.append(len(prompt))
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    model.train()
+    for step in range(steps):
+        rows = list(range(step % 4, 16, 4))
+        batch = tokenizer([texts[i] for i in rows], return_tensors="pt", padding=True, padding_side="right",
+                          add_special_tokens=False)  # fmt: skip
+        labels = batch["input_ids"].masked_fill(batch["attention_mask"] == 0, -100)
+        for j, i in enumerate(rows):  # the prompt is not learned: the call, the reply's turn and the sum are
+            labels[j, : prompts[i]] = -100
+        loss = model(**batch, labels=labels).loss
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+    model.eval()
+
+
+def sum_reward(completions, answer, **_):
+    return [float(c[-1]["content"].strip() == a) for c, a in zip(completions, answer)]
+
+
+@pytest.mark.slow
+def test_a_fit_on_a_llama_model_executes_the_calls_it_writes_in_llama_s_format(tmp_path):
+    """Every stage real: the tiny model (taught Llama's episodes) samples, its calls are read by TRL's response
+    template for ``llama3_2`` (no parser given), ``add`` runs, the reply is rendered as Llama's ``ipython`` turn."""
+    import json
+    from pathlib import Path
+
+    from helpers import fit, logged, make_module
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from lightning_grpo import PromptDataModule
+    from lightning_grpo.callbacks import CompletionSampleLogger
+
+    path = write_tiny_llama(tmp_path / "llama")
+    tokenizer, model = AutoTokenizer.from_pretrained(path), AutoModelForCausalLM.from_pretrained(path)
+    teach_llama_calls(model, tokenizer)
+    model.save_pretrained(path)
+    rows = [
+        {"prompt": [{"role": "user", "content": f"{a}+{b}="}], "answer": str(a + b)} for a in range(4) for b in range(4)
+    ]
+    (tmp_path / "train.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    engine = ToolCalling(tools=[add], max_tool_calling_iterations=2)
+    sampling = {"max_completion_length": 64, "max_prompt_length": None}  # Llama's prompt with the tools: ~1030 tokens
+    module = make_module(
+        path,
+        reward_funcs=[sum_reward],
+        accuracy_reward=None,
+        rollout_engine=engine,
+        num_generations=2,
+        sampling=sampling,
+        optim={"learning_rate": 1e-4},  # the tests' 1e-2 unlearns the calls in one step (0.75 -> 0.0 measured)
+    )
+    samples = CompletionSampleLogger(every_n_steps=1, max_rows=8)
+    data = PromptDataModule(str(tmp_path / "train.jsonl"), batch_size=2, val_split=None)
+    trainer = fit(module, data, tmp_path, 2, callbacks=[samples])
+    metrics = logged(trainer)
+    assert engine.format.family == "llama3_2" and engine.format.reader == "response_template"
+    assert min(metrics["train/tools/call_frequency"]) > 0.25, metrics["train/tools/call_frequency"]  # 0.75 measured
+    assert max(metrics["train/tools/failure_frequency"]) == 0.0, metrics["train/tools/failure_frequency"]
+    episodes = [
+        json.loads(line)["completion"] for line in (Path(trainer.log_dir) / "samples.jsonl").read_text().splitlines()
+    ]
+    called = [e.splitlines() for e in episodes if "tool add: " in e]
+    assert called and all('add({"a": ' in e[0] and e[1].startswith("tool add: ") for e in called)

