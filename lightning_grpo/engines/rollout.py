@@ -131,7 +131,7 @@ def check_generation_batch_size(generation_batch_size: int | None) -> int | None
 
 def tokenized_prompts(
     policy: Policy, prompts: list[Prompt], sampling: SamplingConfig, columns: dict[str, list[Any]] | None
-) -> tuple[Tensor, Tensor, int, dict[str, list[Tensor]] | None]:
+) -> tuple[Tensor, Tensor, int, dict[str, list[Tensor | None]] | None]:
     """[B, P] prompt ids and mask, prompts cut, and the vision inputs of prompts with images (``None``: none)."""
     images = column_images(columns)
     if images is None:
@@ -146,13 +146,13 @@ def tokenized_prompts(
 
 
 def vision_per_completion(
-    vision: dict[str, list[Tensor]] | None, num_generations: int, device: torch.device
-) -> dict[str, list[Tensor]] | None:
+    vision: dict[str, list[Tensor | None]] | None, num_generations: int, device: torch.device
+) -> dict[str, list[Tensor | None]] | None:
     """Each prompt's vision inputs for each of its G completions: one tensor on ``device`` per prompt, referenced
-    G times (not copied)."""
+    G times (not copied); ``None`` stays ``None`` (a prompt without images)."""
     if vision is None:
         return None
     return {
-        name: [moved for t in per_prompt for moved in [t.to(device)] * num_generations]
+        name: [moved for t in per_prompt for moved in [None if t is None else t.to(device)] * num_generations]
         for name, per_prompt in vision.items()
     }
