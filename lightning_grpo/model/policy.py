@@ -43,7 +43,7 @@ from lightning_grpo.model.vision import (
     freeze_vision_tower,
     is_multimodal,
     is_processor,
-    lora_exclusion,
+    lora_layout,
     policy_processor,
     vision_token_ids,
 )
@@ -109,8 +109,8 @@ class Policy(nn.Module):
                 freeze_vision_tower(self.model)
         rng = torch.get_rng_state()
         if self.is_lora:
-            vision_only = self.is_multimodal and not c.lora_vision_tower
-            self.model = with_lora(self.model, c.peft_config, lora_exclusion(self.model) if vision_only else None)
+            layout = lora_layout(self.model, c.lora_vision_tower, c.freeze_vision_tower) if self.is_multimodal else ()
+            self.model = with_lora(self.model, c.peft_config, *layout)
         # values made before the weights are loaded (an adapter's initialisation), kept through materialize()
         self.real_tensors = materialize_lora_adapters(self.model, rng) if self.weight_files and self.is_lora else {}
         self.reference = frozen_copy(self.model) if reference and not self.is_lora else None

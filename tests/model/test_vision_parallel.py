@@ -10,9 +10,14 @@ from tests.model.test_sharding import assert_same_run, run
 
 
 @pytest.fixture(scope="module")
-def ddp(tmp_path_factory):
+def colours(tmp_path_factory):
     out = tmp_path_factory.mktemp("vision_parallel")
-    model, data = demo.resolve("lightning-grpo/tiny-llava"), demo.resolve("lightning-grpo/tiny-colours")
+    return out, demo.resolve("lightning-grpo/tiny-llava"), demo.resolve("lightning-grpo/tiny-colours")
+
+
+@pytest.fixture(scope="module")
+def ddp(colours):
+    out, model, data = colours
     return out, model, data, run("ddp+match", model, data, out)  # rewarded by the answer: one-letter completions
 
 
@@ -41,3 +46,25 @@ def test_fsdp2_with_images_matches_ddp(ddp):
     fsdp_ranks = run("fsdp2+match", model, data, out)
     torch.testing.assert_close(fsdp_ranks[0]["params"], fsdp_ranks[1]["params"])
     assert_same_run(ddp_ranks, fsdp_ranks)
+
+
+@pytest.mark.slow
+def test_fsdp2_with_lora_exports_the_merged_vision_language_model(colours):
+    """Issue 58 item 6: VLM + LoRA + FSDP2 + a merged export rebuilt the gathered model with AutoModelForCausalLM,
+    which refuses a LLaVA config: the run ended with an exception after training, the export unpublished. The
+    merged export now reloads as the VLM it is, with the weights of DDP's merged export of the same run."""
+    from transformers import AutoModelForImageTextToText
+
+    out, model, data = colours
+    run("ddp+lora+match", model, data, out)
+    run("fsdp2+lora+match", model, data, out)
+    merged = [
+        AutoModelForImageTextToText.from_pretrained(out / m / "hf" / "merged")
+        for m in ("ddp+lora+match", "fsdp2+lora+match")
+    ]
+    base = AutoModelForImageTextToText.from_pretrained(model).state_dict()
+    assert type(merged[1]).__name__ == "LlavaForConditionalGeneration"
+    for name, weight in merged[0].state_dict().items():
+        torch.testing.assert_close(merged[1].state_dict()[name], weight, rtol=1e-4, atol=1e-6, msg=name)
+    moved = {n.split(".")[1] for n, w in merged[1].state_dict().items() if not torch.equal(w, base[n])}
+    assert {"multi_modal_projector", "language_model"} <= moved  # the projector in full, the adapter merged
