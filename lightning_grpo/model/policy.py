@@ -149,7 +149,7 @@ class Policy(nn.Module):
             "plan": row_plan(rollout.host, rows),  # a micro-batch's indices are a plan made on the host
         }
         chunk = self.config.logprob_chunk_size
-        if rollout.vision is not None:
+        if self.is_multimodal:  # text-only rows too: the multimodal forward, every trainable weight in the graph
             options["vision"] = rollout.vision_inputs(rows)
         if is_sharded(model):  # FSDP2 gathers each layer around each of its calls: the prompt pass, then the rest
             return getattr(model, LOGPS_METHOD)(ids, mask, width, self.temperature, chunk, **options)

@@ -12,6 +12,7 @@ from __future__ import annotations
 import re
 from typing import Any
 
+import torch
 from torch import Tensor, nn
 
 from lightning_grpo.model.loading import resolve_pretrained
@@ -120,7 +121,17 @@ def multimodal_hidden(model: nn.Module, input_ids: Tensor, attention_mask: Tenso
     outputs = body(
         input_ids=input_ids, attention_mask=attention_mask, position_ids=positions, use_cache=False, **vision
     )
-    return outputs.last_hidden_state
+    return outputs.last_hidden_state if vision else outputs.last_hidden_state + 0.0 * unused_vision(body)
+
+
+def unused_vision(body: nn.Module) -> Tensor:
+    """The sum of the trainable vision tower and projector weights, for rows without images to add times 0: their
+    gradient is then 0, not missing. DDP (``find_unused_parameters=False``, Lightning's default) waits for a
+    gradient of every trainable weight on every rank: a rank whose micro-batch had no image would stall the
+    others' all-reduce."""
+    names = [n for n, _ in vision_towers(body)] + projectors(body)
+    weights = [p for n in names for p in body.get_submodule(n).parameters() if p.requires_grad]
+    return sum((p.sum() for p in weights), torch.zeros((), device=body.device))
 
 
 # Config fields naming the tokens a processor writes for images (and videos): never the model's to sample, since a

@@ -229,3 +229,25 @@ def test_one_step_on_mixed_image_and_text_rows_equals_trls_vlm_step(tmp_path):
             torch.testing.assert_close(param.grad, their_params[name].grad, rtol=1e-4, atol=1e-6, msg=name)
             compared += 1
     assert compared > 30  # vision tower, projector and language model
+
+
+@pytest.mark.parametrize(
+    "settings", [{}, {"freeze_vision_tower": False}, {"peft_config": {"r": 2, "target_modules": "all-linear"}}]
+)
+def test_a_text_only_micro_batch_gives_every_trainable_weight_a_gradient(settings):
+    """A rank whose micro-batch has no image must still give the projector (and a trained tower) a gradient, 0:
+    DDP (``find_unused_parameters=False``, Lightning's default) waits for every trainable weight's on every rank,
+    and a missing one stalls the all-reduce of the ranks that had images."""
+    from lightning_grpo.demo.vision import build_processor, build_tiny_llava
+
+    processor = build_processor()
+    policy = Policy(build_tiny_llava(processor, seed=1), PolicyConfig(tokenizer=processor, **settings))
+    rollout = HFGenerate().generate(
+        policy, [TEXT_PROMPT] * 2, 2, SamplingConfig(max_completion_length=3), False, {"image": [None, None]}
+    )
+    assert rollout.vision is None  # a batch without images
+    policy.train_logps(rollout, slice(0, 4)).logps.sum().backward()
+    trainable = {n: p for n, p in policy.model.named_parameters() if p.requires_grad}
+    assert not [n for n, p in trainable.items() if p.grad is None]
+    vision = [p.grad for n, p in trainable.items() if "multi_modal_projector" in n or "vision_tower" in n]
+    assert vision and all(g.abs().max() == 0 for g in vision)
