@@ -121,7 +121,9 @@ def multimodal_hidden(model: nn.Module, input_ids: Tensor, attention_mask: Tenso
     outputs = body(
         input_ids=input_ids, attention_mask=attention_mask, position_ids=positions, use_cache=False, **vision
     )
-    return outputs.last_hidden_state if vision else outputs.last_hidden_state + 0.0 * unused_vision(body)
+    if vision or not torch.is_grad_enabled():
+        return outputs.last_hidden_state
+    return outputs.last_hidden_state + 0.0 * unused_vision(body)
 
 
 def unused_vision(body: nn.Module) -> Tensor:

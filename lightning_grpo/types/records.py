@@ -137,7 +137,7 @@ class Rollout:
     versions: Tensor | None = None
     # name -> [N] per-row tensors of the processor's vision inputs (``pixel_values``, ``image_grid_thw`` ...), each
     # row's images along dim 0, so the rows of a forward concatenate (``vision_rows``); ``None`` in the rows of a
-    # text-only prompt; ``None`` in all: a rollout without images.
+    # text-only prompt. The field ``None``: a rollout without images.
     vision: Vision | None = None
 
     @cached_property  # built once: every log-prob pass reads it per micro-batch; fields are never mutated
