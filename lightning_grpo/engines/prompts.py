@@ -61,12 +61,12 @@ PER_TOKEN_VISION = ("token_type_ids", "mm_token_type_ids")  # per-token fields (
 
 def tokenize_image_prompts(
     processor: Any, prompts: list[Prompt], images: list[list[Any]], sampling: SamplingConfig
-) -> tuple[Tensor, Tensor, dict[str, list[Tensor]]]:
+) -> tuple[Tensor, Tensor, dict[str, list[Tensor | None]] | None]:
     """Left-padded [B, P] ids (the processor's image tokens in them) and mask, and the vision inputs of each prompt
-    (name -> [B] tensors, its images along dim 0), each prompt processed with its own images as TRL 1.16 does
-    (``prepare_multimodal_messages``, then the processor's chat template). A prompt is never cut: cutting would
-    drop image tokens that its images fill."""
-    encoded, vision = [], {}
+    (name -> [B] tensors, its images along dim 0; ``None`` for a prompt without images, and ``None`` for a batch
+    where none has any), each prompt processed with its own images as TRL 1.16 does (``prepare_multimodal_messages``,
+    then the processor's chat template). A prompt is never cut: cutting would drop image tokens its images fill."""
+    encoded, per_row = [], []
     for prompt, row in zip(prompts, images):
         out = processor.apply_chat_template(
             [image_messages(prompt, row)],
@@ -77,16 +77,17 @@ def tokenize_image_prompts(
             **(sampling.chat_template_kwargs or {}),
         )
         encoded.append(out["input_ids"][0].tolist())
-        for name, value in out.items():
-            if name in PER_TOKEN_VISION:
-                raise ValueError(
-                    f"the processor returns per-token {name!r}: such vision-language models are not supported yet"
-                )
-            if name not in ("input_ids", "attention_mask") and isinstance(value, Tensor):
-                vision.setdefault(name, []).append(value)
-    _check_image_prompts(encoded, vision, sampling.max_prompt_length)
+        if refused := [name for name in PER_TOKEN_VISION if name in out]:
+            raise ValueError(
+                f"the processor returns per-token {refused[0]!r}: such vision-language models are not supported yet"
+            )
+        per_row.append(
+            {k: v for k, v in out.items() if k not in ("input_ids", "attention_mask") and row and isinstance(v, Tensor)}
+        )
+    _check_image_prompts(encoded, sampling.max_prompt_length)
     ids, mask = pad_rows(encoded, processor.tokenizer.pad_token_id, left=True)
-    return ids, mask, vision
+    names = {name: None for row in per_row for name in row}  # in the processor's order
+    return ids, mask, {name: [row.get(name) for row in per_row] for name in names} or None
 
 
 def image_messages(prompt: Prompt, images: list[Any]) -> list[dict[str, Any]]:
@@ -98,12 +99,10 @@ def image_messages(prompt: Prompt, images: list[Any]) -> list[dict[str, Any]]:
     return prepare_multimodal_messages(messages, images=[open_image(x) for x in images])
 
 
-def _check_image_prompts(encoded: list[list[int]], vision: dict[str, list[Tensor]], limit: int | None) -> None:
+def _check_image_prompts(encoded: list[list[int]], limit: int | None) -> None:
     longest = max(len(ids) for ids in encoded)
     if limit and longest > limit:
         raise ValueError(
             f"a prompt with images is {longest} tokens (its image tokens included), longer than "
             f"sampling.max_prompt_length={limit}, and cutting it would drop image tokens: raise it or set it to null"
         )
-    if any(len(per_row) != len(encoded) for per_row in vision.values()):
-        raise ValueError("a batch mixes prompts with and without images: give every row of an image dataset an image")

@@ -136,7 +136,7 @@ class PromptIds(NamedTuple):
     ids: Tensor  # [B, P] left-padded
     mask: Tensor  # [B, P]
     num_truncated: int  # prompts longer than sampling.max_prompt_length, which kept their last tokens
-    vision: dict[str, list[Tensor]] | None  # name -> [B] tensors of prompts with images; None: text prompts
+    vision: dict[str, list[Tensor | None]] | None  # name -> [B] a prompt's tensors (None: it has no image); None: text
 
     def repeated(self, num_generations: int, device: torch.device) -> tuple[Tensor, Tensor]:
         """[N, P] ids and mask on ``device``: each prompt's row once for each of its G completions, prompt-major."""
@@ -165,13 +165,13 @@ def tokenized_prompts(
 
 
 def vision_per_completion(
-    vision: dict[str, list[Tensor]] | None, num_generations: int, device: torch.device
-) -> dict[str, list[Tensor]] | None:
+    vision: dict[str, list[Tensor | None]] | None, num_generations: int, device: torch.device
+) -> dict[str, list[Tensor | None]] | None:
     """Each prompt's vision inputs for each of its G completions: one tensor on ``device`` per prompt, referenced
-    G times (not copied)."""
+    G times (not copied); ``None`` stays ``None`` (a prompt without images)."""
     if vision is None:
         return None
     return {
-        name: [moved for t in per_prompt for moved in [t.to(device)] * num_generations]
+        name: [moved for t in per_prompt for moved in [None if t is None else t.to(device)] * num_generations]
         for name, per_prompt in vision.items()
     }

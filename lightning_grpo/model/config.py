@@ -80,10 +80,11 @@ class PolicyConfig:
     """Optimiser steps between reference updates."""
     freeze_vision_tower: bool = True
     """A vision-language model's vision encoder does not train (its projector and language model do); ``false`` trains
-    it too (``references/vision.md``)."""
+    it too, with a ``peft_config`` in full (PEFT's ``modules_to_save``) unless ``lora_vision_tower`` gives it adapters
+    (``references/vision.md``)."""
     lora_vision_tower: bool = False
-    """With a ``peft_config``, adapters go on the vision tower and projector too; by default only on the language model
-    (PEFT's ``exclude_modules`` set to the vision modules)."""
+    """With a ``peft_config``, adapters go on the vision tower too; by default only on the language model (PEFT's
+    ``exclude_modules``). The projector trains in full either way (``modules_to_save``)."""
 
     def source(self, model: str | nn.Module) -> str | nn.Module:
         """What ``model`` loads from: the GGUF file ``gguf_file`` inside it when that is set, else ``model`` itself."""

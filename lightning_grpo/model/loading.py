@@ -89,15 +89,23 @@ def load_policy(
 def auto_model_class(model: str) -> type:
     """``AutoModelForImageTextToText`` for a vision-language checkpoint (its config has a vision config),
     ``AutoModelForCausalLM`` otherwise."""
-    from transformers import AutoConfig, AutoModelForImageTextToText
-
-    from lightning_grpo.model.vision import is_multimodal_config
+    from transformers import AutoConfig
 
     path = resolve_pretrained(model)
     try:
         config = AutoConfig.from_pretrained(path)
     except (OSError, ValueError):  # not readable here: from_pretrained says why, in its own words
         return AutoModelForCausalLM
+    return auto_class_of(config)
+
+
+def auto_class_of(config: object) -> type:
+    """The auto class that builds a model of ``config``: ``AutoModelForImageTextToText`` for a vision-language
+    config, else ``AutoModelForCausalLM``."""
+    from transformers import AutoModelForImageTextToText
+
+    from lightning_grpo.model.vision import is_multimodal_config
+
     return AutoModelForImageTextToText if is_multimodal_config(config) else AutoModelForCausalLM
 
 
@@ -132,14 +140,19 @@ def load_tokenizer(tokenizer: str | PreTrainedTokenizerBase) -> PreTrainedTokeni
     return tokenizer
 
 
-def with_lora(model: nn.Module, peft_config: dict, exclude: str | None = None) -> nn.Module:
+def with_lora(
+    model: nn.Module, peft_config: dict, exclude: str | None = None, full: list[str] | None = None
+) -> nn.Module:
     """The model wrapped with a LoRA adapter from ``peft.LoraConfig(**peft_config)``; base weights frozen.
-    ``exclude``: a pattern of modules that get no adapter (PEFT's ``exclude_modules``) unless the config sets one."""
+    ``exclude``: a pattern of modules that get no adapter (PEFT's ``exclude_modules``) unless the config sets one;
+    ``full``: modules trained in full, added to the config's ``modules_to_save``."""
     from peft import LoraConfig, get_peft_model
 
     extra = {"exclude_modules": exclude} if exclude and "exclude_modules" not in peft_config else {}
+    if full:
+        extra["modules_to_save"] = list(dict.fromkeys([*(peft_config.get("modules_to_save") or []), *full]))
     try:
-        config = LoraConfig(task_type="CAUSAL_LM", **peft_config, **extra)
+        config = LoraConfig(task_type="CAUSAL_LM", **{**peft_config, **extra})
     except TypeError as err:
         raise ValueError(f"peft_config {peft_config!r} is not valid for peft.LoraConfig: {err}") from err
     return get_peft_model(model, config)
@@ -157,12 +170,13 @@ def disable_dropout(model: nn.Module) -> None:
 
 def merged_lora(sharded: nn.Module, state: dict[str, Tensor]) -> nn.Module:
     """An unsharded LoRA model built on the meta device, given ``state`` (the gathered weights, no second copy),
-    then merged: base + adapter as plain weights."""
+    then merged: base + adapter as plain weights. The base is built by the auto class of its config (a
+    vision-language model's ``AutoModelForImageTextToText``: ``AutoModelForCausalLM`` refuses a LLaVA config)."""
     from peft import get_peft_model
-    from transformers import AutoModelForCausalLM
 
+    config = copy.deepcopy(sharded.get_base_model().config)
     with torch.device("meta"):
-        base = AutoModelForCausalLM.from_config(copy.deepcopy(sharded.get_base_model().config))
+        base = auto_class_of(config).from_config(config)
         model = get_peft_model(base, sharded.peft_config[sharded.active_adapter])
     model.load_state_dict(state, assign=True)
     base.tie_weights()  # assign=True loaded a tied embedding and LM head as two tensors (PEFT would untie them)

@@ -186,7 +186,7 @@ def _completion_hidden(
     """([m, H] the decoder's hidden states that predict the m completion tokens of ``attention_mask``, row-major;
     the MoE router loss or None). With ``vision`` inputs, the multimodal model's forward, images encoded."""
     decoder, targets = model.get_decoder(), attention_mask[:, -completion_length:].bool()  # [n, T]
-    if vision:
+    if vision is not None:
         if shared_prefix or padding_free or router_aux:
             raise ValueError("images go through the plain forward: shared_prefix, padding_free and router_aux are off")
         hidden = multimodal_hidden(model, input_ids, attention_mask, vision)  # [n, P+T, H]

@@ -43,7 +43,7 @@ from lightning_grpo.model.vision import (
     freeze_vision_tower,
     is_multimodal,
     is_processor,
-    lora_exclusion,
+    lora_layout,
     policy_processor,
     vision_token_ids,
 )
@@ -129,8 +129,8 @@ class Policy(nn.Module):
                 freeze_vision_tower(self.model)
         rng = torch.get_rng_state()
         if self.is_lora:
-            vision_only = self.is_multimodal and not c.lora_vision_tower
-            self.model = with_lora(self.model, c.peft_config, lora_exclusion(self.model) if vision_only else None)
+            layout = lora_layout(self.model, c.lora_vision_tower, c.freeze_vision_tower) if self.is_multimodal else ()
+            self.model = with_lora(self.model, c.peft_config, *layout)
         # values made before the weights are loaded (an adapter's initialisation), kept through materialize()
         self.real_tensors = materialize_lora_adapters(self.model, rng) if self.weight_files and self.is_lora else {}
 
@@ -166,7 +166,7 @@ class Policy(nn.Module):
             "plan": row_plan(rollout.host, rows),  # a micro-batch's indices are a plan made on the host
         }
         chunk = self.config.logprob_chunk_size
-        if rollout.vision is not None:
+        if self.is_multimodal:  # text-only rows too: the multimodal forward, every trainable weight in the graph
             options["vision"] = rollout.vision_inputs(rows)
         if is_sharded(model):  # FSDP2 gathers each layer around each of its calls: the prompt pass, then the rest
             return getattr(model, LOGPS_METHOD)(ids, mask, width, self.temperature, chunk, **options)

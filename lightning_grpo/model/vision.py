@@ -12,6 +12,7 @@ from __future__ import annotations
 import re
 from typing import Any
 
+import torch
 from torch import Tensor, nn
 
 from lightning_grpo.model.loading import resolve_pretrained
@@ -71,9 +72,17 @@ def freeze_vision_tower(model: nn.Module) -> int:
     return frozen
 
 
-def lora_exclusion(model: nn.Module) -> str:
-    """A PEFT ``exclude_modules`` pattern matching every module of the vision tower and projector, so that an
-    adapter (``target_modules: all-linear`` too) sits on the language model only.
+def projectors(model: nn.Module) -> list[str]:
+    """Names of the modules that map vision features into the language model (``PROJECTORS``)."""
+    return [n for n, _ in model.named_modules() if n.split(".")[-1] in PROJECTORS]
+
+
+def lora_layout(model: nn.Module, lora_vision_tower: bool, freeze_vision_tower: bool) -> tuple[str, list[str]]:
+    """(PEFT ``exclude_modules``, ``modules_to_save``) for a LoRA adapter on a vision-language model, so that under LoRA
+    what trains is what trains without it. The projector is trained in full (``modules_to_save``, LLaVA's own LoRA
+    recipe: a new module, small, with no pretrained weights worth keeping low-rank) and gets no adapter. The vision
+    tower gets adapters with ``lora_vision_tower``; else with ``freeze_vision_tower=False`` it trains in full
+    (``modules_to_save``); else it is left out. PEFT's adapter-off view (the reference) keeps the original copies.
 
     >>> from transformers import CLIPVisionConfig, LlavaConfig, LlavaForConditionalGeneration, Qwen2Config
     >>> tiny = LlavaForConditionalGeneration(LlavaConfig(
@@ -81,12 +90,15 @@ def lora_exclusion(model: nn.Module) -> str:
     ...                                    num_attention_heads=1, image_size=28, patch_size=14),
     ...     text_config=Qwen2Config(vocab_size=32, hidden_size=8, intermediate_size=8, num_hidden_layers=1,
     ...                             num_attention_heads=1, num_key_value_heads=1)))
-    >>> lora_exclusion(tiny)
-    '^(model\\\\.vision_tower|model\\\\.multi_modal_projector)(\\\\..*)?$'
+    >>> lora_layout(tiny, lora_vision_tower=False, freeze_vision_tower=True)
+    ('^(model\\\\.multi_modal_projector|model\\\\.vision_tower)(\\\\..*)?$', ['model.multi_modal_projector'])
+    >>> lora_layout(tiny, lora_vision_tower=False, freeze_vision_tower=False)[1]
+    ['model.multi_modal_projector', 'model.vision_tower']
     """
-    names = [n for n, _ in vision_towers(model)]
-    names += [n for n, _ in model.named_modules() if n.split(".")[-1] in PROJECTORS]
-    return "^(" + "|".join(re.escape(n) for n in names) + r")(\..*)?$"
+    towers, projected = [n for n, _ in vision_towers(model)], projectors(model)
+    excluded = projected + ([] if lora_vision_tower else towers)
+    full = projected + ([] if lora_vision_tower or freeze_vision_tower else towers)
+    return "^(" + "|".join(re.escape(n) for n in excluded) + r")(\..*)?$", full
 
 
 def multimodal_body(model: nn.Module) -> nn.Module:
@@ -109,7 +121,19 @@ def multimodal_hidden(model: nn.Module, input_ids: Tensor, attention_mask: Tenso
     outputs = body(
         input_ids=input_ids, attention_mask=attention_mask, position_ids=positions, use_cache=False, **vision
     )
-    return outputs.last_hidden_state
+    if vision or not torch.is_grad_enabled():
+        return outputs.last_hidden_state
+    return outputs.last_hidden_state + 0.0 * unused_vision(body)
+
+
+def unused_vision(body: nn.Module) -> Tensor:
+    """The sum of the trainable vision tower and projector weights, for rows without images to add times 0: their
+    gradient is then 0, not missing. DDP (``find_unused_parameters=False``, Lightning's default) waits for a
+    gradient of every trainable weight on every rank: a rank whose micro-batch had no image would stall the
+    others' all-reduce."""
+    names = [n for n, _ in vision_towers(body)] + projectors(body)
+    weights = [p for n in names for p in body.get_submodule(n).parameters() if p.requires_grad]
+    return sum((p.sum() for p in weights), torch.zeros((), device=body.device))
 
 
 # Config fields naming the tokens a processor writes for images (and videos): never the model's to sample, since a

@@ -39,16 +39,52 @@ def _rows(t: Tensor | None, rows: Tensor) -> Tensor | None:
     return None if t is None else t[rows]
 
 
-def vision_rows(vision: dict[str, list[Tensor]] | None, rows: slice | Tensor) -> dict[str, Tensor]:
-    """Per-row vision inputs (name -> [N] tensors) -> those of ``rows`` concatenated along dim 0, one forward's."""
+Vision = dict[str, list[Tensor | None]]  # name -> [N] each row's vision inputs, its images along dim 0; None: no image
+
+
+def vision_rows(vision: Vision | None, rows: slice | Tensor) -> dict[str, Tensor]:
+    """Per-row vision inputs -> those of ``rows`` for one forward, as the processor batches them: each name's tensors
+    concatenated along dim 0, every later dim zero-padded to the largest (Idefics3's images split into different tile
+    counts: an all-zero tile is padding to the model). Rows without images add nothing, and a name that no row of
+    ``rows`` has is left out: a forward of text-only rows is a text forward (TRL's per-row image count).
+
+    >>> a, b = torch.ones(1, 3, 2), torch.ones(1, 1, 2)  # one image each: 3 tiles, 1 tile
+    >>> vision_rows({"pixel_values": [a, None, b]}, slice(0, 3))["pixel_values"].sum(-1)
+    tensor([[2., 2., 2.],
+            [2., 0., 0.]])
+    >>> vision_rows({"pixel_values": [a, None, b]}, slice(1, 2))
+    {}
+    """
     if vision is None:
         return {}
-    picked = range(len(next(iter(vision.values()))))[rows] if isinstance(rows, slice) else rows.tolist()
-    return {name: torch.cat([per_row[i] for i in picked]) for name, per_row in vision.items()}
+    picked = range(len(next(iter(vision.values()), [])))[rows] if isinstance(rows, slice) else rows.tolist()
+    found = {name: [per_row[i] for i in picked if per_row[i] is not None] for name, per_row in vision.items()}
+    return {name: _padded_cat(tensors) for name, tensors in found.items() if tensors}
 
 
-def _picked(vision: dict[str, list[Tensor]] | None, picked: list[int]) -> dict[str, list[Tensor]] | None:
+def _padded_cat(tensors: list[Tensor]) -> Tensor:
+    """[n_i, *S_i] -> [sum n_i, *max S_i], zeros after each tensor's own extent (a processor's batch padding)."""
+    if all(t.shape[1:] == tensors[0].shape[1:] for t in tensors):
+        return torch.cat(tensors)
+    shape = [max(sizes) for sizes in zip(*(t.shape[1:] for t in tensors))]
+    out = tensors[0].new_zeros(sum(len(t) for t in tensors), *shape)
+    start = 0
+    for t in tensors:
+        out[(slice(start, start + len(t)), *(slice(0, s) for s in t.shape[1:]))] = t
+        start += len(t)
+    return out
+
+
+def _picked(vision: Vision | None, picked: list[int]) -> Vision | None:
     return None if vision is None else {k: [v[i] for i in picked] for k, v in vision.items()}
+
+
+def _cat_vision(a: Vision | None, b: Vision | None, len_a: int, len_b: int) -> Vision | None:
+    """Two rollouts' rows of vision inputs, one after the other; a name one of them lacks is ``None`` in its rows."""
+    if a is None and b is None:
+        return None
+    a, b = a or {}, b or {}
+    return {k: a.get(k, [None] * len_a) + b.get(k, [None] * len_b) for k in {**a, **b}}
 
 
 def _cat(a: Tensor | None, b: Tensor | None, value: float, left: bool = False) -> Tensor | None:
@@ -100,8 +136,9 @@ class Rollout:
     # (``AsyncRollouts``); ``None``: the weights current when the rollout is trained on.
     versions: Tensor | None = None
     # name -> [N] per-row tensors of the processor's vision inputs (``pixel_values``, ``image_grid_thw`` ...), each
-    # row's images along dim 0, so the rows of a forward concatenate; ``None``: a text-only rollout.
-    vision: dict[str, list[Tensor]] | None = None
+    # row's images along dim 0, so the rows of a forward concatenate (``vision_rows``); ``None`` in the rows of a
+    # text-only prompt. The field ``None``: a rollout without images.
+    vision: Vision | None = None
 
     @cached_property  # built once: every log-prob pass reads it per micro-batch; fields are never mutated
     def input_ids(self) -> Tensor:  # [N, P+T]
@@ -199,7 +236,7 @@ class Rollout:
             tool_mask=_cat(self.tool_mask, other.tool_mask, 0),
             columns={k: self.columns[k] + other.columns[k] for k in other.columns},
             versions=None if self.versions is None else torch.cat([self.versions, other.versions]),
-            vision=None if self.vision is None else {k: v + other.vision[k] for k, v in self.vision.items()},
+            vision=_cat_vision(self.vision, other.vision, len(self), len(other)),
         )
 
 

@@ -171,15 +171,6 @@ def test_vision_tower_frozen_by_default_and_trained_when_asked(processor):
     assert all(p.requires_grad for n, p in trained.model.named_parameters() if n in tower)
 
 
-def test_lora_sits_on_the_language_model_only_unless_asked(processor):
-    lora = {"r": 4, "lora_alpha": 8, "target_modules": "all-linear"}
-    language = tiny_policy(processor, peft_config=lora)
-    adapted = [n for n, p in language.model.named_parameters() if p.requires_grad]
-    assert adapted and all("language_model" in n for n in adapted)
-    both = tiny_policy(processor, peft_config=lora, lora_vision_tower=True)
-    assert any("vision_tower" in n for n, p in both.model.named_parameters() if p.requires_grad)
-
-
 def test_image_tokens_are_never_sampled(processor):
     """A completion holding an image token has no image to fill it: the next forward would fail."""
     policy = tiny_policy(processor)
