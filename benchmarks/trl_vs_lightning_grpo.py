@@ -430,7 +430,7 @@ def parity(args: argparse.Namespace, runner: Runner) -> dict[str, Any]:
     settings, beta = template_settings(model)
     task = task_for(model)
     seeds: dict[str, list[RunResult]] = {side: [] for side in SIDES}
-    for seed in range(args.seeds):
+    for seed in range(args.seed, args.seed + args.seeds):  # --seed 1 --seeds 2: seeds 1 and 2
         for side in SIDES if seed % 2 == 0 else SIDES[::-1]:
             result = run_grpo(
                 runner,
@@ -457,9 +457,9 @@ def parity(args: argparse.Namespace, runner: Runner) -> dict[str, Any]:
     print(f"\n== parity: {model}, templates/{TEMPLATES[model]} settings, beta {beta}, {args.parity_steps} steps ==")
     print(f"reward: mean of the last {args.parity_last} steps; accuracy: greedy, on the {held_out} held-out prompts")
     print(f"{'seed':6s}{'ours reward':>13s}{'trl reward':>12s}{'ours acc':>10s}{'trl acc':>9s}")
-    for seed in range(args.seeds):
-        rewards = f"{last['ours'][seed]:13.3f}{last['trl'][seed]:12.3f}"
-        print(f"{seed:<6d}{rewards}{accuracy['ours'][seed]:10.3f}{accuracy['trl'][seed]:9.3f}")
+    for i in range(args.seeds):
+        rewards = f"{last['ours'][i]:13.3f}{last['trl'][i]:12.3f}"
+        print(f"{args.seed + i:<6d}{rewards}{accuracy['ours'][i]:10.3f}{accuracy['trl'][i]:9.3f}")
     for side in SIDES:
         print(f"{side}: reward {mean_std(last[side])}, accuracy {mean_std(accuracy[side])}")
     if args.plot:
