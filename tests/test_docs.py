@@ -334,10 +334,13 @@ def test_reward_catalogue_scores_chat_and_text_alike():
     assert len(rows) == len(catalogue["REWARDS"]) and all(same for _, _, same in rows)
 
 
-# Templates whose embedded model is warm-started on first use for minutes (demo/anytool.py: 600 steps): slow run.
-WARM_STARTED = {"reverse_tool_cpu.yaml"}
-# Templates run by a test of their own: the real model, whose packages the README's test command does not install
-RUN_ELSEWHERE = {"smollm2_cpu.yaml": "tests/demo/test_numbers.py"}
+# Templates run whole by a test of their own, not for 2 steps here: the real model, whose packages the README's test
+# command does not install, and the own-tool template, whose embedded model is warm-started on first use for minutes
+# (demo/anytool.py: 1000 steps) and which its test trains twice (with the tool and without)
+RUN_ELSEWHERE = {
+    "smollm2_cpu.yaml": "tests/demo/test_numbers.py",
+    "reverse_tool_cpu.yaml": "tests/demo/test_anytool.py",
+}
 # Rollout engines that need vLLM: their templates run where it is installed (the vLLM venv; in the default suite
 # tests/cli/test_main.py parses them and tests/engines/vllm/test_real_template.py trains with them in the vLLM venv).
 VLLM_ENGINES = {"lightning_grpo.engines.VLLMColocate", "lightning_grpo.engines.VLLMServer"}
@@ -352,7 +355,7 @@ def needs_vllm(config: dict) -> bool:
     "config",
     [
         pytest.param(p, marks=pytest.mark.slow)
-        if is_multiprocess_cpu(config_of(["--config", str(p)])) or p.name in WARM_STARTED
+        if is_multiprocess_cpu(config_of(["--config", str(p)]))
         else p
         for p in TEMPLATE_CONFIGS
         if p.name not in RUN_ELSEWHERE
