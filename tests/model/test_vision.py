@@ -230,6 +230,28 @@ def test_images_for_a_text_policy_are_refused(tiny_model_dir):
 # ---- one GRPO step against TRL 1.16 -------------------------------------------------------------------------
 
 
+
+def trl_loss(trainer, rollout, advantages, pixel_values, num_images: list[int]):
+    """TRL's ``_compute_loss`` on our rollout's rows, ``advantages``, ``pixel_values`` and per-row image counts,
+    its gradients taken (``backward``): the loss returned."""
+    inputs = {
+        "prompt_ids": rollout.prompt_ids,
+        "prompt_mask": rollout.prompt_mask,
+        "completion_ids": rollout.completion_ids,
+        "completion_mask": rollout.completion_mask,
+        "advantages": advantages,
+        "old_per_token_logps": None,
+        "ref_per_token_logps": None,
+        "pixel_values": pixel_values,
+        "num_images": num_images,
+        "num_items_in_batch": rollout.completion_mask.sum(),
+    }
+    trainer.model.train()
+    trainer.current_gradient_accumulation_steps = 1  # what its training loop sets: one micro-batch, no accumulation
+    theirs = trainer._compute_loss(trainer.model, inputs)
+    theirs.backward()
+    return theirs
+
 def trl_trainer(model, processor, prompts, columns, tmp_path, n: int):
     from datasets import Dataset
     from trl import GRPOConfig, GRPOTrainer
@@ -278,22 +300,7 @@ def test_one_grpo_step_equals_trls_vlm_step_in_value_and_gradient(processor, tmp
     tokenized = trainer._tokenize_prompts([prepare_multimodal_messages(p, [im]) for p, im in zip(prompts[1:3], images)])
     their_ids = [list(ids) for ids in tokenized[0]]
     assert their_ids == [rollout.prompt_ids[0].tolist(), rollout.prompt_ids[2].tolist()]  # same processing
-    inputs = {
-        "prompt_ids": rollout.prompt_ids,
-        "prompt_mask": rollout.prompt_mask,
-        "completion_ids": rollout.completion_ids,
-        "completion_mask": rollout.completion_mask,
-        "advantages": advantages,
-        "old_per_token_logps": None,
-        "ref_per_token_logps": None,
-        "pixel_values": torch.cat(rollout.vision["pixel_values"]),
-        "num_images": [1] * n,
-        "num_items_in_batch": rollout.completion_mask.sum(),
-    }
-    trainer.model.train()
-    trainer.current_gradient_accumulation_steps = 1  # what its training loop sets: one micro-batch, no accumulation
-    theirs = trainer._compute_loss(trainer.model, inputs)
-    theirs.backward()
+    theirs = trl_loss(trainer, rollout, advantages, torch.cat(rollout.vision["pixel_values"]), [1] * n)
     torch.testing.assert_close(ours.detach(), theirs.detach(), rtol=1e-5, atol=1e-6)
     their_grads = dict(trainer.model.named_parameters())
     compared = 0

@@ -178,7 +178,7 @@ def test_one_step_on_mixed_image_and_text_rows_equals_trls_vlm_step(tmp_path):
 
     from lightning_grpo.demo.vision import build_processor, build_tiny_llava, square_image
     from lightning_grpo.loss import LossConfig, grpo_loss
-    from tests.model.test_vision import trl_trainer
+    from tests.model.test_vision import trl_loss, trl_trainer
 
     processor = build_processor()
     policy = Policy(build_tiny_llava(processor, seed=1), PolicyConfig(tokenizer=processor, freeze_vision_tower=False))
@@ -205,22 +205,7 @@ def test_one_step_on_mixed_image_and_text_rows_equals_trls_vlm_step(tmp_path):
     # processors refuse (``only a single or a list of entries is supported``); [] is the same batch
     theirs_vision = processor(images=[[images[0]]] * 2 + [[]] * 2, text=texts, padding=True, return_tensors="pt")
     torch.testing.assert_close(rollout.vision_inputs(slice(0, 4))["pixel_values"], theirs_vision["pixel_values"])
-    inputs = {
-        "prompt_ids": rollout.prompt_ids,
-        "prompt_mask": rollout.prompt_mask,
-        "completion_ids": rollout.completion_ids,
-        "completion_mask": rollout.completion_mask,
-        "advantages": advantages,
-        "old_per_token_logps": None,
-        "ref_per_token_logps": None,
-        "pixel_values": theirs_vision["pixel_values"],
-        "num_images": [1, 1, 0, 0],
-        "num_items_in_batch": rollout.completion_mask.sum(),
-    }
-    trainer.model.train()
-    trainer.current_gradient_accumulation_steps = 1
-    theirs = trainer._compute_loss(trainer.model, inputs)
-    theirs.backward()
+    theirs = trl_loss(trainer, rollout, advantages, theirs_vision["pixel_values"], [1, 1, 0, 0])
     torch.testing.assert_close(ours.loss.detach(), theirs.detach(), rtol=1e-5, atol=1e-6)
     their_params = dict(trainer.model.named_parameters())
     compared = 0
