@@ -195,6 +195,7 @@ TESTED_WITH = {
     "engines/multiturn/calls.py": ["engines/multiturn/test_tool_calling.py"],
     "engines/multiturn/engine.py": ["engines/multiturn/test_tool_calling.py", "engines/multiturn/test_environments.py"],
     "engines/vllm/colocate.py": ["engines/vllm/test_real.py", "cli/test_selfcheck.py"],
+    "engines/vllm/liveness.py": ["engines/vllm/test_servers.py", "engines/vllm/test_server.py"],
     "engines/vllm/lora.py": ["engines/vllm/test_sync.py", "engines/vllm/test_real.py"],
     "engines/vllm/seeds.py": ["engines/vllm/test_real.py"],
     "engines/vllm/agree.py": ["engines/vllm/test_servers.py", "engines/vllm/test_real_servers_ranks.py"],
