@@ -181,6 +181,7 @@ TESTED_WITH = {
     "demo/registry.py": ["demo/test_tiny.py", "engines/vllm/test_heads.py"],
     "demo/guess.py": ["engines/multiturn/test_openenv.py"],
     "distill/config.py": ["distill/test_targets.py"],
+    "engines/agents/batches.py": ["engines/agents/test_engine.py", "engines/agents/test_engine_ddp.py"],
     "engines/agents/endpoint.py": ["engines/agents/test_engine.py"],
     "engines/agents/served.py": ["engines/agents/test_engine.py"],
     "engines/asynchronous/producer.py": ["engines/asynchronous/test_async_rollouts.py"],

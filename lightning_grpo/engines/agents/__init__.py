@@ -1,7 +1,8 @@
 """Agent engines: prompts -> Rollout played by the user's own agent program, which talks to the policy through an
 OpenAI-compatible endpoint on 127.0.0.1 (``endpoint``). ``OpenAIAgent`` (``engine``) gathers the agents' requests,
-generates them in batches with a sampler engine and records every served token (``served``); ``SkyRLGymAgent``
-(``skyrl``) plays a SkyRL-gym environment as such an agent; ``agent_reward`` is the agent's own reward.
+generates them in batches with a sampler engine (``batches``) and records every served token (``served``);
+``SkyRLGymAgent`` (``skyrl``) plays a SkyRL-gym environment as such an agent; ``agent_reward`` is the agent's own
+reward.
 """
 
 from lightning_grpo.engines.agents.engine import OpenAIAgent

@@ -1,11 +1,11 @@
 """Prompts -> a Rollout played by the user's own agent program against an OpenAI-compatible endpoint over the policy.
 
 For each of the N = B * G rows, ``agent(base_url, row)`` runs on its own thread; its requests reach the endpoint
-(``agents.endpoint``), are gathered here on the trainer's thread and generated in batches by the sampler engine
-(``complete``: HF ``generate`` by default), recorded token by token (``agents.served``). When every agent has
-returned, failed or run out of time, the records become the Rollout: the sampled tokens as they were sampled, the
-tokens the model was shown between its turns masked out of the loss (``tool_mask``). Knows threads, the episode
-record and the Rollout; nothing about HTTP or rewards beyond the agent's own.
+(``agents.endpoint``), are gathered on the trainer's thread and generated in batches by the sampler engine
+(``agents.batches``; ``complete``: HF ``generate`` by default), recorded token by token (``agents.served``). When
+every agent has returned, failed or run out of time, the records become the Rollout: the sampled tokens as they
+were sampled, the tokens the model was shown between its turns masked out of the loss (``tool_mask``). Knows
+threads, the episode record and the Rollout; nothing about HTTP or rewards beyond the agent's own.
 """
 
 from __future__ import annotations
@@ -13,9 +13,7 @@ from __future__ import annotations
 import asyncio
 import inspect
 import queue
-import sys
 import threading
-import time
 import uuid
 from collections.abc import Callable
 from typing import Any, Literal
@@ -25,6 +23,7 @@ from lightning.pytorch.utilities import rank_zero_warn
 from torch import nn
 from typing_extensions import override
 
+from lightning_grpo.engines.agents.batches import RequestBatches
 from lightning_grpo.engines.agents.endpoint import Endpoint, Refusal, Request, refuse
 from lightning_grpo.engines.agents.served import (
     ServedEpisode,
@@ -44,14 +43,13 @@ from lightning_grpo.rewards.calls import ON_ERROR
 from lightning_grpo.types import Prompt, Rollout, pad_rows
 
 AGENT_ARGUMENTS = ("client", "base_url")
-Turn = tuple[Request, ServedEpisode, list[int], int]  # a request to generate for: its episode, context, budget
 NOT_PLAYING = (
     "no episode {session!r} is being played: the endpoint serves only the episodes of the rollout in progress, "
     "at the base URL the agent was given"
 )
 
 
-class OpenAIAgent(RolloutEngine):
+class OpenAIAgent(RolloutEngine, RequestBatches):
     """Your agent, unchanged, against the policy (``rollout_engine: {class_path: lightning_grpo.engines.OpenAIAgent}``).
 
     ``agent(client, row)`` gets an ``openai.OpenAI`` client bound to its episode (``agent_argument: client``, the
@@ -247,110 +245,6 @@ class OpenAIAgent(RolloutEngine):
             if self.live.get(episode.session) is episode:  # the rollout is still collecting
                 self.inbox.put(episode)
 
-    def _serve(self, policy: Policy, episodes: list[ServedEpisode], sampling: SamplingConfig, greedy: bool) -> None:
-        """Answer requests in batches until every agent has ended or the time is up.
-
-        Under sharding (``synced_generation``: every forward is a collective) the ranks agree, before each batch,
-        on whether any of them still serves and whether any has tokens to generate; a rank with none then steps a
-        one-token dummy call, so every rank makes the same sampler calls whatever its agents do."""
-        deadline = time.monotonic() + self.timeout if self.timeout else float("inf")
-        held: list[Request] = []  # a second request of an episode waits for the next batch
-        try:
-            while True:
-                todo: list[Turn] = []
-                serving = any(e.status == "running" for e in episodes)
-                if serving:
-                    batch, held = self._collect(held, deadline)
-                    if time.monotonic() >= deadline:
-                        with self.lock:
-                            for e in episodes:
-                                e.status = "timeout" if e.status == "running" else e.status
-                        refuse(held + batch, f"the rollout's timeout ({self.timeout}s) has passed")
-                        held, serving = [], False
-                    else:
-                        todo = self._prepare(policy, batch, sampling)
-                serving, generating = policy.ranks_max(serving, bool(todo))
-                if not serving:
-                    return
-                if todo:
-                    self._answer(policy, todo, sampling, greedy)
-                elif generating:  # another rank's agents asked: this rank's forwards must step with theirs
-                    prompt = episodes[0].row["prompt"]
-                    dummy = render_prompt(policy.tokenizer, prompt, sampling, self.format.chat_template)
-                    self.sampler.complete(policy, [dummy], [1], sampling, greedy)
-        finally:
-            refuse(held, "the rollout has ended")
-
-    def _collect(self, held: list[Request], deadline: float) -> tuple[list[Request], list[Request]]:
-        """The requests to generate now: one per episode, once every running agent has asked or ``batch_wait``
-        passed without a new one."""
-        items: list[Any] = list(held)
-        wait = min(1.0, max(0.0, deadline - time.monotonic()))
-        while True:
-            try:
-                items.append(self.inbox.get(timeout=wait))
-            except queue.Empty:
-                if any(isinstance(i, Request) for i in items) or time.monotonic() >= deadline or not self._running():
-                    break
-                continue
-            asking = {i.session for i in items if isinstance(i, Request)}
-            wait = 0.0 if len(asking) >= self._running() else self.batch_wait
-        batch, later, taken = [], [], set()
-        for item in (i for i in items if isinstance(i, Request)):
-            (later if item.session in taken else batch).append(item)
-            taken.add(item.session)
-        order = {session: row for row, session in enumerate(self.live)}  # the episodes' rows, whatever the timing
-        batch.sort(key=lambda request: order[request.session])  # the same batch samples the same tokens
-        return batch, later
-
-    def _running(self) -> int:
-        with self.lock:
-            return sum(e.status == "running" for e in self.live.values())
-
-    def _prepare(self, policy: Policy, batch: list[Request], sampling: SamplingConfig) -> list[Turn]:
-        """The requests that need tokens, with their episode, context and budget; the others are answered here:
-        a refused request (400 naming the field), an empty reply when no budget or no room is left."""
-        tokenizer, template_kwargs = policy.tokenizer, self.format.render_kwargs(sampling.chat_template_kwargs)
-        limit = context_limit(policy, sampling)
-        todo = []
-        for request in batch:
-            episode = self.live[request.session]
-            try:
-                context = episode.context(tokenizer, request.kind, request.body, template_kwargs, limit)
-            except Refusal as refusal:
-                request.answer(refusal)
-                continue
-            except Exception as e:  # noqa: BLE001 - one agent's request must not stop every other agent's step
-                self._failed_request(request, e)
-                continue
-            budget = 0 if context is None else episode.turn_budget(request.body, limit)
-            if budget <= 0:
-                request.answer(episode.empty_reply(request.kind))
-            else:
-                todo.append((request, episode, context, budget))
-        return todo
-
-    def _failed_request(self, request: Request, error: Exception) -> None:
-        """A request the endpoint could not read, though it passed its checks: answered 500 and said, once."""
-        why = f"{type(error).__name__}: {error}"
-        request.answer(Refusal(500, f"the endpoint could not serve this request: {why}"))
-        if why not in self.warned:
-            self.warned.add(why)
-            rank_zero_warn(f"the agent endpoint failed on a request of episode {request.session!r} ({why}): 500")
-
-    def _answer(self, policy: Policy, todo: list[Turn], sampling: SamplingConfig, greedy: bool) -> None:
-        """Generate the requests' turns in one sampler call and answer each."""
-        try:
-            contexts, budgets, episodes = [t[2] for t in todo], [t[3] for t in todo], [t[0].session for t in todo]
-            turns = self.sampler.complete_episodes(policy, contexts, budgets, sampling, greedy, episodes)
-        except Exception as e:
-            for request, *_ in todo:
-                request.answer(Refusal(500, f"generation failed: {type(e).__name__}: {e}"))
-            raise
-        for (request, episode, _, _), (ids, logps) in zip(todo, turns):
-            reply = episode.take_turn(policy.tokenizer, ids, logps, policy.eos_token_ids, self.format, request.kind)
-            request.answer(reply)
-
     def _close(self, episodes: list[ServedEpisode]) -> None:
         """No episode takes requests any more; any still queued is refused. Under the lock ``_accept`` queues in: no
         request lands in the queue once it is drained."""
@@ -414,12 +308,3 @@ class OpenAIAgent(RolloutEngine):
         """The endpoint stops (a later rollout starts it again); the sampler releases what it holds."""
         self.endpoint.stop()
         self.sampler.teardown()
-
-
-def context_limit(policy: Policy, sampling: SamplingConfig) -> int:
-    """Positions an episode's context may fill: the model's (``max_position_embeddings``) and a row of the run's
-    (``sampling.max_prompt_length + max_completion_length``, when the prompt length is bounded)."""
-    limits = [getattr(policy.model.config, "max_position_embeddings", None) or sys.maxsize]
-    if sampling.max_prompt_length:
-        limits.append(sampling.max_prompt_length + sampling.max_completion_length)
-    return min(limits)
