@@ -216,6 +216,7 @@ TESTED_WITH = {
     "loss/reduce.py": ["loss/test_grpo.py", "test_properties.py"],
     "model/config.py": ["model/test_policy.py"],
     "model/export.py": ["model/test_sharding.py"],
+    "model/weights.py": ["model/test_materialize.py", "test_module.py", "model/test_sharding.py"],
     "rewards/_math_worker.py": ["rewards/test_math_equivalence.py"],
     "rewards/code_tests.py": ["rewards/test_code_execution.py", "sandbox/test_runner_adversarial.py"],
     "rewards/text.py": ["rewards/test_correctness.py"],

@@ -1,5 +1,6 @@
 """A model name or object -> the Policy: the trained LM, its frozen reference and its tokenizer, and every
-question about them (LoRA, 4-bit, gradient checkpointing, sharding, log-probs, checkpoint contents, export).
+question about them (LoRA, 4-bit, gradient checkpointing, log-probs, export; sharding and checkpoint contents:
+``model/weights.py``).
 
 Knows models, PEFT and FSDP2; nothing about rewards, losses or the training loop. Callers ask it ("reference
 log-probs of these rows"), they never test ``peft_config`` or the strategy themselves.
@@ -12,10 +13,9 @@ import contextlib
 import copy
 import functools
 from collections.abc import Iterator
-from typing import Any
 
 import torch
-from lightning.pytorch.strategies import FSDPStrategy, ModelParallelStrategy, Strategy
+from lightning.pytorch.strategies import FSDPStrategy, Strategy
 from torch import Tensor, nn
 
 from lightning_grpo.model.config import PolicyConfig
@@ -32,11 +32,11 @@ from lightning_grpo.model.loading import (
     with_lora,
 )
 from lightning_grpo.model.logprobs import TokenLogps, completion_logps, in_row_order, router_aux_coef
-from lightning_grpo.model.materialize import empty_causal_lm, is_empty, load_weights, materialize_lora_adapters
+from lightning_grpo.model.materialize import empty_causal_lm, materialize_lora_adapters
 from lightning_grpo.model.padding import packing_problem, row_plan
 from lightning_grpo.model.prefix import has_sliding_window
 from lightning_grpo.model.served_teacher import ServedTeacher
-from lightning_grpo.model.sharding import LOGPS_METHOD, clip_gradients, is_sharded, shard_causal_lm
+from lightning_grpo.model.sharding import LOGPS_METHOD, clip_gradients, is_sharded
 from lightning_grpo.model.teacher import TeacherModel, completion_logits, frozen_logits, load_teacher
 from lightning_grpo.model.vision import (
     check_multimodal,
@@ -47,13 +47,11 @@ from lightning_grpo.model.vision import (
     policy_processor,
     vision_token_ids,
 )
+from lightning_grpo.model.weights import PolicyWeights, drop_left_out, fill_left_out
 from lightning_grpo.types import Rollout
 
-REFERENCE = "reference."  # state-dict prefix of the frozen copy inside the Policy
-TEACHER = "teacher."  # and of the distillation teacher
 
-
-class Policy(nn.Module):
+class Policy(nn.Module, PolicyWeights):
     """The policy LM under training, with what GRPO needs around it.
 
     The frozen reference (``beta > 0`` without LoRA) is a registered submodule, so it moves with the policy
@@ -104,8 +102,8 @@ class Policy(nn.Module):
         self.temperature = temperature
         self.router_aux_coef = router_aux_coef(self.model.config, router_aux_loss_coef)
         self.synced_generation = False  # set by shard(): every forward is a collective
-        self.register_state_dict_post_hook(_drop_left_out)
-        self.register_load_state_dict_pre_hook(_fill_left_out)
+        self.register_state_dict_post_hook(drop_left_out)
+        self.register_load_state_dict_pre_hook(fill_left_out)
 
     def _load(self, model: str | nn.Module) -> nn.Module:
         """The trained model in train mode: built empty on the meta device where ``weight_files`` are loaded later
@@ -270,7 +268,7 @@ class Policy(nn.Module):
         torch.distributed.all_reduce(t, op=torch.distributed.ReduceOp.MAX)
         return t.tolist()
 
-    # ---- training, sharding, checkpoints, export ----------------------------------------------------------
+    # ---- training, export (placement and checkpoint contents: model/weights.py) ---------------------------
 
     @torch.no_grad()
     def sync_reference(self, alpha: float) -> None:
@@ -327,61 +325,6 @@ class Policy(nn.Module):
         if c.sync_ref_model and step % c.ref_model_sync_steps == 0:
             self.sync_reference(c.ref_model_mixup_alpha)
 
-    @staticmethod
-    def shards_under(strategy: Strategy | None) -> bool:
-        """Whether ``configure`` shards the policy under ``strategy`` (FSDP2 or Lightning's FSDP)."""
-        return isinstance(strategy, (ModelParallelStrategy, FSDPStrategy))
-
-    def configure(self, strategy: Strategy | None, mesh: Any | None) -> None:
-        """Place the weights for ``strategy``: FSDP2 (``ModelParallelStrategy``, its device ``mesh``) shards
-        here; Lightning's FSDP wraps the module itself; otherwise a policy built on the meta device loads."""
-        if isinstance(strategy, ModelParallelStrategy):
-            if mesh["tensor_parallel"].size() != 1:
-                raise ValueError(
-                    "ModelParallelStrategy tensor_parallel_size must be 1 for GRPOModule (FSDP2 data parallelism "
-                    f"only), got {mesh['tensor_parallel'].size()}: set data_parallel_size to the number of processes"
-                )
-            self.shard(mesh["data_parallel"], strategy.world_size)
-        elif isinstance(strategy, FSDPStrategy):
-            self.shard(None, strategy.world_size)
-        else:
-            self.materialize()
-
-    def shard(self, mesh: Any | None, world_size: int) -> None:
-        """Shard over ``mesh`` with FSDP2 (``None``: the strategy shards the module itself, as FSDP1 does).
-        Either way generation is then synced across ranks, so ranks that finish early keep stepping."""
-        if mesh is not None:
-            shard_causal_lm(self.model, mesh)  # under LoRA the frozen base is sharded too; the adapter trains
-            for frozen in (self.reference, self.teacher):
-                if frozen is not None:
-                    shard_causal_lm(frozen, mesh, frozen=True)
-        self.synced_generation = world_size > 1
-        self.materialize()  # after sharding: each rank reads only its own rows
-
-    def materialize(self) -> None:
-        """Load the weights of a policy built on the meta device (Lightning's ``trainer.init_module(empty_init=True)``
-        under FSDP2) from its checkpoint files: each rank's own shards once ``shard`` has run, else whole tensors.
-        A no-op for a policy that has its weights."""
-        for model in (self.model, self.reference):
-            if model is not None and is_empty(model):
-                load_weights(model, self.weight_files, self.real_tensors)
-        if self.teacher is not None and is_empty(self.teacher):
-            load_weights(self.teacher, self.teacher_files, {})
-        self.real_tensors = {}
-
-    def left_out(self) -> Iterator[tuple[str, Tensor]]:
-        """(name, tensor) of what the Policy's state dict leaves out because it is rebuilt from ``model``: the
-        reference, and under LoRA the frozen base weights. Every checkpoint (a ``.ckpt`` file or a distributed
-        checkpoint directory, whose shards Lightning reads straight into ``state_dict()``'s keys) follows."""
-        if self.reference is not None:
-            yield from ((REFERENCE + n, t) for n, t in self.reference.state_dict(keep_vars=True).items())
-        if self.teacher is not None:
-            yield from ((TEACHER + n, t) for n, t in self.teacher.state_dict(keep_vars=True).items())
-        if self.is_lora:
-            yield from (
-                ("model." + n, t) for n, t in self.model.state_dict(keep_vars=True).items() if not t.requires_grad
-            )
-
     def save_pretrained(self, path: str, is_global_zero: bool, merged: bool = False) -> None:
         """Hugging Face format, with its processor or tokenizer (``export.save_hf``: a LoRA policy saves its adapter,
         and with ``merged`` the merged model too). Every rank calls it: a sharded policy is gathered first."""
@@ -399,15 +342,3 @@ def _eval_mode(model: nn.Module) -> Iterator[None]:
         yield
     finally:
         model.train(was_training)
-
-
-def _drop_left_out(policy: Policy, state: dict[str, Any], prefix: str, local_metadata: Any) -> None:
-    for name, _ in policy.left_out():
-        state.pop(prefix + name, None)
-
-
-def _fill_left_out(policy: Policy, state: dict[str, Any], prefix: str, *args: Any) -> None:
-    """Loading puts the current values back in place of what was left out, so strict loading still catches a
-    checkpoint that lacks weights that train."""
-    for name, tensor in policy.left_out():
-        state.setdefault(prefix + name, tensor.detach())
