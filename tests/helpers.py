@@ -33,6 +33,13 @@ def run_ranks(script: str, args: list[str], out_dir: Path, ranks: int = 2, env: 
     return [rank_report(out_dir, rank) for rank in range(ranks)]
 
 
+def run_cli(args: list[str], cwd: Path, entry: list[str] | None = None) -> subprocess.CompletedProcess:
+    """The real CLI in a fresh interpreter: ``python -m lightning_grpo.cli`` (no console script on PATH needed)."""
+    entry = entry or [sys.executable, "-m", "lightning_grpo.cli"]
+    env = {**os.environ, "COLUMNS": "80", "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
+    return subprocess.run([*entry, *args], cwd=cwd, env=env, capture_output=True, text=True, timeout=300)
+
+
 def rank_report(out_dir: Path, rank: int) -> Any:
     """What rank ``rank`` of a multi-process script wrote: ``rank<k>.json``, else ``rank<k>.pt``."""
     path = Path(out_dir) / f"rank{rank}.json"

@@ -15,7 +15,8 @@ import pytest
 import yaml
 from helpers import ROOT
 
-from lightning_grpo.cli.main import TEMPLATES, main, resolve_configs
+from lightning_grpo.cli.argv import TEMPLATES, resolve_configs
+from lightning_grpo.cli.main import main
 
 
 def test_a_template_name_resolves_to_the_shipped_file(tmp_path, monkeypatch, capsys):

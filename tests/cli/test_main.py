@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import torch
 import yaml
-from helpers import ROOT
+from helpers import ROOT, run_cli
 
 from lightning_grpo.cli import main
 from lightning_grpo.cli.failure import failure_message
@@ -109,38 +109,6 @@ def test_console_script_exits_zero(tmp_path):
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert len([line for line in proc.stderr.splitlines() if line.startswith("torch threads: ")]) == 1
     assert "not recommended to provide both args and command line arguments" not in proc.stderr
-
-
-def run_cli(args: list[str], cwd: Path, entry: list[str] | None = None) -> subprocess.CompletedProcess:
-    """The real CLI in a fresh interpreter: ``python -m lightning_grpo.cli`` (no console script on PATH needed)."""
-    entry = entry or [sys.executable, "-m", "lightning_grpo.cli"]
-    env = {**os.environ, "COLUMNS": "80", "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
-    return subprocess.run([*entry, *args], cwd=cwd, env=env, capture_output=True, text=True, timeout=300)
-
-
-MY_REWARDS = "def my_reward(completions, **kwargs):\n    return [1.0 for _ in completions]\n"
-
-
-def test_a_reward_module_next_to_the_config_is_importable(tmp_path):
-    # `python -m` puts the working directory on sys.path, not the config's directory: that one is ours to add.
-    (tmp_path / "exp").mkdir()
-    (tmp_path / "exp" / "my_rewards.py").write_text(MY_REWARDS)
-    (tmp_path / "exp" / "config.yaml").write_text("model:\n  reward_funcs: [my_rewards.my_reward]\n")
-    args = ["fit", "--config", str(ROOT / "templates" / "tiny_cpu.yaml"), "--config", "exp/config.yaml"]
-    proc = run_cli([*args, "--print_config"], cwd=tmp_path)
-    assert proc.returncode == 0, proc.stderr[-2000:]
-    assert "my_rewards.my_reward" in proc.stdout
-
-
-def test_a_reward_module_in_the_working_directory_is_importable(tmp_path):
-    # A console script's sys.path starts with its own bin/ directory, not the working directory.
-    (tmp_path / "my_rewards.py").write_text(MY_REWARDS)
-    bin_dir = tmp_path / "bin"
-    bin_dir.mkdir()
-    (bin_dir / "lightning-grpo").write_text("from lightning_grpo.cli import main\nmain()\n")
-    args = ["fit", "--config", str(TINY), "--model.reward_funcs", "[my_rewards.my_reward]"]
-    proc = run_cli([*args, "--print_config"], cwd=tmp_path, entry=[sys.executable, str(bin_dir / "lightning-grpo")])
-    assert proc.returncode == 0, proc.stderr[-2000:]
 
 
 def test_python_dash_m_runs_the_cli(tmp_path):
@@ -299,16 +267,6 @@ def test_the_templates_show_a_checkpoint_filename_that_makes_no_folders(tiny_mod
     saved = sorted(p.relative_to(tmp_path) for p in tmp_path.rglob("*.ckpt"))
     assert len(saved) == 2 and all(p.parent.name == "checkpoints" for p in saved), saved
     assert any(p.name.startswith("step=2-accuracy=") for p in saved), saved
-
-
-def test_a_tab_in_a_config_s_indentation_names_the_file_and_line(tmp_path, capsys):
-    config = tmp_path / "run.yaml"
-    config.write_text("model:\n  num_generations: 4\n\tseed: 1\n")
-    with pytest.raises(SystemExit) as done:
-        main(["fit", "--config", str(config), "--print_config"])
-    message = str(done.value.code) + capsys.readouterr().err
-    assert f"--config '{config}': line 3 indents with a tab: YAML indents with spaces only" in message
-    assert "<unicode string>" not in message
 
 
 def test_an_unwritable_lightning_grpo_home_names_the_variable(tmp_path, monkeypatch, capsys):
