@@ -18,13 +18,16 @@ def is_conversational(prompt: Prompt) -> bool:
 
 
 def render_prompts(
-    tokenizer: PreTrainedTokenizerBase, prompts: list[Prompt], chat_template_kwargs: dict[str, Any] | None = None
+    tokenizer: PreTrainedTokenizerBase,
+    prompts: list[Prompt],
+    chat_template_kwargs: dict[str, Any] | None = None,
+    tools: list[list[dict]] | None = None,
 ) -> list[str]:
     """Chat messages go through the tokenizer's chat template (TRL's ``maybe_apply_chat_template``, with
-    ``chat_template_kwargs``); plain text is used as is."""
+    ``chat_template_kwargs``, and each prompt's tool schemas when ``tools`` gives them); plain text is used as is."""
     if not is_conversational(prompts[0]):
         return list(prompts)
-    if tokenizer.chat_template is None:
+    if tokenizer.chat_template is None and "chat_template" not in (chat_template_kwargs or {}):
         raise ValueError(
             "prompts are chat messages but the tokenizer has no chat_template: give plain-text prompts or a "
             "tokenizer with a chat template"
@@ -32,28 +35,39 @@ def render_prompts(
     from trl.data_utils import maybe_apply_chat_template  # pyarrow and datasets: only for chat prompts
 
     kwargs = chat_template_kwargs or {}
-    return [maybe_apply_chat_template({"prompt": p}, tokenizer, **kwargs)["prompt"] for p in prompts]
+    rows = tools or [None] * len(prompts)  # each prompt's tool schemas
+    return [maybe_apply_chat_template({"prompt": p}, tokenizer, t, **kwargs)["prompt"] for p, t in zip(prompts, rows)]
 
 
 def encode_prompts(
-    tokenizer: PreTrainedTokenizerBase, prompts: list[Prompt], sampling: SamplingConfig
+    tokenizer: PreTrainedTokenizerBase,
+    prompts: list[Prompt],
+    sampling: SamplingConfig,
+    tools: list[list[dict]] | None = None,
+    chat_template: str | None = None,
 ) -> list[list[int]]:
-    """The token ids of each prompt as the policy reads it (chat template applied), before any cut."""
-    texts = render_prompts(tokenizer, prompts, sampling.chat_template_kwargs)
+    """The token ids of each prompt as the policy reads it (chat template applied, with each prompt's ``tools`` and
+    a ``chat_template`` in place of the tokenizer's when given), before any cut."""
+    kwargs = dict(sampling.chat_template_kwargs or {}) | ({"chat_template": chat_template} if chat_template else {})
+    texts = render_prompts(tokenizer, prompts, kwargs, tools)
     return tokenizer(texts, add_special_tokens=not is_conversational(prompts[0]))["input_ids"]
+
+
+def cut_prompts(encoded: list[list[int]], sampling: SamplingConfig) -> tuple[list[list[int]], int]:
+    """Each prompt cut to its last ``sampling.max_prompt_length`` tokens, and how many were longer."""
+    limit = sampling.max_prompt_length
+    if not limit:
+        return encoded, 0
+    return [ids[-limit:] for ids in encoded], sum(len(ids) > limit for ids in encoded)
 
 
 def tokenize_prompts(
     tokenizer: PreTrainedTokenizerBase, prompts: list[Prompt], sampling: SamplingConfig
 ) -> tuple[Tensor, Tensor, int]:
     """Left-padded [B, P] ids and mask; prompts longer than ``sampling.max_prompt_length`` keep their last tokens."""
-    encoded = encode_prompts(tokenizer, prompts, sampling)
-    limit = sampling.max_prompt_length
-    too_long = [ids for ids in encoded if limit and len(ids) > limit]
-    if limit:
-        encoded = [ids[-limit:] for ids in encoded]
+    encoded, num_truncated = cut_prompts(encode_prompts(tokenizer, prompts, sampling), sampling)
     ids, mask = pad_rows(encoded, tokenizer.pad_token_id, left=True)
-    return ids, mask, len(too_long)
+    return ids, mask, num_truncated
 
 
 PER_TOKEN_VISION = ("token_type_ids", "mm_token_type_ids")  # per-token fields (Gemma 3 ...): not carried yet

@@ -22,7 +22,7 @@ from lightning_grpo.engines.multiturn.calls import ToolResult, resolve_tool, run
 from lightning_grpo.engines.multiturn.environments import Environments, environment_tools, episode_rewards
 from lightning_grpo.engines.multiturn.episodes import EpisodeStats, tool_suffix_ids
 from lightning_grpo.engines.multiturn.families import ToolFormat, tool_format
-from lightning_grpo.engines.prompts import is_conversational
+from lightning_grpo.engines.prompts import cut_prompts, encode_prompts, is_conversational
 from lightning_grpo.model.policy import Policy
 from lightning_grpo.types import Prompt, Rollout, pad_rows
 
@@ -172,18 +172,10 @@ class ToolCalling(RolloutEngine):
             environments, prompts = self.environments.start(prompts, rows)
             tools = [self.tools + environment_tools(e) for e in environments]
             schemas = [self.schemas + s for s in self.environments.schemas_of(rows)]
-        episodes, cut = [], 0
-        for prompt, row_tools, row_schemas in zip(prompts, tools, schemas):
-            ids = policy.tokenizer.apply_chat_template(
-                prompt,
-                tools=row_schemas or None,
-                add_generation_prompt=True,
-                tokenize=True,
-                return_dict=False,
-                **fmt.render_kwargs(sampling.chat_template_kwargs),
-            )
-            if sampling.max_prompt_length and len(ids) > sampling.max_prompt_length:
-                ids, cut = ids[-sampling.max_prompt_length :], cut + 1
+        encoded = encode_prompts(policy.tokenizer, prompts, sampling, schemas, fmt.chat_template)
+        encoded, cut = cut_prompts(encoded, sampling)
+        episodes = []
+        for prompt, ids, row_tools, row_schemas in zip(prompts, encoded, tools, schemas):
             by_name = {t.__name__: t for t in row_tools}
             episodes.append(Episode(prompt, list(ids), by_name, row_schemas, sampling.max_completion_length))
         return episodes, environments, cut
