@@ -44,7 +44,7 @@ def sampled(policy: Policy, n: int = 3, g: int = 2, length: int = 4):
     prompts, columns = image_prompts(n)
     torch.manual_seed(0)
     sampling = SamplingConfig(max_completion_length=length)
-    return HFGenerate().generate(policy, prompts, g, sampling, greedy=False, columns=columns), prompts, columns
+    return HFGenerate().generate(policy, prompts, g, sampling, greedy=False, columns=columns)
 
 
 # ---- data ---------------------------------------------------------------------------------------------------
@@ -105,7 +105,7 @@ def test_image_datasets_load_lazily_and_batch_their_images(tmp_path):
 
 def test_rollout_carries_pixel_values_and_logps_equal_the_models_own_forward(processor):
     policy = tiny_policy(processor)
-    rollout, _, _ = sampled(policy)
+    rollout = sampled(policy)
     assert set(rollout.vision) == {"pixel_values"} and len(rollout.vision["pixel_values"]) == len(rollout) == 6
     assert (rollout.prompt_mask == 0).any()  # the short prompt is left-padded: positions must still agree
     ours = policy.logps(rollout, [slice(0, 3), slice(3, 6)])  # [N, T], two micro-batches
@@ -147,7 +147,7 @@ def test_several_images_a_row_and_plain_text_prompts(processor):
 def test_the_images_change_the_logps(processor):
     """Not a text forward in disguise: other images, other log-probs of the same tokens."""
     policy = tiny_policy(processor, freeze_vision_tower=False)
-    rollout, _, _ = sampled(policy)
+    rollout = sampled(policy)
     before = policy.logps(rollout, [slice(0, 6)])
     flipped = {"pixel_values": [t.flip(-1) * -1 for t in rollout.vision["pixel_values"]]}
     after = policy.logps(dataclasses.replace(rollout, vision=flipped), [slice(0, 6)])
@@ -157,7 +157,7 @@ def test_the_images_change_the_logps(processor):
 def test_reference_and_old_logps_take_the_images_too(processor):
     """beta > 0 keeps a frozen copy; its forward (and the no-grad one of the old policy) gets the same images."""
     policy = Policy(build_tiny_llava(processor, seed=1), PolicyConfig(tokenizer=processor), reference=True)
-    rollout, _, _ = sampled(policy)
+    rollout = sampled(policy)
     rows = [slice(0, 6)]
     torch.testing.assert_close(policy.reference_logps(rollout, rows), policy.logps(rollout, rows))
 
@@ -227,93 +227,6 @@ def test_images_for_a_text_policy_are_refused(tiny_model_dir):
         )
 
 
-# ---- one GRPO step against TRL 1.16 -------------------------------------------------------------------------
-
-
-
-def trl_loss(trainer, rollout, advantages, pixel_values, num_images: list[int]):
-    """TRL's ``_compute_loss`` on our rollout's rows, ``advantages``, ``pixel_values`` and per-row image counts,
-    its gradients taken (``backward``): the loss returned."""
-    inputs = {
-        "prompt_ids": rollout.prompt_ids,
-        "prompt_mask": rollout.prompt_mask,
-        "completion_ids": rollout.completion_ids,
-        "completion_mask": rollout.completion_mask,
-        "advantages": advantages,
-        "old_per_token_logps": None,
-        "ref_per_token_logps": None,
-        "pixel_values": pixel_values,
-        "num_images": num_images,
-        "num_items_in_batch": rollout.completion_mask.sum(),
-    }
-    trainer.model.train()
-    trainer.current_gradient_accumulation_steps = 1  # what its training loop sets: one micro-batch, no accumulation
-    theirs = trainer._compute_loss(trainer.model, inputs)
-    theirs.backward()
-    return theirs
-
-def trl_trainer(model, processor, prompts, columns, tmp_path, n: int):
-    from datasets import Dataset
-    from trl import GRPOConfig, GRPOTrainer
-
-    rows = [{"prompt": p, "image": im} for p, im in zip(prompts, columns["image"])]
-    args = GRPOConfig(
-        output_dir=str(tmp_path),
-        per_device_train_batch_size=n,
-        num_generations=2,
-        max_completion_length=4,
-        beta=0.0,
-        loss_type="dapo",
-        report_to=[],
-        use_cpu=True,
-        bf16=False,
-    )
-    return GRPOTrainer(
-        model=model,
-        reward_funcs=[lambda completions, **k: [0.0] * len(completions)],
-        args=args,
-        train_dataset=Dataset.from_list(rows),
-        processing_class=processor,
-    )
-
-
-def test_one_grpo_step_equals_trls_vlm_step_in_value_and_gradient(processor, tmp_path):
-    """The same tiny VLM, images, completions and advantages: TRL's ``_compute_loss`` (its own processor call,
-    its own forward with ``pixel_values``) and ours give the same loss and the same gradient on every weight."""
-    policy = tiny_policy(processor, freeze_vision_tower=False)  # TRL trains the vision tower: compare them all
-    theirs_model = copy.deepcopy(policy.model)
-    rollout, prompts, columns = sampled(policy)
-    # prompts of one length: TRL's forward counts positions from the padding, ours from the first real token
-    rollout = rollout.select(torch.arange(2, 6))
-    n = len(rollout)
-    advantages = torch.tensor([1.0, -1.0, 0.5, -0.5])
-    config = LossConfig(beta=0.0, loss_type="dapo")
-
-    token = policy.train_logps(rollout, slice(0, n))
-    ours = grpo_loss(token.logps, None, advantages, rollout.completion_mask, config).loss
-    ours.backward()
-
-    from trl.data_utils import prepare_multimodal_messages
-
-    trainer = trl_trainer(theirs_model, processor, prompts[1:3], {"image": columns["image"][1:3]}, tmp_path, n)
-    images = columns["image"][1:3]
-    tokenized = trainer._tokenize_prompts([prepare_multimodal_messages(p, [im]) for p, im in zip(prompts[1:3], images)])
-    their_ids = [list(ids) for ids in tokenized[0]]
-    assert their_ids == [rollout.prompt_ids[0].tolist(), rollout.prompt_ids[2].tolist()]  # same processing
-    theirs = trl_loss(trainer, rollout, advantages, torch.cat(rollout.vision["pixel_values"]), [1] * n)
-    torch.testing.assert_close(ours.detach(), theirs.detach(), rtol=1e-5, atol=1e-6)
-    their_grads = dict(trainer.model.named_parameters())
-    compared = 0
-    for name, param in policy.model.named_parameters():
-        other = their_grads[name].grad
-        if param.grad is None:
-            assert other is None or other.abs().max() == 0, name
-            continue
-        torch.testing.assert_close(param.grad, other, rtol=1e-4, atol=1e-6, msg=name)
-        compared += 1
-    assert compared > 30  # vision tower, projector and language model
-
-
 def test_images_for_a_text_model_are_refused_before_compute(tiny_model_dir, tmp_path):
     import lightning as L
     from helpers import make_module
@@ -339,10 +252,14 @@ def test_building_a_vision_language_policy_on_the_meta_device_is_refused(process
 
 # ---- images opened as TRL and transformers open them -----------------------------------------------------------
 
+IMAGE_KINDS = ("rgb", "rgba", "la", "palette", "palette_png", "exif_path", "png_bytes")
 
-def kinds_of_image(tmp_path):
-    """(name, the column value a user gives, what TRL's processor gets for it): transparent RGBA and LA, a palette
-    with a transparent colour, an EXIF-rotated phone photo by path, an RGBA PNG as the bytes ``datasets`` stores."""
+
+def kinds_of_image(tmp_path) -> dict:
+    """name -> (the column value a user gives, what TRL's processor gets for it): a plain RGB square, transparent
+    RGBA and LA, a palette with a transparent colour (as a PIL image and as the PNG bytes ``datasets`` stores), an
+    EXIF-rotated phone photo by path (two colours side by side: its rotation changes the pixels, not only the size),
+    an RGBA PNG as bytes."""
     from datasets import Image as ImageFeature
     from PIL import Image
 
@@ -354,17 +271,28 @@ def kinds_of_image(tmp_path):
     photo = tmp_path / "rotated.jpg"
     exif = Image.Exif()
     exif[0x0112] = 6  # Orientation: rotate 90 (a phone photo taken upright)
-    Image.new("RGB", (44, 28), (10, 120, 240)).save(photo, exif=exif)
-    png = io.BytesIO()
-    rgba.save(png, format="PNG")
-    stored = {"bytes": png.getvalue(), "path": None}
-    return [
-        ("rgba", rgba, rgba),
-        ("la", la, la),
-        ("palette", palette, palette),
-        ("exif_path", str(photo), str(photo)),  # TRL's processor loads a path itself (load_image)
-        ("png_bytes", stored, ImageFeature().decode_example(stored)),  # what a datasets Image column decodes to
-    ]
+    upright = Image.new("RGB", (44, 28), (10, 120, 240))
+    upright.paste((240, 200, 10), (0, 0, 22, 28))
+    upright.save(photo, exif=exif)
+    stored = {name: {"bytes": png_bytes(im), "path": None} for name, im in (("rgba", rgba), ("palette", palette))}
+    rgb = square_image("r", random.Random(0))
+    kinds = {
+        "rgb": (rgb, rgb),
+        "rgba": (rgba, rgba),
+        "la": (la, la),
+        "palette": (palette, palette),
+        "palette_png": (stored["palette"], ImageFeature().decode_example(stored["palette"])),  # mode P, transparent
+        "exif_path": (str(photo), str(photo)),  # TRL's processor loads a path itself (load_image)
+        "png_bytes": (stored["rgba"], ImageFeature().decode_example(stored["rgba"])),  # a datasets Image column's
+    }
+    assert tuple(kinds) == IMAGE_KINDS
+    return kinds
+
+
+def png_bytes(image) -> bytes:
+    out = io.BytesIO()
+    image.save(out, format="PNG")
+    return out.getvalue()
 
 
 def test_every_kind_of_image_gives_the_pixel_values_trls_processor_call_gives(processor, tmp_path):
@@ -376,10 +304,140 @@ def test_every_kind_of_image_gives_the_pixel_values_trls_processor_call_gives(pr
     from lightning_grpo.engines.prompts import tokenize_image_prompts
 
     prompt = [{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": QUESTION}]}]
-    for name, given, theirs in kinds_of_image(tmp_path):
+    for name, (given, theirs) in kinds_of_image(tmp_path).items():
         _, _, vision = tokenize_image_prompts(processor, [prompt], [[given]], SamplingConfig())
         messages = prepare_multimodal_messages(copy.deepcopy(prompt), images=[theirs])
         expected = processor.apply_chat_template(
             [messages], add_generation_prompt=True, tokenize=True, return_dict=True, return_tensors="pt"
         )
         torch.testing.assert_close(vision["pixel_values"][0], expected["pixel_values"], rtol=0, atol=0, msg=name)
+
+
+# ---- one GRPO step against TRL 1.16 -------------------------------------------------------------------------
+
+
+def trl_trainer(model, processor, dataset, tmp_path, n: int):
+    """TRL 1.16's ``GRPOTrainer`` of ``model`` on ``dataset`` (a ``datasets.Dataset``), n completions a step,
+    groups of 2, DAPO's loss without KL."""
+    from trl import GRPOConfig, GRPOTrainer
+
+    args = GRPOConfig(
+        output_dir=str(tmp_path),
+        per_device_train_batch_size=n,
+        num_generations=2,
+        max_completion_length=4,
+        beta=0.0,
+        loss_type="dapo",
+        report_to=[],
+        use_cpu=True,
+        bf16=False,
+    )
+    return GRPOTrainer(
+        model=model,
+        reward_funcs=[lambda completions, **k: [0.0] * len(completions)],
+        args=args,
+        train_dataset=dataset,
+        processing_class=processor,
+    )
+
+
+def trl_prompt_inputs(trainer, rows: list[dict]) -> tuple[list[list[int]], dict, list[int]]:
+    """What TRL 1.16's ``_generate_and_score_completions`` makes of a step's dataset ``rows`` (each prompt once per
+    completion, as its sampler hands them): each row's prompt ids (``_tokenize_prompts``, what it generates from),
+    its forward's vision inputs (the processor's one call on the rows' chat texts and images) and each row's image
+    count (``num_images``)."""
+    from trl.data_utils import apply_chat_template, prepare_multimodal_messages
+
+    images = [[row["image"]] if row["image"] is not None else None for row in rows]
+    prompts = [prepare_multimodal_messages(copy.deepcopy(r["prompt"]), images=im) for r, im in zip(rows, images)]
+    ids, _, _ = trainer._tokenize_prompts(prompts)
+    texts = [apply_chat_template({"prompt": p}, trainer.processing_class)["prompt"] for p in prompts]
+    # TRL gives a text row's images as None, which transformers 5.24's processors refuse (``only a single or a list
+    # of entries is supported``); [] is the same batch
+    vision = trainer.processing_class(images=[im or [] for im in images], text=texts, padding=True, return_tensors="pt")
+    return [list(i) for i in ids], vision, [len(im or []) for im in images]
+
+
+def trl_loss(trainer, rollout, advantages, pixel_values, num_images: list[int]):
+    """TRL's ``_compute_loss`` on our rollout's rows, ``advantages``, ``pixel_values`` and per-row image counts,
+    its gradients taken (``backward``): the loss returned."""
+    inputs = {
+        "prompt_ids": rollout.prompt_ids,
+        "prompt_mask": rollout.prompt_mask,
+        "completion_ids": rollout.completion_ids,
+        "completion_mask": rollout.completion_mask,
+        "advantages": advantages,
+        "old_per_token_logps": None,
+        "ref_per_token_logps": None,
+        "pixel_values": pixel_values,
+        "num_images": num_images,
+        "num_items_in_batch": rollout.completion_mask.sum(),
+    }
+    trainer.model.train()
+    trainer.current_gradient_accumulation_steps = 1  # what its training loop sets: one micro-batch, no accumulation
+    theirs = trainer._compute_loss(trainer.model, inputs)
+    theirs.backward()
+    return theirs
+
+
+def assert_same_gradients(model, theirs) -> None:
+    """Every weight of ``model`` has ``theirs``'s gradient (one without a gradient has none or 0 there), and the
+    weights compared span the vision tower, the projector and the language model."""
+    their_params = dict(theirs.named_parameters())
+    compared = 0
+    for name, param in model.named_parameters():
+        other = their_params[name].grad
+        if param.grad is None:
+            assert other is None or other.abs().max() == 0, name
+            continue
+        torch.testing.assert_close(param.grad, other, rtol=1e-4, atol=1e-6, msg=name)
+        compared += 1
+    assert compared > 30  # vision tower, projector and language model
+
+
+def image_dataset(tmp_path, image) -> str:
+    """A saved dataset of two colour questions with ``image`` in their ``image`` column, as a user's data holds it:
+    a path as a string (what a JSON Lines file of paths loads to), anything else as ``datasets``' ``Image``
+    feature (stored as PNG or, for a palette PIL image, TIFF bytes; decoded when a row is read)."""
+    from datasets import Dataset, Image
+
+    prompt = [{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": QUESTION}]}]
+    data = Dataset.from_list([{"prompt": prompt, "image": image, "answer": "r"}] * 2)
+    if not isinstance(image, str):
+        data = data.cast_column("image", Image())
+    data.save_to_disk(str(tmp_path / "data"))
+    return str(tmp_path / "data")
+
+
+@pytest.mark.parametrize("kind", [k for k in IMAGE_KINDS if k != "png_bytes"])  # png_bytes is rgba's PNG, stored
+def test_one_grpo_step_equals_trls_vlm_step_in_value_and_gradient(processor, tmp_path, kind):
+    """Issue 58 item 2: one dataset of each kind of image, read by our data module and sampled by our rollout, and
+    its rows as TRL's loader hands them to TRL 1.16 (its tokenization, its processor call, its ``_compute_loss``
+    with ``pixel_values``): with the same completions and advantages, the same prompt ids, pixel values, loss and
+    gradient on every weight."""
+    from lightning_grpo.data import PromptDataModule
+
+    policy = tiny_policy(processor, freeze_vision_tower=False)  # TRL trains the vision tower: compare them all
+    theirs_model = copy.deepcopy(policy.model)
+    data = PromptDataModule(image_dataset(tmp_path, kinds_of_image(tmp_path)[kind][0]), 2, val_split=None)
+    data.setup("fit")
+    batch = data.collate([data.train_data[0], data.train_data[1]])
+    torch.manual_seed(0)
+    sampling = SamplingConfig(max_completion_length=4)
+    rollout = HFGenerate().generate(policy, batch.prompts, 2, sampling, False, batch.columns)
+    # prompts of one length: TRL's forward counts positions from the padding, ours from the first real token
+    assert bool(rollout.prompt_mask.all())
+    advantages = torch.tensor([1.0, -1.0, 0.5, -0.5])
+    token = policy.train_logps(rollout, slice(0, 4))
+    ours = grpo_loss(token.logps, None, advantages, rollout.completion_mask, LossConfig(beta=0.0, loss_type="dapo"))
+    ours.loss.backward()
+
+    trainer = trl_trainer(theirs_model, processor, data.train_data, tmp_path, 4)
+    rows = [trainer.train_dataset[i] for i in (0, 0, 1, 1)]  # each prompt once per completion, decoded on reading
+    their_ids, their_vision, num_images = trl_prompt_inputs(trainer, rows)
+    assert their_ids == rollout.prompt_ids.tolist()  # same processing
+    ours_pixels = rollout.vision_inputs(slice(0, 4))["pixel_values"]
+    torch.testing.assert_close(ours_pixels, their_vision["pixel_values"], rtol=0, atol=0)
+    theirs = trl_loss(trainer, rollout, advantages, their_vision["pixel_values"], num_images)
+    torch.testing.assert_close(ours.loss.detach(), theirs.detach(), rtol=1e-5, atol=1e-6)
+    assert_same_gradients(policy.model, trainer.model)

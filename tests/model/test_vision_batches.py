@@ -171,14 +171,15 @@ def test_a_text_only_batch_of_an_image_dataset_takes_its_update(tmp_path):
 
 
 def test_one_step_on_mixed_image_and_text_rows_equals_trls_vlm_step(tmp_path):
-    """Issue 58 item 2's sweep, mixed rows: a LLaVA batch of an image row and a text-only row, TRL 1.16's own
-    tokenization, the processor's batched call and TRL's ``_compute_loss`` (its per-row ``num_images``: 1, 1, 0, 0)
-    against ours: the same prompt ids, pixel_values, loss and gradient on every weight."""
-    from trl.data_utils import prepare_multimodal_messages
+    """Issue 58 item 2's sweep, mixed rows: a LLaVA batch of an image row and a text-only row (``None`` in a
+    ``datasets`` image column), TRL 1.16's own tokenization, the processor's batched call and TRL's
+    ``_compute_loss`` (its per-row ``num_images``: 1, 1, 0, 0) against ours: the same prompt ids, pixel_values, loss
+    and gradient on every weight."""
+    from datasets import Dataset
 
     from lightning_grpo.demo.vision import build_processor, build_tiny_llava, square_image
     from lightning_grpo.loss import LossConfig, grpo_loss
-    from tests.model.test_vision import trl_loss, trl_trainer
+    from tests.model.test_vision import assert_same_gradients, trl_loss, trl_prompt_inputs, trl_trainer
 
     processor = build_processor()
     policy = Policy(build_tiny_llava(processor, seed=1), PolicyConfig(tokenizer=processor, freeze_vision_tower=False))
@@ -196,24 +197,15 @@ def test_one_step_on_mixed_image_and_text_rows_equals_trls_vlm_step(tmp_path):
     ours = grpo_loss(token.logps, None, advantages, rollout.completion_mask, LossConfig(beta=0.0, loss_type="dapo"))
     ours.loss.backward()
 
-    trainer = trl_trainer(theirs_model, processor, prompts, {"image": images}, tmp_path, 4)
-    placed = [prepare_multimodal_messages(copy.deepcopy(p), [im] if im else None) for p, im in zip(prompts, images)]
-    their_ids, _, _ = trainer._tokenize_prompts(placed)
-    assert [list(ids) for ids in their_ids] == [rollout.prompt_ids[0].tolist(), rollout.prompt_ids[2].tolist()]
-    texts = [processor.apply_chat_template(p, add_generation_prompt=True) for p in placed for _ in range(2)]
-    # TRL's call (grpo_trainer.py, forward_kwargs) gives a text row's images as None, which transformers 5.24's
-    # processors refuse (``only a single or a list of entries is supported``); [] is the same batch
-    theirs_vision = processor(images=[[images[0]]] * 2 + [[]] * 2, text=texts, padding=True, return_tensors="pt")
+    dataset = Dataset.from_list([{"prompt": p, "image": im} for p, im in zip(prompts, images)])
+    trainer = trl_trainer(theirs_model, processor, dataset, tmp_path, 4)
+    their_ids, theirs_vision, num_images = trl_prompt_inputs(trainer, [dataset[i] for i in (0, 0, 1, 1)])
+    assert num_images == [1, 1, 0, 0]
+    assert their_ids == rollout.prompt_ids.tolist()
     torch.testing.assert_close(rollout.vision_inputs(slice(0, 4))["pixel_values"], theirs_vision["pixel_values"])
-    theirs = trl_loss(trainer, rollout, advantages, theirs_vision["pixel_values"], [1, 1, 0, 0])
+    theirs = trl_loss(trainer, rollout, advantages, theirs_vision["pixel_values"], num_images)
     torch.testing.assert_close(ours.loss.detach(), theirs.detach(), rtol=1e-5, atol=1e-6)
-    their_params = dict(trainer.model.named_parameters())
-    compared = 0
-    for name, param in policy.model.named_parameters():
-        if param.grad is not None:
-            torch.testing.assert_close(param.grad, their_params[name].grad, rtol=1e-4, atol=1e-6, msg=name)
-            compared += 1
-    assert compared > 30  # vision tower, projector and language model
+    assert_same_gradients(policy.model, trainer.model)
 
 
 @pytest.mark.parametrize(

