@@ -37,6 +37,9 @@ graphs=--cuda-graphs
 grep -qE "[0-9]+ (failed|error)" "$out/graphed.log" 2>/dev/null && graphs=--no-cuda-graphs && echo "graphs off: $graphs"
 part decode_step 45 $py benchmarks/bench_decode_cuda.py --rows 8 64
 part host_syncs 60 $py -m pytest -q -s -p no:cacheprovider -o addopts="" tests/test_host_syncs.py
+# issue 58 item 12: every collective of a step on the module's device, the two ranks' process group cuda:gloo (CUDA
+# only, as NCCL is); on a CPU machine the same test runs cpu:gloo, which cannot see a host tensor in a collective
+part ranks_devices 120 $py -m pytest -q -p no:cacheprovider -o addopts="" tests/test_ranks_devices.py
 part trl_05b 300 $py benchmarks/trl_vs_lightning_grpo.py --model qwen0.5b --device cuda --bf16 $graphs --betas 0 \
     --repeats 1 --steps 2 --warmup 1 --json "$out/trl_05b.json"
 part trl_05b_lora 300 $py benchmarks/trl_vs_lightning_grpo.py --model qwen0.5b --device cuda --bf16 --lora 16 \
