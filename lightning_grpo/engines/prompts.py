@@ -44,11 +44,12 @@ def encode_prompts(
     prompts: list[Prompt],
     sampling: SamplingConfig,
     tools: list[list[dict]] | None = None,
-    chat_template: str | None = None,
+    template_kwargs: dict[str, Any] | None = None,
 ) -> list[list[int]]:
-    """The token ids of each prompt as the policy reads it (chat template applied, with each prompt's ``tools`` and
-    a ``chat_template`` in place of the tokenizer's when given), before any cut."""
-    kwargs = dict(sampling.chat_template_kwargs or {}) | ({"chat_template": chat_template} if chat_template else {})
+    """The token ids of each prompt as the policy reads it (chat template applied, with each prompt's ``tools``),
+    before any cut. ``template_kwargs``: in place of ``sampling.chat_template_kwargs`` (a tool family's
+    ``ToolFormat.render_kwargs``, its training template among them)."""
+    kwargs = sampling.chat_template_kwargs if template_kwargs is None else template_kwargs
     texts = render_prompts(tokenizer, prompts, kwargs, tools)
     return tokenizer(texts, add_special_tokens=not is_conversational(prompts[0]))["input_ids"]
 

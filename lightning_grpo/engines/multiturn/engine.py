@@ -172,7 +172,8 @@ class ToolCalling(RolloutEngine):
             environments, prompts = self.environments.start(prompts, rows)
             tools = [self.tools + environment_tools(e) for e in environments]
             schemas = [self.schemas + s for s in self.environments.schemas_of(rows)]
-        encoded = encode_prompts(policy.tokenizer, prompts, sampling, schemas, fmt.chat_template)
+        template_kwargs = fmt.render_kwargs(sampling.chat_template_kwargs)
+        encoded = encode_prompts(policy.tokenizer, prompts, sampling, schemas, template_kwargs)
         encoded, cut = cut_prompts(encoded, sampling)
         episodes = []
         for prompt, ids, row_tools, row_schemas in zip(prompts, encoded, tools, schemas):
