@@ -14,7 +14,7 @@ import torch  # noqa: E402
 
 from lightning_grpo.demo.tiny import build_tiny_qwen2, build_tokenizer  # noqa: E402
 
-torch.set_num_threads(2)
+torch.set_num_threads(1 if os.environ.get("PYTEST_XDIST_WORKER") else 2)  # two xdist workers share 2 cores
 
 
 @pytest.fixture(scope="session")

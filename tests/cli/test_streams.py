@@ -20,13 +20,13 @@ import torch
 from lightning_grpo.cli import streams
 
 # The launcher a terminal's shell or nohup is: makes the pty its controlling terminal (the child leads a new
-# session), ignores SIGHUP when asked (nohup: an ignored signal stays ignored across exec), then execs the command.
+# session), ignores SIGHUP when asked (nohup: an ignored signal stays ignored across exec) and otherwise restores its
+# default (a shell's job gets it even where the process that started the tests ignores SIGHUP), then execs the command.
 LAUNCH = (
     "import fcntl, os, signal, sys, termios\n"
     "if sys.argv[1] != 'background':\n"
     "    fcntl.ioctl(0, termios.TIOCSCTTY, 0)\n"
-    "if sys.argv[1] == 'nohup':\n"
-    "    signal.signal(signal.SIGHUP, signal.SIG_IGN)\n"
+    "signal.signal(signal.SIGHUP, signal.SIG_IGN if sys.argv[1] == 'nohup' else signal.SIG_DFL)\n"
     "os.execv(sys.executable, [sys.executable, *sys.argv[2:]])\n"
 )
 FIT = ["-m", "lightning_grpo", "fit", "--config", "tiny_cpu", "--trainer.default_root_dir", "run"]
