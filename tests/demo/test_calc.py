@@ -45,6 +45,34 @@ def fit(cwd: Path, *args: str) -> dict:
     return json.loads(summary.read_text())
 
 
+def test_the_warm_start_s_chunked_backward_is_the_padded_batch_s_gradient():
+    """``next_token_backward`` sorts rows of unequal length into chunks; its gradients are those of the mean loss
+    one padded batch gives (Hugging Face's own ``labels=`` loss), to float rounding."""
+    import random
+
+    import torch
+
+    from lightning_grpo.demo.calc import next_token_backward
+    from lightning_grpo.demo.tiny import build_tiny_qwen2
+
+    torch.manual_seed(0)
+    tokenizer = build_calc_tokenizer()
+    model, rng = build_tiny_qwen2(tokenizer), random.Random(0)
+    rows = [([rng.randrange(3, 60) for _ in range(n)], [-100] * (n // 2) + [5] * (n - n // 2)) for n in range(3, 40, 5)]
+    width, pad = max(len(ids) for ids, _ in rows), tokenizer.pad_token_id
+    padded = {
+        "input_ids": torch.tensor([ids + [pad] * (width - len(ids)) for ids, _ in rows]),
+        "attention_mask": torch.tensor([[1] * len(ids) + [0] * (width - len(ids)) for ids, _ in rows]),
+        "labels": torch.tensor([lab + [-100] * (width - len(lab)) for _, lab in rows]),
+    }
+    model(**padded).loss.backward()
+    reference = [p.grad.clone() for p in model.parameters()]
+    model.zero_grad()
+    next_token_backward(model, pad, rows, chunks=3)
+    for p, want in zip(model.parameters(), reference, strict=True):
+        torch.testing.assert_close(p.grad, want, rtol=1e-5, atol=1e-7)
+
+
 @pytest.mark.slow
 def test_the_tool_is_learnt_and_the_control_without_it_stays(tmp_path):
     with_tool = fit(tmp_path)
