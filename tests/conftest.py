@@ -17,6 +17,16 @@ from lightning_grpo.demo.tiny import build_tiny_qwen2, build_tokenizer  # noqa: 
 torch.set_num_threads(1 if os.environ.get("PYTEST_XDIST_WORKER") else 2)  # two xdist workers share 2 cores
 
 
+@pytest.fixture(autouse=True)
+def master_port(monkeypatch) -> None:
+    """The rendezvous port of every DDP run a test starts: one of ``helpers.free_port``'s, exported, rather than the
+    one Lightning's launcher draws with ``bind(0)`` from the ephemeral range, where in the seconds before rank 0 binds
+    it another xdist worker's connections can take it."""
+    from helpers import free_port
+
+    monkeypatch.setenv("MASTER_PORT", str(free_port()))
+
+
 @pytest.fixture(scope="session")
 def tiny_model_dir(tmp_path_factory) -> str:
     path = tmp_path_factory.mktemp("tiny-qwen2")

@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import csv
 import importlib.util
+import itertools
 import json
 import os
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -22,6 +24,36 @@ from lightning_grpo.types import Rollout
 TESTS = Path(__file__).resolve().parent  # tests/: its folders mirror the package's
 ROOT = TESTS.parent  # the repository: templates, references, benchmarks
 MULTIPROCESS = TESTS / "multiprocess"  # the scripts a test runs as 2 processes (Lightning's launcher starts rank 1)
+
+
+_DRAWN = itertools.count(os.getpid())  # where this process's next free_port() starts looking in its block
+
+
+def free_port(span: int = 1) -> int:
+    """The first of ``span`` ports in a row, all free now, for a server or a rendezvous a test starts next.
+
+    Not ``bind(0)``'s: that draws from the kernel's ephemeral range, where any process's outgoing connection takes
+    its own port, so in the seconds before the server binds, another xdist worker's DDP run or HTTP client can take
+    it (CI: "Address already in use" on a weight-update group's port). These come from below that range, each
+    pytest-xdist worker from a block of its own, walked in turn so a port a test just let go is not drawn again."""
+    ranges = Path("/proc/sys/net/ipv4/ip_local_port_range")
+    ephemeral = int(ranges.read_text().split()[0]) if ranges.exists() else 32768
+    block = (ephemeral - 10000) // 8  # 8 workers' blocks between 10000 and the ephemeral range
+    worker = int(os.environ.get("PYTEST_XDIST_WORKER", "gw0").removeprefix("gw") or 0) % 8
+    for _ in range(block):
+        first = 10000 + worker * block + next(_DRAWN) % (block - span)
+        if all(_bindable(port) for port in range(first, first + span)):
+            return first
+    raise RuntimeError(f"no {span} free ports in a row in 10000 + {worker} x {block} ... (+{block})")
+
+
+def _bindable(port: int) -> bool:
+    with socket.socket() as probe:
+        try:
+            probe.bind(("", port))  # every address: a server on 127.0.0.1 or on 0.0.0.0 fails it
+        except OSError:
+            return False
+    return True
 
 
 def run_ranks(script: str, args: list[str], out_dir: Path, ranks: int = 2, env: dict | None = None) -> list[Any]:

@@ -5,21 +5,14 @@ the one GPU); without one, ``cpu:gloo`` runs the same two ranks and steps, so th
 checked on every machine, the device rule where a GPU is."""
 
 import os
-import socket
 import subprocess
 import sys
 
 import pytest
 import torch
-from helpers import MULTIPROCESS, rank_report
+from helpers import MULTIPROCESS, free_port, rank_report
 
 from tests.distill.test_targets import teacher_dir  # noqa: F401  (the fixture)
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def run_two_nodes(args: list[str], out_dir) -> list[dict]:

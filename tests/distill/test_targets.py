@@ -5,12 +5,11 @@ log-probs once per generation batch and the mixed advantages (distill/targets.py
 from __future__ import annotations
 
 import json
-import socket
 
 import lightning as L
 import pytest
 import torch
-from helpers import KeepRollouts, fit, logged, make_module
+from helpers import KeepRollouts, fit, free_port, logged, make_module
 
 from lightning_grpo import AdvantageConfig, PromptDataModule, SamplingConfig, UpdateConfig
 from lightning_grpo.cli.report import panels, write_report
@@ -198,9 +197,7 @@ def test_a_teacher_server_without_its_name_or_at_another_temperature_is_refused_
 
 
 def test_a_teacher_server_that_does_not_answer_is_named_at_construction(tiny_model_dir):
-    with socket.socket() as s:  # a port nothing listens on
-        s.bind(("127.0.0.1", 0))
-        url = f"http://127.0.0.1:{s.getsockname()[1]}"
+    url = f"http://127.0.0.1:{free_port()}"  # a port nothing listens on
     with pytest.raises(TeacherServerError, match=f"distill.teacher_server '{url}' does not answer /v1/models"):
         make_module(tiny_model_dir, distill={"teacher": tiny_model_dir, "teacher_server": url})
 

@@ -2,14 +2,13 @@
 without LoRA, and built on the meta device equals loading whole models; FSDP2 resumes exactly from a distributed
 checkpoint; 2 nodes x 1 process equal 1 node x 2."""
 
-import socket
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 import torch
-from helpers import MULTIPROCESS, run_ranks
+from helpers import MULTIPROCESS, free_port, run_ranks
 
 SCRIPT = MULTIPROCESS / "parallel_run.py"
 
@@ -183,12 +182,6 @@ def test_ddp_resumed_mid_epoch_sees_the_same_prompts_in_the_same_order(tiny_mode
     # the first epoch (4 steps): each rank's 8 prompts, the two shares disjoint: the 16 prompts once each
     epoch = [set(sum(prompts[0][rank][:4], [])) for rank in (0, 1)]
     assert len(epoch[0]) == len(epoch[1]) == 8 and epoch[0].isdisjoint(epoch[1])
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @pytest.mark.slow

@@ -2,11 +2,10 @@
 different number of times; and with a vLLM server as the sampler, a rank whose agents never ask."""
 
 import os
-import socket
 
 import pytest
 import requests
-from helpers import run_ranks
+from helpers import free_port, run_ranks
 
 from tests.engines.multiturn.test_tool_calling_training import chat_jsonl, tool_model_dir  # noqa: F401 (fixtures)
 from tests.engines.vllm.test_servers_sticky import StandIn
@@ -19,7 +18,7 @@ pytest.importorskip("openai")
     ("strategy", "sampler"), [("fsdp2", "HFGenerate"), ("fsdp2", "LeanDecode"), ("ddp", "LeanDecode")]
 )
 def test_ranks_whose_agents_ask_unequally_do_not_deadlock(tool_model_dir, chat_jsonl, tmp_path, strategy, sampler):  # noqa: F811
-    port = two_free_ports()
+    port = free_port(span=2)
     args = [tool_model_dir, chat_jsonl, str(tmp_path), strategy, sampler, str(port)]
     ranks = run_ranks("agents_ddp_run.py", args, tmp_path)
     assert ranks[0]["global_step"] == ranks[1]["global_step"] == 2
@@ -31,20 +30,6 @@ def test_ranks_whose_agents_ask_unequally_do_not_deadlock(tool_model_dir, chat_j
     assert len(calls[0]) == len(calls[1]) >= 6, calls
     assert sum(len(b) for b in calls[1] if b != [1]) == 8 and calls[1].count([1]) >= 1, calls
     assert ranks[0]["param_head"] == ranks[1]["param_head"]  # gradients were all-reduced (FSDP2: gathered)
-
-
-def two_free_ports() -> int:
-    """A port p with p + 1 also free (as far as this moment can tell)."""
-    for _ in range(50):
-        with socket.socket() as first, socket.socket() as second:
-            first.bind(("127.0.0.1", 0))
-            port = first.getsockname()[1]
-            try:
-                second.bind(("127.0.0.1", port + 1))
-            except OSError:
-                continue
-            return port
-    raise RuntimeError("no two consecutive free ports on 127.0.0.1")
 
 
 @pytest.mark.slow  # ~60 s: a stand-in vLLM server and a 2-process run of two steps

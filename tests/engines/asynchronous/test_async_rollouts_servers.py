@@ -5,7 +5,6 @@ completion), then rejoins with the current weights. The policy, the trainer, the
 real; the servers are ``vllm_fake_server.py`` processes (Hugging Face ``generate`` behind vLLM's endpoints)."""
 
 import os
-import socket
 import subprocess
 import sys
 import time
@@ -15,7 +14,7 @@ import lightning as L
 import pytest
 import requests
 import torch
-from helpers import TESTS, fit, length_reward, make_module, run_ranks
+from helpers import TESTS, fit, free_port, length_reward, make_module, run_ranks
 
 from lightning_grpo.data import PromptDataModule
 from lightning_grpo.engines import AsyncRollouts, VLLMServer
@@ -27,9 +26,7 @@ class StandIn:
     """A ``vllm_fake_server.py`` process on a fixed free port, killed and started again by a test."""
 
     def __init__(self, model_dir: str) -> None:
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            self.port = s.getsockname()[1]
+        self.port = free_port()
         self.model_dir, self.url, self.proc = model_dir, f"http://127.0.0.1:{self.port}", None
 
     def start(self) -> "StandIn":

@@ -5,13 +5,12 @@ shared prompt cache, LoRA, ranks in step."""
 from __future__ import annotations
 
 import os
-import socket
 
 import pytest
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
-from helpers import fit, make_module
+from helpers import fit, free_port, make_module
 from transformers import DynamicCache
 from transformers.generation.logits_process import (
     LogitsProcessorList,
@@ -273,9 +272,7 @@ def _synced_rank(rank: int, port: int, model_dir: str, out: dict) -> None:
 
 @pytest.mark.slow
 def test_ranks_keep_stepping_until_all_are_done(tiny_model_dir):
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = free_port()
     out = mp.Manager().dict()
     mp.spawn(_synced_rank, args=(port, tiny_model_dir, out), nprocs=2)
     # the rank that ended first took as many steps (collective forwards) as the other: 7 checks for 8 tokens

@@ -12,13 +12,12 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import gc
-import socket
 
 import lightning as L
 import pytest
 import requests
 import torch
-from helpers import KeepRollouts, fit, logged, make_module, require_real_vllm
+from helpers import KeepRollouts, fit, free_port, logged, make_module, require_real_vllm
 from lightning.pytorch.callbacks import ModelCheckpoint
 
 from lightning_grpo.data import PromptDataModule
@@ -245,12 +244,6 @@ def test_colocate_serves_the_agent_endpoint(model_dir, arith_jsonl, tmp_path):
 
 
 # ---- VLLMServer: `vllm serve` in another process ---------------------------------------------------------------
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @pytest.fixture(scope="module")

@@ -9,11 +9,9 @@ Skipped where vLLM is not installed; failed instead with ``LIGHTNING_GRPO_REQUIR
 
 from __future__ import annotations
 
-import socket
-
 import pytest
 import torch
-from helpers import fit, logged, make_module, require_real_vllm
+from helpers import fit, free_port, logged, make_module, require_real_vllm
 
 from lightning_grpo import PromptDataModule
 from lightning_grpo.demo.tiny import build_tiny_qwen2, build_tokenizer, write_tiny_qwen2_hd64
@@ -50,9 +48,7 @@ def teacher_dir(tmp_path_factory) -> str:
 def teacher_server(teacher_dir, tmp_path_factory):
     from lightning_grpo.engines.vllm.launch import running_server
 
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = free_port()
     log = tmp_path_factory.mktemp("teacher_server") / "vllm_serve.log"
     with running_server(teacher_dir, port, log=str(log)) as url:
         yield url

@@ -4,13 +4,12 @@ that answers, serves the development endpoint the weight pushes use (``/collecti
 ``VLLM_SERVER_DEV_MODE``), and generates. Run by ``.ci/run`` in the vLLM venv."""
 
 import os
-import socket
 import subprocess
 import sys
 import time
 
 import pytest
-from helpers import require_real_vllm
+from helpers import free_port, require_real_vllm
 
 require_real_vllm()
 pytestmark = pytest.mark.slow
@@ -19,9 +18,7 @@ pytestmark = pytest.mark.slow
 def test_the_documented_server_line_starts_a_server_the_trainer_can_use(tmp_path):
     import requests
 
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = free_port()
     env = {k: v for k, v in os.environ.items() if not k.startswith("VLLM_")}
     env["OMP_NUM_THREADS"] = "1"
     command = [sys.executable, "-m", "lightning_grpo.engines.vllm.launch", "lightning-grpo/tiny-qwen2-hd64"]

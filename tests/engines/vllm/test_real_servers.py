@@ -18,7 +18,6 @@ import importlib.util
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -27,7 +26,7 @@ from pathlib import Path
 import lightning as L
 import pytest
 import requests
-from helpers import fit, logged, make_module
+from helpers import fit, free_port, logged, make_module
 
 from lightning_grpo.cli.selfcheck import BY_KEY, row, write_assets
 from lightning_grpo.cli.selfcheck import STEPS as SELFCHECK_STEPS
@@ -45,12 +44,6 @@ if importlib.util.find_spec("vllm") is None or not Path(ROUTER).exists():
 pytestmark = pytest.mark.slow
 LORA = {"r": 4, "lora_alpha": 8, "target_modules": "all-linear"}
 STEPS, KILL_AFTER = 4, 2
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def wait_healthy(url: str, proc: subprocess.Popen, timeout: float = 600) -> None:

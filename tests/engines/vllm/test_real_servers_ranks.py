@@ -24,7 +24,6 @@ import os
 import re
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -34,7 +33,7 @@ from pathlib import Path
 import pytest
 import requests
 import torch
-from helpers import MULTIPROCESS, ROOT, require_real_vllm
+from helpers import MULTIPROCESS, ROOT, free_port, require_real_vllm
 
 require_real_vllm()
 ROUTER = shutil.which("vllm-router") or str(Path(sys.executable).with_name("vllm-router"))
@@ -52,12 +51,6 @@ LORA = {"r": 4, "lora_alpha": 8, "target_modules": "all-linear"}
 RUN_STEPS, SEED = 3, 1000  # tests/multiprocess/vllm_real_servers_run.py's
 # one server's request log: "Received request <id>-<k>: params: SamplingParams(n=4, ... seed=1008, ..."
 RECEIVED = re.compile(r"Received request (\S+)-\d+: params: SamplingParams\(n=(\d+),.*? seed=(\w+),")
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def end(proc: subprocess.Popen, sig: int) -> None:

@@ -14,7 +14,7 @@ from types import SimpleNamespace
 
 import pytest
 import torch
-from helpers import answer_length, fit, make_module, require_real_vllm
+from helpers import answer_length, fit, free_port, make_module, require_real_vllm
 
 from lightning_grpo import PromptDataModule
 from lightning_grpo.engines import HFGenerate, VLLMColocate, VLLMServer
@@ -23,7 +23,7 @@ from lightning_grpo.model.policy import Policy
 
 require_real_vllm()  # before test_real's helpers: that module skips itself at the same line where vLLM is missing
 
-from tests.engines.vllm.test_real import assert_sampler_is_the_policy, free, free_port  # noqa: E402
+from tests.engines.vllm.test_real import assert_sampler_is_the_policy, free  # noqa: E402
 from tests.test_smollm2 import PROMPTS  # noqa: E402
 
 pytestmark = pytest.mark.slow

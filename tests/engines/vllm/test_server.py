@@ -4,7 +4,6 @@ through TRL's real ``VLLMClient``, in a real 2-process DDP run. vLLM's NCCL weig
 (``tests/engines/vllm/vllm_stand_in``), the one part that needs CUDA."""
 
 import os
-import socket
 import subprocess
 import sys
 import time
@@ -13,18 +12,12 @@ from pathlib import Path
 import pytest
 import requests
 import torch
-from helpers import MULTIPROCESS, TESTS
+from helpers import MULTIPROCESS, TESTS, free_port
 
 from lightning_grpo.engines import VLLMServer
 
 HERE = Path(__file__).parent
 STAND_IN = HERE / "vllm_stand_in"
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @pytest.fixture

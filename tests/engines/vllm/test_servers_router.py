@@ -18,6 +18,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 import pytest
 import requests
 import torch
+from helpers import free_port
 
 from lightning_grpo.engines.vllm import control, pool
 from lightning_grpo.engines.vllm.control import ServerControl, WeightsFile, call
@@ -66,12 +67,6 @@ class Stand:
     def stop(self) -> None:
         self.http.shutdown()
         self.http.server_close()
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @pytest.fixture

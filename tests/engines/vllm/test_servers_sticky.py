@@ -15,7 +15,7 @@ from types import SimpleNamespace
 
 import pytest
 import requests
-from helpers import TESTS
+from helpers import TESTS, free_port
 
 from lightning_grpo.demo.tiny import TOOL_CHAT_TEMPLATE
 from lightning_grpo.engines import OpenAIAgent, VLLMServer
@@ -33,11 +33,7 @@ class StandIn:
     """A ``vllm_fake_server.py`` process on a free port."""
 
     def __init__(self, model_dir: str) -> None:
-        import socket
-
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            self.port = s.getsockname()[1]
+        self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.proc = subprocess.Popen([sys.executable, str(FAKE_SERVER), model_dir, str(self.port)],
                                      stdout=subprocess.DEVNULL)  # fmt: skip
