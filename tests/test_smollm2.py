@@ -81,6 +81,24 @@ def test_the_agent_endpoint_serves_a_conversation_in_its_template(smollm2_dir):
     assert shown.removesuffix(policy.tokenizer.eos_token).endswith(MESSAGES[url][-1]["content"])
 
 
+@pytest.mark.parametrize("attention", ["sdpa", "eager"])
+def test_a_group_s_prompt_encoded_once_gives_the_plain_forward_s_update(smollm2_short_dir, attention):
+    """The shared-prefix forward (the default where exact) on a Llama with tied embeddings and a real vocabulary, at
+    the template's shape (a 47-token prompt, 8 completions of up to 24 tokens) and with two prompts of other lengths:
+    log-probs, and every parameter's gradient to fp32 rounding of its largest entry, as the plain forward's."""
+    from tests.model.test_prefix import grouped_rows, logps_and_grads
+
+    model = AutoModelForCausalLM.from_pretrained(smollm2_short_dir, attn_implementation=attention).train()
+    for prompt_lengths, group_size, completion_length in [([47], 8, 24), ([40, 47], 4, 10)]:
+        ids, mask = grouped_rows(prompt_lengths, group_size, completion_length)
+        plain = logps_and_grads(model, ids, mask, completion_length, shared=False)
+        shared = logps_and_grads(model, ids, mask, completion_length, shared=True)
+        torch.testing.assert_close(shared[0], plain[0], rtol=1e-5, atol=1e-4)
+        assert shared[2].keys() == plain[2].keys() and len(plain[2]) == 20  # the tied head: the embedding's
+        for name, grad in plain[2].items():  # gradients of norms reach ~800: rounding is relative to the largest
+            torch.testing.assert_close(shared[2][name], grad, rtol=1e-4, atol=1e-5 * grad.abs().max(), msg=name)
+
+
 def test_lora_trains_the_adapter_against_the_adapter_off_reference(smollm2_short_dir, chat_jsonl, tmp_path):
     """One step with beta > 0: the reference is the policy with its adapter off, which is SmolLM2 as loaded (no
     second copy), while the policy's own log-probs have moved; the merged export reloads as the trained policy."""
