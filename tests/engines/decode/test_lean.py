@@ -25,6 +25,7 @@ from lightning_grpo import PromptDataModule
 from lightning_grpo.engines import HFGenerate, LeanDecode
 from lightning_grpo.engines.config import SamplingConfig
 from lightning_grpo.engines.decode import lean as lean_module
+from lightning_grpo.engines.decode import packing
 from lightning_grpo.engines.decode.fused import FusedDecodeStep
 from lightning_grpo.engines.decode.sampling import sample_inverse_cdf, sampling_logits
 from lightning_grpo.engines.prompts import tokenize_prompts
@@ -83,6 +84,26 @@ def test_greedy_is_generate_token_for_token(policy, engine, penalty):
     assert torch.equal(got.completion_ids, expected.completion_ids)
     assert torch.equal(got.completion_mask, expected.completion_mask)
     assert torch.equal(got.prompt_ids, expected.prompt_ids) and got.completions == expected.completions
+
+
+@pytest.mark.parametrize("path", DECODE_PATHS)
+def test_greedy_under_bf16_autocast_is_generate_s(policy, path, monkeypatch):
+    """``trainer.precision: bf16-mixed`` on a CPU samples inside bf16 autocast: the packed and fused paths hold fp32
+    weights in oneDNN's layout, which a bf16 product cannot take ("could not create a primitive descriptor"), so
+    under autocast the decode runs the model's own layers, as ``generate`` does, token for token."""
+    monkeypatch.setattr(packing, "MIN_PACKED", 0)  # every layer packed: the tiny model's are below the size
+    sampling = SamplingConfig(max_completion_length=12)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        expected = HFGenerate().generate(policy, PROMPTS, 3, sampling, greedy=True)
+        got = LeanDecode(**DECODE_PATHS[path]).generate(policy, PROMPTS, 3, sampling, greedy=True)
+    assert torch.equal(got.completion_ids, expected.completion_ids)
+
+
+def test_a_bf16_mixed_run_samples_with_lean_decode(tiny_model_dir, arith_jsonl, tmp_path, monkeypatch):
+    monkeypatch.setattr(packing, "MIN_PACKED", 0)
+    module = make_module(tiny_model_dir, rollout_engine=LeanDecode())
+    data = PromptDataModule(arith_jsonl, batch_size=4, val_split=None)
+    assert fit(module, data, tmp_path, max_steps=1, precision="bf16-mixed").global_step == 1
 
 
 def test_greedy_with_lora(tiny_model_dir):

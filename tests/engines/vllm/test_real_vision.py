@@ -43,16 +43,6 @@ def model_dir(tmp_path_factory) -> str:
     return str(path)
 
 
-def colours_jsonl(tmp_path) -> str:
-    """8 colour rows, each image a PNG file."""
-    path = tmp_path / "colours.jsonl"
-    with path.open("w") as f:
-        for i, row in enumerate(colour_rows(8, seed=0)):
-            row["image"].save(tmp_path / f"{i}.png")
-            f.write(json.dumps({**row, "image": str(tmp_path / f"{i}.png")}) + "\n")
-    return str(path)
-
-
 TEXT_QUESTIONS = [("colour of grass? r g b y", "g"), ("colour of the sky? r g b y", "b")]
 
 
@@ -73,6 +63,18 @@ def mixed_dataset(tmp_path) -> str:
 
     Dataset.from_list(mixed_rows(8, seed=0)).cast_column("image", Image()).save_to_disk(str(tmp_path / "mixed"))
     return str(tmp_path / "mixed")
+
+
+def mixed_jsonl(tmp_path) -> str:
+    """``mixed_rows(8)`` as JSON lines: each image a PNG file's path, each text row's ``null``."""
+    path = tmp_path / "mixed.jsonl"
+    with path.open("w") as f:
+        for i, row in enumerate(mixed_rows(8, seed=0)):
+            if row["image"] is not None:
+                row["image"].save(tmp_path / f"{i}.png")
+                row = {**row, "image": str(tmp_path / f"{i}.png")}
+            f.write(json.dumps(row) + "\n")
+    return str(path)
 
 
 def letter_reward(completions, answer, **_):
@@ -165,16 +167,10 @@ def assert_served_as_hfgenerate(module, served, ours, policy_logps) -> None:
     torch.testing.assert_close(served.sampling_logps[mask], policy_logps[mask], rtol=0, atol=1e-4)
 
 
-def test_colocate_samples_images_and_mixed_rows_as_hfgenerate_does_with_the_sampler_correction_on(model_dir, tmp_path):
-    """``VLLMColocate`` trains on batches of an image row and a text-only row (``None`` in the ``datasets`` image
-    column; one ``llm.generate`` call for both): each batch takes its update, its text rows sampled as text (no
-    vision inputs, no image token, completions drawn) and the correction's ratios 1 on both kinds; greedily, image
-    prompts and mixed ones are served as ``HFGenerate`` samples them, and the vision tower follows a push."""
-    engine = VLLMColocate(max_model_len=256)
-    module = vision_module(model_dir, engine)
-    greedy = GreedyBoth(move_vision=True, mixed=True)
-    data = PromptDataModule(mixed_dataset(tmp_path), batch_size=2, val_split=None, shuffle_dataset=False)
-    trainer = fit(module, data, tmp_path, 2, callbacks=[greedy])
+def assert_mixed_rows_trained_and_served(module, trainer, greedy) -> None:
+    """Each batch of an image row and a text-only row took its update, its text rows sampled as text (no vision
+    inputs, no image token, completions drawn), the correction's ratios 1; greedily, image prompts and mixed ones
+    were served as ``HFGenerate`` samples them, and the vision tower followed a push."""
     assert trainer.global_step == 2 and len(greedy.records) == 2 and None not in greedy.records  # no batch skipped
     image = module.policy.model.config.image_token_id
     for record in greedy.records:  # [image row x 4 completions, text row x 4]
@@ -188,15 +184,28 @@ def test_colocate_samples_images_and_mixed_rows_as_hfgenerate_does_with_the_samp
     assert_served_as_hfgenerate(module, *greedy.mixed)
     assert [t is None for t in greedy.mixed[1].vision["pixel_values"]] == [False, True, False, True]
     assert_vision_tower_followed(module, greedy)
+
+
+def test_colocate_samples_images_and_mixed_rows_as_hfgenerate_does_with_the_sampler_correction_on(model_dir, tmp_path):
+    """``VLLMColocate`` trains on batches of an image row and a text-only row (``None`` in the ``datasets`` image
+    column; one ``llm.generate`` call for both): each batch takes its update, its text rows sampled as text (no
+    vision inputs, no image token, completions drawn) and the correction's ratios 1 on both kinds; greedily, image
+    prompts and mixed ones are served as ``HFGenerate`` samples them, and the vision tower follows a push."""
+    engine = VLLMColocate(max_model_len=256)
+    module = vision_module(model_dir, engine)
+    greedy = GreedyBoth(move_vision=True, mixed=True)
+    data = PromptDataModule(mixed_dataset(tmp_path), batch_size=2, val_split=None, shuffle_dataset=False)
+    assert_mixed_rows_trained_and_served(module, fit(module, data, tmp_path, 2, callbacks=[greedy]), greedy)
     engine.llm = None
     gc.collect()
 
 
 def test_server_samples_images_and_serves_the_trainer_s_vision_tower_after_a_push(model_dir, tmp_path):
-    """``VLLMServer`` against a real ``vllm serve`` of the tiny Idefics3: its chat endpoint takes the images,
-    ``Trainer.fit`` runs with the correction on, the greedy rollout is HFGenerate's; then the vision tower is moved
-    (nothing else) and pushed: the server's log-probs with the images follow it (the probe prompt is text, so only
-    this shows the vision tower reached the server)."""
+    """``VLLMServer`` against a real ``vllm serve`` of the tiny Idefics3: its chat endpoint takes the images (as
+    files' paths) and batches of an image row and a text-only one, trained and served as ``VLLMColocate``'s one
+    ``llm.generate`` call does (``assert_mixed_rows_trained_and_served``), with the correction on; then the vision
+    tower is moved (nothing else) and pushed: the server's log-probs with the images follow it (the probe prompt is
+    text, so only this shows the vision tower reached the server)."""
     from lightning_grpo.engines.vllm.launch import running_server
 
     # raw log-probs (temperature 1): the policy's, as VLLMColocate builds with. Processed ones are taken after the
@@ -208,13 +217,12 @@ def test_server_samples_images_and_serves_the_trainer_s_vision_tower_after_a_pus
             base_url=url, connection_timeout=60, weights_dir=str(tmp_path / "weights"), logprobs_mode="raw_logprobs"
         )
         module = vision_module(model_dir, engine)
-        greedy = GreedyBoth(move_vision=True)
-        data = PromptDataModule(colours_jsonl(tmp_path), batch_size=2, val_split=None)
-        assert_corrected_and_pushed(logged(fit(module, data, tmp_path, 2, callbacks=[greedy])))
+        greedy = GreedyBoth(move_vision=True, mixed=True)
+        data = PromptDataModule(mixed_jsonl(tmp_path), batch_size=2, val_split=None, shuffle_dataset=False)
+        trainer = fit(module, data, tmp_path, 2, callbacks=[greedy])
+        assert_mixed_rows_trained_and_served(module, trainer, greedy)
     image = module.policy.model.config.image_token_id
-    assert_served_as_hfgenerate(module, *greedy.rollouts)
     assert (greedy.rollouts[0].completion_ids != image).all()  # biased out
-    assert_vision_tower_followed(module, greedy)
 
 
 def assert_vision_tower_followed(module, greedy) -> None:
