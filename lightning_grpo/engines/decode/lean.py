@@ -189,13 +189,12 @@ def decode_weights(
     ``graphable`` model), a ``GraphedDecodeStep``, yielded; on CPU ``packed``, pre-packed copies
     (``packed_linears``), and ``fused`` (with ``packed``, for a ``fusable`` model) also a ``FusedDecodeStep``,
     yielded, which holds the projections it concatenates itself (they get no packed copy). ``None`` otherwise.
-    Under CPU autocast (``trainer.precision: bf16-mixed``) neither: their fp32 weights in oneDNN's layout take no
-    bf16 input, so the model's own layers run, in autocast's dtypes, as ``generate``'s do."""
+    Under CPU autocast (``trainer.precision: bf16-mixed``) the packed copies are in autocast's dtype (bf16), and
+    there is no ``FusedDecodeStep``, whose concatenated projections are fp32 in oneDNN's layout."""
     if graphs and graphable(model):
         yield GraphedDecodeStep(model, rows)
         return
-    packed = packed and not torch.is_autocast_enabled("cpu")
-    fused = packed and fused and fusable(model)
+    fused = packed and fused and fusable(model) and not torch.is_autocast_enabled("cpu")
     skip = list(fused_projections(model)) if fused else []
     with packed_linears(model, rows, skip) if packed else contextlib.nullcontext():
         yield FusedDecodeStep(model, rows) if fused else None

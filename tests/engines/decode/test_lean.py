@@ -99,6 +99,21 @@ def test_greedy_under_bf16_autocast_is_generate_s(policy, path, monkeypatch):
     assert torch.equal(got.completion_ids, expected.completion_ids)
 
 
+def test_packed_layers_under_bf16_autocast_compute_in_bf16_as_autocast_does(policy, monkeypatch):
+    """Under CPU autocast the packed copies are bf16 (autocast would cast each fp32 weight on every call): a layer's
+    output is bf16, as autocast's own product, and equal to it to bf16 rounding."""
+    monkeypatch.setattr(packing, "MIN_PACKED", 0)
+    model, layer = policy.model, policy.model.model.layers[0].mlp.up_proj
+    x = torch.randn(4, layer.in_features)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        expected = layer(x)
+        with packing.packed_linears(model, rows=4):
+            assert "forward" in vars(layer)  # packed: its own forward replaced for the context
+            got = layer(x)
+    assert got.dtype == expected.dtype == torch.bfloat16
+    torch.testing.assert_close(got.float(), expected.float(), rtol=2e-2, atol=2e-2)
+
+
 def test_a_bf16_mixed_run_samples_with_lean_decode(tiny_model_dir, arith_jsonl, tmp_path, monkeypatch):
     monkeypatch.setattr(packing, "MIN_PACKED", 0)
     module = make_module(tiny_model_dir, rollout_engine=LeanDecode())
