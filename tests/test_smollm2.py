@@ -83,16 +83,15 @@ def test_the_agent_endpoint_serves_a_conversation_in_its_template(smollm2_dir):
 
 @pytest.mark.parametrize("sgd", [True, False], ids=["sgd", "adamw-schedule-kl"])
 def test_a_chat_step_on_smollm2_moves_every_parameter_as_trl_s(smollm2_short_dir, monkeypatch, tmp_path, sgd):
-    """``tests.test_module_trl.py``'s step on SmolLM2 with chat prompts: its template (the default system message),
+    """``tests/test_module_trl.py``'s step on SmolLM2 with chat prompts: its template (the default system message),
     its EOS and tied head, on both sides the same scripted completions: each parameter's change is TRL's."""
-    from tests.test_module_trl import Run, both_steps, norm, script_generate
+    from tests.test_module_trl import Run, assert_moved_alike, both_steps, norm, script_generate
 
     calls = script_generate(smollm2_short_dir, monkeypatch)
     run = Run(clip=True, chat=True) if sgd else Run(beta=0.04, sgd=False, clip=True, chat=True)
     ours, theirs = both_steps(smollm2_short_dir, tmp_path, run, calls)
     assert norm(ours) > 0.1 * run.lr
-    for name in ours:
-        assert (ours[name] - theirs[name]).norm() <= 1e-3 * theirs[name].norm(), name
+    assert_moved_alike(ours, theirs)
 
 
 @pytest.mark.parametrize("attention", ["sdpa", "eager"])

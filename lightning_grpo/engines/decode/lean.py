@@ -34,7 +34,7 @@ from lightning_grpo.engines.base import TokenSampler
 from lightning_grpo.engines.config import SamplingConfig
 from lightning_grpo.engines.decode.fused import FusedDecodeStep, fusable, fused_projections
 from lightning_grpo.engines.decode.graphed import GraphedDecodeStep, graphable
-from lightning_grpo.engines.decode.packing import packed_linears
+from lightning_grpo.engines.decode.packing import autocast_dtype, packed_linears
 from lightning_grpo.engines.decode.sampling import draw, drawn_logps, sampling_logits
 from lightning_grpo.engines.rollout import (
     build_rollout,
@@ -194,7 +194,7 @@ def decode_weights(
     if graphs and graphable(model):
         yield GraphedDecodeStep(model, rows)
         return
-    fused = packed and fused and fusable(model) and not torch.is_autocast_enabled("cpu")
+    fused = packed and fused and fusable(model) and autocast_dtype() is None
     skip = list(fused_projections(model)) if fused else []
     with packed_linears(model, rows, skip) if packed else contextlib.nullcontext():
         yield FusedDecodeStep(model, rows) if fused else None

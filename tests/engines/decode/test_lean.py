@@ -88,9 +88,9 @@ def test_greedy_is_generate_token_for_token(policy, engine, penalty):
 
 @pytest.mark.parametrize("path", DECODE_PATHS)
 def test_greedy_under_bf16_autocast_is_generate_s(policy, path, monkeypatch):
-    """``trainer.precision: bf16-mixed`` on a CPU samples inside bf16 autocast: the packed and fused paths hold fp32
-    weights in oneDNN's layout, which a bf16 product cannot take ("could not create a primitive descriptor"), so
-    under autocast the decode runs the model's own layers, as ``generate`` does, token for token."""
+    """``trainer.precision: bf16-mixed`` on a CPU samples inside bf16 autocast: fp32 weights in oneDNN's layout take
+    no bf16 input ("could not create a primitive descriptor"), so under autocast the packed copies are bf16 and the
+    fused step is off; every path's greedy output is ``generate``'s, token for token."""
     monkeypatch.setattr(packing, "MIN_PACKED", 0)  # every layer packed: the tiny model's are below the size
     sampling = SamplingConfig(max_completion_length=12)
     with torch.autocast("cpu", dtype=torch.bfloat16):
