@@ -10,6 +10,7 @@ import os
 import socket
 import subprocess
 import sys
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -60,9 +61,35 @@ def run_ranks(script: str, args: list[str], out_dir: Path, ranks: int = 2, env: 
     """The one runner of the multi-process scripts: ``MULTIPROCESS/script ARGS`` (it starts its other ranks itself,
     through Lightning's launcher), which must exit 0; each rank's report, ``OUT_DIR/rank<k>.json`` or ``.pt``."""
     command = [sys.executable, str(MULTIPROCESS / script), *args]
+    env = {**(env or os.environ), "PYTHONFAULTHANDLER": "1"}  # a rank that dies of a signal prints its threads
     proc = subprocess.run(command, capture_output=True, text=True, timeout=600, env=env)
-    assert proc.returncode == 0, proc.stderr[-3000:]
+    if proc.returncode != 0 and NATIVE_CRASH in proc.stderr:
+        # Once in CI (stop 65), under two busy xdist workers, rank 1 died of a segfault in gloo's transport thread
+        # (pt_gloo_runloop, inside libc) mid-run; 28 reruns of that run beside a CPU burner did not repeat it. A
+        # crash in native code is not the behaviour these runs test: it is run again once, said as a warning, and
+        # fails the test if it repeats. A Python error in any rank fails at once.
+        warnings.warn(
+            f"{script} {' '.join(args[-1:])}: a rank crashed in native code, run again:\n"
+            f"{first_failure(proc.stderr, 800)}",
+            stacklevel=2,
+        )
+        proc = subprocess.run(command, capture_output=True, text=True, timeout=600, env=env)
+    assert proc.returncode == 0, first_failure(proc.stderr)
     return [rank_report(out_dir, rank) for rank in range(ranks)]
+
+
+NATIVE_CRASH = "Fatal Python error: "  # faulthandler's first line for SIGSEGV, SIGBUS, SIGFPE, SIGABRT, SIGILL
+
+
+def first_failure(stderr: str, width: int = 2500) -> str:
+    """What a failed multi-process run printed first and last: the ranks share one stderr and the rank that
+    failed first (a traceback, or a segfault's ``Fatal Python error``) is often not the one that printed last
+    (the survivor's "Connection closed by peer")."""
+    marks = [i for i in (stderr.find("Traceback"), stderr.find("Fatal Python error")) if i >= 0]
+    first = min(marks, default=len(stderr))
+    if first >= len(stderr) - 2 * width:
+        return stderr[-2 * width :]
+    return f"{stderr[first : first + width]}\n[...]\n{stderr[-width:]}"
 
 
 def run_cli(args: list[str], cwd: Path, entry: list[str] | None = None) -> subprocess.CompletedProcess:
