@@ -5,11 +5,13 @@ from __future__ import annotations
 
 from typing import Any
 
+import torch
 from torch import Tensor
 from transformers import PreTrainedTokenizerBase
 
 from lightning_grpo.engines.config import SamplingConfig
 from lightning_grpo.images import open_image
+from lightning_grpo.model.vision import MODALITY_FIELD, modality_ids
 from lightning_grpo.types import Prompt, pad_rows
 
 
@@ -71,16 +73,21 @@ def tokenize_prompts(
     return ids, mask, num_truncated
 
 
-PER_TOKEN_VISION = ("token_type_ids", "mm_token_type_ids")  # per-token fields (Gemma 3 ...): not carried yet
+# Per-token vision fields: ``mm_token_type_ids`` (Qwen-VL's M-RoPE) is recomputed from the ids at every call
+# (``model.vision.modality_inputs``), once checked to be that rule here; ``token_type_ids`` (Gemma 3's image
+# attention, PaliGemma's prefix) is not carried yet.
+PER_TOKEN_VISION = ("token_type_ids", MODALITY_FIELD)
 
 
 def tokenize_image_prompts(
-    processor: Any, prompts: list[Prompt], images: list[list[Any]], sampling: SamplingConfig
+    processor: Any, prompts: list[Prompt], images: list[list[Any]], sampling: SamplingConfig, config: Any = None
 ) -> tuple[Tensor, Tensor, dict[str, list[Tensor | None]] | None]:
     """Left-padded [B, P] ids (the processor's image tokens in them) and mask, and the vision inputs of each prompt
     (name -> [B] tensors, its images along dim 0; ``None`` for a prompt without images, and ``None`` for a batch
     where none has any), each prompt processed with its own images as TRL 1.16 does (``prepare_multimodal_messages``,
-    then the processor's chat template). A prompt is never cut: cutting would drop image tokens its images fill."""
+    then the processor's chat template). A prompt is never cut: cutting would drop image tokens its images fill.
+    ``config``: the model's, whose image and video token ids give ``mm_token_type_ids`` where the processor
+    returns it."""
     encoded, per_row = [], []
     for prompt, row in zip(prompts, images):
         out = processor.apply_chat_template(
@@ -92,17 +99,29 @@ def tokenize_image_prompts(
             **(sampling.chat_template_kwargs or {}),
         )
         encoded.append(out["input_ids"][0].tolist())
-        if refused := [name for name in PER_TOKEN_VISION if name in out]:
-            raise ValueError(
-                f"the processor returns per-token {refused[0]!r}: such vision-language models are not supported yet"
-            )
-        per_row.append(
-            {k: v for k, v in out.items() if k not in ("input_ids", "attention_mask") and row and isinstance(v, Tensor)}
-        )
+        _check_per_token_fields(out, config)
+        kept = {k: v for k, v in out.items() if k not in ("input_ids", "attention_mask", *PER_TOKEN_VISION)}
+        per_row.append({k: v for k, v in kept.items() if row and isinstance(v, Tensor)})
     _check_image_prompts(encoded, sampling.max_prompt_length)
     ids, mask = pad_rows(encoded, processor.tokenizer.pad_token_id, left=True)
     names = {name: None for row in per_row for name in row}  # in the processor's order
     return ids, mask, {name: [row.get(name) for row in per_row] for name in names} or None
+
+
+def _check_per_token_fields(out: Any, config: Any) -> None:
+    """A processor's per-token field is one the forwards rebuild exactly from the ids, or it is refused."""
+    if "token_type_ids" in out:
+        raise ValueError(
+            "the processor returns per-token 'token_type_ids' (Gemma 3, PaliGemma): such vision-language models are "
+            "not supported yet"
+        )
+    if MODALITY_FIELD in out and (
+        config is None or not torch.equal(out[MODALITY_FIELD], modality_ids(out["input_ids"], config))
+    ):
+        raise ValueError(
+            f"the processor's {MODALITY_FIELD!r} is not 1 on the model config's image tokens and 2 on its video "
+            "tokens: the processor and the model disagree on their token ids (model.policy.tokenizer names another)"
+        )
 
 
 def image_messages(prompt: Prompt, images: list[Any]) -> list[dict[str, Any]]:

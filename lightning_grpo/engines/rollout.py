@@ -160,7 +160,7 @@ def tokenized_prompts(
             "the prompts have images (an 'image'/'images' column) but the policy is a text model: give an "
             "AutoModelForImageTextToText model (references/vision.md), or drop the column"
         )
-    ids, mask, vision = tokenize_image_prompts(policy.processor, prompts, images, sampling)
+    ids, mask, vision = tokenize_image_prompts(policy.processor, prompts, images, sampling, policy.model.config)
     return PromptIds(ids, mask, 0, vision)
 
 

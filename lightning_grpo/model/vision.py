@@ -119,7 +119,12 @@ def multimodal_hidden(model: nn.Module, input_ids: Tensor, attention_mask: Tenso
     body = multimodal_body(model)
     positions = None if hasattr(body, "get_rope_index") else position_ids_from_mask(attention_mask)
     outputs = body(
-        input_ids=input_ids, attention_mask=attention_mask, position_ids=positions, use_cache=False, **vision
+        input_ids=input_ids,
+        attention_mask=attention_mask,
+        position_ids=positions,
+        use_cache=False,
+        **vision,
+        **modality_inputs(body, input_ids),
     )
     if vision or not torch.is_grad_enabled():
         return outputs.last_hidden_state
@@ -149,6 +154,30 @@ VISION_TOKEN_FIELDS = (
     "boi_token_index",
     "eoi_token_index",
 )
+
+
+MODALITY_FIELD = "mm_token_type_ids"  # Qwen2/2.5/3-VL, GLM-4V: which tokens are an image's or a video's (M-RoPE)
+
+
+def modality_ids(input_ids: Tensor, config: Any) -> Tensor:
+    """[n, L] 1 on ``config``'s image tokens, 2 on its video tokens, 0 elsewhere: transformers' rule for
+    ``mm_token_type_ids`` (``ProcessorMixin.create_mm_token_type_ids``), from the ids themselves."""
+    types = torch.zeros_like(input_ids)
+    for kind, fields in ((1, ("image_token_id", "image_token_index")), (2, ("video_token_id", "video_token_index"))):
+        for token in {getattr(config, field, None) for field in fields} - {None}:
+            types = types.masked_fill(input_ids == token, kind)
+    return types
+
+
+def modality_inputs(model: nn.Module, input_ids: Tensor) -> dict[str, Tensor]:
+    """``{"mm_token_type_ids": modality_ids(...)}`` for a model whose forward takes it (where the processor returns
+    it beside ``input_ids``), else nothing. Computed from the ids of each call, it lines up with whatever the call
+    holds (prompt columns trimmed, completions after the prompt: never an image token, so 0 there, as TRL pads)."""
+    import inspect
+
+    if MODALITY_FIELD not in inspect.signature(model.forward).parameters:
+        return {}
+    return {MODALITY_FIELD: modality_ids(input_ids, model.config)}
 
 
 def vision_token_ids(config: Any) -> list[int]:

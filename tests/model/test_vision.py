@@ -358,9 +358,10 @@ def trl_prompt_inputs(trainer, rows: list[dict]) -> tuple[list[list[int]], dict,
     return [list(i) for i in ids], vision, [len(im or []) for im in images]
 
 
-def trl_loss(trainer, rollout, advantages, pixel_values, num_images: list[int]):
-    """TRL's ``_compute_loss`` on our rollout's rows, ``advantages``, ``pixel_values`` and per-row image counts,
-    its gradients taken (``backward``): the loss returned."""
+def trl_loss(trainer, rollout, advantages, pixel_values, num_images: list[int], **vision):
+    """TRL's ``_compute_loss`` on our rollout's rows, ``advantages``, ``pixel_values``, per-row image counts and
+    any other ``vision`` inputs its forward takes (``image_grid_thw``, ``mm_token_type_ids``), its gradients taken
+    (``backward``): the loss returned."""
     inputs = {
         "prompt_ids": rollout.prompt_ids,
         "prompt_mask": rollout.prompt_mask,
@@ -372,6 +373,7 @@ def trl_loss(trainer, rollout, advantages, pixel_values, num_images: list[int]):
         "pixel_values": pixel_values,
         "num_images": num_images,
         "num_items_in_batch": rollout.completion_mask.sum(),
+        **vision,
     }
     trainer.model.train()
     trainer.current_gradient_accumulation_steps = 1  # what its training loop sets: one micro-batch, no accumulation

@@ -28,6 +28,7 @@ from lightning_grpo.engines.rollout import (
     vision_per_completion,
 )
 from lightning_grpo.model.policy import Policy
+from lightning_grpo.model.vision import modality_inputs, multimodal_body
 from lightning_grpo.types import Prompt, Rollout, pad_rows, vision_rows
 
 
@@ -71,6 +72,7 @@ class HFGenerate(TokenSampler):
                     generation_config=config,
                     synced_gpus=policy.synced_generation,
                     **vision_rows(vision, rows),
+                    **(modality_inputs(multimodal_body(model), prompt_ids[rows]) if vision else {}),
                 )
                 completions.append(output[:, prompt_ids.shape[1] :])  # [n, t]
         rollout = build_rollout(
