@@ -11,7 +11,7 @@ from transformers import PreTrainedTokenizerBase
 
 from lightning_grpo.engines.config import SamplingConfig
 from lightning_grpo.images import open_image
-from lightning_grpo.model.vision import MODALITY_FIELD, modality_ids
+from lightning_grpo.model.vision import MODALITY_FIELD, TOKEN_TYPE_MODELS, modality_ids
 from lightning_grpo.types import Prompt, pad_rows
 
 
@@ -73,9 +73,8 @@ def tokenize_prompts(
     return ids, mask, num_truncated
 
 
-# Per-token vision fields: ``mm_token_type_ids`` (Qwen-VL's M-RoPE) is recomputed from the ids at every call
-# (``model.vision.modality_inputs``), once checked to be that rule here; ``token_type_ids`` (Gemma 3's image
-# attention, PaliGemma's prefix) is not carried yet.
+# Per-token vision fields (each token's modality): rebuilt from the ids at every call (``model.vision.
+# modality_inputs``), once checked here to be that rule for the model; never carried in the rollout.
 PER_TOKEN_VISION = ("token_type_ids", MODALITY_FIELD)
 
 
@@ -110,18 +109,19 @@ def tokenize_image_prompts(
 
 def _check_per_token_fields(out: Any, config: Any) -> None:
     """A processor's per-token field is one the forwards rebuild exactly from the ids, or it is refused."""
-    if "token_type_ids" in out:
-        raise ValueError(
-            "the processor returns per-token 'token_type_ids' (Gemma 3, PaliGemma): such vision-language models are "
-            "not supported yet"
-        )
-    if MODALITY_FIELD in out and (
-        config is None or not torch.equal(out[MODALITY_FIELD], modality_ids(out["input_ids"], config))
-    ):
-        raise ValueError(
-            f"the processor's {MODALITY_FIELD!r} is not 1 on the model config's image tokens and 2 on its video "
-            "tokens: the processor and the model disagree on their token ids (model.policy.tokenizer names another)"
-        )
+    for field in (f for f in PER_TOKEN_VISION if f in out):
+        model_type = getattr(config, "model_type", None)
+        if field == "token_type_ids" and model_type not in TOKEN_TYPE_MODELS:
+            raise ValueError(
+                f"the processor returns per-token 'token_type_ids' for a {model_type!r} model: only "
+                f"{', '.join(TOKEN_TYPE_MODELS)} (Gemma 3's image-token mask) is supported; PaliGemma's prefix and "
+                "suffix types are not"
+            )
+        if config is None or not torch.equal(out[field], modality_ids(out["input_ids"], config)):
+            raise ValueError(
+                f"the processor's {field!r} is not 1 on the model config's image tokens and 2 on its video tokens: "
+                "the processor and the model disagree on their token ids (model.policy.tokenizer names another)"
+            )
 
 
 def image_messages(prompt: Prompt, images: list[Any]) -> list[dict[str, Any]]:

@@ -156,12 +156,18 @@ VISION_TOKEN_FIELDS = (
 )
 
 
-MODALITY_FIELD = "mm_token_type_ids"  # Qwen2/2.5/3-VL, GLM-4V: which tokens are an image's or a video's (M-RoPE)
+# Per-token fields a processor returns beside ``input_ids`` that mark each token's modality, and the models whose
+# forward reads them: ``mm_token_type_ids`` (Qwen2/2.5/3-VL, GLM-4V: M-RoPE positions) wherever a forward takes it;
+# ``token_type_ids`` (Gemma 3: attention among one image's tokens is bidirectional) for the model types named here
+# only, since other forwards give the name another meaning (PaliGemma's prefix and suffix).
+MODALITY_FIELD = "mm_token_type_ids"
+TOKEN_TYPE_MODELS = ("gemma3",)
 
 
 def modality_ids(input_ids: Tensor, config: Any) -> Tensor:
     """[n, L] 1 on ``config``'s image tokens, 2 on its video tokens, 0 elsewhere: transformers' rule for
-    ``mm_token_type_ids`` (``ProcessorMixin.create_mm_token_type_ids``), from the ids themselves."""
+    ``mm_token_type_ids`` (``ProcessorMixin.create_mm_token_type_ids``; Gemma 3's ``token_type_ids`` is the same),
+    from the ids themselves."""
     types = torch.zeros_like(input_ids)
     for kind, fields in ((1, ("image_token_id", "image_token_index")), (2, ("video_token_id", "video_token_index"))):
         for token in {getattr(config, field, None) for field in fields} - {None}:
@@ -169,15 +175,24 @@ def modality_ids(input_ids: Tensor, config: Any) -> Tensor:
     return types
 
 
-def modality_inputs(model: nn.Module, input_ids: Tensor) -> dict[str, Tensor]:
-    """``{"mm_token_type_ids": modality_ids(...)}`` for a model whose forward takes it (where the processor returns
-    it beside ``input_ids``), else nothing. Computed from the ids of each call, it lines up with whatever the call
-    holds (prompt columns trimmed, completions after the prompt: never an image token, so 0 there, as TRL pads)."""
+def modality_field(model: nn.Module) -> str | None:
+    """The per-token modality field ``model``'s forward reads (a multimodal body, ``multimodal_body``), if any."""
     import inspect
 
-    if MODALITY_FIELD not in inspect.signature(model.forward).parameters:
-        return {}
-    return {MODALITY_FIELD: modality_ids(input_ids, model.config)}
+    takes = inspect.signature(model.forward).parameters
+    if MODALITY_FIELD in takes:
+        return MODALITY_FIELD
+    if "token_type_ids" in takes and getattr(model.config, "model_type", None) in TOKEN_TYPE_MODELS:
+        return "token_type_ids"
+    return None
+
+
+def modality_inputs(model: nn.Module, input_ids: Tensor) -> dict[str, Tensor]:
+    """``{field: modality_ids(...)}`` for a model whose forward reads a modality field (``modality_field``), else
+    nothing. Computed from the ids of each call, it lines up with whatever the call holds (prompt columns trimmed,
+    completions after the prompt: never an image token, so 0 there, as TRL pads them)."""
+    field = modality_field(model)
+    return {field: modality_ids(input_ids, model.config)} if field else {}
 
 
 def vision_token_ids(config: Any) -> list[int]:
