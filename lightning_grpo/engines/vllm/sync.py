@@ -218,6 +218,15 @@ class WeightSync:
         """Push ``policy``'s adapter alone from now on, as versions in a folder under ``parent``, when it is LoRA and
         ``lora_sync="adapter"``; whether it does."""
         if policy.is_lora and self.lora_sync == "adapter" and self.adapters is None:
+            trained_in_full = policy.model.peft_config[policy.model.active_adapter].modules_to_save
+            if trained_in_full:
+                # vLLM 0.32 loads a full module from an adapter only as a classifier head (LoRAModelManager.
+                # _validate_modules_to_save): it would refuse the version, or serve the base's copy
+                raise ValueError(
+                    f"rollout_engine {self.engine} lora_sync='adapter' cannot serve an adapter with modules trained "
+                    f"in full (modules_to_save: {sorted(trained_in_full)}; a vision-language model's projector is "
+                    "one): vLLM takes only LoRA layers from an adapter. Set lora_sync='merged'"
+                )
             self.adapters = AdapterVersions(parent)
         return self.adapters is not None
 

@@ -286,6 +286,16 @@ def test_modules_to_save_are_pushed_under_the_base_names(tiny_model_dir, merge):
     torch.testing.assert_close(weights["model.embed_tokens.weight"], expected.detach(), rtol=0, atol=0)
 
 
+def test_adapter_sync_of_modules_trained_in_full_is_refused_before_any_step(tiny_model_dir):
+    """A projector (or an embedding) in ``modules_to_save`` trains in full beside the adapter; vLLM loads no full
+    module from an adapter but a classifier head, so adapter-only sync would leave vLLM its base copy (a vision-
+    language LoRA run's projector, always): refused, naming ``'merged'``, which pushes them (the test above)."""
+    policy = Policy(tiny_model_dir, PolicyConfig(peft_config={**LORA, "modules_to_save": ["embed_tokens"]}))
+    with pytest.raises(ValueError, match=r"modules_to_save: \['embed_tokens'\].*Set lora_sync='merged'"):
+        WeightSync("VLLMServer", 0, None, "adapter").serve_adapters(policy)
+    assert not WeightSync("VLLMServer", 0, None, "merged").serve_adapters(policy)
+
+
 class DownEngine(LoadingEngine):
     """A server that no longer answers: every call fails as a refused connection does."""
 
