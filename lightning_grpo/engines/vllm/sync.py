@@ -221,7 +221,7 @@ class WeightSync:
             trained_in_full = policy.model.peft_config[policy.model.active_adapter].modules_to_save
             if trained_in_full:
                 # vLLM 0.32 loads a full module from an adapter only as a classifier head (LoRAModelManager.
-                # _validate_modules_to_save): it would refuse the version, or serve the base's copy
+                # _validate_modules_to_save): it would refuse the first version, after a whole step's compute
                 raise ValueError(
                     f"rollout_engine {self.engine} lora_sync='adapter' cannot serve an adapter with modules trained "
                     f"in full (modules_to_save: {sorted(trained_in_full)}; a vision-language model's projector is "
