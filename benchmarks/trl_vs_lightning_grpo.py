@@ -26,7 +26,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from importlib.metadata import version
 from pathlib import Path
 from typing import Any
@@ -428,6 +428,7 @@ def parity(args: argparse.Namespace, runner: Runner) -> dict[str, Any]:
     accuracy, the sides alternating within each seed."""
     model = args.parity_model
     settings, beta = template_settings(model)
+    settings = replace(settings, bf16=args.bf16)  # --bf16: both sides in bf16 autocast, else the template's fp32
     task = task_for(model)
     seeds: dict[str, list[RunResult]] = {side: [] for side in SIDES}
     for seed in range(args.seed, args.seed + args.seeds):  # --seed 1 --seeds 2: seeds 1 and 2
