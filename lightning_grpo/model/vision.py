@@ -9,6 +9,8 @@ whose forward takes ``input_ids`` with the processor's image tokens and the visi
 
 from __future__ import annotations
 
+import functools
+import inspect
 import re
 from typing import Any
 
@@ -177,12 +179,15 @@ def modality_ids(input_ids: Tensor, config: Any) -> Tensor:
 
 def modality_field(model: nn.Module) -> str | None:
     """The per-token modality field ``model``'s forward reads (a multimodal body, ``multimodal_body``), if any."""
-    import inspect
+    return _modality_field(type(model), getattr(model.config, "model_type", None))
 
-    takes = inspect.signature(model.forward).parameters
+
+@functools.cache  # asked at every generate and log-prob forward; a class's forward signature never changes
+def _modality_field(model_class: type, model_type: str | None) -> str | None:
+    takes = inspect.signature(model_class.forward).parameters
     if MODALITY_FIELD in takes:
         return MODALITY_FIELD
-    if "token_type_ids" in takes and getattr(model.config, "model_type", None) in TOKEN_TYPE_MODELS:
+    if "token_type_ids" in takes and model_type in TOKEN_TYPE_MODELS:
         return "token_type_ids"
     return None
 

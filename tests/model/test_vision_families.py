@@ -11,7 +11,6 @@ this machine's CPU torch. Qwen2.5-VL and Qwen3-VL share the field and the model 
 from __future__ import annotations
 
 import copy
-import json
 
 import pytest
 import torch
@@ -232,6 +231,7 @@ def test_one_step_equals_trls_on_images_of_two_sizes(family, tmp_path):
 def test_a_run_on_images_of_two_sizes_and_text_rows_takes_its_updates(family, tmp_path):
     from lightning_grpo import GRPOModule
     from lightning_grpo.data import PromptDataModule
+    from tests.model.test_vision_batches import varied_reward, write_rows
 
     processor, build_model, _ = family
     pictures = images()
@@ -241,12 +241,12 @@ def test_a_run_on_images_of_two_sizes_and_text_rows_takes_its_updates(family, tm
         {"prompt": p, "image": str(tmp_path / f"{i}.png") if im else None}
         for i, (p, im) in enumerate(zip(PROMPTS, pictures))
     ]
-    path = tmp_path / "train.jsonl"
-    path.write_text("".join(json.dumps(r) + "\n" for r in rows + rows[:1]))
-    data = PromptDataModule(str(path), 2, val_split=None, shuffle_dataset=False)
+    data = PromptDataModule(
+        write_rows(tmp_path / "train.jsonl", rows + rows[:1]), 2, val_split=None, shuffle_dataset=False
+    )
     module = GRPOModule(
         build_model(processor),
-        reward_funcs=[lambda completions, **k: [float(len(str(c)) % 3) for c in completions]],
+        reward_funcs=[varied_reward],
         num_generations=2,
         sampling={"max_completion_length": 4},
         optim={"learning_rate": 1e-2},
