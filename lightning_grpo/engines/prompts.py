@@ -11,7 +11,7 @@ from transformers import PreTrainedTokenizerBase
 
 from lightning_grpo.engines.config import SamplingConfig
 from lightning_grpo.images import open_image
-from lightning_grpo.model.vision import MODALITY_FIELD, TOKEN_TYPE_MODELS, modality_ids
+from lightning_grpo.model.vision import MODALITY_FIELD, modality_ids, token_types_problem
 from lightning_grpo.types import Prompt, pad_rows
 
 
@@ -110,13 +110,8 @@ def tokenize_image_prompts(
 def _check_per_token_fields(out: Any, config: Any) -> None:
     """A processor's per-token field is one the forwards rebuild exactly from the ids, or it is refused."""
     for field in (f for f in PER_TOKEN_VISION if f in out):
-        model_type = getattr(config, "model_type", None)
-        if field == "token_type_ids" and model_type not in TOKEN_TYPE_MODELS:
-            raise ValueError(
-                f"the processor returns per-token 'token_type_ids' for a {model_type!r} model: only "
-                f"{', '.join(TOKEN_TYPE_MODELS)} (Gemma 3's image-token mask) is supported; PaliGemma's prefix and "
-                "suffix types are not"
-            )
+        if field == "token_type_ids" and (problem := token_types_problem(getattr(config, "model_type", None))):
+            raise ValueError(f"the processor returns them: {problem}")
         if config is None or not torch.equal(out[field], modality_ids(out["input_ids"], config)):
             raise ValueError(
                 f"the processor's {field!r} is not 1 on the model config's image tokens and 2 on its video tokens: "

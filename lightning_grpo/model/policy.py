@@ -44,6 +44,7 @@ from lightning_grpo.model.vision import (
     is_multimodal,
     is_processor,
     lora_layout,
+    modality_problem,
     policy_processor,
     vision_token_ids,
 )
@@ -88,6 +89,8 @@ class Policy(nn.Module, PolicyWeights):
         self.model = self._load(model)
         self.is_multimodal = is_multimodal(self.model)
         if not self.is_multimodal and (problem := packing_problem(c.padding_free, self.model.config)):
+            raise ValueError(problem)
+        if self.is_multimodal and (problem := modality_problem(self.model)):
             raise ValueError(problem)
         source = c.tokenizer if c.tokenizer is not None else model
         self.processor = policy_processor(source) if self.is_multimodal or is_processor(source) else None

@@ -166,6 +166,25 @@ MODALITY_FIELD = "mm_token_type_ids"
 TOKEN_TYPE_MODELS = ("gemma3",)
 
 
+def token_types_problem(model_type: str | None) -> str | None:
+    """Why a model of ``model_type`` whose forward reads ``token_type_ids`` cannot be trained (``None``: it can)."""
+    if model_type in TOKEN_TYPE_MODELS:
+        return None
+    return (
+        f"model type {model_type!r} reads per-token 'token_type_ids': only {', '.join(TOKEN_TYPE_MODELS)} (Gemma 3's "
+        "image-token mask, rebuilt from the ids at every forward) is supported; PaliGemma's prefix and suffix types "
+        "and Gemma 3n's are not"
+    )
+
+
+def modality_problem(model: nn.Module) -> str | None:
+    """Why ``model``'s per-token modality input cannot be rebuilt from the ids (``None``: it can, or it reads none):
+    asked when the model is loaded, before a processor or a prompt is."""
+    if "token_type_ids" not in inspect.signature(type(model).forward).parameters:
+        return None
+    return token_types_problem(getattr(model.config, "model_type", None))
+
+
 def modality_ids(input_ids: Tensor, config: Any) -> Tensor:
     """[n, L] 1 on ``config``'s image tokens, 2 on its video tokens, 0 elsewhere: transformers' rule for
     ``mm_token_type_ids`` (``ProcessorMixin.create_mm_token_type_ids``; Gemma 3's ``token_type_ids`` is the same),

@@ -272,5 +272,20 @@ def test_token_type_ids_of_another_meaning_are_refused(tmp_path):
     processor = gemma3_processor(tmp_path)
     config = copy.deepcopy(tiny_gemma3(processor).config)
     config.model_type = "paligemma"
-    with pytest.raises(ValueError, match="'token_type_ids' for a 'paligemma' model: only gemma3"):
+    with pytest.raises(ValueError, match="returns them: model type 'paligemma' reads per-token 'token_type_ids': only gemma3"):
         tokenize_image_prompts(processor, PROMPTS[:1], [images()[:1]], SamplingConfig(), config)
+
+
+def test_a_model_reading_token_type_ids_of_another_meaning_is_refused_when_loaded():
+    """PaliGemma's forward reads ``token_type_ids`` as prefix and suffix: refused as the policy is built, before a
+    processor is looked up or a prompt tokenized, naming the field and the type."""
+    from transformers import PaliGemmaConfig, PaliGemmaForConditionalGeneration
+
+    vision = {"hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 1, "num_attention_heads": 2}
+    text = {**TINY_SIZES, "vocab_size": 64, "head_dim": 16}
+    config = PaliGemmaConfig(
+        text_config=text, vision_config={**vision, "image_size": 28, "patch_size": 14}, image_token_index=63
+    )
+    with pytest.raises(ValueError, match="model type 'paligemma' reads per-token 'token_type_ids': only gemma3"):
+        Policy(PaliGemmaForConditionalGeneration(config))
+
