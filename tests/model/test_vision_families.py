@@ -272,7 +272,8 @@ def test_token_type_ids_of_another_meaning_are_refused(tmp_path):
     processor = gemma3_processor(tmp_path)
     config = copy.deepcopy(tiny_gemma3(processor).config)
     config.model_type = "paligemma"
-    with pytest.raises(ValueError, match="returns them: model type 'paligemma' reads per-token 'token_type_ids': only gemma3"):
+    refused = "returns them: model type 'paligemma' reads per-token 'token_type_ids': only gemma3"
+    with pytest.raises(ValueError, match=refused):
         tokenize_image_prompts(processor, PROMPTS[:1], [images()[:1]], SamplingConfig(), config)
 
 
@@ -288,4 +289,3 @@ def test_a_model_reading_token_type_ids_of_another_meaning_is_refused_when_loade
     )
     with pytest.raises(ValueError, match="model type 'paligemma' reads per-token 'token_type_ids': only gemma3"):
         Policy(PaliGemmaForConditionalGeneration(config))
-
