@@ -32,16 +32,29 @@ def sandbox():
 
 
 def sandbox_processes():
-    """PIDs of live sandbox children anywhere on the machine (their command line names the bootstrap)."""
-    pids = []
+    """PIDs of live sandbox processes (their command line names the bootstrap) that this test process started, or
+    that were left orphaned (reparented to PID 1): another pytest-xdist worker's sandboxes, live while it runs
+    its own tests, are not this test's."""
+    parents, booted = {}, []
     for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit():
+            continue
         try:
             cmdline = (proc / "cmdline").read_bytes()
-            if proc.name.isdigit() and any(p.encode() in cmdline for p in BOOT_PATHS):
-                pids.append(int(proc.name))
-        except OSError:
+            parents[int(proc.name)] = int((proc / "stat").read_text().rsplit(")", 1)[1].split()[1])
+        except (OSError, IndexError, ValueError):
             continue  # exited while we looked
-    return pids
+        if any(p.encode() in cmdline for p in BOOT_PATHS):
+            booted.append(int(proc.name))
+    return [pid for pid in booted if parents.get(pid) == 1 or started_by(pid, os.getpid(), parents)]
+
+
+def started_by(pid: int, ancestor: int, parents: dict[int, int]) -> bool:
+    while pid in parents and pid not in (0, 1):
+        pid = parents[pid]
+        if pid == ancestor:
+            return True
+    return False
 
 
 def run(sandbox, code, cases=(Case("stdin", ""),)):
