@@ -175,6 +175,7 @@ class Update:
             optimizer.zero_grad()
             return None, fault
         optimizer.step()
+        optimizer.zero_grad()  # to None: the next rollout (decode's packed weights) runs without the stale gradients
         module.lr_schedulers().step()
         entropy.update(ranks.sum)  # the adaptive bonus moves once per optimiser step
         policy.after_optimizer_step(module.global_step)
