@@ -14,6 +14,7 @@ import lightning as L
 from bench_assets import RunResult, RunSpec, StepLog, lora_config, reward_for, rss_mb, run_result
 
 from lightning_grpo import GRPOModule, PromptDataModule
+from lightning_grpo.callbacks.threads import TorchThreads
 from lightning_grpo.engines import AsyncRollouts, HFGenerate, LeanDecode
 from lightning_grpo.engines.base import RolloutEngine
 from lightning_grpo.types import step_record
@@ -95,7 +96,7 @@ def trainer(spec: RunSpec, callback: L.Callback, root: str) -> L.Trainer:
         enable_model_summary=False,
         num_sanity_val_steps=0,
         limit_val_batches=0,
-        callbacks=[callback],
+        callbacks=[callback, TorchThreads()],  # as `lightning-grpo fit` has it: OMP_NUM_THREADS, reused memory
         default_root_dir=root,
     )
 

@@ -51,8 +51,12 @@ def main() -> None:
     p.add_argument("--warmup", type=int, default=2, help="optimiser steps before the profiled ones (2)")
     p.add_argument("--steps", type=int, default=2, help="optimiser steps profiled (2)")
     p.add_argument("--rows", type=int, default=25, help="ops listed (25)")
+    p.add_argument("--prompts-per-step", type=int, help="prompts a step (the shape's)")
+    p.add_argument("--max-completion-length", type=int, help="completion tokens at most (the shape's)")
     args = p.parse_args()
+    shape = {"prompts_per_step": args.prompts_per_step, "max_completion_length": args.max_completion_length}
     settings = dataclasses.asdict(MODEL_DEFAULTS[args.model]) | {"device": args.device}
+    settings |= {name: value for name, value in shape.items() if value is not None}
     spec = RunSpec(
         side="ours",
         model=args.model,

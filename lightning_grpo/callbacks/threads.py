@@ -1,4 +1,5 @@
-"""Cores and local processes -> torch's intra-op thread count for each process. Knows nothing about training.
+"""Cores and local processes -> torch's intra-op thread count for each process, and the C allocator's reuse of
+freed memory on a CPU run. Knows nothing about training.
 
 torch starts one thread per core in every process: two DDP processes on two cores then run four threads that
 fight for two cores (100 steps: 231 s with torch's default, 10.8 s with one thread each). Each local process
@@ -7,6 +8,7 @@ gets ``cores // local processes`` threads instead, unless ``OMP_NUM_THREADS`` sa
 
 from __future__ import annotations
 
+import ctypes
 import os
 
 import lightning as L
@@ -68,8 +70,37 @@ def thread_line(threads: int, why: str, processes: int, cores: int, load: float 
     )
 
 
+M_TRIM_THRESHOLD, M_MMAP_THRESHOLD = -1, -3  # glibc's mallopt parameters (malloc.h)
+MMAP_THRESHOLD = 32 << 20  # glibc's largest (HEAP_MAX_SIZE / 2 on 64-bit)
+TRIM_THRESHOLD = 1 << 30  # mallopt takes a C int: 2 GiB and over wrap
+
+
+def reuse_freed_memory() -> bool:
+    """Have glibc's malloc keep freed blocks of up to 32 MiB for reuse instead of handing them back to the kernel;
+    whether it could (False off glibc, e.g. macOS or musl, where nothing changes).
+
+    Why: a CPU step frees and allocates the same large blocks every step (the gradients, the decode's packed weights,
+    activations). glibc's default maps each block over its adaptive threshold fresh from the kernel and unmaps it on
+    free, so every step page-faults its memory in again: SmolLM2-135M at 2 prompts x 8 x 16 tokens on 2 cores took
+    150,000-350,000 page faults and 0.4-1.7 s of kernel time a step, 3.8-4.5 s a step in all; with these settings
+    0-4,000 faults, ~0.05 s of kernel time and 3.5-3.7 s, the peak RSS unchanged (3.8 GB). Setting the trim
+    threshold alone is worse (1.2M faults, 5 s a step): it turns off the adaptive threshold, so every large block
+    is mapped. The environment's ``MALLOC_MMAP_THRESHOLD_`` / ``MALLOC_TRIM_THRESHOLD_``, when set, are left alone.
+    """
+    if any(name in os.environ for name in ("MALLOC_MMAP_THRESHOLD_", "MALLOC_TRIM_THRESHOLD_")):
+        return False
+    if os.name != "posix":
+        return False
+    libc = ctypes.CDLL(None)  # the C library this process runs on (ctypes.util.find_library would start a process)
+    if not hasattr(libc, "mallopt") or not hasattr(libc, "gnu_get_libc_version"):
+        return False
+    libc.mallopt.argtypes, libc.mallopt.restype = [ctypes.c_int, ctypes.c_int], ctypes.c_int
+    return bool(libc.mallopt(M_MMAP_THRESHOLD, MMAP_THRESHOLD)) and bool(libc.mallopt(M_TRIM_THRESHOLD, TRIM_THRESHOLD))
+
+
 class TorchThreads(L.Callback):
-    """Give each local process its share of the cores (``torch.set_num_threads``), and say so in one line.
+    """Give each local process its share of the cores (``torch.set_num_threads``), and say so in one line; on a
+    CPU run, have the C allocator keep freed memory for the next step (``reuse_freed_memory``).
 
     The line, when fitting starts, says how many threads, why, and on a busy machine (a high load average) which
     setting fits.
@@ -94,6 +125,8 @@ class TorchThreads(L.Callback):
         threads = self.num_threads or threads_per_process(processes, cores)
         torch.set_num_threads(threads)
         rank_zero_info(thread_line(threads, self.why(processes, cores), processes, cores, load_average()))
+        if trainer.strategy.root_device.type == "cpu":
+            reuse_freed_memory()
 
     def why(self, processes: int, cores: int) -> str:
         if self.num_threads:
