@@ -81,11 +81,13 @@ def reuse_freed_memory() -> bool:
 
     Why: a CPU step frees and allocates the same large blocks every step (the gradients, the decode's packed weights,
     activations). glibc's default maps each block over its adaptive threshold fresh from the kernel and unmaps it on
-    free, so every step page-faults its memory in again: SmolLM2-135M at 2 prompts x 8 x 16 tokens on 2 cores took
-    150,000-350,000 page faults and 0.4-1.7 s of kernel time a step, 3.8-4.5 s a step in all; with these settings
-    0-4,000 faults, ~0.05 s of kernel time and 3.5-3.7 s, the peak RSS unchanged (3.8 GB). Setting the trim
-    threshold alone is worse (1.2M faults, 5 s a step): it turns off the adaptive threshold, so every large block
-    is mapped. The environment's ``MALLOC_MMAP_THRESHOLD_`` / ``MALLOC_TRIM_THRESHOLD_``, when set, are left alone.
+    free, so every step page-faults its memory in again: SmolLM2-135M at 2 prompts x 8 x 16 tokens on 2 cores, warm
+    steps 3-6 of ``benchmarks/profile_step.py`` (the command in its docstring), took 283,000-296,000 page faults,
+    1.4-2.2 s of kernel time and 5.1-6.1 s a step with glibc's default; with these settings 55,000-69,000 faults
+    (the 113 MB embedding gradient and packed LM head, over the 32 MiB cap, are still mapped fresh), 0.1-0.4 s and
+    4.1-4.4 s. Setting the trim threshold alone is worse (``MALLOC_TRIM_THRESHOLD_=4294967296`` in the environment:
+    1.2M faults, ~5 s a step, one earlier run): it turns off the adaptive threshold, so every large block is mapped.
+    The environment's ``MALLOC_MMAP_THRESHOLD_`` / ``MALLOC_TRIM_THRESHOLD_``, when set, are left alone.
     """
     if any(name in os.environ for name in ("MALLOC_MMAP_THRESHOLD_", "MALLOC_TRIM_THRESHOLD_")):
         return False
