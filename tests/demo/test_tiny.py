@@ -78,7 +78,8 @@ def restore_threads():
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("threads", [1, 2])
+# 2 threads beside another xdist worker on 2 cores thrash (CI: 827 s for 5 seeds; 212 s alone): run alone
+@pytest.mark.parametrize("threads", [1, pytest.param(2, marks=pytest.mark.alone)])
 def test_every_seed_lands(threads, tmp_path, restore_threads):
     """The template as shipped, 5 seeds: each ends at 80%+ held-out. Threads change the sums' rounding, so the sampled
     tokens and the run: with a warm start that answered any digit, the same settings ended at 31% (the "always 9"
