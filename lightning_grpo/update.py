@@ -41,6 +41,7 @@ class TrainedStep:
     loss: LossOutput  # every rank's
     extra: dict[str, float | Tensor]  # the filter's and the rollout's staleness metrics
 
+
 FAULTS = ("rewards are infinite", "advantages are infinite or NaN", "gradients are infinite or NaN")
 
 

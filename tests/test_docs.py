@@ -354,9 +354,7 @@ def needs_vllm(config: dict) -> bool:
 @pytest.mark.parametrize(
     "config",
     [
-        pytest.param(p, marks=pytest.mark.slow)
-        if is_multiprocess_cpu(config_of(["--config", str(p)]))
-        else p
+        pytest.param(p, marks=pytest.mark.slow) if is_multiprocess_cpu(config_of(["--config", str(p)])) else p
         for p in TEMPLATE_CONFIGS
         if p.name not in RUN_ELSEWHERE
     ],

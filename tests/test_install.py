@@ -20,7 +20,6 @@ from helpers import ROOT
 tomllib = pytest.importorskip("tomllib")
 
 
-
 def extras() -> dict[str, list[str]]:
     return tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"]
 
@@ -44,7 +43,11 @@ def test_the_readme_test_command_collects_with_only_the_dev_extra(tmp_path):
     env = {**os.environ, "PYTHONPATH": str(blocked_folder(tmp_path, missing)), "OMP_NUM_THREADS": "1"}
     done = subprocess.run(
         [sys.executable, "-m", "pytest", "-q", "--collect-only", "-p", "no:cacheprovider"],
-        cwd=ROOT, env=env, capture_output=True, text=True, timeout=300,
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
     )
     tail = done.stdout[-3000:] + done.stderr[-2000:]
     assert done.returncode == 0, tail

@@ -70,8 +70,10 @@ def resume_path(ckpt_path: str | Path | None, trainer: dict[str, Any]) -> str | 
         for line in skipped:
             rank_zero_warn(f"--ckpt_path last: skipping an unreadable checkpoint, {line}")
         if found is None:
-            rank_zero_warn(f"--ckpt_path last: no readable checkpoint under {', '.join(map(str, roots))}; "
-                           "training starts at step 0")
+            rank_zero_warn(
+                f"--ckpt_path last: no readable checkpoint under {', '.join(map(str, roots))}; "
+                "training starts at step 0"
+            )
             return None
         rank_zero_info(f"--ckpt_path last: resuming from {found}")
         return str(found)

@@ -210,9 +210,7 @@ def token_micro_batches(lengths: list[tuple[int, int]], budget: int, unit: int =
     return [torch.tensor(b, dtype=torch.long) for b in batches]
 
 
-def split_rows(
-    lengths: list[tuple[int, int]], u: UpdateConfig, unit: int, ranks: Ranks
-) -> list[slice] | list[Tensor]:
+def split_rows(lengths: list[tuple[int, int]], u: UpdateConfig, unit: int, ranks: Ranks) -> list[slice] | list[Tensor]:
     """The micro-batches of rows of ``lengths`` [n] (prompt, completion) tokens each, as ``update`` sets them; by
     tokens, as many on every rank (a collective): each forward and backward pass is one under DDP and FSDP2."""
     if u.token_budget is None:

@@ -124,7 +124,10 @@ def test_worker_survives_signals_to_the_process_group_and_dies_with_the_trainer(
     import sys
 
     trainer = subprocess.Popen(
-        [sys.executable, "-c", TRAINER], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+        [sys.executable, "-c", TRAINER],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
         start_new_session=True,  # its own process group, as a scheduler's job or a terminal's foreground job
     )
     try:
